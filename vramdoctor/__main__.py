@@ -1,0 +1,3 @@
+from vramdoctor.cli import run
+
+run()

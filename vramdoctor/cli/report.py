@@ -1,0 +1,51 @@
+"""`vramdoctor report RUN.jsonl`: analyse a recorded run again, offline.
+
+The analysis is pure over the run file, so a run recorded on a GPU host can be re-analysed
+anywhere. Each measuring command provides `report_run(run, json_out=..., report_file=...)`
+in its CLI module; this command only reads the file and dispatches on the header's command.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import typer
+
+from ..errors import InputError
+from ..record import read_run
+from . import app
+
+# header "command" -> module providing report_run(run, *, json_out, report_file) -> int
+_RENDERERS = {
+    "soak": "vramdoctor.cli.soak",
+    "census": "vramdoctor.cli.census",
+    "ab-test": "vramdoctor.cli.abtest",
+}
+
+
+@app.command("report")
+def report_cmd(
+    run_file: Path = typer.Argument(..., help="A run file written by soak, census or ab-test."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of the report."),
+    report_file: Path | None = typer.Option(
+        None, "--report", help="Also write the report as FILE.html or FILE.png (where the command has charts)."
+    ),
+) -> None:
+    """Re-analyse a recorded run offline and print its report.
+
+    Examples:
+
+      vramdoctor report runs/soak-20261130-0812.jsonl
+
+      vramdoctor report run.jsonl --json | jq .verdict
+
+      vramdoctor report run.jsonl --report leak.html
+    """
+    run = read_run(run_file)
+    module_name = _RENDERERS.get(run.command)
+    if module_name is None:
+        raise InputError(f"{run_file}: no report for runs of command {run.command!r}")
+    module = importlib.import_module(module_name)
+    code = module.report_run(run, json_out=json_out, report_file=report_file)
+    raise typer.Exit(code)

@@ -1,0 +1,39 @@
+"""Exit codes and the one error type the CLI turns into a one-line message.
+
+Every command exits 0 when healthy, 1 when it found a problem (LEAK, a warning finding, a
+flagged process) and 2 on a usage or input error. Library code raises `VramdoctorError`
+subclasses with a message that names the fix; the CLI prints it on one line, never a traceback.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    PROBLEM = 1
+    USAGE = 2
+
+
+class VramdoctorError(Exception):
+    """An expected failure with a user-facing one-line message."""
+
+    exit_code: ExitCode = ExitCode.USAGE
+
+
+class InputError(VramdoctorError):
+    """Bad or unreadable input: a missing file, a run file that is not ours, a bad URL."""
+
+
+class SourceUnavailable(VramdoctorError):
+    """A measurement source cannot be used here (no NVML, server not answering, no torch)."""
+
+
+class MissingExtra(SourceUnavailable):
+    """A feature needs the optional GPU extra (torch, transformers)."""
+
+    def __init__(self, what: str, missing: str) -> None:
+        super().__init__(
+            f"{what} needs {missing}: pip install 'vramdoctor[gpu]' (and a CUDA GPU)"
+        )

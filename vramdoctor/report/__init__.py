@@ -1,0 +1,1 @@
+"""Faces of a result: terminal (rich), JSON, charts. Never measures anything."""
