@@ -1,0 +1,1 @@
+"""Pure analysis over recorded samples: no I/O, no clocks, no printing."""

@@ -1,0 +1,60 @@
+"""Name and command line of a PID that NVML reports, where this PID namespace can see it.
+
+In a container NVML reports host PIDs; such a PID may not exist here, or may belong to an
+unrelated process of the container. We keep every NVML row and say when it cannot be read.
+Lookups are cached briefly: a 10 Hz sampler must not re-read /proc for every row.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import psutil
+
+from ..redact import redact_argv
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """What this host can tell about a PID."""
+
+    visible: bool
+    name: str | None = None
+    cmdline: list[str] | None = None
+
+
+def lookup(pid: int) -> ProcInfo:
+    """Read a PID's name and (redacted) command line; visible=False when it is not here."""
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            name = proc.name()
+            try:
+                cmdline: list[str] | None = redact_argv(proc.cmdline())
+            except (psutil.AccessDenied, psutil.ZombieProcess):
+                cmdline = None
+        return ProcInfo(visible=True, name=name or None, cmdline=cmdline or None)
+    except psutil.NoSuchProcess:
+        return ProcInfo(visible=False)
+    except psutil.AccessDenied:
+        return ProcInfo(visible=True)
+
+
+class ProcInfoCache:
+    """`lookup` with a time-to-live, so repeated samples of the same PIDs stay cheap."""
+
+    def __init__(self, ttl_s: float = 5.0) -> None:
+        self.ttl_s = ttl_s
+        self._cache: dict[int, tuple[float, ProcInfo]] = {}
+
+    def get(self, pid: int) -> ProcInfo:
+        now = time.monotonic()
+        hit = self._cache.get(pid)
+        if hit is not None and now - hit[0] < self.ttl_s:
+            return hit[1]
+        info = lookup(pid)
+        self._cache[pid] = (now, info)
+        if len(self._cache) > 4096:  # PIDs come and go over a long soak
+            self._cache = {p: v for p, v in self._cache.items() if now - v[0] < self.ttl_s}
+        return info
