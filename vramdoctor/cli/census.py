@@ -1,15 +1,141 @@
-"""`vramdoctor census` (placeholder until its issue lands)."""
+"""`vramdoctor census`: one look at every GPU and every process on it, with flags."""
 
 from __future__ import annotations
 
-import typer
+import os
+from pathlib import Path
 
+import typer
+from rich.console import Console
+
+from ..analysis.census import CONTEXT_MIB, Census, census
+from ..errors import ExitCode, InputError
+from ..model import GpuSample
+from ..record import Run, RunWriter, make_header
+from ..report import console
+from ..report.census import render
 from . import app
 
 
-@app.command("census")
-def census_cmd(json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
-    """Not yet available."""
-    from ..errors import VramdoctorError
+def _parse_range(text: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(x) for x in text.replace(":", "-").split("-", 1))
+    except ValueError:
+        raise InputError(f"--context-mib wants LOW-HIGH in MiB (e.g. 300-700), not {text!r}") from None
+    if not 0 <= lo < hi:
+        raise InputError(f"--context-mib: LOW must be below HIGH, got {text!r}")
+    return lo, hi
 
-    raise VramdoctorError("'census' is not available yet in this version")
+
+def _parse_gpus(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"--gpus wants NVML indices like 0,1 (not {text!r})") from None
+
+
+def take_sample(exporters: list[str], gpus: list[int] | None) -> tuple[GpuSample, dict[int, int], list[dict]]:
+    """One GPU sample from NVML here or from the exporters, plus server groups where visible."""
+    if exporters:
+        from ..sources.exporter import ExporterSource
+
+        with ExporterSource(exporters) as src:
+            sample = src.sample()
+        devices = [{"index": g.index, "uuid": g.uuid, "name": g.name, "total_mib": g.total_mib,
+                    "host": g.host} for g in sample.gpus]
+        return sample, {}, devices
+    from ..sources.nvml import NvmlSource
+    from ..sources.procinfo import server_groups
+
+    with NvmlSource(gpus) as src:
+        sample = src.sample()
+        devices = src.devices()
+    groups = server_groups(sorted({p.pid for p in sample.processes if p.visible}))
+    return sample, groups, devices
+
+
+def _emit(result: Census, *, json_out: bool, report_file: Path | None) -> int:
+    if json_out:
+        console.print_json(result.to_dict())
+    else:
+        render(result, console.stdout())
+    if report_file is not None:
+        suffix = report_file.suffix.lower()
+        if suffix not in (".html", ".htm", ".txt"):
+            raise InputError(f"census writes --report as .html or .txt, not {suffix or 'no suffix'}")
+        rec = Console(record=True, width=140, color_system=None if suffix == ".txt" else "truecolor",
+                      file=open(os.devnull, "w"))  # noqa: SIM115
+        render(result, rec)
+        try:
+            if suffix == ".txt":
+                report_file.write_text(rec.export_text(), encoding="utf-8")
+            else:
+                report_file.write_text(rec.export_html(), encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"cannot write {report_file}: {exc.strerror}") from None
+        rec.file.close()
+    return int(ExitCode.PROBLEM if result.problem else ExitCode.OK)
+
+
+@app.command("census")
+def census_cmd(
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    gpu_exporter: list[str] = typer.Option(
+        [], "--gpu-exporter", metavar="URL",
+        help="Read GPUs from dcgm-exporter or nvitop-exporter on another host instead of NVML here "
+        "(repeat for several hosts).",
+    ),
+    gpus: str | None = typer.Option(None, "--gpus", help="Only these NVML GPU indices, e.g. 0,1."),
+    context_mib: str = typer.Option(
+        f"{CONTEXT_MIB[0]:g}-{CONTEXT_MIB[1]:g}", "--context-mib", metavar="LOW-HIGH",
+        help="What counts as a context-sized footprint, in MiB.",
+    ),
+    out: Path | None = typer.Option(None, "--out", help="Also record the census as a run file (JSON lines)."),
+    report_file: Path | None = typer.Option(None, "--report", help="Also write the report to FILE.html or FILE.txt."),
+) -> None:
+    """Every GPU and every process on it, grouped by process; flags stray CUDA contexts.
+
+    Flags a process holding memory on more than one GPU, a context-sized footprint (300-700 MiB) on a GPU other than its main one (a TP rank's CUDA IPC context on the producer's GPU), and a server's small helper process on a GPU its model does not use (SGLang's tokenizer running the fast image processor on GPU 0).
+
+    Exit code: 0 nothing flagged, 1 a problem flagged, 2 no GPU source or bad input.
+
+    Examples:
+
+      vramdoctor census
+
+      vramdoctor census --json | jq '.flags'
+
+      vramdoctor census --gpu-exporter http://gpu-host:9400/metrics
+
+      vramdoctor census --out runs/census.jsonl && vramdoctor report runs/census.jsonl
+    """
+    lo_hi = _parse_range(context_mib)
+    sample, groups, devices = take_sample(gpu_exporter, _parse_gpus(gpus))
+    result = census(sample, groups=groups, context_mib=lo_hi)
+    if out is not None:
+        header = make_header(
+            "census", target=", ".join(gpu_exporter) or None, gpus=devices,
+            config={"context_mib": list(lo_hi), "groups": {str(k): v for k, v in groups.items()},
+                    "source": sample.source},
+        )
+        with RunWriter(out, header) as writer:
+            writer.write(sample)
+            writer.write({"kind": "result", "census": result.to_dict()})
+    raise typer.Exit(_emit(result, json_out=json_out, report_file=report_file))
+
+
+def report_run(run: Run, *, json_out: bool, report_file: Path | None) -> int:
+    """Re-analyse a recorded census run (the analysis is pure; groups come from the header)."""
+    samples = run.of(GpuSample)
+    if not samples:
+        raise InputError(f"{run.path}: the census run holds no GPU sample ({run.status})")
+    config = run.header.get("config") or {}
+    try:
+        lo_hi = tuple(float(x) for x in config.get("context_mib", CONTEXT_MIB))
+        groups = {int(k): int(v) for k, v in (config.get("groups") or {}).items()}
+    except (TypeError, ValueError):
+        raise InputError(f"{run.path}: damaged census settings in the header") from None
+    result = census(samples[-1], groups=groups, context_mib=(lo_hi[0], lo_hi[1]))
+    return _emit(result, json_out=json_out, report_file=report_file)

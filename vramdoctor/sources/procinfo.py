@@ -58,3 +58,36 @@ class ProcInfoCache:
         if len(self._cache) > 4096:  # PIDs come and go over a long soak
             self._cache = {p: v for p, v in self._cache.items() if now - v[0] < self.ttl_s}
         return info
+
+
+# Processes that start servers without being part of one: a group stops below them.
+_BOUNDARY = frozenset({
+    "bash", "sh", "zsh", "fish", "dash", "ksh", "tmux", "tmux: server", "screen", "sshd",
+    "systemd", "init", "tini", "docker-init", "dumb-init", "containerd-shim",
+    "containerd-shim-runc-v2", "conmon", "su", "sudo", "login", "supervisord", "runsv",
+    "nohup", "srun", "slurmstepd", "sshd-session", "code", "node", "jupyter-lab",
+})
+
+
+def server_groups(pids: list[int]) -> dict[int, int]:
+    """Map each PID to the root of its process tree below the shell/launcher that started it.
+
+    Processes of one server (SGLang's front-end and its schedulers, vLLM's engine and
+    workers) share a root, so census can tell a server's main GPUs from a stray one.
+    A PID this namespace cannot see is its own group.
+    """
+    groups: dict[int, int] = {}
+    for pid in pids:
+        root = pid
+        try:
+            proc: psutil.Process | None = psutil.Process(pid)
+            for _ in range(64):
+                parent = proc.parent() if proc is not None else None
+                if parent is None or parent.pid <= 1 or parent.name() in _BOUNDARY:
+                    break
+                root = parent.pid
+                proc = parent
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+        groups[pid] = root
+    return groups
