@@ -1,0 +1,216 @@
+"""Turn an ab-test's recorded records into per-variant figures, verdicts and a recommendation.
+
+Pure: takes the records (dicts as written to the run file) and returns plain data, so
+`vramdoctor report RUN.jsonl` recomputes exactly what the live run printed. Memory is judged
+against the process's bare CUDA context (NVML, measured before the first request), growth
+per round over the rounds after the first (the first fills the caches).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+# A variant "grows" when its memory rises by more than this per round after the first.
+GROWTH_TOLERANCE_MIB = 8.0
+# The scoped-pool target: within this of the bare CUDA context after every request.
+CONTEXT_TOLERANCE_MIB = 8.0
+# A mitigation costing more than this in p50 latency is only recommended when nothing else bounds memory.
+MAX_RECOMMENDED_OVERHEAD_PCT = 10.0
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def growth_per_round(levels: list[float]) -> float | None:
+    """Theil-Sen slope (MiB per round) over the rounds after the first; None with < 2 rounds."""
+    tail = levels[1:] if len(levels) >= 3 else levels
+    if len(tail) < 2:
+        return None
+    if len(tail) == 2:
+        return float(tail[1] - tail[0])
+    slope = stats.theilslopes(tail, np.arange(len(tail)))[0]
+    return float(slope)
+
+
+def _variant_summary(name: str, recs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    start = next(iter(recs.get("abtest.variant", [])), {})
+    ends = [r for r in recs.get("abtest.variant", []) if r.get("event") == "end"]
+    end = ends[-1] if ends else {}
+    context = (recs.get("abtest.context") or [{}])[0]
+    context_mib = float(context.get("context_mib") or 0.0)
+    requests = recs.get("abtest.request", [])
+    rounds = sorted(recs.get("abtest.round", []), key=lambda r: r["round"])
+    idle = (recs.get("abtest.idle") or [None])[-1]
+    errors = recs.get("abtest.error", [])
+    status = end.get("status") or ("error" if errors else ("incomplete" if requests else "not run"))
+    latencies = [float(r["latency_ms"]) for r in requests]
+    above = [float(r["nvml_mib"]) - context_mib for r in requests if r.get("nvml_mib") is not None]
+    round_rows = [
+        {
+            "round": r["round"],
+            "reserved_mib": r.get("reserved_mib"),
+            "peak_reserved_mib": r.get("peak_reserved_mib"),
+            "nvml_mib": r.get("nvml_mib"),
+            "nvml_above_context_mib": None if r.get("nvml_mib") is None else r["nvml_mib"] - context_mib,
+        }
+        for r in rounds
+    ]
+    nvml_levels = [row["nvml_above_context_mib"] for row in round_rows if row["nvml_above_context_mib"] is not None]
+    reserved_levels = [float(row["reserved_mib"] or 0.0) for row in round_rows]
+    growth_nvml = growth_per_round(nvml_levels) if len(nvml_levels) == len(round_rows) else None
+    growth_reserved = growth_per_round(reserved_levels)
+    growth = growth_nvml if growth_nvml is not None else growth_reserved
+    if status != "ok" or growth is None:
+        verdict = "n/a"
+    else:
+        verdict = "grows" if growth > GROWTH_TOLERANCE_MIB else "bounded"
+    escaped = max([int(r.get("escaped_bytes") or 0) for r in [*requests, *rounds]] or [0])
+    return {
+        "variant": name,
+        "title": start.get("title"),
+        "status": status,
+        "message": end.get("message") or (errors[-1].get("message") if errors else None),
+        "pid": context.get("pid"),
+        "processor": context.get("processor"),
+        "alloc_conf": context.get("alloc_conf"),
+        "context_mib": context_mib,
+        "requests": len(requests),
+        "rounds": round_rows,
+        "growth_per_round_mib": growth,
+        "growth_per_round_reserved_mib": growth_reserved,
+        "held_after_idle_mib": None if idle is None else float(idle["nvml_mib"]) - context_mib,
+        "reserved_after_idle_mib": None if idle is None else idle.get("reserved_mib"),
+        "max_above_context_after_request_mib": max(above) if above else None,
+        "escaped_mib": escaped / (1024 * 1024),
+        "p50_ms": _percentile(latencies, 50),
+        "p99_ms": _percentile(latencies, 99),
+        "verdict": verdict,
+        "mitigation": bool((start.get("config") or {}).get("mitigation", True)),
+    }
+
+
+def _recommend(variants: list[dict[str, Any]]) -> dict[str, Any]:
+    usable = [
+        v for v in variants
+        if v["status"] == "ok" and v["mitigation"] and v["verdict"] == "bounded" and v["held_after_idle_mib"] is not None
+    ]
+    if not usable:
+        return {"variant": None, "reason": "no mitigation finished with bounded memory"}
+    cheap = [v for v in usable if (v["overhead_pct"] or 0.0) <= MAX_RECOMMENDED_OVERHEAD_PCT]
+    pool = cheap or usable
+    best = min(pool, key=lambda v: (round(v["held_after_idle_mib"] / 8), v["p50_ms"] or 0.0))
+    over = best["overhead_pct"]
+    reason = (
+        f"holds {best['held_after_idle_mib']:.0f} MiB above its CUDA context after idle, "
+        f"bounded across rounds, p50 {best['p50_ms']:.2f} ms"
+        + (f" ({over:+.1f}% vs baseline)" if over is not None else "")
+    )
+    if not cheap:
+        reason += f"; every bounded mitigation costs more than {MAX_RECOMMENDED_OVERHEAD_PCT:.0f}% p50"
+    return {"variant": best["variant"], "title": best["title"], "reason": reason}
+
+
+def _ipc_summary(record: dict[str, Any]) -> dict[str, Any]:
+    producer_gpu = record.get("producer_gpu", 0)
+    consumers = record.get("consumers") or []
+    opened = record.get("census_opened") or {}
+    before = record.get("census_before") or {}
+
+    def used(census: dict[str, Any], pid: int, gpu: int) -> float:
+        return sum(
+            float(p.get("used_mib") or 0.0)
+            for p in census.get("processes", [])
+            if p.get("pid") == pid and p.get("gpu") == gpu
+        )
+
+    rows = []
+    for c in consumers:
+        rows.append({
+            "gpu": c.get("gpu"),
+            "pid": c.get("pid"),
+            "peer_access": c.get("peer_access"),
+            "redirect_applied": c.get("redirect_applied"),
+            "correct": bool(c.get("slice_correct") and c.get("tensor_correct")),
+            "on_producer_gpu_mib": used(opened, c["pid"], producer_gpu) if c.get("gpu") != producer_gpu else None,
+            "on_own_gpu_mib": used(opened, c["pid"], c["gpu"]),
+            "on_own_gpu_before_mib": used(before, c["pid"], c["gpu"]),
+        })
+    cross = [r["on_producer_gpu_mib"] for r in rows if r["on_producer_gpu_mib"] is not None]
+    producer = record.get("producer") or {}
+    return {
+        "mode": record.get("mode"),
+        "error": record.get("error"),
+        "note": record.get("note"),
+        "producer_gpu": producer_gpu,
+        "producer_pid": producer.get("pid"),
+        "pool_mib": (producer.get("pool_bytes") or 0) / (1024 * 1024),
+        "oversize_went_cpu": producer.get("oversize_went_cpu"),
+        "consumers": rows,
+        "extra_on_producer_gpu_per_consumer_mib": (sum(cross) / len(cross)) if cross else None,
+        "all_correct": bool(rows) and all(r["correct"] for r in rows),
+        "census_opened": opened,
+    }
+
+
+def analyse(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Per-variant summaries (in run order), the recommendation, and the IPC arm."""
+    by_variant: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    order: list[str] = []
+    ipc: list[dict[str, Any]] = []
+    for rec in records:
+        kind = rec.get("kind", "")
+        if kind == "abtest.ipc":
+            ipc.append(rec)
+            continue
+        name = rec.get("variant")
+        if not kind.startswith("abtest.") or name is None:
+            continue
+        if name not in order:
+            order.append(name)
+        by_variant[name][kind].append(rec)
+    variants = [_variant_summary(n, by_variant[n]) for n in order]
+    base = next((v for v in variants if v["variant"] == "baseline" and v["p50_ms"]), None)
+    for v in variants:
+        v["overhead_pct"] = (
+            (v["p50_ms"] / base["p50_ms"] - 1.0) * 100.0 if base and v["p50_ms"] is not None else None
+        )
+    targets = _targets(variants)
+    ipc_rows = [_ipc_summary(r) for r in ipc if "consumers" in r or "error" in r]
+    notes = [r["note"] for r in ipc if r.get("note")]
+    return {
+        "variants": variants,
+        "recommendation": _recommend(variants),
+        "targets": targets,
+        "ipc": ipc_rows,
+        "ipc_notes": notes,
+        "problem": any(v["status"] != "ok" for v in variants),
+    }
+
+
+def _targets(variants: list[dict[str, Any]]) -> dict[str, Any]:
+    """The issue's targets, checked on this run (None where the variant did not run)."""
+    by = {v["variant"]: v for v in variants}
+    pool, guarded = by.get("scoped_pool"), by.get("escaped_guarded")
+    unguarded = by.get("escaped_unguarded")
+    out: dict[str, Any] = {}
+    if pool and pool["status"] == "ok":
+        out["scoped_pool_within_8mib_of_context"] = (
+            pool["max_above_context_after_request_mib"] is not None
+            and pool["max_above_context_after_request_mib"] <= CONTEXT_TOLERANCE_MIB
+        )
+        out["scoped_pool_bounded"] = pool["verdict"] == "bounded"
+        out["scoped_pool_overhead_within_5pct"] = (
+            pool["overhead_pct"] is not None and pool["overhead_pct"] <= 5.0
+        )
+    if unguarded and unguarded["status"] == "ok":
+        out["escape_detected_grows_without_guard"] = unguarded["verdict"] == "grows"
+    if guarded and guarded["status"] == "ok":
+        out["escape_detected_with_bytes"] = guarded["escaped_mib"] > 0
+        out["guard_bounded"] = guarded["verdict"] == "bounded"
+    return out

@@ -1,0 +1,146 @@
+"""Run each variant in its own worker process and stream its records to a sink.
+
+The runner knows nothing about torch: it starts `python -m vramdoctor.abtest.worker` (or any
+command speaking the same `@@VD {json}` line protocol), with the variant's environment, and
+hands every record, tagged with the variant, to `sink` as it arrives, so a run file written
+by the sink keeps everything measured even if a later variant crashes or the user presses
+Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .variants import Variant
+
+PREFIX = "@@VD "
+Sink = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class VariantOutcome:
+    variant: str
+    status: str  # "ok", "failed", "error", "timeout"
+    returncode: int | None
+    pid: int | None
+    message: str | None = None
+    log_tail: list[str] = field(default_factory=list)
+
+
+def worker_command() -> list[str]:
+    return [sys.executable, "-m", "vramdoctor.abtest.worker"]
+
+
+def variant_env(variant: Variant, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The worker's environment: ours, minus allocator settings, plus the variant's own."""
+    env = dict(os.environ if base is None else base)
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    env.pop("PYTORCH_ALLOC_CONF", None)
+    env.update(variant.env)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def run_one(
+    variant: Variant,
+    config: dict[str, Any],
+    sink: Sink,
+    *,
+    command: Sequence[str] | None = None,
+    timeout_s: float = 600.0,
+) -> VariantOutcome:
+    """Run one variant to completion; records go to `sink` tagged {"variant": name}."""
+    cmd = [*(command or worker_command()), json.dumps({**config, "variant": variant.to_dict()})]
+    tail: deque[str] = deque(maxlen=40)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=variant_env(variant),
+        text=True,
+        bufsize=1,
+    )
+    sink({"kind": "abtest.variant", "variant": variant.name, "event": "start", "pid": proc.pid,
+          "title": variant.title, "config": variant.to_dict()})
+    fired = threading.Event()
+
+    def _kill() -> None:
+        fired.set()
+        proc.kill()
+
+    timer = threading.Timer(timeout_s, _kill)
+    timer.start()
+    error: str | None = None
+    done = False
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith(PREFIX):
+                try:
+                    record = json.loads(line[len(PREFIX):])
+                except json.JSONDecodeError:
+                    tail.append(line.rstrip("\n"))
+                    continue
+                kind = record.pop("kind", "?")
+                if kind == "error":
+                    error = str(record.get("message"))
+                elif kind == "done":
+                    done = True
+                sink({"kind": f"abtest.{kind}", "variant": variant.name, **record})
+            else:
+                tail.append(line.rstrip("\n"))
+        rc = proc.wait()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        timer.cancel()
+    timed_out = fired.is_set()
+    if done and rc == 0:
+        status = "ok"
+    elif timed_out and error is None:
+        status, error = "timeout", f"no result within {timeout_s:.0f} s"
+    elif error is not None:
+        status = "error"
+    else:
+        status = "failed"
+        error = f"worker exited with code {rc}" + (f": {tail[-1]}" if tail else "")
+    outcome = VariantOutcome(variant.name, status, rc, proc.pid, error, list(tail))
+    sink({"kind": "abtest.variant", "variant": variant.name, "event": "end", "status": status,
+          "returncode": rc, "message": error, "log_tail": list(tail)[-10:]})
+    return outcome
+
+
+def run_variants(
+    variants: Sequence[Variant],
+    config: dict[str, Any],
+    sink: Sink,
+    *,
+    command: Sequence[str] | None = None,
+    timeout_s: float = 600.0,
+    on_start: Callable[[Variant], None] | None = None,
+    stop_on_usage_error: bool = True,
+) -> list[VariantOutcome]:
+    """Each variant in turn, each in a fresh process. Stops early when the first one reports a
+    usage error (no CUDA, no torch): every other would say the same."""
+    outcomes: list[VariantOutcome] = []
+    for variant in variants:
+        if on_start is not None:
+            on_start(variant)
+        outcome = run_one(variant, config, sink, command=command, timeout_s=timeout_s)
+        outcomes.append(outcome)
+        if stop_on_usage_error and outcome.status == "error" and outcome.returncode == 2:
+            break
+    return outcomes

@@ -1,0 +1,155 @@
+"""One variant in its own process: `python -m vramdoctor.abtest.worker CONFIG_JSON`.
+
+A fresh process per variant means a fresh CUDA context and caching allocator, so no variant
+inherits another's cached segments or allocator settings (expandable_segments is read once
+at CUDA init). It prints protocol lines `@@VD {json}` on stdout: context, request, round,
+idle, done (or error); everything else on stdout/stderr is free text the runner keeps as
+the variant's log.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+from contextlib import nullcontext
+from typing import Any
+
+from ..errors import VramdoctorError
+from .models import ModelChoice
+from .variants import Variant
+from .workload import WorkloadSpec, round_images
+
+PREFIX = "@@VD "
+MIB = 1024 * 1024
+
+
+def emit(kind: str, **data: Any) -> None:
+    sys.stdout.write(PREFIX + json.dumps({"kind": kind, **data}, allow_nan=False) + "\n")
+    sys.stdout.flush()
+
+
+def run_variant(config: dict[str, Any]) -> None:
+    from ..fixes import escaped_bytes, outputs_to_cpu, parked_pools, request_scoped_pool
+    from ..fixes._torch import cuda_usable, has_mem_pool, load_torch
+    from ..fixes.scoped_pool import unguarded_scoped_pool
+    from .gpumem import ProcessMemory
+    from .processor import load_processor
+
+    variant = Variant.from_dict(config["variant"])
+    spec = WorkloadSpec.from_dict(config["workload"])
+    choice = ModelChoice(**config["model"])
+    gpu = int(config.get("gpu", 0))
+    idle_s = float(config.get("idle_s", 3.0))
+
+    torch = load_torch("vramdoctor ab-test")
+    if not cuda_usable(torch):
+        raise VramdoctorError("vramdoctor ab-test needs a CUDA GPU: torch sees none")
+    if variant.scope != "none" and not has_mem_pool(torch):
+        raise VramdoctorError(f"torch {torch.__version__} has no torch.cuda.MemPool: cannot run {variant.name}")
+    processor, class_name = load_processor(choice)
+    mem = ProcessMemory(gpu)
+    on_gpu = variant.device == "cuda"
+    device = f"cuda:{gpu}"
+    if on_gpu:
+        torch.cuda.set_device(gpu)
+        torch.cuda.synchronize(gpu)  # creates the CUDA context, allocates nothing
+    time.sleep(0.2)
+    context_mib, device_used = mem.read()
+    emit(
+        "context",
+        variant=variant.name,
+        pid=os.getpid(),
+        gpu=gpu,
+        processor=class_name,
+        torch=torch.__version__,
+        alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+        context_mib=context_mib or 0.0,
+        device_used_mib=device_used,
+    )
+
+    def scope() -> Any:
+        if variant.scope == "guarded":
+            return request_scoped_pool(device)
+        if variant.scope == "unguarded":
+            return unguarded_scoped_pool(device)
+        return nullcontext()
+
+    held: Any = None
+    for r in range(spec.rounds):
+        images = round_images(spec, r)
+        if on_gpu:
+            torch.cuda.reset_peak_memory_stats(gpu)
+        for i, image in enumerate(images):
+            t0 = time.perf_counter()
+            with scope():
+                out = processor(images=[image], return_tensors="pt", device=device if on_gpu else "cpu")
+                if not variant.escape:
+                    out = outputs_to_cpu(out)
+            if variant.escape:
+                gpu_out = out  # the bug: a GPU tensor of the scope still referenced after it
+                out = outputs_to_cpu(gpu_out)
+                held = gpu_out
+            if variant.empty_cache_each_request:
+                torch.cuda.empty_cache()
+            latency_ms = (time.perf_counter() - t0) * 1000.0
+            nvml_mib, _ = mem.read()
+            emit(
+                "request",
+                round=r,
+                i=i,
+                h=int(image.shape[0]),
+                w=int(image.shape[1]),
+                latency_ms=latency_ms,
+                reserved_mib=torch.cuda.memory_reserved(gpu) / MIB if on_gpu else 0.0,
+                allocated_mib=torch.cuda.memory_allocated(gpu) / MIB if on_gpu else 0.0,
+                nvml_mib=nvml_mib or 0.0,
+                escaped_bytes=escaped_bytes(),
+                parked_pools=parked_pools(),
+            )
+            del out
+        nvml_mib, _ = mem.read()
+        emit(
+            "round",
+            round=r,
+            reserved_mib=torch.cuda.memory_reserved(gpu) / MIB if on_gpu else 0.0,
+            peak_reserved_mib=torch.cuda.max_memory_reserved(gpu) / MIB if on_gpu else 0.0,
+            nvml_mib=nvml_mib or 0.0,
+            escaped_bytes=escaped_bytes(),
+        )
+    gc.collect()
+    time.sleep(idle_s)
+    nvml_mib, _ = mem.read()
+    emit(
+        "idle",
+        idle_s=idle_s,
+        reserved_mib=torch.cuda.memory_reserved(gpu) / MIB if on_gpu else 0.0,
+        nvml_mib=nvml_mib or 0.0,
+        escaped_bytes=escaped_bytes(),
+        held_output=held is not None,
+    )
+    mem.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        config = json.loads(args[0])
+        run_variant(config)
+    except VramdoctorError as exc:
+        emit("error", message=str(exc), error=type(exc).__name__)
+        return 2
+    except Exception as exc:  # report, then let the runner mark the variant failed
+        emit("error", message=f"{type(exc).__name__}: {exc}", error=type(exc).__name__)
+        import traceback
+
+        traceback.print_exc()
+        return 1
+    emit("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

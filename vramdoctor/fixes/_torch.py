@@ -1,0 +1,41 @@
+"""The one place `vramdoctor.fixes` and `vramdoctor.abtest` import torch.
+
+torch is an optional extra: `import vramdoctor.fixes` must work without it, and using a fix
+without it must say what to install in one line rather than fail with an ImportError deep in
+a call stack.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from ..errors import MissingExtra
+
+
+def load_torch(what: str = "vramdoctor.fixes") -> ModuleType:
+    """Import torch on first use; raise MissingExtra naming the fix when it is absent."""
+    try:
+        import torch
+    except ImportError:
+        raise MissingExtra(what, "torch") from None
+    return torch
+
+
+def torch_available() -> bool:
+    """True when torch can be imported (does not import it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
+def cuda_usable(torch: ModuleType) -> bool:
+    """True when torch was built with CUDA and sees at least one GPU."""
+    try:
+        return bool(torch.cuda.is_available())
+    except Exception:  # a broken driver install reports itself as an exception here
+        return False
+
+
+def has_mem_pool(torch: ModuleType) -> bool:
+    """torch >= 2.5-ish exposes MemPool and use_mem_pool; older versions cannot scope."""
+    return hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")
