@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import os
 
 from rich import box
 from rich.console import Console
@@ -20,24 +21,24 @@ def _when(wall: float) -> str:
     return _dt.datetime.fromtimestamp(wall).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
-def _command(cmdline: list[str] | None, width: int = 70) -> str:
-    text = " ".join(cmdline or [])
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
 def gpu_table(c: Census) -> Table:
     multi_host = len({g.host for g in c.gpus}) > 1
+    show_reserved = any(g.reserved_mib is not None for g in c.gpus)
+    per_proc = c.source != "dcgm"
     t = Table(title="GPUs (MiB)", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
     if multi_host:
-        t.add_column("host")
-    for name, justify in (("GPU", "right"), ("name", "left"), ("used", "right"), ("total", "right"),
-                          ("free", "right"), ("reserved", "right"), ("procs", "right"),
-                          ("by procs", "right"), ("other", "right")):
-        t.add_column(name, justify=justify)  # type: ignore[arg-type]
+        t.add_column("host", no_wrap=True)
+    t.add_column("GPU", justify="right", no_wrap=True, min_width=3)
+    t.add_column("name", no_wrap=True, overflow="ellipsis", max_width=26, min_width=8)
+    for name in ("used", "total", "free", *(("reserved",) if show_reserved else ()),
+                 *(("procs", "in procs", "other") if per_proc else ())):
+        t.add_column(name, justify="right", no_wrap=True)
     for g in c.gpus:
-        cells = [str(g.index), g.name or "?", _mib(g.used_mib), _mib(g.total_mib), _mib(g.free_mib),
-                 _mib(g.reserved_mib), str(g.processes) if c.source != "dcgm" else "-",
-                 _mib(g.processes_mib) if c.source != "dcgm" else "-", _mib(g.unattributed_mib)]
+        cells = [str(g.index), g.name or "?", _mib(g.used_mib), _mib(g.total_mib), _mib(g.free_mib)]
+        if show_reserved:
+            cells.append(_mib(g.reserved_mib))
+        if per_proc:
+            cells += [str(g.processes), _mib(g.processes_mib), _mib(g.unattributed_mib)]
         t.add_row(*([g.host or "?"] if multi_host else []), *cells)
     return t
 
@@ -46,31 +47,32 @@ def process_table(c: Census) -> Table:
     multi_host = len({p.host for p in c.processes}) > 1
     t = Table(title="Processes (MiB)", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
     if multi_host:
-        t.add_column("host")
-    t.add_column("PID", justify="right")
+        t.add_column("host", no_wrap=True)
+    t.add_column("PID", justify="right", no_wrap=True)
     t.add_column("per GPU", no_wrap=True)
-    t.add_column("total", justify="right")
-    t.add_column("what", overflow="fold")
-    t.add_column("flags", style="bold yellow")
+    t.add_column("total", justify="right", no_wrap=True)
+    t.add_column("role", overflow="fold", max_width=26)
+    t.add_column("command", overflow="fold", max_width=80)
+    t.add_column("flags", style="bold yellow", overflow="fold")
     for p in c.processes:
         per_gpu = ", ".join(f"{g}: {_mib(v)}" for g, v in sorted(p.per_gpu.items()))
-        if p.role:
-            what = f"{p.role}  {_command(p.cmdline, 50)}" if p.cmdline else p.role
-        elif p.cmdline:
-            what = _command(p.cmdline)
+        if p.cmdline:
+            command = " ".join(p.cmdline)
         elif not p.visible:
-            what = "(PID not in this namespace)"
+            command = "(PID not in this namespace)"
         else:
-            what = p.name or "?"
+            command = p.name or "?"
         flags = ", ".join(dict.fromkeys(p.flags))
         t.add_row(*([p.host or "?"] if multi_host else []), str(p.pid), per_gpu, _mib(p.total_mib),
-                  what, flags)
+                  p.role or "", command, flags)
     return t
 
 
 def render(c: Census, console: Console) -> None:
     """The human report. Plain when piped or NO_COLOR (the console decides)."""
-    width = max(console.width, 120) if not console.is_terminal else console.width
+    if not console.is_terminal and "COLUMNS" not in os.environ and console.width < 160:
+        console.width = 160  # piped to a file or pager: do not wrap at rich's default 80
+    width = console.width
     console.print(f"GPU memory census: source {c.source}, {_when(c.wall)}", markup=False, style="bold")
     console.print(gpu_table(c), width=width)
     if c.processes:
