@@ -1,0 +1,21 @@
+"""Traffic for soak: the same request set replayed every round, bounded and never crashing."""
+
+from .client import LoadClient, Outcome
+from .images import ImageSize, data_url, generate_images, load_image_dir, parse_image_size
+from .runner import Budget, RoundResult, run_round
+from .workload import PlannedRequest, build_requests
+
+__all__ = [
+    "Budget",
+    "ImageSize",
+    "LoadClient",
+    "Outcome",
+    "PlannedRequest",
+    "RoundResult",
+    "build_requests",
+    "data_url",
+    "generate_images",
+    "load_image_dir",
+    "parse_image_size",
+    "run_round",
+]

@@ -1,0 +1,85 @@
+"""One HTTP client per worker thread; every outcome is classified, nothing raises.
+
+A soak must survive the server it is measuring: errors, timeouts and a server that goes away
+are counted as outcomes (`ok`, `http_error`, `timeout`, `connection`, `other`), never raised.
+The API key is sent in the Authorization header only and appears in no outcome or message.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import requests
+
+from ..redact import redact_text
+from .workload import PlannedRequest
+
+OUTCOMES = ("ok", "http_error", "timeout", "connection", "other")
+
+
+@dataclass
+class Outcome:
+    kind: str  # one of OUTCOMES
+    status: int | None
+    latency_s: float
+    detail: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.kind == "ok"
+
+    @property
+    def reached_server(self) -> bool:
+        """Whether the server saw the request (it may leak on failures too)."""
+        return self.kind in ("ok", "http_error", "timeout")
+
+
+class LoadClient:
+    """Sends planned requests to base_url; a requests.Session per thread (keep-alive)."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 120.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self._api_key = api_key
+        self._local = threading.local()
+
+    def headers(self) -> dict[str, str]:
+        h = {"Content-Type": "application/json"}
+        if self._api_key:
+            h["Authorization"] = f"Bearer {self._api_key}"
+        return h
+
+    def _session(self) -> requests.Session:
+        s = getattr(self._local, "session", None)
+        if s is None:
+            s = requests.Session()
+            s.headers.update(self.headers())
+            self._local.session = s
+        return s
+
+    def _clean(self, text: str) -> str:
+        return redact_text(text, [self._api_key] if self._api_key else [])[:200]
+
+    def send(self, req: PlannedRequest) -> Outcome:
+        start = time.monotonic()
+        try:
+            resp = self._session().post(self.base_url + req.path, json=req.body, timeout=self.timeout)
+        except requests.Timeout:
+            return Outcome("timeout", None, time.monotonic() - start, f"no answer in {self.timeout:g} s")
+        except requests.ConnectionError as exc:
+            self._local.session = None  # the server may come back: reconnect next time
+            return Outcome("connection", None, time.monotonic() - start,
+                           self._clean(type(exc).__name__ + ": server not reachable"))
+        except Exception as exc:  # never let one request end the soak
+            return Outcome("other", None, time.monotonic() - start, self._clean(f"{type(exc).__name__}: {exc}"))
+        latency = time.monotonic() - start
+        if 200 <= resp.status_code < 300:
+            return Outcome("ok", resp.status_code, latency)
+        detail = None
+        try:
+            detail = self._clean(str(resp.json().get("error", {}).get("message") or resp.text))
+        except Exception:
+            detail = self._clean(resp.text or "")
+        return Outcome("http_error", resp.status_code, latency, detail)

@@ -1,0 +1,133 @@
+"""Which processes are the server: the owner of the listening port and its process tree,
+plus any other process on the same GPUs (SGLang's tokenizer process running the fast image
+processor on GPU 0 is the one that matters most).
+
+Works only when the server runs on this host and in our PID namespace; otherwise it says why
+and soak goes on with device-level memory.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import psutil
+
+from ..model import GpuSample
+
+
+@dataclass
+class ServerProcesses:
+    """The server's processes as found on this host; `reason` says why none were found."""
+
+    root_pids: list[int] = field(default_factory=list)
+    tree: dict[int, str] = field(default_factory=dict)  # pid -> name
+    reason: str | None = None
+
+    @property
+    def found(self) -> bool:
+        return bool(self.root_pids)
+
+
+def is_local(url: str) -> bool:
+    """Whether URL's host is this machine (loopback, or one of this host's addresses)."""
+    host = urlsplit(url if "://" in url else "http://" + url).hostname or ""
+    if host in ("localhost", "0.0.0.0", "::", socket.gethostname()):
+        return True
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        try:
+            addr = ipaddress.ip_address(socket.gethostbyname(host))
+        except (OSError, ValueError):
+            return False
+    if addr.is_loopback or addr.is_unspecified:
+        return True
+    mine = {a.address for addrs in psutil.net_if_addrs().values() for a in addrs}
+    return str(addr) in mine
+
+
+def url_port(url: str) -> int:
+    parts = urlsplit(url if "://" in url else "http://" + url)
+    return parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def listening_pids(port: int) -> tuple[list[int], str | None]:
+    """PIDs with a TCP socket listening on `port` (any address); (pids, reason if none)."""
+    pids: set[int] = set()
+    denied = False
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except psutil.AccessDenied:
+        conns = []
+        denied = True
+        for proc in psutil.process_iter():
+            try:
+                for c in proc.net_connections(kind="tcp"):
+                    if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port:
+                        pids.add(proc.pid)
+            except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+                continue
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port:
+            if c.pid is None:
+                denied = True
+            else:
+                pids.add(c.pid)
+    if pids:
+        return sorted(pids), None
+    if denied:
+        return [], f"port {port} is served by a process we may not inspect (another user or container)"
+    return [], f"no process on this host listens on port {port} (server in a container or remote?)"
+
+
+def process_tree(pids: Iterable[int]) -> dict[int, str]:
+    """The given PIDs and all their descendants, pid -> name."""
+    out: dict[int, str] = {}
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            family = [root, *root.children(recursive=True)]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        for p in family:
+            try:
+                out[p.pid] = p.name()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                out[p.pid] = "?"
+    return out
+
+
+def discover_server(url: str) -> ServerProcesses:
+    """The listening port's owner and its process tree, when the server is on this host."""
+    if not is_local(url):
+        return ServerProcesses(reason="server is on another host: no per-process memory here "
+                               "(use --gpu-metrics for its GPUs)")
+    roots, reason = listening_pids(url_port(url))
+    if not roots:
+        return ServerProcesses(reason=reason)
+    # A listener whose parent listens too (forking servers) is not a root of its own.
+    return ServerProcesses(root_pids=roots, tree=process_tree(roots))
+
+
+def gpu_peers(sample: GpuSample, server_pids: Iterable[int]) -> dict[int, str]:
+    """Other processes on the GPUs the server uses (pid -> name; '?' when unreadable)."""
+    server = set(server_pids)
+    gpus = {p.gpu for p in sample.processes if p.pid in server}
+    if not gpus:  # server processes not visible to NVML (containers): every GPU is a candidate
+        gpus = {g.index for g in sample.gpus}
+    return {p.pid: p.name or "?" for p in sample.processes
+            if p.gpu in gpus and p.pid not in server}
+
+
+def roles(found: ServerProcesses, peers: dict[int, str] | None = None) -> dict[int, str]:
+    """pid -> role for the host sampler: server (listener), child (its tree), gpu-peer."""
+    out = {pid: "child" for pid in found.tree}
+    for pid in found.root_pids:
+        out[pid] = "server"
+    for pid in peers or {}:
+        out.setdefault(pid, "gpu-peer")
+    return out

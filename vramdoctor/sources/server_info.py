@@ -1,0 +1,125 @@
+"""Say what the server is before sending it anything.
+
+SGLang: `GET /get_server_info` (`/server_info` from 0.5.23) gives "version" next to
+`memory_usage` (weight, kvcache, graph, token_capacity) and the server args. vLLM: `GET
+/version`. Any OpenAI-compatible server: `GET /v1/models` gives the model id to send. A
+server that answers none of them is not there: SourceUnavailable, one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+from ..errors import InputError, SourceUnavailable
+from ..redact import redact_url
+from .http import metrics_url
+
+
+@dataclass
+class ServerInfo:
+    kind: str  # "sglang", "vllm" or "openai" (OpenAI-compatible, not identified further)
+    base_url: str
+    version: str | None = None
+    model: str | None = None
+    memory_usage: dict[str, Any] | None = None
+    owned_by: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        name = {"sglang": "SGLang", "vllm": "vLLM"}.get(self.kind, "an OpenAI-compatible server")
+        parts = [name + (f" {self.version}" if self.version else "")]
+        if self.model:
+            parts.append(f"serving {self.model}")
+        if self.owned_by and self.kind == "openai":
+            parts.append(f"({self.owned_by})")
+        if self.memory_usage:
+            mem = ", ".join(f"{k}={v}" for k, v in self.memory_usage.items()
+                            if isinstance(v, (int, float)))
+            if mem:
+                parts.append(f"startup memory: {mem}")
+        return " ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "base_url": redact_url(self.base_url), "version": self.version,
+                "model": self.model, "memory_usage": self.memory_usage, "owned_by": self.owned_by}
+
+
+def base_url(url: str) -> str:
+    """http://host:port from what the user typed (a /v1 suffix or trailing path dropped)."""
+    full = metrics_url(url, default_path="/")
+    for suffix in ("/v1/", "/v1", "/"):
+        if full.endswith(suffix):
+            full = full[: -len(suffix)]
+            break
+    return full
+
+
+def _get(session: requests.Session, url: str, timeout: float) -> Any:
+    try:
+        resp = session.get(url, timeout=timeout)
+    except requests.RequestException:
+        return None
+    if resp.status_code != 200:
+        return resp.status_code
+    try:
+        return resp.json()
+    except ValueError:
+        return None
+
+
+def _sglang_memory(info: dict[str, Any]) -> dict[str, Any] | None:
+    mem = info.get("memory_usage")
+    if not isinstance(mem, dict):
+        states = info.get("internal_states")
+        if isinstance(states, list) and states and isinstance(states[0], dict):
+            mem = states[0].get("memory_usage")
+    return mem if isinstance(mem, dict) else None
+
+
+def identify(url: str, headers: dict[str, str] | None = None, timeout: float = 5.0) -> ServerInfo:
+    """Probe the server; raise SourceUnavailable when nothing OpenAI-like answers at url."""
+    base = base_url(url)
+    shown = redact_url(base)
+    s = requests.Session()
+    if headers:
+        s.headers.update(headers)
+    try:
+        s.get(base + "/v1/models", timeout=timeout)
+    except requests.ConnectionError:
+        raise SourceUnavailable(f"no server answers at {shown}: is it running, and is the port right?") from None
+    except requests.Timeout:
+        raise SourceUnavailable(f"the server at {shown} did not answer within {timeout:g} s") from None
+    except requests.RequestException as exc:
+        raise InputError(f"cannot reach {shown}: {type(exc).__name__}") from None
+    info: ServerInfo | None = None
+    for path in ("/get_server_info", "/server_info"):
+        data = _get(s, base + path, timeout)
+        if isinstance(data, dict) and ("version" in data or "memory_usage" in data):
+            info = ServerInfo("sglang", base, version=str(data.get("version") or "") or None,
+                              memory_usage=_sglang_memory(data),
+                              model=data.get("served_model_name") or data.get("model_path"))
+            break
+    if info is None:
+        data = _get(s, base + "/version", timeout)
+        if isinstance(data, dict) and isinstance(data.get("version"), str):
+            info = ServerInfo("vllm", base, version=data["version"])
+    models = _get(s, base + "/v1/models", timeout)
+    if models in (401, 403):
+        raise SourceUnavailable(
+            f"the server at {shown} refused /v1/models (HTTP {models}): pass --api-key or set OPENAI_API_KEY"
+        )
+    if info is None:
+        if not isinstance(models, dict):
+            raise SourceUnavailable(
+                f"the server at {shown} answers, but not as an OpenAI-compatible server (no /v1/models)"
+            )
+        info = ServerInfo("openai", base)
+    if isinstance(models, dict) and isinstance(models.get("data"), list) and models["data"]:
+        first = models["data"][0]
+        if isinstance(first, dict):
+            info.model = str(first.get("id") or info.model or "") or info.model
+            info.owned_by = first.get("owned_by")
+    return info
