@@ -1,0 +1,179 @@
+"""Logs in, a `Diagnosis` out: read every input, merge what they say, run the rules.
+
+Several inputs are one server (one log per TP rank, a launcher log plus worker logs): facts
+merge by priority across files, events keep their file and line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import patterns as P
+from .extract import FileExtractor
+from .model import Diagnosis, Evidence, Facts, FileSummary
+from .reader import ReadStats, display_name, scan
+
+_FACT_FIELDS = set(Facts.__dataclass_fields__) - {"evidence"}
+
+
+def extract_file(path: str | Path) -> tuple[FileExtractor, ReadStats]:
+    """Stream one input through the extractor."""
+    name = display_name(path)
+    stats = ReadStats(name)
+    ex = FileExtractor(name)
+    for hit in scan(path, stats):
+        ex.feed(hit)
+    _sniff(ex, stats.head)
+    return ex, stats
+
+
+def _sniff(ex: FileExtractor, head: bytes) -> None:
+    """Weak votes from the first MiB: package paths and names in tracebacks and banners."""
+    low = head.lower()
+    ex.votes["sglang"] += min(20, low.count(b"sglang"))
+    ex.votes["vllm"] += min(20, low.count(b"/vllm/") + low.count(b"vllm "))
+
+
+def _server(votes: dict[str, int]) -> str | None:
+    s, v = votes["sglang"], votes["vllm"]
+    if s == v == 0:
+        return None
+    return "sglang" if s >= v else "vllm"
+
+
+def _merge_facts(exs: Sequence[FileExtractor]) -> tuple[Facts, dict[str, Any]]:
+    best: dict[str, tuple[int, Any, Evidence]] = {}
+    for ex in exs:
+        for name, (prio, value, ev) in ex.facts.items():
+            cur = best.get(name)
+            if cur is None or prio > cur[0]:
+                best[name] = (prio, value, ev)
+    facts = Facts()
+    extra: dict[str, Any] = {}
+    for name, (_prio, value, ev) in best.items():
+        if name in _FACT_FIELDS:
+            setattr(facts, name, value)
+            if name != "server_args":
+                facts.evidence[name] = ev
+        else:
+            extra[name] = value
+    return facts, extra
+
+
+def _tp_from_ranks(exs: Sequence[FileExtractor]) -> int | None:
+    """TP size from rank tags, only when ranks 0..N-1 (N >= 2) all appear."""
+    ranks: set[int] = set()
+    for ex in exs:
+        ranks |= ex.ranks.get("TP", set())
+    if len(ranks) >= 2 and ranks == set(range(max(ranks) + 1)):
+        return max(ranks) + 1
+    return None
+
+
+def _multimodal(facts: Facts, exs: Sequence[FileExtractor]) -> tuple[bool | None, Evidence | None]:
+    """True on any multimodal sign, False on a text-only sign, None when the log cannot tell."""
+    for ex in exs:
+        if ex.mm_evidence is not None:
+            return True, ex.mm_evidence
+    arch_ev = facts.evidence.get("architecture")
+    if facts.architecture and P.MM_ARCH.search(facts.architecture):
+        return True, arch_ev
+    files = set().union(*(ex.model_files for ex in exs)) if exs else set()
+    mm_files = sorted(f for f in files if P.MM_MODEL_FILE.search(f))
+    if mm_files:
+        return True, Evidence(exs[0].name, 0, f"traceback model file: models/{mm_files[0]}.py")
+    model_ev = facts.evidence.get("model")
+    if facts.model and P.MM_NAME.search(facts.model):
+        return True, model_ev
+    if facts.architecture and P.TEXT_ARCH.search(facts.architecture):
+        return False, arch_ev
+    if files:
+        return False, Evidence(exs[0].name, 0, f"traceback model file: models/{sorted(files)[0]}.py")
+    if facts.model and P.TEXT_NAME.search(facts.model):
+        return False, model_ev
+    return None, None
+
+
+def _fast_processor(server: str | None, facts: Facts, exs: Sequence[FileExtractor]) -> tuple[bool | None, Evidence | None]:
+    for ex in exs:
+        if ex.slow_processor is not None:
+            return False, ex.slow_processor
+    if facts.multimodal is False:
+        return False, facts.evidence.get("multimodal")
+    args = facts.server_args or {}
+    args_ev = None
+    for ex in exs:
+        if "server_args" in ex.facts:
+            args_ev = ex.facts["server_args"][2]
+            break
+    if server != "sglang" or facts.multimodal is not True:
+        return None, None
+    backend = args.get("image_processor_backend")
+    if backend is not None:
+        return (str(backend).lower() != "pil"), args_ev
+    flag = args.get("disable_fast_image_processor")
+    if isinstance(flag, bool):
+        return (not flag), args_ev
+    for ex in exs:
+        if ex.fast_only_processor is not None:
+            return True, ex.fast_only_processor
+    return None, None
+
+
+def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
+    """Read, merge and evaluate; raises InputError on unreadable input."""
+    exs: list[FileExtractor] = []
+    summaries: list[FileSummary] = []
+    for path in paths:
+        ex, st = extract_file(path)
+        exs.append(ex)
+        recognised = bool(ex.facts or ex.events or ex.version or ex.slow_processor)
+        server = _server(ex.votes) if recognised else None
+        summaries.append(FileSummary(st.name, st.bytes_read, st.lines, server, recognised, st.notes))
+    votes = {"sglang": 0, "vllm": 0}
+    for ex, fs in zip(exs, summaries, strict=True):
+        if fs.recognised:
+            for k in votes:
+                votes[k] += ex.votes[k]
+    server = _server(votes) if any(fs.recognised for fs in summaries) else None
+    facts, extra = _merge_facts([ex for ex, fs in zip(exs, summaries, strict=True) if fs.recognised])
+    used = [ex for ex, fs in zip(exs, summaries, strict=True) if fs.recognised]
+    if facts.tp_size is None:
+        tp = _tp_from_ranks(used)
+        if tp is None and extra.get("world_size") and facts.pp_size in (None, 1):
+            tp = int(extra["world_size"])
+        if tp is not None:
+            facts.tp_size = tp
+            facts.evidence["tp_size"] = Evidence(used[0].name, 0, f"ranks 0..{tp - 1} all appear")
+    mm, mm_ev = _multimodal(facts, used)
+    facts.multimodal = mm
+    if mm_ev is not None:
+        facts.evidence["multimodal"] = mm_ev
+    fast, fast_ev = _fast_processor(server, facts, used)
+    facts.fast_image_processor = fast
+    if fast_ev is not None:
+        facts.evidence["fast_image_processor"] = fast_ev
+    if facts.cuda_ipc_transport is None and server == "vllm":
+        facts.cuda_ipc_transport = None
+    version = None
+    version_ev = None
+    for ex in used:
+        if ex.version is not None:
+            version, version_ev = ex.version
+            break
+    events = []
+    counts: dict[str, int] = {}
+    for ex in used:
+        for e in ex.events:
+            if e.phase == "profiling" and facts.multimodal:
+                e.phase = "mm_profiling"
+            events.append(e)
+        for k, n in ex.event_counts.items():
+            counts[k] = counts.get(k, 0) + n
+    d = Diagnosis(summaries, server, version, facts, events, counts, version_evidence=version_ev)
+    from .rules import evaluate
+
+    d.findings = evaluate(d)
+    return d

@@ -1,0 +1,259 @@
+"""Every log format string diagnose recognises, in one place, with the version that prints it.
+
+Written from the servers' own format strings (SGLang 0.1 to 0.5.23, vLLM 0.1 to 0.33), not
+from samples: each regex names the generation(s) it covers. `ANCHORS` are the literal byte
+fragments the reader's prefilter looks for; every regex below must contain one of them (a
+test checks this), so a line that no regex can use is never even decoded.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Literal fragments (bytes) of the lines below. Short, shared fragments keep the set small:
+# b"emory" covers "out of memory", "OutOfMemoryError", "Memory pool end", "memory leak",
+# "No available memory", "KV cache memory", "gpu_memory_utilization", "MmItemMemoryPool".
+ANCHORS: tuple[bytes, ...] = (
+    b"emory",
+    b"rgs",  # server_args=..., non-default args: {...}, args: Namespace(...)
+    b"backend",  # Use X backend / Using X backend
+    b"eak d",  # ... leak detected!
+    b"eak D",  # Mem Leak Detected!
+    b"oad weight",  # SGLang Load weight begin/end, old "Rank N: load weight begin."
+    b"weights t",  # vLLM "Loading model weights took", "model weights take"
+    b"loading took",  # vLLM "Model loading took X GiB"
+    b"KV Cache",
+    b"KV cache",
+    b"blocks:",  # vLLM "# GPU blocks: N", "# cuda blocks: N"
+    b"max_total_num_tokens",
+    b"aptur",  # Capture cuda graph / Capturing CUDA graphs / Graph capturing finished
+    b"ersion",  # vLLM version lines, the logo, "does not have a slow version"
+    b"LLM engine",
+    b"image processor",
+    b"IPC",
+    b"transport",
+    b"world size",
+    b"ultimodal",
+    b"ulti-modal",
+    b"mem-fraction",
+    b"hit an exception",
+    b"fired up",
+    b"out of resource",
+    b"\xe2\x96\x88",  # the block glyph of vLLM's logo ("model   X" line)
+    b"rchitecture",  # vLLM "Resolved architecture: X"
+    b"V1 Engine",  # vLLM 0.8 "['X'] is not supported by the V1 Engine"
+)
+
+# --- line prefixes (stripped for display and continuation detection) -------------------
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+QUOTE = re.compile(r"^(?:\s*>)+ ?")  # markdown quote markers
+COMPOSE = re.compile(r"^[\w.-]*\s*\| ")  # docker-compose "name-1  | "
+JOURNALD = re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d (?:\S+ )?[\w.@/-]+(?:\[\d+\])?: ")
+PROC = re.compile(r"^\((?:VllmWorker(?:Process)?|EngineCore\w*|APIServer|Worker\w*|\w+)[^)]*pid=\d+\)\s*")
+RANKTAG = re.compile(r"^\[rank\d+\]:\s*")
+# SGLang: [2025-03-27 21:33:30 TP0] / [2025-03-27 21:33:30.123 DP1 TP3 EP3] (all versions)
+SGL_PREFIX = re.compile(
+    r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?)((?: (?:DP|TP|EP|PP|CP|ATTN_CP|MOE_DP)\d+)*)\] ?"
+)
+SGL_RANKS = re.compile(r"(DP|TP|EP|PP)(\d+)")
+# SGLang 0.5.9+: "[2026-03-02 22:23:32] INFO server_args.py:1970: "
+SGL_LEVEL = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w./-]+\.py:\d+: ")
+# vLLM: "INFO 05-02 10:11:12 [file.py:N] " (0.8+) / "INFO 05-02 10:11:12 file.py:N] " (older)
+VLLM_PREFIX = re.compile(
+    r"^(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[\w./-]+(?::\d+)?\] "
+)
+# Python logging default-ish: "2025-03-18 10:24:07,565 - name - INFO - "
+PYLOG = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[,.]\d+ - [\w.]+ - [A-Z]+ - ")
+OLD_SGL = re.compile(r"^(?:\[gpu=\d+\] |Rank \d+: )")
+# A line that starts a new record (anything else after an error line may be its wrapped tail).
+RECORD_START = re.compile(
+    r"^(?:\[\d{4}-|\[rank\d|\(\w+ pid=|\((?:VllmWorker|EngineCore)|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b"
+    r"|\d{4}-\d\d-\d\d[ T]|Traceback|\s+File \"|\s{2,}|[A-Z][a-z]{2} [ \d]\d \d\d:)"
+)
+
+# --- arguments dumps ------------------------------------------------------------------
+# SGLang up to 0.5.18: server_args=ServerArgs(model_path='...', ...)  (dataclass repr)
+# SGLang 0.5.19+:      server_args={'model_path': '...', ...}         (dict)
+SGL_ARGS = re.compile(r"server_args=(ServerArgs\(|\{)")
+# vLLM up to 0.8: args: Namespace(...); 0.9+: non-default args: {...}
+VLLM_NAMESPACE = re.compile(r"\bargs: (Namespace\()")
+VLLM_NONDEFAULT = re.compile(r"non-default args: (\{)")
+# vLLM engine config line (every version): "Initializing an LLM engine (v0.6.5) with config:
+# model='...', ..., tensor_parallel_size=1, ..." / "Initializing a V1 LLM engine (v0.9.1) ..."
+VLLM_ENGINE = re.compile(
+    r"Initializing an? (?:V[01] )?LLM engine(?: \(v([\w.+-]+)\))? with config: (.*)"
+)
+VLLM_CONFIG_KV = re.compile(r"\b(model|tensor_parallel_size|pipeline_parallel_size|data_parallel_size|gpu_memory_utilization|enforce_eager|kv_cache_dtype|max_seq_len)=('(?:[^']*)'|[^,)\s]+)")
+
+# --- versions -------------------------------------------------------------------------
+VLLM_VERSION = re.compile(r"\bvLLM (?:API )?server version ([\w.+-]+)(?:, serving model (\S+))?")
+VLLM_LOGO_VERSION = re.compile(r"\u2588\s+version\s+(\S+)")
+VLLM_LOGO_MODEL = re.compile(r"\u2588\s+model\s+(\S+)")
+
+# --- model, architecture, multimodal --------------------------------------------------
+# SGLang: "Load weight begin. avail mem=F GB" / "Load weight end. [elapsed=F s, ]type=T,
+# [dtype=D, ][quant=..., ]avail mem=F GB[, mem usage=F GB]." ; v0.1: "Rank N: load weight begin."
+SGL_LOAD_BEGIN = re.compile(r"[Ll]oad weight begin\.(?: avail mem=([\d.]+) GB)?")
+SGL_LOAD_END = re.compile(
+    r"Load weight end\. (?:elapsed=[\d.]+ s, )?type=(\w+),.*?avail mem=([\d.]+) GB(?:, mem usage=([\d.]+) GB)?"
+)
+SGL_KV = re.compile(
+    r"KV Cache is allocated\.(?: dtype: [\w.]+,)?(?: #tokens: (\d+),)? (?:K size: ([\d.]+) GB, V size: ([\d.]+) GB|KV size: ([\d.]+) GB)"
+)
+SGL_POOL_END = re.compile(r"Memory pool end\. avail mem=([\d.]+) GB")
+SGL_GRAPH_BEGIN = re.compile(r"Capture (?:\w+ )*(?:cuda|CUDA|piecewise CUDA) graph begin\.(?:.*avail mem=([\d.]+) GB)?")
+SGL_GRAPH_END = re.compile(
+    r"Capture (?:\w+ )*(?:cuda|CUDA|piecewise CUDA) graph end\. Time elapsed: ([\d.]+) s\.?(?: mem usage=(-?[\d.]+) GB\. avail mem=([\d.]+) GB)?"
+)
+SGL_GRAPH_FAILED = re.compile(r"Capture (?:cuda|CUDA) graph failed: (.*)")
+SGL_SUMMARY = re.compile(
+    r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), max_prefill_tokens=(\d+), max_running_requests=(\d+), context_len=(\d+)(?:, available_gpu_mem=([\d.]+) GB)?"
+)
+SGL_READY = re.compile(r"The server is fired up and ready to roll!")
+SGL_MM_REDUCE = re.compile(
+    r"Automatically reduce --mem-fraction-static to ([\d.]+) because this is a multimodal model"
+)
+# SGLang: "Attention backend not explicitly specified. Use X backend by default." (<=0.4.x),
+# "Attention backend not set. Use X backend by default." (0.4.6-0.5.x), "not specified" (0.5.x+);
+# "MLA optimization is turned on. Use triton backend." / "FlashInfer MLA optimization is
+# turned on. Use flashinfer backend for DeepseekV3ForCausalLM."
+SGL_USE_BACKEND = re.compile(r"\bUse (\w+) backend\b")
+# vLLM: "Using XFormers backend." (V0 selector), "Using Flash Attention backend on V1 engine.",
+# "Using FLASH_ATTN backend.", "Using AttentionBackendEnum.FLASH_ATTN backend.",
+# "Using FLASH_ATTN attention backend out of potential backends: [...]"
+VLLM_USING_BACKEND = re.compile(
+    r"\bUsing (?:[A-Za-z_]+\.)?([A-Za-z][\w-]*(?: [A-Z][\w-]*)?) (?:attention )?backend\b(?! with)"
+)
+VLLM_TP_RANK = re.compile(r"rank \d+ in world size (\d+) is assigned as DP rank \d+, PP rank \d+, TP rank \d+")
+VLLM_ARCH = re.compile(r"Resolved architecture: (\w+)")
+VLLM_ARCH_V1 = re.compile(r"\['(\w+)'\] is not supported by the V1 Engine")
+VLLM_MM_PROFILE = re.compile(r"Starting profile run for multi-modal models")
+# vLLM memory figures
+VLLM_WEIGHTS = re.compile(r"(?:Loading model weights took|Model loading took|model weights take) ([\d.]+) ?(GiB|GB)")
+VLLM_BLOCKS = re.compile(r"# (?:GPU|cuda) blocks: (\d+)(?:, # CPU blocks: (\d+))?")
+VLLM_KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+VLLM_KV_MEM = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
+VLLM_BUDGET = re.compile(
+    r"total_gpu_memory \(([\d.]+) ?GiB\) x gpu_memory_utilization \(([\d.]+)\) = ([\d.]+) ?GiB"
+)
+VLLM_KV_RESERVED = re.compile(r"the rest of the memory reserved for KV Cache is ([\d.]+) ?GiB")
+VLLM_GRAPH_DONE = re.compile(r"Graph capturing finished in [\d.]+ secs?, took ([\d.]+) GiB")
+VLLM_GRAPH_BEGIN = re.compile(r"Capturing (?:CUDA graphs|cudagraphs|the model for CUDA graphs)")
+
+# --- image processor ------------------------------------------------------------------
+# transformers: "Using a slow image processor as `use_fast` is unset and a slow processor was
+# saved with this model. ..."
+SLOW_PROCESSOR = re.compile(r"Using a slow image processor as `use_fast` is unset")
+# SGLang: "Processor X does not have a slow version. Automatically use fast version"
+FAST_ONLY_PROCESSOR = re.compile(r"does not have a slow version\. Automatically use fast version")
+
+# --- CUDA IPC feature transport (SGLang 0.5.5+) ---------------------------------------
+IPC_POOL_015 = re.compile(
+    r"MmItemMemoryPool size per tokenizer worker: ([\d.]+) MiB \(budget ([\d.]+) MiB / (\d+) worker"
+)
+IPC_POOL_016 = re.compile(
+    r"CUDA IPC multimodal feature pools reserve ([\d.]+) MiB total on GPU (\d+) \(([\d.]+) MiB per tokenizer worker \S (\d+); configured budget ([\d.]+) MiB\)"
+)
+IPC_USING_017 = re.compile(
+    r"Using CUDA IPC for multimodal features: reserving up to (\d+) MiB on base GPU (\d+) across (\d+) tokenizer worker"
+)
+IPC_AUTO = re.compile(r"Multimodal feature transport auto-resolved to cuda_ipc")
+IPC_POOL_FULL = re.compile(
+    r"MmItemMemoryPool has no free chunk large enough for a ([\d.]+) MiB tensor \(pool size: ([\d.]+) MiB\)"
+)
+
+# --- failures -------------------------------------------------------------------------
+# torch: "CUDA out of memory. Tried to allocate X. GPU N has a total capacity of X of which X
+# is free. [Process P has X memory in use. ...]"; "CUDA error: out of memory"; flashinfer
+# "CUDA Error: out of memory (2)"; "... failed with error out of memory".
+CUDA_OOM = re.compile(
+    r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError: CUDA|torch\.(?:cuda\.)?OutOfMemoryError"
+    r"|failed with error out of memory|cudaErrorMemoryAllocation",
+    re.IGNORECASE,
+)
+OOM_TRIED = re.compile(r"Tried to allocate ([\d.]+ [KMGT]?i?B)")
+OOM_GPU = re.compile(
+    r"GPU (\d+) has a total capac?i?ty of ([\d.]+ [KMGT]?i?B) of which ([\d.]+ [KMGT]?i?B) is free"
+)
+OOM_PROCESS = re.compile(r"Process (\d+) has ([\d.]+ [KMGT]?i?B) memory in use")
+OOM_THIS = re.compile(r"this process has ([\d.]+ [KMGT]?i?B) memory in use")
+OOM_PRIVATE = re.compile(r"with ([\d.]+ [KMGT]?i?B) allocated in private pools")
+OOM_RESERVED = re.compile(r"and ([\d.]+ [KMGT]?i?B) is reserved by PyTorch but unallocated")
+# Not CUDA OOMs:
+SGL_RETRACT = re.compile(
+    r"(Decode|Prefill) out of memory(?: happened)?\.?(?: #retracted_reqs: (\d+), #new_token_ratio: ([\d.]+) -> ([\d.]+))?"
+)
+SGL_NOT_ENOUGH = re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static")
+SGL_REQ_SLOTS = re.compile(r"alloc_req_slots runs out of memory")
+VLLM_NO_KV = re.compile(r"No available memory for the cache blocks")
+VLLM_MAX_SEQ = re.compile(
+    r"max seq len \((\d+)\), \(([\d.]+) GiB KV cache is needed, which is larger than the available KV cache memory \(([\d.]+) GiB\)"
+)
+VLLM_FREE_LT = re.compile(r"Free memory on device \(([\d.]+)/([\d.]+) GiB\) on startup is less than desired GPU memory utilization")
+VLLM_NOT_ENOUGH_LOAD = re.compile(r"Failed to load model - not enough GPU memory")
+TRITON_SMEM = re.compile(r"out of resource: shared memory(?:, Required: (\d+), Hardware limit: (\d+))?")
+RAY_OOM = re.compile(r"ray\.exceptions\.OutOfMemoryError: Task was killed due to the node running low on memory")
+MM_CPU_RETRY = re.compile(r"Multimodal preprocessing ran out of GPU memory on (.*?); retrying on CPU")
+
+# --- KV self-check (SGLang) -----------------------------------------------------------
+# up to 0.5.9: "token_to_kv_pool_allocator memory leak detected! self.max_total_num_tokens=N,
+# available_size=N, evictable_size=N, protected_size=N" (field order varies; 0.4.6 puts
+# available_size first); "req_to_token_pool memory leak detected!available_size=N, total_size=N";
+# 0.5.12+: "pool memory leak detected! [full] total=N, available=N, evictable=N, protected=N, ...";
+# busy: "Mem Leak Detected! total_tokens=N vs self.max_total_num_tokens=N" (0.5.12+: "Full Pool
+# Mem Leak Detected! ..."); early 2024: "KV cache pool leak detected!" after a UserWarning
+# "Warning: available_size=N, max_total_num_token=N".
+LEAK = re.compile(
+    r"(token_to_kv_pool(?:_allocator)? memory leak detected!|req_to_token_pool memory leak detected!"
+    r"|pool memory leak detected!|(?:Full Pool |SWA Pool |Mamba Pool )?Mem Leak Detected!|KV cache pool leak detected!"
+    r"|memory leak detected!)"
+)
+LEAK_FIELD = re.compile(
+    r"\b(max_total_num_tokens?|available_size|evictable_size|protected_size|total_size|total_tokens|full_available_size|mamba_available_size|total|available|evictable|protected|session_held|uncached)=(\d+)"
+)
+
+# --- traceback frames: which phase of the server's life an error hit -------------------
+# Innermost marker wins. Startup contexts (graph capture, profiling, KV allocation, weight
+# load, warm-up) outrank the forward pass they wrap.
+PHASE_MARKERS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("cuda_graph", re.compile(r"capture_model|capture_one_batch_size|cuda_graph_runner\.py|CudaGraphRunner|_capture_cudagraphs|, in capture\b|Capture (?:cuda|CUDA) graph failed")),
+    ("profiling", re.compile(r"profile_run|determine_num_available_blocks|determine_available_memory|_dummy_sampler_run|profile_max_batched")),
+    ("kv_cache_alloc", re.compile(r"init_cache_engine|allocate_(?:cpu|gpu)_cache|_allocate_kv_cache|initialize_kv_cache_tensors|init_memory_pool|_create_buffers|\b_init_cache\b|TokenToKVPool\b.*__init__|in _init_cache\b")),
+    ("weight_load", re.compile(r"\bload_model\b|load_weights|create_weights|_initialize_model|\binitialize_model\b|weight_loader|[Ll]oad weight begin")),
+    ("warmup", re.compile(r"_warmup|warm_up(?!_model)|warming up")),
+)
+FORWARD_MARKERS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("decode", re.compile(r"forward_decode|ForwardMode\.DECODE|decode_wrapper|BatchDecode")),
+    ("prefill", re.compile(r"forward_extend|forward_prefill|ForwardMode\.EXTEND|prefill_wrapper|BatchPrefill")),
+)
+TRACEBACK = "Traceback (most recent call last)"
+MODEL_FILE = re.compile(r"/models/(\w+)\.py")
+
+# --- multimodal architectures, model files and names ----------------------------------
+MM_ARCH = re.compile(
+    r"VL|Vision|Llava|LLaVA|Mllama|MiniCPMV|MiniCPMO|InternVL|Gemma3ForConditionalGeneration|Gemma3n"
+    r"|Pixtral|Idefics|PaliGemma|Paligemma|Phi3V|Phi4MM|Phi4Multimodal|Molmo|Janus|MultiModality|DeepseekVL"
+    r"|KimiVL|Glm4v|GLM4V|Mistral3ForConditionalGeneration|Llama4ForConditionalGeneration|Omni"
+    r"|Blip|Chameleon|Fuyu|Aria|Ovis|NVLM|H2OVL|Florence|Qwen2Audio|Ultravox|Whisper|Step3VL|Dots\.?OCR|DotsVLM"
+)
+MM_MODEL_FILE = re.compile(
+    r"(?:^|_)vl\d?(?:_|$)|vision|llava|mllama|minicpm[vo]|intern_?vl|gemma3_mm|gemma3n|pixtral|idefics"
+    r"|paligemma|phi3v|phi4mm|molmo|janus|deepseek_vl|kimi_vl|glm4v|mistral3|omni|blip|chameleon|fuyu|aria"
+    r"|ovis|nvlm|clip|siglip|llama4|multimodal"
+)
+MM_NAME = re.compile(
+    r"-vl\b|-vl-|_vl\b|vl-\d|vision|llava|janus|mllama|minicpm-?[vo]|internvl|pixtral|idefics|paligemma"
+    r"|molmo|qwen\d(?:\.\d)?-?vl|gemma-?3-(?!1b)\d|llama-?4|phi-\d(?:\.\d)?-vision|multimodal|kimi-vl"
+    r"|glm-?4\.?\d?v|deepseek-vl|olmocr|ui-tars|cogvlm|smolvlm|florence|-omni|nvlm|ovis|dots\.ocr",
+    re.IGNORECASE,
+)
+TEXT_NAME = re.compile(
+    r"llama|mistral|mixtral|qwen|\bopt\b|opt-\d|deepseek|gpt|phi-?\d|gemma|falcon|baichuan|chatglm"
+    r"|internlm|nemotron|granite|yi-\d|command-r|vicuna|starcoder|codellama|e5-|bge-",
+    re.IGNORECASE,
+)
+TEXT_ARCH = re.compile(r"For(?:CausalLM|SequenceClassification|Embedding)|Model$|LMHeadModel|Eagle")
+# The attention backend a traceback runs through (a fallback when no line names it).
+TRACE_BACKEND = re.compile(
+    r"layers/attention/(\w+?)_backend\.py|init_flashinfer_args|BatchDecodeWithPagedKVCache|BatchPrefillWithPagedKVCache"
+)

@@ -1,0 +1,229 @@
+"""Stream a log (file, .gz, stdin) and hand over only the lines that can matter.
+
+Server logs reach gigabytes, so the reader never holds a whole file: it reads fixed blocks,
+runs ONE prefilter (RE2, a DFA: linear time whatever the number of anchors) over each block,
+and yields the candidate lines with their line numbers. Everything else is skipped at C
+speed. A window of history before and lookahead after each block stays in memory so that
+event extractors can read the traceback that precedes an error and the continuation of a
+terminal-wrapped line, without re-reading the file.
+
+Bad input never raises a traceback: a missing file, a directory, binary data, UTF-16 or an
+empty file raise `InputError` (one line, exit 2); a truncated or corrupt gzip and an
+over-long line are read as far as they are valid and recorded in `notes`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import re
+import sys
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from ..errors import InputError
+from .patterns import ANCHORS
+
+try:  # RE2 keeps the prefilter linear and fast; the stdlib engine is the fallback.
+    import re2 as _re2
+
+    _opts = _re2.Options()
+    _opts.encoding = _re2.Options.Encoding.LATIN1  # bytes as bytes: invalid UTF-8 still scans
+    _PREFILTER = _re2.compile(
+        b"(?m)^.*(?:" + b"|".join(re.escape(a) for a in ANCHORS) + b").*$", _opts
+    )
+except ImportError:  # pragma: no cover - google-re2 is a declared dependency
+    _PREFILTER = re.compile(
+        b"(?m)^.*(?:" + b"|".join(re.escape(a) for a in ANCHORS) + b").*$"
+    )
+
+BLOCK = 8 << 20  # bytes read per step
+HISTORY = 256 << 10  # kept before the current window, for lookback into tracebacks
+LOOKAHEAD = 256 << 10  # kept after each candidate, for wrapped lines and args dumps
+MAX_LINE = 1 << 20  # a longer line is cut: its first MiB is read, the rest skipped
+
+STDIN = "-"
+
+
+@dataclass
+class Hit:
+    """One candidate line, with access to the text around it in the current buffer."""
+
+    lineno: int
+    text: str
+    _buf: bytes
+    _start: int
+    _end: int
+
+    def before(self, max_bytes: int = HISTORY) -> str:
+        """Text before this line (up to `max_bytes`, whole lines), for traceback lookback."""
+        lo = max(0, self._start - max_bytes)
+        if lo:
+            nl = self._buf.find(b"\n", lo, self._start)
+            lo = self._start if nl < 0 else nl + 1
+        return self._buf[lo : self._start].decode("utf-8", "replace")
+
+    def after(self, max_lines: int) -> list[str]:
+        """Up to `max_lines` raw lines after this one (fewer at the end of the buffer)."""
+        out: list[str] = []
+        pos = self._end + 1
+        limit = min(len(self._buf), self._end + LOOKAHEAD)
+        while len(out) < max_lines and pos < limit:
+            nl = self._buf.find(b"\n", pos, limit)
+            if nl < 0:
+                out.append(self._buf[pos:limit].decode("utf-8", "replace"))
+                break
+            out.append(self._buf[pos:nl].decode("utf-8", "replace"))
+            pos = nl + 1
+        return out
+
+
+@dataclass
+class ReadStats:
+    """What the reader saw of one input: size, lines, and what it could not read."""
+
+    name: str
+    bytes_read: int = 0
+    lines: int = 0
+    candidates: int = 0
+    head: bytes = b""  # the first bytes, for sniffing which server wrote the log
+    notes: list[str] = field(default_factory=list)
+
+
+def display_name(path: str | Path) -> str:
+    return "<stdin>" if str(path) == STDIN else str(path)
+
+
+def _open(path: str | Path) -> BinaryIO:
+    """Open a path, '-' (stdin) or a gzip (by magic bytes, whatever its name)."""
+    if str(path) == STDIN:
+        raw: BinaryIO = io.BufferedReader(sys.stdin.buffer.raw) if hasattr(
+            sys.stdin.buffer, "raw"
+        ) else sys.stdin.buffer  # type: ignore[assignment]
+    else:
+        p = Path(path)
+        if not p.exists():
+            raise InputError(f"{p}: no such file")
+        if p.is_dir():
+            raise InputError(f"{p}: is a directory, not a log file")
+        try:
+            raw = open(p, "rb")  # noqa: SIM115 - the caller closes it
+        except OSError as exc:
+            raise InputError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    peek = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
+    if peek == b"\x1f\x8b":
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    return raw
+
+
+def _check_text(name: str, first: bytes) -> None:
+    """Reject what is certainly not a text log, with the reason and the fix."""
+    if not first:
+        raise InputError(f"{name}: the file is empty, there is no log to read")
+    if first[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise InputError(
+            f"{name}: the log is UTF-16 encoded; convert it first: "
+            f"iconv -f UTF-16 -t UTF-8 {name} > log.txt"
+        )
+    sample = first[:8192]
+    if b"\x00" in sample:
+        raise InputError(f"{name}: binary data (NUL bytes), not a text server log")
+    bad = sum(1 for b in sample if b < 9 or 13 < b < 32)
+    if bad > len(sample) // 10:
+        raise InputError(f"{name}: binary data (control bytes), not a text server log")
+
+
+def scan(path: str | Path, stats: ReadStats | None = None) -> Iterator[Hit]:
+    """Yield the candidate lines of one input, numbered from 1, streaming in blocks."""
+    name = display_name(path)
+    st = stats if stats is not None else ReadStats(name)
+    src = _open(path)
+    try:
+        yield from _scan_stream(src, name, st)
+    finally:
+        if str(path) != STDIN:
+            src.close()
+
+
+def _read(src: BinaryIO, name: str, st: ReadStats) -> tuple[bytes, bool]:
+    """One block; a truncated or corrupt gzip ends the stream with a note, never raises."""
+    try:
+        data = src.read(BLOCK)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        if st.bytes_read == 0:
+            raise InputError(f"{name}: not a readable gzip file ({exc})") from None
+        st.notes.append(
+            f"compressed data ends early (truncated gzip): read up to line {st.lines}"
+        )
+        return b"", True
+    except OSError as exc:
+        raise InputError(f"{name}: read error ({exc})") from None
+    return data, not data
+
+
+def _scan_stream(src: BinaryIO, name: str, st: ReadStats) -> Iterator[Hit]:
+    buf = b""
+    start = 0  # first unprocessed byte in buf; buf[:start] is history
+    lineno = 0  # lines fully processed so far
+    skipping = False  # inside an over-long line whose head was already read
+    first = True
+    finditer = _PREFILTER.finditer
+    while True:
+        data, final = _read(src, name, st)
+        if first:
+            _check_text(name, data)
+            st.head = data[: 1 << 20]
+            first = False
+        st.bytes_read += len(data)
+        if skipping and data:
+            nl = data.find(b"\n")
+            if nl < 0:
+                continue
+            data = data[nl + 1 :]
+            skipping = False
+        buf = buf[max(0, start - HISTORY) :] if start else buf
+        start = min(start, HISTORY) if start else 0
+        buf += data
+        if final:
+            end = len(buf)
+        else:
+            end = buf.rfind(b"\n", start, max(start, len(buf) - LOOKAHEAD)) + 1
+            if end <= 0:
+                if buf.find(b"\n", start) >= 0 or len(buf) - start <= MAX_LINE:
+                    continue  # not enough text yet for a window with lookahead
+                # An over-long line: read its first MiB, skip the rest of it.
+                head = buf[start : start + MAX_LINE]
+                st.notes.append(
+                    f"line {lineno + 1} is longer than {MAX_LINE >> 20} MiB: "
+                    "only its first MiB was read"
+                )
+                yield from _emit(head, 0, len(head), lineno, st, finditer)
+                lineno += 1
+                buf, start, skipping = b"", 0, True
+                continue
+        if end > start:
+            yield from _emit(buf, start, end, lineno, st, finditer)
+            seg_lines = buf.count(b"\n", start, end)
+            if final and end > start and buf[end - 1 : end] != b"\n":
+                seg_lines += 1
+            lineno += seg_lines
+            start = end
+        if final:
+            break
+    st.lines = lineno
+
+
+def _emit(buf: bytes, start: int, end: int, base: int, st: ReadStats, finditer) -> Iterator[Hit]:
+    """Candidate lines of buf[start:end]; `base` lines precede `start`."""
+    pos = start
+    line = base
+    for m in finditer(buf, start, end):
+        s = m.start()
+        line += buf.count(b"\n", pos, s)
+        pos = s
+        st.candidates += 1
+        raw = m.group()
+        yield Hit(line + 1, raw.decode("utf-8", "replace"), buf, s, m.end())

@@ -1,0 +1,44 @@
+"""SGLang CUDA graph capture failed: memory only when the cause says so."""
+
+from __future__ import annotations
+
+from .. import patterns as P
+from ..model import Diagnosis, Finding
+from . import Rule
+from ._common import first_evidence
+
+
+def check(d: Diagnosis) -> list[Finding]:
+    evs = d.events_of("cuda_graph_capture_failed")
+    if not evs:
+        return []
+    cause = evs[0].data.get("cause", "")
+    if P.CUDA_OOM.search(cause):
+        return []  # the cuda-oom rule reports it with the capture phase
+    return [
+        Finding(
+            RULE.id,
+            "critical",
+            "CUDA graph capture failed for a reason other than memory",
+            explanation=(
+                f"Capture failed with: {cause.strip()[:200]}. SGLang's message then suggests lowering "
+                "--mem-fraction-static, but the cause is not an allocation failure, so that advice does "
+                "not apply; it is a model/kernel error raised while capturing."
+            ),
+            fix=(
+                "Start with --disable-cuda-graph to confirm, then fix the cause (e.g. a draft model that "
+                "does not match the target for EAGLE, an unsupported kernel); report it upstream."
+            ),
+            evidence=first_evidence(evs),
+        )
+    ]
+
+
+RULE = Rule(
+    id="sglang-graph-capture-failed",
+    severity="critical",
+    title="CUDA graph capture failed (not memory)",
+    fires_when="SGLang 'Capture cuda graph failed: <cause>' where the cause is not a CUDA OOM",
+    fix="--disable-cuda-graph to confirm, then fix the cause; the mem-fraction advice does not apply",
+    check=check,
+)

@@ -1,0 +1,45 @@
+"""SGLang retracted requests because the KV pool filled up (scheduling, not a crash)."""
+
+from __future__ import annotations
+
+from ..model import Diagnosis, Finding
+from . import Rule
+from ._common import first_evidence
+
+MANY = 20  # retraction lines before it is worth a warning
+
+
+def check(d: Diagnosis) -> list[Finding]:
+    evs = d.events_of("retraction")
+    if not evs:
+        return []
+    n = d.event_counts.get("retraction", len(evs))
+    reqs = sum(e.data.get("retracted_reqs", 0) for e in evs)
+    return [
+        Finding(
+            RULE.id,
+            "warning" if n >= MANY else "info",
+            f"KV pool full: {n} retraction line(s)",
+            explanation=(
+                f"'Decode out of memory happened' means the KV pool ran out of free slots during decode "
+                f"and SGLang retracted running requests ({reqs} in the lines kept) and re-queued them. It "
+                "is not a CUDA OOM and not a leak; requests are recomputed, which costs latency. "
+                "Frequent retraction means the KV pool is too small for the load."
+            ),
+            fix=(
+                "Lower --max-running-requests, raise --mem-fraction-static if there is headroom, or "
+                "raise --schedule-conservativeness; more GPUs give a bigger pool."
+            ),
+            evidence=first_evidence(evs),
+        )
+    ]
+
+
+RULE = Rule(
+    id="sglang-retraction",
+    severity="warning",
+    title="SGLang KV pool retraction",
+    fires_when="SGLang 'Decode out of memory happened. #retracted_reqs: N' or 'Prefill out of memory' (info; warning from 20 lines)",
+    fix="lower --max-running-requests, raise --schedule-conservativeness or the memory fraction",
+    check=check,
+)
