@@ -1,15 +1,47 @@
-"""`vramdoctor diagnose` (placeholder until its issue lands)."""
+"""`vramdoctor diagnose LOG...`: known causes of GPU-memory growth and OOM in server logs."""
 
 from __future__ import annotations
 
 import typer
 
+from ..errors import ExitCode, InputError
+from ..logs import diagnose
+from ..report import console
 from . import app
 
 
 @app.command("diagnose")
-def diagnose_cmd(json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
-    """Not yet available."""
-    from ..errors import VramdoctorError
+def diagnose_cmd(
+    logs: list[str] = typer.Argument(
+        ...,
+        metavar="LOG...",
+        help="Server log files (one per TP rank is fine), .gz files, or - for stdin.",
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object (schema vramdoctor.diagnose/1)."),
+) -> None:
+    """Find what explains GPU-memory growth or an OOM in SGLang/vLLM logs, with evidence and fixes.
 
-    raise VramdoctorError("'diagnose' is not available yet in this version")
+    Exit code 0: no warning or critical finding; 1: at least one; 2: unreadable input or no
+    server log among the inputs.
+
+    Examples: vramdoctor diagnose server.log ; vramdoctor diagnose tp0.log tp1.log.gz ;
+    docker logs sglang 2>&1 | vramdoctor diagnose -
+    """
+    if logs.count("-") > 1:
+        raise InputError("stdin (-) can be given only once")
+    d = diagnose(logs)
+    if not any(f.recognised for f in d.files):
+        names = ", ".join(f.file for f in d.files)
+        lines = sum(f.lines for f in d.files)
+        raise InputError(
+            f"{names}: not an SGLang or vLLM server log (read {lines} line(s); no server line, "
+            "argument dump, memory figure or known error found)"
+        )
+    if json_out:
+        console.print_json(d.to_json())
+    else:
+        from ..report.diagnose import render
+
+        render(d, console.stdout())
+    problem = any(f.severity in ("warning", "critical") for f in d.findings)
+    raise typer.Exit(int(ExitCode.PROBLEM if problem else ExitCode.OK))

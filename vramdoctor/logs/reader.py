@@ -149,18 +149,31 @@ def scan(path: str | Path, stats: ReadStats | None = None) -> Iterator[Hit]:
 
 
 def _read(src: BinaryIO, name: str, st: ReadStats) -> tuple[bytes, bool]:
-    """One block; a truncated or corrupt gzip ends the stream with a note, never raises."""
+    """One block; a truncated or corrupt gzip ends the stream with a note, never raises.
+
+    Compressed input is read in small steps so that the valid part before a truncation
+    or corruption is kept (one big read would lose the whole block).
+    """
+    gz = isinstance(src, gzip.GzipFile)
+    step = 1 << 16 if gz else BLOCK
+    read = src.read1 if gz else src.read  # read1: one decompression step, so little is lost
+    parts: list[bytes] = []
+    got = 0
     try:
-        data = src.read(BLOCK)
+        while got < BLOCK:
+            data = read(step)
+            if not data:
+                break
+            parts.append(data)
+            got += len(data)
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-        if st.bytes_read == 0:
+        if st.bytes_read == 0 and not parts:
             raise InputError(f"{name}: not a readable gzip file ({exc})") from None
-        st.notes.append(
-            f"compressed data ends early (truncated gzip): read up to line {st.lines}"
-        )
-        return b"", True
+        st.notes.append("compressed data ends early or is damaged (truncated gzip): read as far as it is valid")
+        return b"".join(parts), True
     except OSError as exc:
         raise InputError(f"{name}: read error ({exc})") from None
+    data = b"".join(parts)
     return data, not data
 
 

@@ -1,0 +1,128 @@
+"""The diagnose report: one-line verdict, facts table, findings most severe first.
+
+Evidence lines are shown as the server printed them (prefixes stripped), with the part that
+fired the rule highlighted; rich drops the styling when piped or with NO_COLOR.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePath
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from ..logs import patterns as P
+from ..logs.model import Diagnosis, Evidence, Finding
+
+EVIDENCE_SHOWN = 320  # characters of an evidence line in the terminal (JSON keeps 600)
+_STYLE = {"critical": "bold red", "warning": "bold yellow", "info": "cyan"}
+_HIGHLIGHT = re.compile(
+    "|".join(
+        rx.pattern
+        for rx in (
+            P.CUDA_OOM, P.LEAK, P.SGL_RETRACT, P.VLLM_NO_KV, P.TRITON_SMEM, P.RAY_OOM, P.SGL_GRAPH_FAILED,
+            P.OOM_TRIED, P.OOM_GPU, P.OOM_PROCESS, P.LEAK_FIELD,
+        )
+    )
+    + r"|disable_fast_image_processor=\w+|image_processor_backend='?\w+'?|type=\w+|mem_fraction_static=[\d.]+"
+    r"|tp_size=\d+|CUDA IPC|avail mem=[\d.]+ GB",
+    re.IGNORECASE,
+)
+_SHOW_FACTS = (
+    ("model", "model"),
+    ("architecture", "architecture"),
+    ("multimodal", "multimodal"),
+    ("tp_size", "tensor parallel"),
+    ("dp_size", "data parallel"),
+    ("pp_size", "pipeline parallel"),
+    ("mem_fraction_static", "mem_fraction_static"),
+    ("gpu_memory_utilization", "gpu_memory_utilization"),
+    ("attention_backend", "attention backend"),
+    ("fast_image_processor", "fast image processor"),
+    ("cuda_ipc_transport", "CUDA IPC transport"),
+    ("weights_mib", "weights"),
+    ("kv_cache_mib", "KV cache"),
+    ("kv_tokens", "KV tokens"),
+    ("cuda_graph_mib", "CUDA graphs"),
+    ("avail_after_graph_mib", "free after startup"),
+)
+
+
+def verdict(d: Diagnosis) -> tuple[str, str]:
+    """(text, style) of the one-line verdict."""
+    server = {"sglang": "SGLang", "vllm": "vLLM"}.get(d.server or "", "unknown server")
+    ver = f" {d.version}" if d.version else ""
+    if not d.findings:
+        return f"{server}{ver}: no known cause of GPU-memory growth or OOM found in the log.", "green"
+    top = d.findings[0]
+    n = {s: sum(1 for f in d.findings if f.severity == s) for s in ("critical", "warning", "info")}
+    counts = ", ".join(f"{v} {k}" for k, v in n.items() if v)
+    return f"{server}{ver}: {top.title} ({counts}).", _STYLE[top.severity]
+
+
+def _fmt(name: str, v: object) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if name.endswith("_mib") and isinstance(v, (int, float)):
+        return f"{v / 1024:.2f} GiB" if v >= 1024 else f"{v:.0f} MiB"
+    return str(v)
+
+
+def facts_table(d: Diagnosis) -> Table:
+    t = Table(title="Facts read from the log", show_header=True, header_style="bold", expand=False)
+    t.add_column("fact")
+    t.add_column("value", overflow="fold")
+    t.add_column("from", style="dim", overflow="fold")
+    t.add_row("server", d.server or "unknown", "")
+    t.add_row("version", d.version or "not printed", _where(d.version_evidence))
+    f = d.facts
+    for name, label in _SHOW_FACTS:
+        v = getattr(f, name)
+        if v is None:
+            continue
+        t.add_row(label, _fmt(name, v), _where(f.evidence.get(name)))
+    return t
+
+
+def _where(e: Evidence | None) -> str:
+    if e is None:
+        return ""
+    return f"{PurePath(e.file).name}:{e.line}" if e.line else e.text[:60]
+
+
+def _evidence_text(e: Evidence) -> Text:
+    head = Text(f"{PurePath(e.file).name}:{e.line}: " if e.line else "", style="dim")
+    text = e.text if len(e.text) <= EVIDENCE_SHOWN else e.text[: EVIDENCE_SHOWN - 1] + "…"
+    body = Text(text)
+    for m in _HIGHLIGHT.finditer(text):
+        body.stylize("bold magenta", m.start(), m.end())
+    return head + body
+
+
+def finding_panel(f: Finding) -> Panel:
+    parts: list[Text] = [Text(f.explanation)]
+    if f.evidence:
+        parts.append(Text("Evidence:", style="bold"))
+        parts.extend(_evidence_text(e) for e in f.evidence)
+    parts.append(Text.assemble(("Fix: ", "bold green"), f.fix))
+    title = Text.assemble((f"{f.severity.upper()} ", _STYLE[f.severity]), (f.title, "bold"), (f"  [{f.id}]", "dim"))
+    return Panel(Group(*parts), title=title, title_align="left", border_style=_STYLE[f.severity])
+
+
+def render(d: Diagnosis, con: Console) -> None:
+    text, style = verdict(d)
+    con.print(Text(text, style=style))
+    for fs in d.files:
+        for note in fs.notes:
+            con.print(Text(f"note: {fs.file}: {note}", style="dim"))
+        if not fs.recognised:
+            con.print(Text(f"note: {fs.file}: not an SGLang or vLLM server log (no known line found)", style="yellow"))
+    con.print(facts_table(d))
+    if d.event_counts:
+        counts = ", ".join(f"{k} x{v}" for k, v in sorted(d.event_counts.items()))
+        con.print(Text(f"Events: {counts}", style="dim"))
+    for f in d.findings:
+        con.print(finding_panel(f))
