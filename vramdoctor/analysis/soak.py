@@ -288,12 +288,21 @@ def classify_series(
     floor: float,
     th: Thresholds = Thresholds(),
 ) -> dict[str, Any]:
-    """Verdict for one series from its settled levels after each round (see module docstring)."""
+    """Verdict for one series from its settled levels after each round (see module docstring).
+
+    `cum_requests[k]` is the number of requests that reached the server up to round k; a round
+    where none did (server gone) carries no evidence about growth per request and is skipped.
+    """
     noise = _noise(samples)
     h = max(floor, th.noise_k * noise)
-    pts = [(c, v, s) for c, v, s in zip(cum_requests, levels, samples, strict=False) if v is not None]
     out: dict[str, Any] = {"noise": noise, "threshold": h, "slope": None, "ci": None,
                            "tau": None, "tau_p": None, "increments": [], "growth": None}
+    pts = []
+    prev_c = 0.0
+    for c, v, smp in zip(cum_requests, levels, samples, strict=False):
+        if v is not None and (c > prev_c or not pts):
+            pts.append((c, v, smp))
+        prev_c = c
     if not pts:
         return {**out, "verdict": INCONCLUSIVE, "reason": "no settled level (no idle window completed)"}
     ref = baseline if baseline is not None else pts[0][1]
@@ -304,18 +313,17 @@ def classify_series(
     # The first round warms caches up: fit from round 2 on when at least 2 later rounds exist.
     tail = pts[1:] if len(pts) >= 3 else pts
     incs = [b[1] - a[1] for a, b in itertools.pairwise(tail)]
+    sizes = [b[0] - a[0] for a, b in itertools.pairwise(tail)]  # requests behind each increment
     out["increments"] = incs
-    if len(tail) >= 2 and len({c for c, _, _ in tail}) >= 2:
+    if len(tail) >= 2:
         res = theilslopes([v for _, v, _ in tail], [c for c, _, _ in tail], alpha=0.90)
         out["slope"] = float(res.slope)
         out["ci"] = (float(res.low_slope), float(res.high_slope))
-        xs = [c for c, _, s in tail for _ in s] or [c for c, _, _ in tail]
-        ys = [x for _, _, s in tail for x in s] or [v for _, v, _ in tail]
+        xs = [c for c, _, smp in tail for _ in smp]
+        ys = [x for _, _, smp in tail for x in smp]
         if len(set(xs)) >= 2 and len(set(ys)) >= 2:
             tau = kendalltau(xs, ys)
             out["tau"], out["tau_p"] = float(tau.statistic), float(tau.pvalue)
-    per_round = [b[0] - a[0] for a, b in itertools.pairwise(tail)]
-    step = float(np.mean(per_round)) if per_round else 0.0
     if peak <= h:
         return {**out, "verdict": STABLE,
                 "reason": f"every settled level within {h:.3g} of the baseline"}
@@ -324,24 +332,30 @@ def classify_series(
                 "reason": f"rose {growth:+.3g} but only {len(pts)} round(s) settled: caching "
                           "and a leak look the same until round 3"}
     slope, ci = out["slope"], out["ci"]
-    round_growth = (slope or 0.0) * step
-    last = incs[-1] if incs else 0.0
+    all_sizes = [b[0] - a[0] for a, b in itertools.pairwise([(0.0, None, None), *pts])]
+    typical = float(np.median(all_sizes))  # the planned round size, robust to one short round
+    round_growth = (slope or 0.0) * typical  # growth a normal round gives at the fitted rate
+    # Each increment scaled to a normal round, so a short last round is judged fairly.
+    scaled = [d * typical / n for d, n in zip(incs, sizes, strict=True)]
+    last, last_n = incs[-1], sizes[-1]
     # The trend test needs samples to have power (4 points cannot reach p < 0.05): with few
     # settled samples it is reported but does not veto; the slope's CI and the increments decide.
-    n_trend = sum(len(s) for _, _, s in tail)
+    n_trend = sum(len(smp) for _, _, smp in tail)
     trend_ok = n_trend < th.trend_min_samples or (
         out["tau"] is not None and out["tau"] > 0 and out["tau_p"] < th.trend_p)
     if (
         slope is not None and ci is not None and ci[0] > 0 and round_growth > h
-        and all(d > h / 2 for d in incs) and last >= th.decay_ratio * round_growth and trend_ok
+        and all(d > h / 2 for d in scaled) and scaled[-1] >= th.decay_ratio * round_growth
+        and trend_ok
     ):
         return {**out, "verdict": LEAK,
                 "reason": f"grew {round_growth:.3g} every round after the first, "
                           f"in proportion to requests (last round {last:+.3g})"}
-    if abs(last) <= h and (not incs or max(incs[-2:]) <= h or abs(last) <= h / 2):
+    full_last = last_n >= 0.5 * typical  # a plateau needs a real round of traffic to show it
+    if full_last and abs(last) <= h and (max(incs[-2:]) <= h or abs(last) <= h / 2):
         return {**out, "verdict": CACHING,
                 "reason": f"rose {growth:+.3g} then flat (last round {last:+.3g}, within {h:.3g})"}
-    if last < -h:
+    if full_last and last < -h:
         return {**out, "verdict": CACHING,
                 "reason": f"rose then fell back (last round {last:+.3g}): bounded, not growing"}
     return {**out, "verdict": INCONCLUSIVE,
@@ -570,8 +584,10 @@ def _sentence(verdict: str, culprit: dict[str, Any], cs: SeriesResult | None, le
         if cs is not None and cs.kind == "kv" and cs.slope_per_request is not None and leak_pr is None:
             rate = f"{cs.slope_per_request * 100:.3g} % of the KV pool per request"
         ph = f" ({leak_ph:.0f} MiB/hour at the observed load)" if leak_ph is not None else ""
+        end = "the KV pool is full" if culprit.get("layer") == "kv_pages" and cs is not None \
+            and cs.kind == "kv" else "out of memory"
         return (f"LEAK: {where} grows {rate}{ph} in every round of identical traffic; "
-                f"{layer}; out of memory in about {_fmt_hours(hours)}.")
+                f"{layer}; {end} in about {_fmt_hours(hours)}.")
     if verdict == CACHING:
         g = cs.growth if cs is not None and cs.growth is not None else 0.0
         unit = "" if cs is not None and cs.unit == "ratio" else " MiB"

@@ -1,0 +1,252 @@
+"""`vramdoctor soak` end to end, as a user runs it: the reference server is a real subprocess on
+loopback, soak is a real subprocess, traffic is real HTTP. No GPU: host RSS carries the verdict.
+
+Kept small for CI (2 cores): short idle windows, 20 requests a round, small images.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from vramdoctor.record import read_run
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVER = ROOT / "examples" / "reference_server" / "server.py"
+FAST = ["--rounds", "4", "--requests", "20", "--concurrency", "4", "--idle", "1.5",
+        "--interval", "0.15", "--image-size", "128x128", "--image-size", "256x192"]
+
+
+class RefServer:
+    def __init__(self, mode: str, *extra: str, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(SERVER), "--port", "0", "--mode", mode, "--device", "cpu", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, **(env or {})},
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        m = re.search(r"listening on (http://\S+) .* pid=(\d+)", line)
+        if not m:
+            self.proc.kill()
+            raise AssertionError(f"reference server did not start: {line!r}")
+        self.url = m.group(1)
+        self.pid = int(m.group(2))
+
+    def info(self) -> dict:
+        return requests.get(self.url + "/reference/info", timeout=5).json()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def server_factory() -> Iterator:
+    started: list[RefServer] = []
+
+    def make(mode: str, *extra: str, env: dict[str, str] | None = None) -> RefServer:
+        s = RefServer(mode, *extra, env=env)
+        started.append(s)
+        return s
+
+    yield make
+    for s in started:
+        s.stop()
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENAI_API_KEY", "VRAMDOCTOR_API_KEY")}
+    env.update(NO_COLOR="1", CI="1", **extra)
+    return env
+
+
+def soak(url: str, tmp: Path, *args: str, env: dict[str, str] | None = None,
+         name: str = "run.jsonl") -> subprocess.CompletedProcess:
+    out = tmp / name
+    return subprocess.run(
+        [sys.executable, "-m", "vramdoctor", "soak", "--url", url, "--out", str(out), *args],
+        capture_output=True, text=True, timeout=120, env=env or _env(), cwd=tmp,
+    )
+
+
+def test_leaking_server_is_leak_with_the_true_rate_and_report_reproduces_it(server_factory, tmp_path) -> None:
+    srv = server_factory("leaking", "--leak-kib", "1024")
+    html = tmp_path / "leak.html"
+    r = soak(srv.url, tmp_path, *FAST, "--json", "--report", str(html))
+    assert r.returncode == 1, r.stderr
+    d = json.loads(r.stdout)
+    truth = srv.info()["leak_bytes_per_request"] / 2**20
+    assert d["verdict"] == "LEAK"
+    assert d["leak_mib_per_request"] == pytest.approx(truth, rel=0.25)
+    assert d["culprit"]["pid"] == srv.pid
+    assert d["culprit"]["layer"] == "host_ram"
+    assert d["leak_mib_per_hour"] > 0 and d["hours_to_oom"] > 0
+    assert [x["requests"] for x in d["rounds"]] == [20, 20, 20, 20]
+    assert all(x["errors"] == 0 for x in d["rounds"])
+    assert f"rss/pid{srv.pid}" in d["rounds"][-1]["settled_mib"]
+    page = html.read_text()
+    assert "LEAK" in page and "data:image/png;base64," in page
+    # Offline: the run file alone gives the same verdict and rate.
+    run = tmp_path / "run.jsonl"
+    assert read_run(run).status == "complete"
+    rep = subprocess.run([sys.executable, "-m", "vramdoctor", "report", str(run), "--json"],
+                         capture_output=True, text=True, timeout=60, env=_env())
+    assert rep.returncode == 1
+    d2 = json.loads(rep.stdout)
+    assert d2["verdict"] == "LEAK"
+    assert d2["leak_mib_per_request"] == pytest.approx(d["leak_mib_per_request"], rel=1e-9)
+    png = tmp_path / "chart.png"
+    rep = subprocess.run([sys.executable, "-m", "vramdoctor", "report", str(run), "--report", str(png)],
+                         capture_output=True, text=True, timeout=60, env=_env())
+    assert rep.returncode == 1
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "LEAK" in rep.stdout
+
+
+def test_caching_server_is_caching_never_leak(server_factory, tmp_path) -> None:
+    srv = server_factory("plain")
+    r = soak(srv.url, tmp_path, *FAST, "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["verdict"] == "CACHING", d["sentence"]
+    assert d["leak_mib_per_request"] is None
+    assert srv.info()["cache_bytes"] > 0
+
+
+def test_stable_server_is_stable_and_the_api_key_stays_secret(server_factory, tmp_path) -> None:
+    key = "sk-vramdoctor-test-9f8e7d6c5b4a"
+    srv = server_factory("stable", env={"REFERENCE_API_KEY": key})
+    html = tmp_path / "r.html"
+    r = soak(srv.url, tmp_path, *FAST, "--json", "--report", str(html), env=_env(OPENAI_API_KEY=key))
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["verdict"] == "STABLE", d["sentence"]
+    assert sum(x["errors"] for x in d["rounds"]) == 0  # the key was sent: no 401s
+    assert srv.info()["requests"] == 80
+    # And passed on the command line: redacted in the run file's argv.
+    r2 = soak(srv.url, tmp_path, "--rounds", "1", "--requests", "2", "--idle", "0.3", "--text-only",
+              "--api-key", key, name="run2.jsonl")
+    assert r2.returncode == 0, r2.stderr
+    for text in (r.stdout, r.stderr, r2.stdout, r2.stderr, html.read_text(),
+                 (tmp_path / "run.jsonl").read_text(), (tmp_path / "run2.jsonl").read_text()):
+        assert key not in text
+    assert "--api-key" in (tmp_path / "run2.jsonl").read_text()
+
+
+def test_wrong_key_is_counted_as_errors_not_a_crash(server_factory, tmp_path) -> None:
+    srv = server_factory("stable", env={"REFERENCE_API_KEY": "right-key-123456"})
+    r = soak(srv.url, tmp_path, "--rounds", "1", "--requests", "3", "--idle", "0.3", "--text-only",
+             "--json")
+    # /v1/models refuses without the key: one line naming the fix, exit 2, before any traffic.
+    assert r.returncode == 2
+    assert "api-key" in r.stderr.lower() and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_ctrl_c_gives_a_partial_report_and_keeps_the_run_file(server_factory, tmp_path) -> None:
+    srv = server_factory("leaking", "--leak-kib", "512")
+    run = tmp_path / "run.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vramdoctor", "soak", "--url", srv.url, "--out", str(run),
+         "--rounds", "50", "--requests", "10", "--idle", "1", "--interval", "0.15",
+         "--image-size", "128x128", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if run.exists() and run.read_text().count('"idle_end"') >= 2:
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    d = json.loads(out)
+    assert d["status"] == "interrupted"
+    assert len(d["rounds"]) >= 2
+    assert d["rounds"][0]["settled_mib"]
+    r = read_run(run)
+    assert r.status == "interrupted"
+    assert any(getattr(e, "name", None) == "interrupted" for e in r.records)
+    assert srv.info()["requests"] < 500  # it stopped sending
+
+
+def test_server_that_disappears_mid_run_is_counted_not_a_crash(server_factory, tmp_path) -> None:
+    srv = server_factory("plain")
+    run = tmp_path / "run.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vramdoctor", "soak", "--url", srv.url, "--out", str(run),
+         "--rounds", "4", "--requests", "10", "--idle", "1", "--interval", "0.15",
+         "--image-size", "128x128", "--timeout", "5", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if run.exists() and '"idle_start"' in run.read_text():
+            break
+        time.sleep(0.05)
+    srv.proc.kill()
+    srv.proc.wait()
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode in (0, 1), err
+    assert "Traceback" not in err
+    d = json.loads(out)
+    kinds = [x.get("error_kinds", {}) for x in d["rounds"]]
+    assert d["rounds"][0]["errors"] == 0
+    assert any(k.get("connection", 0) > 0 for k in kinds[1:])
+    assert read_run(run).status == "complete"
+    assert "stopped answering" in err
+
+
+def test_bounds_hold_max_requests_and_duration(server_factory, tmp_path) -> None:
+    srv = server_factory("stable")
+    r = soak(srv.url, tmp_path, "--rounds", "4", "--requests", "5", "--concurrency", "3",
+             "--idle", "0.2", "--max-requests", "7", "--text-only", "--json")
+    assert r.returncode == 0, r.stderr
+    assert srv.info()["requests"] == 7
+    assert sum(x["requests"] for x in json.loads(r.stdout)["rounds"]) == 7
+    r = soak(srv.url, tmp_path, "--rounds", "100", "--requests", "5", "--idle", "0.5",
+             "--duration", "3", "--text-only", "--json", name="run2.jsonl")
+    assert r.returncode in (0, 1), r.stderr
+    run = read_run(tmp_path / "run2.jsonl")
+    assert run.status == "complete"
+    # The protocol ended within the bound (the end mark follows the last in-flight answer).
+    assert run.end["t"] - run.header["t"] < 3 + 1.5
+    assert len(json.loads(r.stdout)["rounds"]) < 100
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--url", "http://127.0.0.1:1"], "no server answers"),
+        (["--url", "http://127.0.0.1:1", "--image-size", "big"], "--image-size"),
+        (["--url", "http://127.0.0.1:1", "--rounds", "0"], "--rounds"),
+        (["--url", "http://127.0.0.1:1", "--report", "x.pdf"], "--report"),
+        (["--url", "http://127.0.0.1:1", "--image-dir", "/nonexistent-dir"], "--image-dir"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, needle) -> None:
+    r = subprocess.run([sys.executable, "-m", "vramdoctor", "soak", *args], capture_output=True,
+                       text=True, timeout=60, env=_env(), cwd=tmp_path)
+    assert r.returncode == 2
+    assert needle in r.stderr
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()  # nothing recorded for a run that never started
