@@ -27,6 +27,19 @@ def _percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
+def grows(levels: list[float], tolerance: float = GROWTH_TOLERANCE_MIB) -> bool:
+    """Still growing: a positive trend after the first round AND a new high in the last round.
+
+    Caching rises while new image sizes arrive and then stays put (the last round is no new
+    high); a leak sets a new high every round. Noise (parked pools coming and going) gives a
+    slope without a new high.
+    """
+    slope = growth_per_round(levels)
+    if slope is None or slope <= tolerance:
+        return False
+    return levels[-1] > max(levels[:-1]) + tolerance
+
+
 def growth_per_round(levels: list[float]) -> float | None:
     """Theil-Sen slope (MiB per round) over the rounds after the first; None with < 2 rounds."""
     tail = levels[1:] if len(levels) >= 3 else levels
@@ -69,7 +82,8 @@ def _variant_summary(name: str, recs: dict[str, list[dict[str, Any]]]) -> dict[s
     if status != "ok" or growth is None:
         verdict = "n/a"
     else:
-        verdict = "grows" if growth > GROWTH_TOLERANCE_MIB else "bounded"
+        levels = nvml_levels if growth_nvml is not None else reserved_levels
+        verdict = "grows" if grows(levels) else "bounded"
     escaped = max([int(r.get("escaped_bytes") or 0) for r in [*requests, *rounds]] or [0])
     return {
         "variant": name,
@@ -80,6 +94,7 @@ def _variant_summary(name: str, recs: dict[str, list[dict[str, Any]]]) -> dict[s
         "processor": context.get("processor"),
         "alloc_conf": context.get("alloc_conf"),
         "context_mib": context_mib,
+        "bare_context_mib": context.get("bare_context_mib"),
         "requests": len(requests),
         "rounds": round_rows,
         "growth_per_round_mib": growth,

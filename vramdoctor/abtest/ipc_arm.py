@@ -125,7 +125,8 @@ def run_mode(
     status = ctx.Queue()
     stop = ctx.Event()
     inboxes = [ctx.Queue() for _ in consumer_gpus]
-    producer = ctx.Process(target=_producer, args=(producer_gpu, len(consumer_gpus), inboxes, status, stop))
+    producer_stop = ctx.Event()  # the producer outlives its consumers (they hold its memory)
+    producer = ctx.Process(target=_producer, args=(producer_gpu, len(consumer_gpus), inboxes, status, producer_stop))
     consumers = [
         ctx.Process(target=_consumer, args=(g, producer_gpu, redirect, inboxes[i], status, stop))
         for i, g in enumerate(consumer_gpus)
@@ -149,6 +150,10 @@ def run_mode(
         result["error"] = str(exc)
     finally:
         stop.set()
+        for p in consumers:
+            if p.pid is not None:
+                p.join(timeout=30)
+        producer_stop.set()
         for p in procs:
             if p.pid is not None:
                 p.join(timeout=30)

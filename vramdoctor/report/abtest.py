@@ -79,10 +79,18 @@ def render(result: dict[str, Any], header: dict[str, Any] | None = None) -> None
         if gpus:
             g = gpus[int(cfg.get("gpu", 0))] if int(cfg.get("gpu", 0)) < len(gpus) else gpus[0]
             out.print(f"GPU: {g.get('name')} ({len(gpus)} visible), driver {g.get('driver')}", markup=False)
+    if not out.is_terminal:  # piped or saved: do not squeeze the table into 80 columns
+        out.width = max(out.width, 170)
     out.print(variants_table(result))
     ctx = [v for v in result["variants"] if v.get("context_mib")]
     if ctx:
-        out.print(f"Bare CUDA context: {ctx[0]['context_mib']:.0f} MiB (NVML, before the first request).", markup=False)
+        bare = ctx[0].get("bare_context_mib")
+        out.print(
+            f"CUDA context: {ctx[0]['context_mib']:.0f} MiB after a warm-up request with caches emptied "
+            f"(kernels loaded; {bare:.0f} MiB before any kernel ran). 'NVML' columns are above it."
+            if bare else f"CUDA context: {ctx[0]['context_mib']:.0f} MiB.",
+            markup=False,
+        )
     rec = result["recommendation"]
     if rec.get("variant"):
         out.print(f"Recommended for this model on this GPU: [bold]{rec['variant']}[/bold] ({rec['title']}): {rec['reason']}")
