@@ -167,3 +167,12 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], text: str) -> None:
     assert r.returncode == 2
     assert text in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_gpu_filter_applies_to_exporter_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    with serve(metrics_only(nvitop_text("gpu-host", GPUS, PROCS))) as url:
+        code = main(["census", "--gpu-exporter", url, "--gpus", "1", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0  # seen from GPU 1 alone, rank 1 holds memory on one GPU only
+    assert [g["index"] for g in doc["gpus"]] == [1]
+    assert [(p["pid"], p["per_gpu"]) for p in doc["processes"]] == [(102, {"1": 70480.0})]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import io
 from pathlib import Path
 
 import typer
@@ -66,7 +66,7 @@ def _emit(result: Census, *, json_out: bool, report_file: Path | None) -> int:
         if suffix not in (".html", ".htm", ".txt"):
             raise InputError(f"census writes --report as .html or .txt, not {suffix or 'no suffix'}")
         rec = Console(record=True, width=140, color_system=None if suffix == ".txt" else "truecolor",
-                      file=open(os.devnull, "w"))  # noqa: SIM115
+                      file=io.StringIO())
         render(result, rec)
         try:
             if suffix == ".txt":
@@ -75,7 +75,6 @@ def _emit(result: Census, *, json_out: bool, report_file: Path | None) -> int:
                 report_file.write_text(rec.export_html(), encoding="utf-8")
         except OSError as exc:
             raise InputError(f"cannot write {report_file}: {exc.strerror}") from None
-        rec.file.close()
     return int(ExitCode.PROBLEM if result.problem else ExitCode.OK)
 
 
@@ -112,7 +111,12 @@ def census_cmd(
       vramdoctor census --out runs/census.jsonl && vramdoctor report runs/census.jsonl
     """
     lo_hi = _parse_range(context_mib)
-    sample, groups, devices = take_sample(gpu_exporter, _parse_gpus(gpus))
+    wanted = _parse_gpus(gpus)
+    sample, groups, devices = take_sample(gpu_exporter, wanted)
+    if wanted is not None and gpu_exporter:  # NVML filtered already; exporters report all
+        sample.gpus = [g for g in sample.gpus if g.index in wanted]
+        sample.processes = [p for p in sample.processes if p.gpu in wanted]
+        devices = [d for d in devices if d["index"] in wanted]
     result = census(sample, groups=groups, context_mib=lo_hi)
     if out is not None:
         header = make_header(

@@ -187,7 +187,9 @@ class NvmlSource:
                 self._mem_v2 = True
                 return mem.total, mem.used, mem.free, mem.reserved
             except (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NotSupported,
-                    pynvml.NVMLError_InvalidArgument, AttributeError, TypeError):
+                    pynvml.NVMLError_InvalidArgument,
+                    getattr(pynvml, "NVMLError_ArgumentVersionMismatch", pynvml.NVMLError_InvalidArgument),
+                    AttributeError, TypeError):
                 # Old driver or old binding: no v2 struct. Remember and use v1 from now on.
                 self._mem_v2 = False
         mem = pynvml.nvmlDeviceGetMemoryInfo(handle)

@@ -65,7 +65,8 @@ _BOUNDARY = frozenset({
     "bash", "sh", "zsh", "fish", "dash", "ksh", "tmux", "tmux: server", "screen", "sshd",
     "systemd", "init", "tini", "docker-init", "dumb-init", "containerd-shim",
     "containerd-shim-runc-v2", "conmon", "su", "sudo", "login", "supervisord", "runsv",
-    "nohup", "srun", "slurmstepd", "sshd-session", "code", "node", "jupyter-lab",
+    "nohup", "srun", "slurmstepd", "sshd-session", "code", "node", "jupyter-lab", "SCREEN",
+    "launchd", "kthreadd", "runc", "catatonit", "s6-svscan", "s6-supervise",
 })
 
 
@@ -83,7 +84,9 @@ def server_groups(pids: list[int]) -> dict[int, int]:
             proc: psutil.Process | None = psutil.Process(pid)
             for _ in range(64):
                 parent = proc.parent() if proc is not None else None
-                if parent is None or parent.pid <= 1 or parent.name() in _BOUNDARY:
+                # PID 1 counts when it is the server itself (a container's entry point);
+                # a host's init or a container's shell/tini is a boundary by name.
+                if parent is None or parent.pid == 0 or parent.name() in _BOUNDARY:
                     break
                 root = parent.pid
                 proc = parent
