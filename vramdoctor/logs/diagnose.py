@@ -110,12 +110,17 @@ def _fast_processor(server: str | None, facts: Facts, exs: Sequence[FileExtracto
             break
     if server != "sglang" or facts.multimodal is not True:
         return None, None
+    def quote(key: str, value: object) -> Evidence | None:
+        if args_ev is None:
+            return None
+        return Evidence(args_ev.file, args_ev.line, f"server_args=...{key}={value!r}...")
+
     backend = args.get("image_processor_backend")
     if backend is not None:
-        return (str(backend).lower() != "pil"), args_ev
+        return (str(backend).lower() != "pil"), quote("image_processor_backend", backend)
     flag = args.get("disable_fast_image_processor")
     if isinstance(flag, bool):
-        return (not flag), args_ev
+        return (not flag), quote("disable_fast_image_processor", flag)
     for ex in exs:
         if ex.fast_only_processor is not None:
             return True, ex.fast_only_processor

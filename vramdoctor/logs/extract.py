@@ -149,6 +149,12 @@ class FileExtractor:
             m = P.VLLM_ARCH.search(t) or P.VLLM_ARCH_V1.search(t)
             if m:
                 self.put("architecture", m.group(1), RUNTIME, self.ev(hit))
+        if "load model" in t:
+            m = P.VLLM_LOAD_MODEL.search(t)
+            if m:
+                self.put("model", m.group(1), INFERRED + 1, self.ev(hit))
+                self.votes["vllm"] += 3
+                self.stage = "weight_load"
         if "hit an exception" in t:
             self._exception(hit, t)
         if "fired up" in t and P.SGL_READY.search(t):

@@ -42,6 +42,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"\xe2\x96\x88",  # the block glyph of vLLM's logo ("model   X" line)
     b"rchitecture",  # vLLM "Resolved architecture: X"
     b"V1 Engine",  # vLLM 0.8 "['X'] is not supported by the V1 Engine"
+    b"load model",  # vLLM V1 "Starting to load model X..."
 )
 
 # --- line prefixes (stripped for display and continuation detection) -------------------
@@ -127,6 +128,8 @@ VLLM_USING_BACKEND = re.compile(
 VLLM_TP_RANK = re.compile(r"rank \d+ in world size (\d+) is assigned as DP rank \d+, PP rank \d+, TP rank \d+")
 VLLM_ARCH = re.compile(r"Resolved architecture: (\w+)")
 VLLM_ARCH_V1 = re.compile(r"\['(\w+)'\] is not supported by the V1 Engine")
+# vLLM V1 gpu_model_runner: "Starting to load model %s..."
+VLLM_LOAD_MODEL = re.compile(r"Starting to load model (\S+?)\.\.\.")
 VLLM_MM_PROFILE = re.compile(r"Starting profile run for multi-modal models")
 # vLLM memory figures
 VLLM_WEIGHTS = re.compile(r"(?:Loading model weights took|Model loading took|model weights take) ([\d.]+) ?(GiB|GB)")

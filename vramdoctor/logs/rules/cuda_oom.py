@@ -118,6 +118,14 @@ def check(d: Diagnosis) -> list[Finding]:
         if reserved and reserved > 1024:
             expl += " Much memory is reserved but unallocated: fragmentation; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True helps."
         named_other = others and (first.data.get("this_process_mib") is not None or len(others) > 1)
+        if (len(others) > 1 and d.server == "sglang" and d.facts.multimodal
+                and d.facts.fast_image_processor):
+            small = min(others, key=lambda p: p["mib"] or 0)
+            expl += (
+                f" Several processes share GPU {first.data.get('gpu')}: process {small['pid']} "
+                f"({mib(small['mib'])}) fits the tokenizer process running the fast image processor "
+                "(see the sglang-fast-image-processor finding)."
+            )
         if named_other and phase in ("cuda_graph", "profiling", "mm_profiling", "kv_cache_alloc"):
             expl += " Another process holds memory on this GPU that the startup budget did not leave room for."
         out.append(

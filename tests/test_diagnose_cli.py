@@ -1,0 +1,95 @@
+"""`vramdoctor diagnose` end to end in a subprocess: exit codes, --json schema, stdin, plain output."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+FIX = ROOT / "tests" / "fixtures" / "logs"
+EXAMPLE = ROOT / "examples" / "logs" / "sglang_qwen2.5-vl-7b-tp2_fast-image-processor_gpu0-oom.log"
+
+
+def run(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "120"}
+    return subprocess.run([sys.executable, "-m", "vramdoctor", "diagnose", *args], input=stdin,
+                          capture_output=True, env=env, timeout=120, check=False)
+
+
+def fix(prefix: str) -> str:
+    return str(next(FIX.glob(prefix + "_*.log")))
+
+
+def test_example_from_readme() -> None:
+    r = run(str(EXAMPLE))
+    out = r.stdout.decode()
+    assert r.returncode == 1
+    assert out.splitlines()[0].startswith("SGLang: ")
+    assert "WARNING Fast image processor" in out and "vramdoctor ab-test --model Qwen/Qwen2.5-VL-7B-Instruct" in out
+    assert "\x1b[" not in out  # plain when piped / NO_COLOR
+    # most severe first
+    assert out.index("CRITICAL") < out.index("WARNING")
+
+
+def test_healthy_log_exits_0() -> None:
+    r = run(fix("22"))
+    assert r.returncode == 0, r.stderr
+    assert "no known cause" in r.stdout.decode().splitlines()[0]
+
+
+def test_info_only_exits_0() -> None:
+    r = run(fix("06"), "--json")
+    d = json.loads(r.stdout)
+    assert r.returncode == 0 and [f["severity"] for f in d["findings"]] == ["info"]
+
+
+def test_json_schema() -> None:
+    r = run(fix("16"), "--json")
+    assert r.returncode == 1
+    d = json.loads(r.stdout)
+    assert d["schema"] == "vramdoctor.diagnose/1"
+    assert d["server"] == "vllm" and d["version"] == "0.6.1.dev238+ge2c6e0a82"
+    for key in ("model", "architecture", "multimodal", "tp_size", "dp_size", "pp_size", "mem_fraction_static",
+                "gpu_memory_utilization", "attention_backend", "fast_image_processor", "cuda_ipc_transport"):
+        assert key in d["facts"]
+    assert d["facts"]["tp_size"] == 2 and d["facts"]["mem_fraction_static"] is None
+    ev = d["events"][0]
+    assert {"kind", "phase", "file", "line", "text"} <= set(ev) and ev["kind"] == "cuda_oom"
+    assert ev["phase"] == "mm_profiling"
+    f = d["findings"][0]
+    assert set(f) == {"id", "severity", "title", "evidence", "explanation", "fix"}
+    assert {"file", "line", "text"} == set(f["evidence"][0])
+
+
+def test_stdin_and_gz_and_several_files(tmp_path: Path) -> None:
+    data = Path(fix("15")).read_bytes()
+    r = run("-", "--json", stdin=data)
+    d = json.loads(r.stdout)
+    assert r.returncode == 1 and d["files"][0]["file"] == "<stdin>"
+    assert d["findings"][0]["id"] == "sglang-kv-selfcheck-leak"
+    gz = tmp_path / "tp.log.gz"
+    gz.write_bytes(gzip.compress(Path(fix("05")).read_bytes()))
+    r = run(str(gz), fix("14"), "--json")
+    d = json.loads(r.stdout)
+    assert {f["id"] for f in d["findings"]} >= {"cuda-oom", "sglang-kv-selfcheck-leak"}
+    assert len(d["files"]) == 2
+
+
+def test_not_a_server_log_and_bad_input(tmp_path: Path) -> None:
+    p = tmp_path / "notes.txt"
+    p.write_text("shopping list\neggs\nmilk\n")
+    r = run(str(p))
+    assert r.returncode == 2
+    err = r.stderr.decode()
+    assert "not an SGLang or vLLM server log" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    for content in (b"", b"\x00\x01\x02" * 100):
+        p.write_bytes(content)
+        r = run(str(p))
+        assert r.returncode == 2 and b"Traceback" not in r.stderr
+    r = run(str(tmp_path / "missing.log"))
+    assert r.returncode == 2 and b"no such file" in r.stderr

@@ -1,0 +1,119 @@
+"""The reader: pasted-log wrappers, big and broken inputs, gzip and stdin, exact line numbers."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+from vramdoctor.errors import InputError
+from vramdoctor.logs import diagnose
+from vramdoctor.logs.normalize import clean
+from vramdoctor.logs.reader import BLOCK, MAX_LINE, ReadStats, scan
+
+FIX = Path(__file__).parent / "fixtures" / "logs"
+# Real lines (file 05 and file 16 of the corpus).
+SGL_OOM = (FIX / "05_sglang_llama4-scout-vlm_oom-prefill-long-input.log").read_text().splitlines()[30]
+VLLM_VERSION = "INFO 11-05 03:21:18 api_server.py:526] vLLM API server version 0.6.1.dev238+ge2c6e0a82"
+FILLER = "[2025-01-07 20:16:02 TP0] Prefill batch. #new-seq: 1, #new-token: 48, #cached-token: 0, cache hit rate: 0.00%, token usage: 0.00, #running-req: 0, #queue-req: 0"
+
+
+def test_wrappers_are_stripped() -> None:
+    cases = {
+        "functionary  | INFO 05-11 08:17:50 selector.py:28] Using FlashAttention backend.": "Using FlashAttention backend.",
+        "> [rank0]: torch.OutOfMemoryError: CUDA out of memory.": "torch.OutOfMemoryError: CUDA out of memory.",
+        "\x1b[32mINFO\x1b[0m 05-02 10:11:12 [core.py:69] hello\r": "hello",
+        "(VllmWorker rank=1 pid=420568) ERROR 04-16 11:12:31 [multiproc_executor.py:380] boom": "boom",
+        "Mar 18 11:23:46 sgl-router-janus-pro-7b[931930]: [2025-03-18 11:23:46] server_args=x": "server_args=x",
+        "2025-03-18 10:24:07,565 - __main__ - INFO - Using a slow image processor": "Using a slow image processor",
+        "[2026-03-02 22:23:32] INFO server_args.py:1970: Attention backend not specified.": "Attention backend not specified.",
+    }
+    for raw, want in cases.items():
+        assert clean(raw).text == want, raw
+    assert clean("[2025-03-07 21:49:33 DP1 TP13] x").ranks == (("DP", 1), ("TP", 13))
+
+
+def test_crlf_ansi_quotes_in_a_whole_file(tmp_path: Path) -> None:
+    src = (FIX / "16_vllm_llama3.2-11b-vision-tp2_oom-mm-profiling.log").read_text()
+    wrapped = "".join(f"> \x1b[1m{line}\x1b[0m\r\n" for line in src.splitlines())
+    p = tmp_path / "pasted.log"
+    p.write_text(wrapped)
+    a, b = diagnose([FIX / "16_vllm_llama3.2-11b-vision-tp2_oom-mm-profiling.log"]), diagnose([p])
+    assert (b.server, b.version, b.facts.tp_size, b.facts.gpu_memory_utilization) == (
+        a.server, a.version, a.facts.tp_size, a.facts.gpu_memory_utilization)
+    assert [e.line for e in b.events] == [e.line for e in a.events]
+    assert [e.phase for e in b.events] == [e.phase for e in a.events]
+
+
+def test_line_numbers_exact_across_blocks(tmp_path: Path) -> None:
+    n_before = (BLOCK // len(FILLER)) + 123  # the OOM lands past the first block
+    p = tmp_path / "big.log"
+    with open(p, "w") as f:
+        f.write(VLLM_VERSION + "\n")
+        for _ in range(n_before):
+            f.write(FILLER + "\n")
+        f.write(SGL_OOM + "\n")
+        f.write(FILLER + "\n")
+    st = ReadStats("big")
+    hits = list(scan(p, st))
+    assert [h.lineno for h in hits] == [1, n_before + 2]
+    assert st.lines == n_before + 3
+    assert st.candidates == 2
+
+
+def test_gzip_and_truncated_gzip(tmp_path: Path) -> None:
+    src = FIX / "17_vllm_e5-mistral-bnb-v1_oom-cuda-graph-capture.log"
+    data = gzip.compress(src.read_bytes())
+    whole = tmp_path / "x.log.gz"
+    whole.write_bytes(data)
+    d = diagnose([whole])
+    assert d.version == "0.9.1.dev287+g89b1388d8" and d.events_of("cuda_oom")
+    cut = tmp_path / "cut.gz"
+    cut.write_bytes(data[: len(data) // 2])
+    d = diagnose([cut])
+    assert d.version == "0.9.1.dev287+g89b1388d8"  # read as far as valid
+    assert any("truncated gzip" in n for n in d.files[0].notes)
+
+
+def test_long_single_line(tmp_path: Path) -> None:
+    p = tmp_path / "long.log"
+    with open(p, "wb") as f:
+        f.write(VLLM_VERSION.encode() + b"\n")
+        f.write(b"x" * (50 << 20))  # 50 MB without a newline
+        f.write(b"\n" + SGL_OOM.encode() + b"\n")
+    st = ReadStats("long")
+    hits = list(scan(p, st))
+    assert [h.lineno for h in hits] == [1, 3]
+    assert st.lines == 3
+    assert any(str(MAX_LINE >> 20) + " MiB" in n for n in st.notes)
+
+
+def test_invalid_utf8_is_read(tmp_path: Path) -> None:
+    p = tmp_path / "latin.log"
+    p.write_bytes(b"caf\xe9 \xff\xfe\n" + SGL_OOM.encode() + b" \xc3\n")
+    d = diagnose([p])
+    assert d.events_of("cuda_oom")[0].line == 2
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "empty"),
+        (b"\x7fELF\x02\x01\x01\x00\x00\x00" * 50, "binary"),
+        ("INFO hi\n".encode("utf-16"), "UTF-16"),
+        (b"\x1f\x8b\x08\x00garbage-not-deflate", "gzip"),
+    ],
+)
+def test_bad_input_is_one_clear_error(tmp_path: Path, content: bytes, message: str) -> None:
+    p = tmp_path / "bad.log"
+    p.write_bytes(content)
+    with pytest.raises(InputError, match=message):
+        diagnose([p])
+
+
+def test_missing_file_and_directory(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="no such file"):
+        diagnose([tmp_path / "nope.log"])
+    with pytest.raises(InputError, match="directory"):
+        diagnose([tmp_path])
