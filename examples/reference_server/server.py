@@ -8,7 +8,8 @@ and exposes Prometheus /metrics. `--mode` decides what happens to memory:
            encoder-output cache keyed by image content (fills in the first round, then flat).
 - leaking: plain + a real leak. CPU: a buffer of --leak-kib KiB kept per request. GPU:
            `--leak-kind kept` keeps each request's pixel tensor on the GPU; `--leak-kind escape`
-           lets it escape a request-scoped CUDA MemPool, so the pool's segments are orphaned.
+           lets it escape a request-scoped CUDA MemPool, so the pool's segments are orphaned;
+           `--leak-kind bytes` keeps exactly --leak-kib KiB on the GPU per request.
 - fixed:   GPU: the same request-scoped pool done right (vramdoctor.fixes.request_scoped_pool +
            outputs_to_cpu); CPU: the leaking code path with its buffer released at request end.
 - stable:  preprocessing only, on the CPU, nothing cached or kept.
@@ -77,10 +78,12 @@ class GpuPreprocessor:
             processor_dir = tempfile.mkdtemp(prefix="vramdoctor-ref-")
             with open(os.path.join(processor_dir, "preprocessor_config.json"), "w") as fh:
                 json.dump({"image_processor_type": "Qwen2VLImageProcessor"}, fh)
-        try:
-            self.processor = AutoImageProcessor.from_pretrained(processor_dir, use_fast=True)
-        except TypeError:
-            self.processor = AutoImageProcessor.from_pretrained(processor_dir)
+        import transformers
+
+        major = int(transformers.__version__.split(".")[0])
+        # 5.x: backend="torchvision" (use_fast is deprecated there); 4.x: use_fast=True.
+        kwargs = {"backend": "torchvision"} if major >= 5 else {"use_fast": True}
+        self.processor = AutoImageProcessor.from_pretrained(processor_dir, **kwargs)
         self.name = type(self.processor).__name__
 
     def __call__(self, img: Image.Image) -> Any:
@@ -158,7 +161,7 @@ class State:
             self.cpu(img)
             return
         if mode == "fixed":
-            with self.request_scoped_pool():
+            with self.request_scoped_pool(self.device):
                 out = self.outputs_to_cpu(self.gpu(img))
             del out
             return
@@ -167,11 +170,20 @@ class State:
             with torch.cuda.use_mem_pool(pool):
                 out = self.gpu(img)
                 pv = out["pixel_values"]
+                out = {k: (v.cpu() if hasattr(v, "cpu") else v) for k, v in out.items()}
+            torch.cuda.synchronize()
+            # The pool's segments that hold the escaped tensor stay reserved: that is the leak.
+            snap = pool.snapshot()
+            segments = snap.get("segments", []) if isinstance(snap, dict) else list(snap or [])
+            reserved = sum(seg.get("total_size", 0) for seg in segments
+                           if any(b.get("state") == "active_allocated" for b in seg.get("blocks", [])))
             with self.lock:
                 self.pool_escapes.append(pv)
-                self.kept_bytes += pv.numel() * pv.element_size()
-            out = {k: (v.cpu() if hasattr(v, "cpu") else v) for k, v in out.items()}
-            del pool
+                self.kept_bytes += reserved or pv.numel() * pv.element_size()
+            del out, pool
+            return
+        if mode == "leaking" and self.args.leak_kind == "bytes":
+            self.gpu(img)  # preprocessing as in plain (cached by the allocator), plus a sized leak
             return
         out = self.gpu(img)
         pv = out["pixel_values"]
@@ -209,6 +221,11 @@ class State:
     def after_request(self) -> None:
         with self.lock:
             self.requests += 1
+            if self.args.mode == "leaking" and self.gpu is not None and self.args.leak_kind == "bytes":
+                torch = self.gpu.torch
+                t = torch.ones(int(self.args.leak_kib * 1024), dtype=torch.uint8, device=self.device)
+                self.kept.append(t)
+                self.kept_bytes += t.numel()
             if self.args.mode == "leaking" and self.gpu is None:
                 buf = np.ones(int(self.args.leak_kib * 1024), dtype=np.uint8)  # touched pages
                 self.kept.append(buf)
@@ -226,7 +243,7 @@ class State:
             if self.args.mode == "leaking":
                 per_request = (
                     self.args.leak_kib * 1024.0
-                    if self.gpu is None
+                    if self.gpu is None or self.args.leak_kind == "bytes"
                     else (self.kept_bytes / self.requests if self.requests else None)
                 )
             return {
@@ -357,9 +374,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed on stdout)")
     p.add_argument("--mode", choices=["plain", "leaking", "fixed", "stable"], default="plain")
-    p.add_argument("--leak-kib", type=float, default=1024.0, help="CPU leak: KiB kept per request")
-    p.add_argument("--leak-kind", choices=["kept", "escape"], default="escape",
-                   help="GPU leak: keep the pixel tensor, or let it escape a scoped MemPool")
+    p.add_argument("--leak-kib", type=float, default=1024.0,
+                   help="KiB kept per request (CPU leak, and GPU with --leak-kind bytes)")
+    p.add_argument("--leak-kind", choices=["kept", "escape", "bytes"], default="escape",
+                   help="GPU leak: keep each request's pixel tensor (kept), let it escape a "
+                        "request-scoped MemPool (escape), or keep --leak-kib KiB on the GPU (bytes)")
     p.add_argument("--cache-mib", type=float, default=64.0, help="CPU cache bound (plain/leaking)")
     p.add_argument("--cache-entry-kib", type=float, default=4096.0,
                    help="CPU cache: KiB of features kept per unique image")

@@ -45,8 +45,8 @@ def memory_chart(lines: Sequence[Line], spans: Sequence[Span], title: str, *,
         ax.axvspan(span.start, span.end, color=_COLOURS.get(span.kind, "#eeeeee"),
                    alpha=0.45 if span.kind == "load" else 0.35, lw=0)
         if span.label:
-            ax.text((span.start + span.end) / 2, 1.0, span.label, transform=ax.get_xaxis_transform(),
-                    ha="center", va="bottom", fontsize=7, color="#555555")
+            ax.text((span.start + span.end) / 2, 0.985, span.label, transform=ax.get_xaxis_transform(),
+                    ha="center", va="top", fontsize=7, color="#555555")
     for line in lines:
         if not line.points:
             continue
