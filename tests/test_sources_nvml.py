@@ -23,7 +23,7 @@ from vramdoctor.model import GpuSample
 from vramdoctor.sources.nvml import NvmlSource, nvml_status
 
 NVML_OK, NVML_WHY = nvml_status()
-needs_nvml = pytest.mark.skipif(not NVML_OK, reason=f"no NVML here: {NVML_WHY}")
+needs_nvml = pytest.mark.skipif(not NVML_OK, reason="no NVML here: " + NVML_WHY.split(";")[0].split(":")[0])
 no_nvml_only = pytest.mark.skipif(NVML_OK, reason="NVML works here; this checks the no-driver path")
 
 
