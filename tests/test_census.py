@@ -161,6 +161,7 @@ def test_healthy_remote_census_exits_0() -> None:
     (["census", "--context-mib", "700-300", "--gpu-exporter", "http://127.0.0.1:9"], "LOW must be below HIGH"),
     (["census", "--gpus", "zero"], "--gpus"),
     (["census", "--gpu-exporter", "gopher://x"], "scheme"),
+    (["census", "--report", "census.png"], "not .png"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], text: str) -> None:
     r = run_cli(*args)

@@ -56,15 +56,20 @@ def take_sample(exporters: list[str], gpus: list[int] | None) -> tuple[GpuSample
     return sample, groups, devices
 
 
+def _report_suffix(report_file: Path) -> str:
+    suffix = report_file.suffix.lower()
+    if suffix not in (".html", ".htm", ".txt"):
+        raise InputError(f"census writes --report as .html or .txt, not {suffix or 'a file without suffix'}")
+    return suffix
+
+
 def _emit(result: Census, *, json_out: bool, report_file: Path | None) -> int:
     if json_out:
         console.print_json(result.to_dict())
     else:
         render(result, console.stdout())
     if report_file is not None:
-        suffix = report_file.suffix.lower()
-        if suffix not in (".html", ".htm", ".txt"):
-            raise InputError(f"census writes --report as .html or .txt, not {suffix or 'no suffix'}")
+        suffix = _report_suffix(report_file)
         rec = Console(record=True, width=140, color_system=None if suffix == ".txt" else "truecolor",
                       file=io.StringIO())
         render(result, rec)
@@ -112,6 +117,8 @@ def census_cmd(
     """
     lo_hi = _parse_range(context_mib)
     wanted = _parse_gpus(gpus)
+    if report_file is not None:
+        _report_suffix(report_file)  # refuse before measuring, not after printing
     sample, groups, devices = take_sample(gpu_exporter, wanted)
     if wanted is not None and gpu_exporter:  # NVML filtered already; exporters report all
         sample.gpus = [g for g in sample.gpus if g.index in wanted]
