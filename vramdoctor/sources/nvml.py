@@ -19,7 +19,7 @@ from .procinfo import ProcInfoCache
 
 REMOTE_HINT = (
     "watch a GPU host remotely with --gpu-exporter http://HOST:9400/metrics (dcgm-exporter) "
-    "or http://HOST:5050/metrics (nvitop-exporter)"
+    "or http://HOST:8000/metrics (nvitop-exporter)"
 )
 
 _PROCESS_CALLS = {
