@@ -22,6 +22,8 @@ from .reader import Hit
 GIB = 1024.0
 MAX_DUMP_CHARS = 2 << 20  # an argument dump longer than this is parsed as far as it goes
 EVIDENCE_CHARS = 600
+MAX_DUMPS = 8  # argument dumps parsed per file
+MAX_TRACEBACKS = 64  # tracebacks read for model files and backend per file
 
 # Facts whose later value wins at equal priority (the last runtime line is the one in force).
 LAST_WINS = {"attention_backend"}
@@ -77,6 +79,8 @@ class FileExtractor:
     slow_processor: Evidence | None = None
     fast_only_processor: Evidence | None = None
     mm_evidence: Evidence | None = None
+    dumps_parsed: int = 0
+    tracebacks_read: int = 0
 
     # -- helpers -----------------------------------------------------------------------
     def ev(self, hit: Hit, text: str | None = None) -> Evidence:
@@ -99,10 +103,10 @@ class FileExtractor:
     # -- the dispatcher ----------------------------------------------------------------
     def feed(self, hit: Hit) -> None:
         t = hit.text
-        c = clean(t)
-        for kind, rank in c.ranks:
-            self.ranks.setdefault(kind, set()).add(rank)
-        if "rgs" in t:
+        if "TP" in t[:80] or "DP" in t[:80]:
+            for kind, rank in clean(t).ranks:
+                self.ranks.setdefault(kind, set()).add(rank)
+        if "_args=" in t or "args: " in t:
             self._args(hit, t)
         if "LLM engine" in t:
             self._vllm_engine(hit, t)
@@ -119,7 +123,8 @@ class FileExtractor:
             self._kv(hit, t)
         if "aptur" in t:
             self._graphs(hit, t)
-        if "backend" in t:
+        frame = 'File "' in t  # a traceback frame: only its path matters, read via lookback
+        if "backend" in t and not frame and ("Use " in t or "Using " in t):
             self._backend(hit, t)
         if "image processor" in t and P.SLOW_PROCESSOR.search(t):
             self.slow_processor = self.slow_processor or self.ev(hit)
@@ -162,7 +167,7 @@ class FileExtractor:
             self.votes["sglang"] += 5
         if "eak d" in t or "eak D" in t:
             self._leak(hit, t)
-        if "emory" in t or "out of resource" in t:
+        if ("emory" in t or "out of resource" in t) and not frame:
             self._memory(hit, t)
 
     # -- arguments ---------------------------------------------------------------------
@@ -177,11 +182,14 @@ class FileExtractor:
         return args
 
     def _args(self, hit: Hit, t: str) -> None:
+        if self.dumps_parsed >= MAX_DUMPS:
+            return  # restarts repeat the same dump; the first ones carry the facts
         t = strip_noise(t)
         m = P.SGL_ARGS.search(t)
         if m:
             args = self._dump(hit, t, m.end() - 1)
             if args:
+                self.dumps_parsed += 1
                 self.votes["sglang"] += 10
                 self._apply_sglang_args(args, self.ev(hit))
             return
@@ -189,6 +197,7 @@ class FileExtractor:
         if m:
             args = self._dump(hit, t, m.end() - 1)
             if args:
+                self.dumps_parsed += 1
                 self.votes["vllm"] += 10
                 self._apply_vllm_args(args, self.ev(hit))
 
@@ -433,7 +442,9 @@ class FileExtractor:
             self.votes["sglang"] += 3
         elif "EngineCore hit" in t:
             self.votes["vllm"] += 3
-        self._frames("\n".join(hit.after(150)))
+        if self.tracebacks_read < MAX_TRACEBACKS:
+            self.tracebacks_read += 1
+            self._frames("\n".join(hit.after(150)))
 
     def _frames(self, text: str) -> None:
         """Model files and attention backend read off traceback paths (lowest priority)."""
@@ -548,6 +559,9 @@ class FileExtractor:
                              phase, data))
 
     def _oom(self, hit: Hit, text: str) -> None:
+        if self.event_counts.get("cuda_oom", 0) >= MAX_EVENTS_PER_KIND:
+            self.event_counts["cuda_oom"] += 1  # counted; the first ones carry the detail
+            return
         msg = self._message(hit, text)
         region = self._region(hit)
         self._frames(region)
@@ -574,6 +588,9 @@ class FileExtractor:
         self.add_event(Event("cuda_oom", self.name, hit.lineno, msg[:EVIDENCE_CHARS], phase, data))
 
     def _leak(self, hit: Hit, t: str) -> None:
+        if self.event_counts.get("kv_leak_selfcheck", 0) >= MAX_EVENTS_PER_KIND and P.LEAK.search(t):
+            self.event_counts["kv_leak_selfcheck"] += 1
+            return
         text = clean(t).text
         m = P.LEAK.search(text)
         if not m:

@@ -15,7 +15,8 @@ import re
 # "No available memory", "KV cache memory", "gpu_memory_utilization", "MmItemMemoryPool".
 ANCHORS: tuple[bytes, ...] = (
     b"emory",
-    b"rgs",  # server_args=..., non-default args: {...}, args: Namespace(...)
+    b"_args=",  # SGLang server_args=ServerArgs(...) / server_args={...}
+    b"args: ",  # vLLM "non-default args: {...}", "args: Namespace(...)"
     b"backend",  # Use X backend / Using X backend
     b"eak d",  # ... leak detected!
     b"eak D",  # Mem Leak Detected!

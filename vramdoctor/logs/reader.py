@@ -213,30 +213,34 @@ def _scan_stream(src: BinaryIO, name: str, st: ReadStats) -> Iterator[Hit]:
                     f"line {lineno + 1} is longer than {MAX_LINE >> 20} MiB: "
                     "only its first MiB was read"
                 )
-                yield from _emit(head, 0, len(head), lineno, st, finditer)
+                yield from _emit(head, 0, len(head), [0, lineno], st, finditer)
                 lineno += 1
                 buf, start, skipping = b"", 0, True
                 continue
         if end > start:
-            yield from _emit(buf, start, end, lineno, st, finditer)
-            seg_lines = buf.count(b"\n", start, end)
-            if final and end > start and buf[end - 1 : end] != b"\n":
+            pos = [start, lineno]  # _emit leaves the last hit's offset and line number here
+            yield from _emit(buf, start, end, pos, st, finditer)
+            seg_lines = buf.count(b"\n", pos[0], end)
+            if final and buf[end - 1 : end] != b"\n":
                 seg_lines += 1
-            lineno += seg_lines
+            lineno = pos[1] + seg_lines
             start = end
         if final:
             break
     st.lines = lineno
 
 
-def _emit(buf: bytes, start: int, end: int, base: int, st: ReadStats, finditer) -> Iterator[Hit]:
-    """Candidate lines of buf[start:end]; `base` lines precede `start`."""
-    pos = start
-    line = base
+def _emit(buf: bytes, start: int, end: int, pos: list[int], st: ReadStats, finditer) -> Iterator[Hit]:
+    """Candidate lines of buf[start:end]; pos = [offset, lines before it], updated as it goes.
+
+    Newlines are counted only between hits (one pass over the window in total), and the caller
+    counts the rest from the last hit, so a block is never counted twice.
+    """
+    p, line = pos
     for m in finditer(buf, start, end):
         s = m.start()
-        line += buf.count(b"\n", pos, s)
-        pos = s
+        line += buf.count(b"\n", p, s)
+        p = s
+        pos[0], pos[1] = p, line
         st.candidates += 1
-        raw = m.group()
-        yield Hit(line + 1, raw.decode("utf-8", "replace"), buf, s, m.end())
+        yield Hit(line + 1, m.group().decode("utf-8", "replace"), buf, s, m.end())

@@ -1,0 +1,149 @@
+"""Throughput and memory of the diagnose pipeline on a 1 GiB log, side by side with grep.
+
+Builds a log in a temp dir by repeating REAL log lines (tests/fixtures/logs), then times, on one
+core (taskset when available), in the same run:
+  - `vramdoctor diagnose` (the library pipeline: read, prefilter, extract, rules) in a child process;
+  - `grep -c -E` with the equivalent pattern set (the prefilter's anchors) on the same file.
+Prints MB/s of both, the ratio (target >= 0.5), and the child's peak RSS for the 1 GiB file and for
+a file 1/8 the size (memory must stay flat), then one JSON line.
+
+Two mixes of real lines:
+  serving (default): each startup/incident excerpt of the corpus followed by ~2 MB of the corpus's
+                     steady-state lines (Prefill/Decode batch, GET /metrics), as a long-running
+                     server's log looks;
+  corpus:            the 26 excerpts repeated as they are: every line an error, traceback or
+                     startup line (worst case for the pipeline).
+
+Usage: python benchmarks/diagnose_throughput.py [--size-mib 1024] [--mix serving|corpus|both]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FIX = ROOT / "tests" / "fixtures" / "logs"
+STEADY_MARKERS = ("Prefill batch", "Decode batch", "GET /metrics", "POST /v1/", "POST /generate")
+
+CHILD = r"""
+import json, resource, sys, time
+from vramdoctor.logs import diagnose
+t0 = time.perf_counter(); c0 = time.process_time()
+d = diagnose([sys.argv[1]])
+wall = time.perf_counter() - t0; cpu = time.process_time() - c0
+print(json.dumps({"wall_s": wall, "cpu_s": cpu, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "events": sum(d.event_counts.values()), "findings": len(d.findings)}))
+"""
+
+
+def real_lines() -> tuple[list[bytes], list[bytes]]:
+    """(excerpt blocks, steady-state lines) from the real corpus."""
+    blocks: list[bytes] = []
+    steady: list[bytes] = []
+    for p in sorted(FIX.glob("*.log")) + sorted((FIX / "extra").glob("*.log")):
+        data = p.read_bytes()
+        if not data.endswith(b"\n"):
+            data += b"\n"
+        blocks.append(data)
+        steady += [ln + b"\n" for ln in data.split(b"\n") if any(m.encode() in ln for m in STEADY_MARKERS)]
+    return blocks, steady
+
+
+def build(path: Path, size: int, mix: str) -> None:
+    blocks, steady = real_lines()
+    if mix == "corpus":
+        unit = b"".join(blocks)
+    else:
+        filler = b"".join(steady)
+        reps = max(1, (2 << 20) // len(filler))
+        unit = b"".join(b + filler * reps for b in blocks)
+    with open(path, "wb") as f:
+        written = 0
+        while written < size:
+            chunk = unit[: size - written]
+            f.write(chunk)
+            written += len(chunk)
+
+
+def one_core() -> list[str]:
+    return ["taskset", "-c", "0"] if shutil.which("taskset") else []
+
+
+def grep_pattern() -> str:
+    from vramdoctor.logs.patterns import ANCHORS
+
+    specials = set(".[]()*+?{}|^$\\")
+    parts = []
+    for a in ANCHORS:
+        s = a.decode("utf-8")
+        parts.append("".join("\\" + c if c in specials else c for c in s))
+    return "|".join(parts)
+
+
+def run_grep(path: Path) -> tuple[float, int]:
+    env = {**os.environ, "LC_ALL": "C"}
+    t0 = time.perf_counter()
+    r = subprocess.run([*one_core(), "grep", "-c", "-E", grep_pattern(), str(path)], capture_output=True,
+                       env=env, check=False)
+    return time.perf_counter() - t0, int(r.stdout.strip() or 0)
+
+
+def run_pipeline(path: Path) -> dict:
+    r = subprocess.run([*one_core(), sys.executable, "-c", CHILD, str(path)], capture_output=True, check=True)
+    return json.loads(r.stdout)
+
+
+def measure(mix: str, size: int, tmp: Path) -> dict:
+    big = tmp / f"{mix}.log"
+    small = tmp / f"{mix}-small.log"
+    build(big, size, mix)
+    build(small, size // 8, mix)
+    mb = size / 1e6
+    run_grep(big)  # warm the page cache for both tools alike
+    g_s, g_lines = run_grep(big)
+    p = run_pipeline(big)
+    ps = run_pipeline(small)
+    os.remove(big)
+    os.remove(small)
+    return {
+        "mix": mix,
+        "size_mib": size >> 20,
+        "grep_mb_s": round(mb / g_s, 1),
+        "grep_matching_lines": g_lines,
+        "diagnose_mb_s": round(mb / p["wall_s"], 1),
+        "diagnose_cpu_s": round(p["cpu_s"], 2),
+        "ratio": round((mb / p["wall_s"]) / (mb / g_s), 2),
+        "peak_rss_mib": round(p["peak_rss_mib"], 1),
+        "peak_rss_mib_eighth_size": round(ps["peak_rss_mib"], 1),
+        "events": p["events"],
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--mix", choices=("serving", "corpus", "both"), default="both")
+    ns = ap.parse_args()
+    mixes = ("serving", "corpus") if ns.mix == "both" else (ns.mix,)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="vramdoctor-bench-") as tmp:
+        for mix in mixes:
+            results.append(measure(mix, ns.size_mib << 20, Path(tmp)))
+    print(f"{'mix':8} {'size':>6} {'grep MB/s':>10} {'diagnose MB/s':>14} {'ratio':>6} {'peak RSS':>9} {'RSS 1/8':>8}")
+    for r in results:
+        print(f"{r['mix']:8} {r['size_mib']:>5}M {r['grep_mb_s']:>10} {r['diagnose_mb_s']:>14} {r['ratio']:>6} "
+              f"{r['peak_rss_mib']:>8}M {r['peak_rss_mib_eighth_size']:>7}M")
+    print(json.dumps({"benchmark": "diagnose_throughput", "one_core": bool(one_core()), "results": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
