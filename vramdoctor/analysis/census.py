@@ -231,8 +231,9 @@ def census(
     invisible = [r.pid for r in rows.values() if not r.visible]
     if invisible:
         notes.append(
-            f"{len(invisible)} PID(s) NVML reports are not in this PID namespace (a container?): "
-            "rows kept, names unknown; run census on the host to see them."
+            f"{len(invisible)} PID(s) NVML reports are not in this PID namespace, or belong here to a "
+            "process without the GPU open (a container sees host PIDs): rows kept, names unknown; "
+            "run census on the host, or the container with --pid=host."
         )
     if any(v is None for r in rows.values() for v in r.per_gpu.values()):
         notes.append("the driver does not report per-process memory for some rows (shown as '?').")

@@ -106,7 +106,7 @@ class NvmlSource:
     ) -> None:
         self._want = list(indices) if indices is not None else None
         self.processes = processes
-        self._procs = ProcInfoCache(proc_ttl_s)
+        self._procs = ProcInfoCache(proc_ttl_s, expect_gpu=True)
         self._nvml: Any = None
         self._handles: list[tuple[int, Any, str | None, str | None]] = []
         self._mem_v2: bool | None = None  # decided on first sample

@@ -7,6 +7,7 @@ Lookups are cached briefly: a 10 Hz sampler must not re-read /proc for every row
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -24,10 +25,34 @@ class ProcInfo:
     cmdline: list[str] | None = None
 
 
-def lookup(pid: int) -> ProcInfo:
-    """Read a PID's name and (redacted) command line; visible=False when it is not here."""
+def uses_nvidia_device(pid: int) -> bool | None:
+    """Whether the process holds a /dev/nvidia* file open (every CUDA process does).
+
+    None when its descriptors cannot be read (another user's process, no /proc).
+    """
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except (PermissionError, FileNotFoundError, NotADirectoryError, OSError):
+        return None
+    for fd in sorted(fds, key=lambda x: int(x) if x.isdigit() else 1 << 30):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/dev/nvidia"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def lookup(pid: int, *, expect_gpu: bool = False) -> ProcInfo:
+    """Read a PID's name and (redacted) command line; visible=False when it is not here.
+
+    With `expect_gpu` (a PID that NVML reports), a process here that has no NVIDIA device
+    open is someone else: in a container NVML's host PID can be a different local process.
+    """
     try:
         proc = psutil.Process(pid)
+        if expect_gpu and uses_nvidia_device(pid) is False:
+            return ProcInfo(visible=False)
         with proc.oneshot():
             name = proc.name()
             try:
@@ -44,8 +69,9 @@ def lookup(pid: int) -> ProcInfo:
 class ProcInfoCache:
     """`lookup` with a time-to-live, so repeated samples of the same PIDs stay cheap."""
 
-    def __init__(self, ttl_s: float = 5.0) -> None:
+    def __init__(self, ttl_s: float = 5.0, *, expect_gpu: bool = False) -> None:
         self.ttl_s = ttl_s
+        self.expect_gpu = expect_gpu
         self._cache: dict[int, tuple[float, ProcInfo]] = {}
 
     def get(self, pid: int) -> ProcInfo:
@@ -53,7 +79,7 @@ class ProcInfoCache:
         hit = self._cache.get(pid)
         if hit is not None and now - hit[0] < self.ttl_s:
             return hit[1]
-        info = lookup(pid)
+        info = lookup(pid, expect_gpu=self.expect_gpu)
         self._cache[pid] = (now, info)
         if len(self._cache) > 4096:  # PIDs come and go over a long soak
             self._cache = {p: v for p, v in self._cache.items() if now - v[0] < self.ttl_s}
@@ -94,3 +120,4 @@ def server_groups(pids: list[int]) -> dict[int, int]:
             pass
         groups[pid] = root
     return groups
+
