@@ -168,3 +168,41 @@ def test_registry_and_generated_docs() -> None:
         assert r.severity in ("info", "warning", "critical") and r.fires_when and r.fix and r.title
     committed = (ROOT / "docs" / "rules.md").read_text()
     assert committed == markdown(), "docs/rules.md is stale: python -m vramdoctor.logs.rules --markdown > docs/rules.md"
+
+
+@pytest.mark.parametrize(
+    ("line", "backend"),
+    [
+        # vLLM format strings across generations: V0 selector, V1 "on V1 engine", enum repr, and
+        # "Using %s attention backend out of potential backends: %s" (0.11+), with the prefixes
+        # docker-compose, journald and log shippers add.
+        ("functionary  | INFO 05-11 08:17:50 selector.py:28] Using FlashAttention backend.", "FLASH_ATTN"),
+        ("INFO 05-13 21:09:39 [cuda.py:221] Using Flash Attention backend on V1 engine.", "FLASH_ATTN"),
+        ("(EngineCore pid=1) INFO 01-01 00:00:00 [cuda.py:1] Using AttentionBackendEnum.FLASHINFER backend.", "FLASHINFER"),
+        ("Aug 25 14:58:34 sys0 vllm[17578]: (EngineCore pid=17578) INFO 08-25 14:58:34 [cuda.py:482] Using "
+         "FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN', 'FLASHINFER'].", "FLASH_ATTN"),
+        ("2026-05-01 21:55:54.036 | (EngineCore pid=187) INFO 05-01 19:55:54 [cuda.py:368] Using FLASHINFER "
+         "attention backend out of potential backends: ['FLASHINFER', 'TRITON_ATTN'].", "FLASHINFER"),
+    ],
+)
+def test_vllm_backend_lines(tmp_path: Path, line: str, backend: str) -> None:
+    p = tmp_path / "b.log"
+    p.write_text("INFO 05-11 08:17:49 llm_engine.py:98] Initializing an LLM engine (v0.4.1) with config: "
+                 "model='m', tensor_parallel_size=1\n" + line + "\n"
+                 "INFO 01-01 00:00:00 [x.py:1] Using 'MARLIN' WNA16 MoE backend.\n"
+                 "INFO 01-01 00:00:00 [x.py:1] Using FLASH_ATTN MLA prefill backend.\n"
+                 "INFO 01-01 00:00:00 [x.py:1] Using FlashInfer for top-p & top-k sampling.\n")
+    assert diagnose([p]).facts.attention_backend == backend
+
+
+def test_swap_space_and_long_context(tmp_path: Path) -> None:
+    assert "vllm-swap-space" in ids(fix("20"))
+    assert "vllm-swap-space" not in ids(fix("25"))
+    # A real vLLM 0.6 line (arg_utils warning) followed by the engine line of file 25.
+    p = tmp_path / "lc.log"
+    p.write_text("WARNING 06-21 08:32:55 arg_utils.py:1145] The model has a long context length (131072). This may "
+                 "cause OOM errors during the initial memory profiling phase, or result in low performance due to small "
+                 "KV cache space. Consider setting --max-model-len to a smaller value.\n")
+    d = diagnose([p])
+    f = next(x for x in d.findings if x.id == "vllm-long-context")
+    assert f.severity == "info" and "131072" in f.title

@@ -160,6 +160,16 @@ class FileExtractor:
                 self.put("model", m.group(1), INFERRED + 1, self.ev(hit))
                 self.votes["vllm"] += 3
                 self.stage = "weight_load"
+        if "swap space" in t:
+            m = P.VLLM_SWAP.search(t)
+            if m:
+                e = self.ev(hit)
+                self.put("swap_space_mib", gb(m.group(1)), RUNTIME, e)
+                self.put("host_memory_mib", gb(m.group(2)), RUNTIME, e)
+        if "long context length" in t:
+            m = P.VLLM_LONG_CTX.search(t)
+            if m:
+                self.put("long_context_length", int(m.group(1)), RUNTIME, self.ev(hit))
         if "hit an exception" in t:
             self._exception(hit, t)
         if "fired up" in t and P.SGL_READY.search(t):

@@ -88,6 +88,9 @@ class Facts:
     cuda_graph_mib: float | None = None
     avail_after_graph_mib: float | None = None
     total_gpu_mib: float | None = None
+    swap_space_mib: float | None = None  # vLLM CPU swap space (pinned host memory)
+    host_memory_mib: float | None = None  # total CPU memory as vLLM reports it
+    long_context_length: int | None = None  # vLLM's long-context warning fired for this length
     server_args: dict[str, Any] | None = None  # the parsed dump, as printed
     evidence: dict[str, Evidence] = field(default_factory=dict)  # fact name -> line
 

@@ -44,12 +44,16 @@ ANCHORS: tuple[bytes, ...] = (
     b"rchitecture",  # vLLM "Resolved architecture: X"
     b"V1 Engine",  # vLLM 0.8 "['X'] is not supported by the V1 Engine"
     b"load model",  # vLLM V1 "Starting to load model X..."
+    b"swap space",  # vLLM "Possibly too large swap space. ..."
+    b"long context length",  # vLLM arg_utils "The model has a long context length (N). ..."
 )
 
 # --- line prefixes (stripped for display and continuation detection) -------------------
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 QUOTE = re.compile(r"^(?:\s*>)+ ?")  # markdown quote markers
-COMPOSE = re.compile(r"^[\w.-]*\s*\| ")  # docker-compose "name-1  | "
+COMPOSE = re.compile(  # docker-compose "name-1  | ", log shippers "2026-05-01 21:55:54.036 | "
+    r"^(?:\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?Z? |[\w.-]*\s*)\| "
+)
 JOURNALD = re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d (?:\S+ )?[\w.@/-]+(?:\[\d+\])?: ")
 PROC = re.compile(r"^\((?:VllmWorker(?:Process)?|EngineCore\w*|APIServer|Worker\w*|\w+)[^)]*pid=\d+\)\s*")
 RANKTAG = re.compile(r"^\[rank\d+\]:\s*")
@@ -143,6 +147,15 @@ VLLM_BUDGET = re.compile(
 VLLM_KV_RESERVED = re.compile(r"the rest of the memory reserved for KV Cache is ([\d.]+) ?GiB")
 VLLM_GRAPH_DONE = re.compile(r"Graph capturing finished in [\d.]+ secs?, took ([\d.]+) GiB")
 VLLM_GRAPH_BEGIN = re.compile(r"Capturing (?:CUDA graphs|cudagraphs|the model for CUDA graphs)")
+
+# vLLM (0.1+): "Possibly too large swap space. %.2f GiB out of the %.2f GiB total CPU memory is
+# allocated for the swap space." (a ValueError "Too large swap space. ..." above 70%)
+VLLM_SWAP = re.compile(
+    r"(?:Possibly too|Too) large swap space\. ([\d.]+) GiB out of the ([\d.]+) GiB total CPU memory"
+)
+# vLLM arg_utils: "The model has a long context length (%s). This may cause OOM errors during the
+# initial memory profiling phase, or result in low performance due to small KV cache space. ..."
+VLLM_LONG_CTX = re.compile(r"The model has a long context length \((\d+)\)\. This may cause OOM")
 
 # --- image processor ------------------------------------------------------------------
 # transformers: "Using a slow image processor as `use_fast` is unset and a slow processor was
