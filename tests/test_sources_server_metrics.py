@@ -178,3 +178,10 @@ def test_metrics_sample_round_trips_through_a_run_file(tmp_path) -> None:
         w.write(s)
     back = read_run(path).of(MetricsSample)
     assert back == [s]
+
+
+def test_utf8_label_values_without_a_charset_header() -> None:
+    text = 'sglang:token_usage{model_name="Qwen/通义千问-VL",tp_rank="0"} 0.5\n'
+    with serve(lambda path: (200, "text/plain", text)) as url, ServerMetricsSource(url) as src:
+        s = src.sample()
+    assert s.raw == {'sglang:token_usage{model_name="Qwen/通义千问-VL",tp_rank="0"}': 0.5}

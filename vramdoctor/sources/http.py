@@ -93,7 +93,8 @@ class Scraper:
             )
         if resp.status_code >= 400:
             raise SourceUnavailable(f"{self.what} at {self.shown_url} answered HTTP {resp.status_code}")
-        resp.encoding = resp.encoding or "utf-8"
+        if "charset=" not in resp.headers.get("content-type", "").lower():
+            resp.encoding = "utf-8"  # Prometheus text is UTF-8; requests would guess Latin-1
         return resp.text
 
     def close(self) -> None:
