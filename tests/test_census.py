@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers_sources import metrics_only, nvitop_text, serve
+from helpers_sources import dcgm_text, metrics_only, nvitop_text, serve
 
 from vramdoctor.analysis.census import census, role_of
 from vramdoctor.cli import main
@@ -177,3 +177,14 @@ def test_gpu_filter_applies_to_exporter_rows(capsys: pytest.CaptureFixture[str])
     assert code == 0  # seen from GPU 1 alone, rank 1 holds memory on one GPU only
     assert [g["index"] for g in doc["gpus"]] == [1]
     assert [(p["pid"], p["per_gpu"]) for p in doc["processes"]] == [(102, {"1": 70480.0})]
+
+
+def test_dcgm_census_is_device_level_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    gpus = [{"gpu": i, "uuid": f"GPU-{i}", "model": H100, "host": "node-a", "used": 70000 + i, "free": 11000}
+            for i in range(2)]
+    with serve(metrics_only(dcgm_text(gpus))) as url:
+        code = main(["census", "--gpu-exporter", url + "/metrics"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "source dcgm" in out and "70,001" in out
+    assert "device memory only" in out
