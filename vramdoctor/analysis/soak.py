@@ -353,8 +353,11 @@ def classify_series(
                           f"in proportion to requests (last round {last:+.3g})"}
     full_last = last_n >= 0.5 * typical  # a plateau needs a real round of traffic to show it
     if full_last and abs(last) <= h and (max(incs[-2:]) <= h or abs(last) <= h / 2):
-        return {**out, "verdict": CACHING,
-                "reason": f"rose {growth:+.3g} then flat (last round {last:+.3g}, within {h:.3g})"}
+        reason = f"rose {growth:+.3g} then flat (last round {last:+.3g}, within {h:.3g})"
+        if slope is not None and ci is not None and ci[0] > 0 and typical > 0:
+            reason += (f"; a creep of {round_growth:.2g} a round stays under the {h:.2g} floor: "
+                       f"a leak under {h / typical:.2g} per request cannot be ruled out at this load")
+        return {**out, "verdict": CACHING, "reason": reason}
     if full_last and last < -h:
         return {**out, "verdict": CACHING,
                 "reason": f"rose then fell back (last round {last:+.3g}): bounded, not growing"}

@@ -73,8 +73,8 @@ def _gpu_source(gpu_metrics: str | None, gpus: list[int] | None, remote: bool) -
 class _Roles:
     """pid -> role for the host sampler, re-discovered every few seconds (servers spawn workers)."""
 
-    def __init__(self, url: str, gpu: Any, extra_pids: list[int], every_s: float = 5.0) -> None:
-        self.url, self.gpu, self.extra = url, gpu, extra_pids
+    def __init__(self, url: str, extra_pids: list[int], every_s: float = 5.0) -> None:
+        self.url, self.extra = url, extra_pids
         self.every_s = every_s
         self._at = -1e9
         self._roles: dict[int, str] = {}
@@ -94,7 +94,8 @@ class _Roles:
             found = discover_server(self.url)
             if found.found:
                 self.found = found
-            if self.last_gpu_sample is not None and self.found.found:
+            if self.last_gpu_sample is not None:
+                # Not found (a container behind a port forwarder): every process on the GPUs.
                 self.peers = gpu_peers(self.last_gpu_sample, self.found.tree)
             self._roles = roles(self.found, self.peers)
             for pid in self.extra:
@@ -136,7 +137,8 @@ def report_run(run: Run, *, json_out: bool, report_file: Path | None) -> int:
 def soak_cmd(
     url: str = typer.Option(..., "--url", help="The server's base URL, e.g. http://127.0.0.1:30000"),
     gpu_metrics: str | None = typer.Option(
-        None, "--gpu-metrics", help="dcgm-exporter or nvitop-exporter URL when the server's GPUs are on another host."),
+        None, "--gpu-metrics", "--gpu-exporter",
+        help="dcgm-exporter or nvitop-exporter URL when the server's GPUs are on another host."),
     gpus: list[int] | None = typer.Option(None, "--gpu", help="Only these GPU indices (NVML). Repeatable."),
     rounds: int = typer.Option(4, "--rounds", help="Rounds of identical traffic."),
     requests_n: int = typer.Option(50, "--requests", help="Requests per round."),
@@ -211,7 +213,7 @@ def soak_cmd(
                           text_only=text_only, api=api)
 
     # --- sources ----------------------------------------------------------------------------
-    roles_fn = _Roles(base, None, list(pids or []))
+    roles_fn = _Roles(base, list(pids or []))
     remote = not roles_fn.found.found and roles_fn.found.reason is not None and \
         roles_fn.found.reason.startswith("server is on another host")
     gpu_src, gpu_note = _gpu_source(gpu_metrics, gpus, remote)
@@ -225,7 +227,7 @@ def soak_cmd(
     sources: dict[str, Any] = {}
     if gpu_src is not None:
         sources["gpu"] = gpu_src
-    if roles_fn.found.found or pids:
+    if roles_fn.found.found or pids or (gpu_src is not None and not remote):
         sources["host"] = HostSource(roles_fn)
     if not sources:
         raise SourceUnavailable(

@@ -168,11 +168,14 @@ def figures(result: SoakResult) -> list[tuple[str, str]]:
         ("time to out of memory", _hours(result.hours_to_oom)),
         ("free memory now", f"{result.free_mib:.0f} MiB" if result.free_mib is not None else "-"),
         ("load", f"{result.requests_per_hour:.0f} requests/hour while sending" if result.requests_per_hour else "-"),
-        ("culprit", f"pid {c.get('pid')} {c.get('name') or ''} on GPU {c.get('gpu')}, layer {c.get('layer')}"
+        ("culprit" if result.verdict == LEAK else "main series", f"pid {c.get('pid')} {c.get('name') or ''} on GPU {c.get('gpu')}, layer {c.get('layer')}"
          if c.get("series") and result.verdict == LEAK else (c.get("series") or "-")),
         ("rounds", f"{len(result.rounds)} ({sum(r.sent for r in result.rounds)} requests, "
                    f"{sum(r.errors for r in result.rounds)} errors)"),
     ]
+    cs = next((s for s in result.series if s.key == c.get("series")), None)
+    if cs is not None:
+        rows.append(("why", cs.reason))
     if result.status != "complete":
         rows.append(("run", f"{result.status}: report on what was measured"))
     return rows

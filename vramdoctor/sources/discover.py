@@ -101,14 +101,25 @@ def process_tree(pids: Iterable[int]) -> dict[int, str]:
     return out
 
 
+# Processes that only forward a published container port: the server is inside a container.
+PORT_FORWARDERS = frozenset({"docker-proxy", "rootlesskit", "rootlessport", "slirp4netns",
+                             "pasta", "pasta.avx2", "conmon", "gvproxy", "kubectl"})
+
+
 def discover_server(url: str) -> ServerProcesses:
     """The listening port's owner and its process tree, when the server is on this host."""
     if not is_local(url):
         return ServerProcesses(reason="server is on another host: no per-process memory here "
                                "(use --gpu-metrics for its GPUs)")
-    roots, reason = listening_pids(url_port(url))
+    port = url_port(url)
+    roots, reason = listening_pids(port)
     if not roots:
         return ServerProcesses(reason=reason)
+    names = process_tree(roots)
+    if all(names.get(pid, "?") in PORT_FORWARDERS for pid in roots):
+        forwarder = names.get(roots[0], "?")
+        return ServerProcesses(reason=f"port {port} is forwarded by {forwarder}: the server runs in "
+                               "a container; its GPU processes are watched instead")
     # A listener whose parent listens too (forking servers) is not a root of its own.
     return ServerProcesses(root_pids=roots, tree=process_tree(roots))
 
