@@ -92,6 +92,9 @@ def test_real_sglang_oom_line_names_other_processes(tmp_path: Path) -> None:
     assert [x["pid"] for x in e.data["processes"]] == [20909, 21069, 21071, 21068, 21070]
     assert e.data["free_mib"] == 39.44 and e.data["requested_mib"] == 38.0
     assert d.server is None  # one torch line does not say which server printed it
+    f = next(x for x in d.findings if x.id == "cuda-oom")
+    assert "5 processes hold memory on GPU 0" in f.explanation and "20909 (1.81 GiB)" in f.explanation
+    assert "21068" not in f.explanation.split("the small ones")[1].split(")")[0]
 
 
 def test_leak_numbers_and_double_free(tmp_path: Path) -> None:

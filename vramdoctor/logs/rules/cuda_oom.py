@@ -6,6 +6,8 @@ from ..model import Diagnosis, Event, Facts, Finding
 from . import Rule
 from ._common import mib
 
+SMALL_PROCESS_MIB = 4096.0  # a process this small next to the server is a context or side work
+
 PHASE_NAMES = {
     "weight_load": "while loading the weights",
     "kv_cache_alloc": "while allocating the KV cache",
@@ -118,13 +120,22 @@ def check(d: Diagnosis) -> list[Finding]:
         if reserved and reserved > 1024:
             expl += " Much memory is reserved but unallocated: fragmentation; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True helps."
         named_other = others and (first.data.get("this_process_mib") is not None or len(others) > 1)
-        if (len(others) > 1 and d.server == "sglang" and d.facts.multimodal
-                and d.facts.fast_image_processor):
-            small = min(others, key=lambda p: p["mib"] or 0)
+        procs = first.data.get("processes", [])
+        small = [p for p in procs if p["mib"] is not None and p["mib"] < SMALL_PROCESS_MIB]
+        if len(procs) > 1 and small:
+            listed = ", ".join(f"{p['pid']} ({mib(p['mib'])})" for p in small[:6])
             expl += (
-                f" Several processes share GPU {first.data.get('gpu')}: process {small['pid']} "
-                f"({mib(small['mib'])}) fits the tokenizer process running the fast image processor "
-                "(see the sglang-fast-image-processor finding)."
+                f" {len(procs)} processes hold memory on GPU {first.data.get('gpu')}; the small ones "
+                f"({listed}) are extra CUDA contexts or side work on this GPU: other TP ranks opening "
+                "CUDA IPC handles here, the tokenizer process running a GPU image processor, or another "
+                "program. They shrink what the server budgeted for."
+            )
+        if len(procs) > 1 and d.server == "sglang" and d.facts.multimodal and d.facts.fast_image_processor:
+            least = min(procs, key=lambda p: p["mib"] or 0)
+            expl += (
+                f" With the fast image processor on, process {least['pid']} ({mib(least['mib'])}) next to the "
+                "server is the first suspect: the tokenizer process preprocessing images on this GPU "
+                "(see sglang-fast-image-processor)."
             )
         if named_other and phase in ("cuda_graph", "profiling", "mm_profiling", "kv_cache_alloc"):
             expl += " Another process holds memory on this GPU that the startup budget did not leave room for."
