@@ -96,6 +96,7 @@ class State:
         self.lock = threading.Lock()
         self.requests = 0
         self.running = 0
+        self.gpu_lock = threading.Lock()
         self.kept: list[Any] = []
         self.kept_bytes = 0
         self.cache: OrderedDict[str, Any] = OrderedDict()
@@ -127,7 +128,10 @@ class State:
         img.load()
         mode = self.args.mode
         if self.gpu is not None:
-            self._gpu_image(img, mode)
+            # One preprocessing stream, as in SGLang's tokenizer process: concurrent HTTP
+            # requests take turns on the GPU, so memory depends on the traffic, not on races.
+            with self.gpu_lock:
+                self._gpu_image(img, mode)
         else:
             self._cpu_image(img, data, mode)
         self.m_images.inc()

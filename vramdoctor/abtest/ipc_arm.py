@@ -66,6 +66,7 @@ def _consumer(gpu: int, producer_gpu: int, redirect: bool, inbox: Any, status: A
     try:
         from ..fixes import open_cuda_tensor, open_slice, peer_access
         from ..fixes._torch import load_torch
+        from ..fixes.feature_pool import forget_opened
 
         torch = load_torch("ab-test IPC arm")
         torch.cuda.set_device(gpu)
@@ -90,6 +91,8 @@ def _consumer(gpu: int, producer_gpu: int, redirect: bool, inbox: Any, status: A
         })
         stop.wait(120)
         del sliced, plain
+        forget_opened()
+        torch.cuda.synchronize()
     except Exception as exc:
         status.put({"who": "consumer", "event": "error", "gpu": gpu,
                     "message": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc(limit=3)})

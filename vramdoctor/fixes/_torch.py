@@ -24,8 +24,14 @@ def load_torch(what: str = "vramdoctor.fixes") -> ModuleType:
 def torch_available() -> bool:
     """True when torch can be imported (does not import it)."""
     import importlib.util
+    import sys
 
-    return importlib.util.find_spec("torch") is not None
+    if "torch" in sys.modules:
+        return sys.modules["torch"] is not None
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def cuda_usable(torch: ModuleType) -> bool:

@@ -164,3 +164,9 @@ def open_slice(piece: PooledSlice, device: int | None = None, *, redirect: bool 
         _opened[key] = buffer
     raw = buffer[piece.byte_offset : piece.byte_offset + piece.nbytes]
     return raw.view(getattr(torch, piece.dtype)).view(piece.size)
+
+
+def forget_opened() -> None:
+    """Drop this process's mappings of producers' buffers (before exit, so the producers'
+    IPC reference counts drop and they can free the memory cleanly)."""
+    _opened.clear()

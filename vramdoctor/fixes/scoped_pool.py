@@ -9,8 +9,11 @@ still OOMs a co-located server). Routing the block's allocations into a private
 The danger (measured in ../shared/gpu-probe.md): a GPU tensor that outlives the pool pins
 the pool's segments, and a dropped pool's segments are then never reused nor freed, a real
 leak of ~19 MiB per request. So at exit we read the pool's snapshot; when blocks are still
-active we keep ("park") the pool, count the escaped bytes, warn once, and release it later
-once those tensors are gone.
+active we count the escaped bytes, warn once, drop the pool and empty the cache (its free
+segments go back now), and remember the pool as an orphan: once the escaped tensors die, one
+`empty_cache()` returns the segments they pinned. Where the allocator snapshot does not say
+which pool a segment belongs to (older torch), the pool object is kept ("parked") instead and
+dropped once nothing in it is alive.
 """
 
 from __future__ import annotations
@@ -50,7 +53,9 @@ class ScopeResult:
 
 @dataclass
 class _Parked:
+    # The MemPool itself (older torch: parked) or None once dropped (orphan tracked by id).
     pool: Any
+    pool_id: tuple[int, int]
     device: int
     escaped_bytes: int
 
@@ -60,6 +65,9 @@ class _State:
     lock: threading.Lock = field(default_factory=threading.Lock)
     parked: list[_Parked] = field(default_factory=list)
     escaped_total: int = 0
+    # Orphan checks need a global allocator snapshot: at most once per this many seconds.
+    next_check: float = 0.0
+    checked_count: int = 0
     escape_events: int = 0
     released_parked: int = 0
     warned: bool = False
@@ -103,41 +111,60 @@ def pool_usage(pool: Any) -> tuple[int, int]:
     return active, reserved
 
 
-def release_parked() -> int:
-    """Drop parked pools whose escaped tensors are gone; return the bytes given back.
+ORPHAN_CHECK_INTERVAL_S = 1.0
 
-    Called at every scope entry and exit, and callable directly (e.g. on an idle tick). A
-    pool destroyed with nothing alive returns its segments; where the allocator keeps them
-    cached anyway, one global `empty_cache()` returns them (measured in gpu-probe.md).
+
+def _orphan_active(torch: Any, entries: list[_Parked]) -> dict[int, int]:
+    """Active bytes per orphan (by index into entries) from one global allocator snapshot."""
+    wanted = {tuple(e.pool_id): i for i, e in enumerate(entries)}
+    active = dict.fromkeys(range(len(entries)), 0)
+    for seg in _segments(torch.cuda.memory_snapshot()):
+        pid = seg.get("segment_pool_id")
+        if pid is not None and tuple(pid) in wanted:
+            active[wanted[tuple(pid)]] += int(seg.get("active_size", 0))
+    return active
+
+
+def release_parked(*, force: bool = True) -> int:
+    """Release what escaped pools pinned once their tensors are gone; return bytes given back.
+
+    Called at every scope entry (new escapes are checked at once, old ones once a second), and
+    callable directly, e.g. on an idle tick.
     """
+    import time
+
     with _state.lock:
         if not _state.parked:
             return 0
+        # New escapes are checked at the next scope; long-lived ones (a library's cached tensor)
+        # only once per interval, so they cost nothing per request.
+        if not force and len(_state.parked) <= _state.checked_count and time.monotonic() < _state.next_check:
+            return 0
+        _state.next_check = time.monotonic() + ORPHAN_CHECK_INTERVAL_S
         torch = load_torch("request_scoped_pool")
+        orphans = [e for e in _state.parked if e.pool is None]
+        orphan_active = _orphan_active(torch, orphans) if orphans else {}
         keep: list[_Parked] = []
-        freed: list[tuple[_Parked, int]] = []
+        freed: list[_Parked] = []
         for entry in _state.parked:
-            active, reserved = pool_usage(entry.pool)
-            if active == 0:
-                freed.append((entry, reserved))
+            if entry.pool is None:
+                alive = orphan_active[orphans.index(entry)]
             else:
-                keep.append(entry)
+                alive = pool_usage(entry.pool)[0]
+            (keep if alive else freed).append(entry)
         _state.parked = keep
+        _state.checked_count = len(keep)
     if not freed:
         return 0
     total = 0
-    for device in {entry.device for entry, _ in freed}:
+    for device in {entry.device for entry in freed}:
         before = torch.cuda.memory_reserved(device)
-        expected = sum(r for e, r in freed if e.device == device)
-        for entry, _ in freed:
+        for entry in freed:
             if entry.device == device:
                 entry.pool = None
-        freed_now = before - torch.cuda.memory_reserved(device)
-        if freed_now < expected:
-            with torch.cuda.device(device):
-                torch.cuda.empty_cache()
-            freed_now = before - torch.cuda.memory_reserved(device)
-        total += max(freed_now, 0)
+        with torch.cuda.device(device):
+            torch.cuda.empty_cache()
+        total += max(before - torch.cuda.memory_reserved(device), 0)
     _state.released_parked += len(freed)
     return total
 
@@ -198,7 +225,7 @@ def request_scoped_pool(device: Any = None, *, enabled: bool = True) -> Iterator
         result.reason = reason
         yield result
         return
-    release_parked()
+    release_parked(force=False)
     result.pooled = True
     result.device = index
     pool = torch.cuda.MemPool()
@@ -211,14 +238,34 @@ def request_scoped_pool(device: Any = None, *, enabled: bool = True) -> Iterator
         active, reserved = pool_usage(pool)
         result.escaped_bytes = active
         result.pool_reserved_bytes = reserved
-        if active:
+        if not active:
+            del pool  # nothing alive: its segments go back to the driver now
+        else:
+            by_id = _snapshot_names_pools(torch)
+            entry = _Parked(pool=None if by_id else pool, pool_id=tuple(pool.id), device=index, escaped_bytes=active)
             with _state.lock:
-                _state.parked.append(_Parked(pool=pool, device=index, escaped_bytes=active))
+                _state.parked.append(entry)
                 _state.escaped_total += active
                 _state.escape_events += 1
             _warn_once(active)
-        del pool
-        release_parked()
+            del pool
+            if by_id:
+                # The pool is gone; its free segments go back now, the pinned ones once the
+                # escaped tensors die (release_parked).
+                with torch.cuda.device(index):
+                    torch.cuda.empty_cache()
+
+
+_names_pools: bool | None = None
+
+
+def _snapshot_names_pools(torch: Any) -> bool:
+    """Does this torch's allocator snapshot say which pool each segment belongs to?"""
+    global _names_pools
+    if _names_pools is None:
+        segs = _segments(torch.cuda.memory_snapshot())
+        _names_pools = bool(segs) and all("segment_pool_id" in seg for seg in segs)
+    return _names_pools
 
 
 @contextlib.contextmanager

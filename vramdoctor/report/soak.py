@@ -159,6 +159,12 @@ def _label(s: Any) -> str:
     return "KV usage"
 
 
+def _culprit_text(c: dict[str, Any]) -> str:
+    who = f"pid {c['pid']} ({c.get('name') or '?'})" if c.get("pid") is not None else c.get("series", "?")
+    where = f" on GPU {c['gpu']}" if c.get("gpu") is not None else ""
+    return f"{who}{where}, layer {c.get('layer')}"
+
+
 def figures(result: SoakResult) -> list[tuple[str, str]]:
     c = result.culprit
     rows = [
@@ -168,8 +174,8 @@ def figures(result: SoakResult) -> list[tuple[str, str]]:
         ("time to out of memory", _hours(result.hours_to_oom)),
         ("free memory now", f"{result.free_mib:.0f} MiB" if result.free_mib is not None else "-"),
         ("load", f"{result.requests_per_hour:.0f} requests/hour while sending" if result.requests_per_hour else "-"),
-        ("culprit" if result.verdict == LEAK else "main series", f"pid {c.get('pid')} {c.get('name') or ''} on GPU {c.get('gpu')}, layer {c.get('layer')}"
-         if c.get("series") and result.verdict == LEAK else (c.get("series") or "-")),
+        ("culprit" if result.verdict == LEAK else "main series",
+         _culprit_text(c) if c.get("series") and result.verdict == LEAK else (c.get("series") or "-")),
         ("rounds", f"{len(result.rounds)} ({sum(r.sent for r in result.rounds)} requests, "
                    f"{sum(r.errors for r in result.rounds)} errors)"),
     ]
