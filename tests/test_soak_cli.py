@@ -160,7 +160,8 @@ def test_wrong_key_is_counted_as_errors_not_a_crash(server_factory, tmp_path) ->
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-def test_ctrl_c_gives_a_partial_report_and_keeps_the_run_file(server_factory, tmp_path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_gives_a_partial_report_and_keeps_the_run_file(server_factory, tmp_path, sig) -> None:
     srv = server_factory("leaking", "--leak-kib", "512")
     run = tmp_path / "run.jsonl"
     proc = subprocess.Popen(
@@ -174,7 +175,7 @@ def test_ctrl_c_gives_a_partial_report_and_keeps_the_run_file(server_factory, tm
         if run.exists() and run.read_text().count('"idle_end"') >= 2:
             break
         time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "Traceback" not in err

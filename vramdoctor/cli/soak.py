@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -285,6 +287,7 @@ def soak_cmd(
     status = "complete"
     collector.tick()  # one sample before anything else: the first point of every series
     collector.start()
+    previous_term = _term_as_interrupt()
     try:
         if live is not None:
             with live:
@@ -296,6 +299,8 @@ def soak_cmd(
         console.note("interrupted: stopped sending; reporting on what was measured")
     finally:
         protocol.stop.set()
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
         collector.stop()
         with contextlib.suppress(Exception):
             collector.tick()
@@ -314,6 +319,18 @@ def soak_cmd(
     code = _emit(result, run.records, json_out=json_out, report_file=report_file,
                  target=redact_url(base), run_path=run_path)
     raise typer.Exit(INTERRUPTED if status == "interrupted" else code)
+
+
+def _term_as_interrupt() -> Any:
+    """SIGTERM (e.g. `timeout`, a container stop) ends the soak like Ctrl-C: partial report,
+    run file closed as interrupted. Returns the previous handler (None off the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(_signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, handler)
 
 
 def _plain_progress(per_round: int, rounds: int) -> Any:
