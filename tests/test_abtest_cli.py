@@ -1,0 +1,85 @@
+"""`vramdoctor ab-test` and `vramdoctor report` on an ab-test run, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+NO_TORCH = (
+    "import sys, importlib.abc\n"
+    "class _NoTorch(importlib.abc.MetaPathFinder):\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name.split('.')[0] == 'torch':\n"
+    "            raise ImportError('No module named torch (blocked by the test)')\n"
+    "sys.meta_path.insert(0, _NoTorch())\n"
+)
+RUN = Path(__file__).parent / "fixtures" / "abtest" / "h200-qwen2_5_vl.jsonl"
+
+
+def _cli(*args: str, block_torch: bool = False) -> subprocess.CompletedProcess[str]:
+    code = (NO_TORCH if block_torch else "import sys\n") + (
+        "from vramdoctor.cli import main\n"
+        f"sys.exit(main({list(args)!r}))\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={"NO_COLOR": "1", "PATH": "/usr/bin:/bin", "HF_HUB_CACHE": "/nonexistent"})
+
+
+def test_without_torch_one_line_and_exit_2() -> None:
+    proc = _cli("ab-test", "--model", "Qwen/Qwen2.5-VL-7B-Instruct", block_torch=True)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "pip install 'vramdoctor[gpu]'" in lines[0] and "CUDA GPU" in lines[0]
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--model", "meta-llama/Llama-3.1-8B"], "it can test: qwen3_vl"),
+        (["--model", "qwen2_vl", "--count", "0"], "--count"),
+        (["--model", "qwen2_vl", "--variants", "turbo"], "unknown variant"),
+        (["--model", "qwen2_vl", "--images", "/nonexistent/dir"], "not a directory"),
+    ],
+)
+def test_bad_input_one_line_exit_2(args: list[str], needle: str) -> None:
+    proc = _cli("ab-test", *args, block_torch=True)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+
+
+def test_report_of_a_recorded_run_prints_table_ipc_and_recommendation() -> None:
+    proc = _cli("report", str(RUN))
+    assert proc.returncode in (0, 1), proc.stderr
+    out = proc.stdout
+    for needle in ("scoped_pool", "escaped_guarded", "Recommended for this model on this GPU",
+                   "no-redirect", "extra on producer GPU 0 per consumer", "data read back correct",
+                   "target scoped pool within 8mib of context"):
+        assert needle in out, needle
+
+
+def test_report_json_is_one_object_with_the_figures(tmp_path) -> None:
+    chart = tmp_path / "ab.png"
+    proc = _cli("report", str(RUN), "--json", "--report", str(chart))
+    data = json.loads(proc.stdout)
+    assert {"variants", "recommendation", "targets", "ipc", "run"} <= set(data)
+    assert data["run"]["status"] == "complete"
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the exit code follows the recorded targets
+    t = data["targets"]
+    failed = any(v["status"] != "ok" for v in data["variants"])
+    expect = 1 if failed or not (t["scoped_pool_within_8mib_of_context"] and t["scoped_pool_bounded"]) else 0
+    assert proc.returncode == expect
+
+
+def test_ab_test_help_lists_the_options() -> None:
+    proc = _cli("ab-test", "--help")
+    assert proc.returncode == 0
+    for opt in ("--model", "--images", "--count", "--rounds", "--distribution", "--seed", "--json", "--out"):
+        assert opt in proc.stdout
