@@ -117,3 +117,18 @@ def test_missing_file_and_directory(tmp_path: Path) -> None:
         diagnose([tmp_path / "nope.log"])
     with pytest.raises(InputError, match="directory"):
         diagnose([tmp_path])
+
+
+def test_terminal_wrapped_oom_message_is_joined(tmp_path: Path) -> None:
+    # Verbatim from vllm-project/vllm#26863: the terminal wrapped "this proce|ss has" mid-word.
+    p = tmp_path / "wrapped.log"
+    p.write_text(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 232.00 MiB. GPU 0 has a total capacity of "
+        "23.57 GiB of which 154.25 MiB is free. Including non-PyTorch memory, this proce\n"
+        "ss has 23.40 GiB memory in use. Of the allocated memory 22.88 GiB is allocated by PyTorch, and 188.29 MiB "
+        "is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.\n"
+    )
+    e = diagnose([p]).events_of("cuda_oom")[0]
+    assert e.data["this_process_mib"] == round(23.40 * 1024, 2)
+    assert e.data["reserved_unallocated_mib"] == 188.29

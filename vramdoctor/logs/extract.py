@@ -177,7 +177,7 @@ class FileExtractor:
             self.votes["sglang"] += 5
         if "eak d" in t or "eak D" in t:
             self._leak(hit, t)
-        if ("emory" in t or "out of resource" in t) and not frame:
+        if ("emory" in t or "out of resource" in t or "max seq len" in t) and not frame:
             self._memory(hit, t)
 
     # -- arguments ---------------------------------------------------------------------
@@ -498,15 +498,17 @@ class FileExtractor:
         }.get(self.stage or "")
 
     def _message(self, hit: Hit, text: str) -> str:
-        """The error message plus its terminal-wrapped tail (up to 3 lines)."""
-        if "is free" in text or len(text) < 40:
-            return text
-        tail = []
+        """The error message plus its terminal-wrapped tail (up to 3 lines).
+
+        A line is joined only while the message stops mid-sentence (not after '.', ')' ...)
+        and the next line does not start a new record.
+        """
+        out = text
         for nxt in hit.after(3):
-            if not is_continuation(nxt):
+            if not out or out[-1] in ".)]:!?" or not is_continuation(nxt):
                 break
-            tail.append(strip_noise(nxt))
-        return text + ("".join(tail) if tail else "")
+            out += strip_noise(nxt).rstrip()
+        return out
 
     def _memory(self, hit: Hit, t: str) -> None:
         text = clean(t).text
@@ -542,6 +544,10 @@ class FileExtractor:
             kind, phase = "kv_budget_error", "kv_cache_alloc"
             data = {"reason": "max_seq_len_exceeds_kv_cache", "max_seq_len": int(m.group(1)),
                     "needed_mib": gb(m.group(2)), "available_mib": gb(m.group(3))}
+        elif m := P.VLLM_MAX_SEQ_V0.search(text):
+            kind, phase = "kv_budget_error", "kv_cache_alloc"
+            data = {"reason": "max_seq_len_exceeds_kv_cache", "max_seq_len": int(m.group(1)),
+                    "kv_cache_tokens": int(m.group(2))}
         elif m := P.VLLM_FREE_LT.search(text):
             kind, phase = "kv_budget_error", "startup"
             data = {"reason": "free_memory_below_utilization", "free_mib": gb(m.group(1)),

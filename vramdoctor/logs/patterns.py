@@ -45,7 +45,8 @@ ANCHORS: tuple[bytes, ...] = (
     b"V1 Engine",  # vLLM 0.8 "['X'] is not supported by the V1 Engine"
     b"load model",  # vLLM V1 "Starting to load model X..."
     b"swap space",  # vLLM "Possibly too large swap space. ..."
-    b"long context length",  # vLLM arg_utils "The model has a long context length (N). ..."
+    b"long context length",
+    b"max seq len",  # vLLM KV budget checks (V0 and V1 wordings)  # vLLM arg_utils "The model has a long context length (N). ..."
 )
 
 # --- line prefixes (stripped for display and continuation detection) -------------------
@@ -205,6 +206,11 @@ SGL_REQ_SLOTS = re.compile(r"alloc_req_slots runs out of memory")
 VLLM_NO_KV = re.compile(r"No available memory for the cache blocks")
 VLLM_MAX_SEQ = re.compile(
     r"max seq len \((\d+)\), \(([\d.]+) GiB KV cache is needed, which is larger than the available KV cache memory \(([\d.]+) GiB\)"
+)
+# vLLM V0 worker.raise_if_cache_size_invalid: "The model's max seq len (%d) is larger than the
+# maximum number of tokens that can be stored in KV cache (%d). Try increasing ..."
+VLLM_MAX_SEQ_V0 = re.compile(
+    r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV cache \((\d+)\)"
 )
 VLLM_FREE_LT = re.compile(r"Free memory on device \(([\d.]+)/([\d.]+) GiB\) on startup is less than desired GPU memory utilization")
 VLLM_NOT_ENOUGH_LOAD = re.compile(r"Failed to load model - not enough GPU memory")

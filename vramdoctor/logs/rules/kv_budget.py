@@ -21,7 +21,9 @@ def check(d: Diagnosis) -> list[Finding]:
     e = evs[0]
     reason = e.data.get("reason", "")
     expl = f"The server refused to start: {REASONS.get(reason, 'the KV cache does not fit')}."
-    if reason == "max_seq_len_exceeds_kv_cache":
+    if reason == "max_seq_len_exceeds_kv_cache" and "kv_cache_tokens" in e.data:
+        expl += f" Max model length {e.data['max_seq_len']} tokens, the KV cache holds {e.data['kv_cache_tokens']}."
+    elif reason == "max_seq_len_exceeds_kv_cache":
         expl += f" Needed {mib(e.data.get('needed_mib'))}, available {mib(e.data.get('available_mib'))}."
     if d.facts.weights_mib:
         expl += f" Weights take {mib(d.facts.weights_mib)}."
@@ -42,7 +44,8 @@ RULE = Rule(
     severity="critical",
     title="KV cache budget error (not a CUDA OOM)",
     fires_when=(
-        "vLLM 'No available memory for the cache blocks', '... max seq len (N), (X GiB KV cache is needed, "
+        "vLLM 'No available memory for the cache blocks', V0 'The model's max seq len (N) is larger than the "
+        "maximum number of tokens that can be stored in KV cache (M)', V1 '... max seq len (N), (X GiB KV cache is needed, "
         "which is larger than the available KV cache memory', 'Free memory on device ... is less than "
         "desired GPU memory utilization'; SGLang 'Not enough memory. Please try to increase --mem-fraction-static'"
     ),
