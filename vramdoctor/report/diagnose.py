@@ -71,30 +71,35 @@ def _fmt(name: str, v: object) -> str:
     return str(v)
 
 
-def facts_table(d: Diagnosis) -> Table:
+def facts_table(d: Diagnosis, single: bool = False) -> Table:
     t = Table(title="Facts read from the log", show_header=True, header_style="bold", expand=False)
     t.add_column("fact")
     t.add_column("value", overflow="fold")
     t.add_column("from", style="dim", overflow="fold")
     t.add_row("server", d.server or "unknown", "")
-    t.add_row("version", d.version or "not printed", _where(d.version_evidence))
+    t.add_row("version", d.version or "not printed", _where(d.version_evidence, single))
     f = d.facts
     for name, label in _SHOW_FACTS:
         v = getattr(f, name)
         if v is None:
             continue
-        t.add_row(label, _fmt(name, v), _where(f.evidence.get(name)))
+        t.add_row(label, _fmt(name, v), _where(f.evidence.get(name), single))
     return t
 
 
-def _where(e: Evidence | None) -> str:
+def _loc(e: Evidence, single: bool) -> str:
+    """'line N' when there is one input file, else 'name:N'."""
+    return f"line {e.line}" if single else f"{PurePath(e.file).name}:{e.line}"
+
+
+def _where(e: Evidence | None, single: bool) -> str:
     if e is None:
         return ""
-    return f"{PurePath(e.file).name}:{e.line}" if e.line else e.text[:60]
+    return _loc(e, single) if e.line else e.text[:60]
 
 
-def _evidence_text(e: Evidence) -> Text:
-    head = Text(f"{PurePath(e.file).name}:{e.line}: " if e.line else "", style="dim")
+def _evidence_text(e: Evidence, single: bool) -> Text:
+    head = Text(f"{_loc(e, single)}: " if e.line else "", style="dim")
     text = e.text if len(e.text) <= EVIDENCE_SHOWN else e.text[: EVIDENCE_SHOWN - 1] + "…"
     body = Text(text)
     for m in _HIGHLIGHT.finditer(text):
@@ -102,17 +107,18 @@ def _evidence_text(e: Evidence) -> Text:
     return head + body
 
 
-def finding_panel(f: Finding) -> Panel:
+def finding_panel(f: Finding, single: bool = False) -> Panel:
     parts: list[Text] = [Text(f.explanation)]
     if f.evidence:
         parts.append(Text("Evidence:", style="bold"))
-        parts.extend(_evidence_text(e) for e in f.evidence)
+        parts.extend(_evidence_text(e, single) for e in f.evidence)
     parts.append(Text.assemble(("Fix: ", "bold green"), f.fix))
     title = Text.assemble((f"{f.severity.upper()} ", _STYLE[f.severity]), (f.title, "bold"), (f"  [{f.id}]", "dim"))
     return Panel(Group(*parts), title=title, title_align="left", border_style=_STYLE[f.severity])
 
 
 def render(d: Diagnosis, con: Console) -> None:
+    single = len(d.files) == 1
     text, style = verdict(d)
     con.print(Text(text, style=style))
     for fs in d.files:
@@ -120,9 +126,9 @@ def render(d: Diagnosis, con: Console) -> None:
             con.print(Text(f"note: {fs.file}: {note}", style="dim"))
         if not fs.recognised:
             con.print(Text(f"note: {fs.file}: not an SGLang or vLLM server log (no known line found)", style="yellow"))
-    con.print(facts_table(d))
+    con.print(facts_table(d, single))
     if d.event_counts:
         counts = ", ".join(f"{k} x{v}" for k, v in sorted(d.event_counts.items()))
         con.print(Text(f"Events: {counts}", style="dim"))
     for f in d.findings:
-        con.print(finding_panel(f))
+        con.print(finding_panel(f, single))
