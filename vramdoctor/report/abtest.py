@@ -16,6 +16,12 @@ def _f(value: Any, fmt: str = "{:.0f}", dash: str = "-") -> str:
     return fmt.format(value)
 
 
+def _escaped(mib: float) -> str:
+    if not mib:
+        return "0"
+    return f"{mib * 1024:.0f} KiB" if mib < 1 else f"{mib:.0f}"
+
+
 def _levels(rounds: list[dict[str, Any]], key: str) -> str:
     return ", ".join(_f(r.get(key)) for r in rounds) or "-"
 
@@ -37,7 +43,7 @@ def variants_table(result: dict[str, Any]) -> Table:
             _levels(v["rounds"], "nvml_above_context_mib"),
             _f(v["growth_per_round_mib"], "{:+.1f}"),
             _f(v["held_after_idle_mib"]),
-            _f(v["escaped_mib"], "{:.0f}") if v["escaped_mib"] else "0",
+            _escaped(v["escaped_mib"]),
             _f(v["p50_ms"], "{:.2f}"),
             _f(v["p99_ms"], "{:.2f}"),
             _f(v["overhead_pct"], "{:+.1f}%"),
