@@ -93,3 +93,15 @@ def test_not_a_server_log_and_bad_input(tmp_path: Path) -> None:
         assert r.returncode == 2 and b"Traceback" not in r.stderr
     r = run(str(tmp_path / "missing.log"))
     assert r.returncode == 2 and b"no such file" in r.stderr
+
+
+def test_api_key_from_args_never_printed() -> None:
+    # File 23 is a real vLLM log whose args: Namespace(...) line carries an api_key value.
+    secret = "k7YgF9RwP4qXmTnV2LsJ3HdO5zIc6AeB0Uv"
+    assert secret in Path(fix("23")).read_text()
+    for extra in ((), ("--json",)):
+        r = run(fix("23"), *extra)
+        assert r.returncode in (0, 1)
+        assert secret[:12] not in r.stdout.decode() and secret[:12] not in r.stderr.decode()
+    d = json.loads(run(fix("23"), "--json").stdout)
+    assert d["facts"]["server_args"]["api_key"] == "***"

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..redact import redact_text
 from . import patterns as P
 from .extract import FileExtractor
 from .model import Diagnosis, Evidence, Facts, FileSummary
@@ -181,4 +182,23 @@ def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
     from .rules import evaluate
 
     d.findings = evaluate(d)
+    _redact(d, set().union(*(ex.secrets for ex in exs)) if exs else set())
     return d
+
+
+def _redact(d: Diagnosis, secrets: set[str]) -> None:
+    """Blank secrets (API keys from argument dumps, bearer tokens, sk-... keys) in every text."""
+
+    def ev(e: Evidence | None) -> Evidence | None:
+        return None if e is None else Evidence(e.file, e.line, redact_text(e.text, secrets))
+
+    d.facts.evidence = {k: ev(v) for k, v in d.facts.evidence.items()}  # type: ignore[misc]
+    d.version_evidence = ev(d.version_evidence)
+    for e in d.events:
+        e.text = redact_text(e.text, secrets)
+    for f in d.findings:
+        f.evidence = [ev(x) for x in f.evidence]  # type: ignore[misc]
+        f.explanation = redact_text(f.explanation, secrets)
+        f.fix = redact_text(f.fix, secrets)
+    if d.facts.model:
+        d.facts.model = redact_text(d.facts.model, secrets)

@@ -10,9 +10,11 @@ dump it contradicts, an effective value ("Automatically reduce --mem-fraction-st
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..redact import REDACTED
 from . import patterns as P
 from .args import balanced_end, parse_dump
 from .model import MAX_EVENTS_PER_KIND, Event, Evidence
@@ -20,6 +22,8 @@ from .normalize import clean, is_continuation, strip_noise
 from .reader import Hit
 
 GIB = 1024.0
+# Argument names whose values are secrets (api_key, hf_token, admin_api_key, ssl_keyfile_password).
+SECRET_ARG = re.compile(r"^(?:\w+_)?(?:api_key|token|password|passwd|secret|secret_key|access_key)$")
 MAX_DUMP_CHARS = 2 << 20  # an argument dump longer than this is parsed as far as it goes
 EVIDENCE_CHARS = 600
 MAX_DUMPS = 8  # argument dumps parsed per file
@@ -80,6 +84,7 @@ class FileExtractor:
     fast_only_processor: Evidence | None = None
     mm_evidence: Evidence | None = None
     dumps_parsed: int = 0
+    secrets: set[str] = field(default_factory=set)  # values to blank in every output
     tracebacks_read: int = 0
 
     # -- helpers -----------------------------------------------------------------------
@@ -189,6 +194,11 @@ class FileExtractor:
                 if len(text) > MAX_DUMP_CHARS or balanced_end(text, opener_at, text[opener_at]) > 0:
                     break
         args, _complete = parse_dump(text, opener_at)
+        for key, value in args.items():
+            if SECRET_ARG.match(key) and value not in (None, "", [], REDACTED):
+                values = value if isinstance(value, (list, tuple)) else [value]
+                self.secrets.update(str(v) for v in values if v is not None and len(str(v)) >= 4)
+                args[key] = REDACTED
         return args
 
     def _args(self, hit: Hit, t: str) -> None:

@@ -96,9 +96,23 @@ class Facts:
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
+        out["server_args"] = _jsonable(self.server_args)
         out.pop("evidence")
         out["evidence"] = {k: v.to_json() for k, v in self.evidence.items()}
         return out
+
+
+def _jsonable(v: Any) -> Any:
+    """Argument values are Python literals: make them plain JSON (no sets, bytes, inf)."""
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return v if v == v and v not in (float("inf"), float("-inf")) else repr(v)
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple, set, frozenset)):
+        return [_jsonable(x) for x in v]
+    return repr(v)
 
 
 @dataclass
