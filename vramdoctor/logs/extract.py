@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..redact import REDACTED
+from ..redact import REDACTED, redact_text
 from . import patterns as P
 from .args import balanced_end, parse_dump
 from .model import MAX_EVENTS_PER_KIND, Event, Evidence
@@ -90,6 +90,8 @@ class FileExtractor:
     # -- helpers -----------------------------------------------------------------------
     def ev(self, hit: Hit, text: str | None = None) -> Evidence:
         t = text if text is not None else clean(hit.text).text
+        if self.secrets:  # blank before cutting, so no partial secret survives the cut
+            t = redact_text(t, self.secrets)
         return Evidence(self.name, hit.lineno, t[:EVIDENCE_CHARS])
 
     def put(self, name: str, value: Any, prio: int, evidence: Evidence) -> None:
