@@ -26,6 +26,13 @@ GIB = 1024.0
 SECRET_ARG = re.compile(r"^(?:\w+_)?(?:api_key|token|password|passwd|secret|secret_key|access_key)$")
 MAX_DUMP_CHARS = 2 << 20  # an argument dump longer than this is parsed as far as it goes
 EVIDENCE_CHARS = 600
+# Lowercase fragments of every line _memory handles (a cheap gate before its regexes).
+MEMORY_KEYS = (
+    "out of memory", "outofmemoryerror", "cudaerrormemoryallocation", "memory pool end",
+    "total_gpu_memory", "no available memory", "max seq len", "free memory on device",
+    "not enough memory", "alloc_req_slots", "out of resource", "ran out of gpu memory",
+    "mmitemmemorypool", "not enough gpu memory",
+)
 MAX_DUMPS = 8  # argument dumps parsed per file
 MAX_TRACEBACKS = 64  # tracebacks read for model files and backend per file
 
@@ -523,6 +530,9 @@ class FileExtractor:
         return out
 
     def _memory(self, hit: Hit, t: str) -> None:
+        low = t.lower()
+        if not any(k in low for k in MEMORY_KEYS):
+            return  # a line that merely mentions memory: no regex needed
         text = clean(t).text
         if P.CUDA_OOM.search(text) or P.VLLM_NOT_ENOUGH_LOAD.search(text):
             self._oom(hit, text)
