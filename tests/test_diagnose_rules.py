@@ -39,6 +39,7 @@ FIRES = {
     "sglang-retraction": ["06", "07"],
     "sglang-graph-capture-failed": ["09"],
     "mem-fraction-high-multimodal": ["12"],
+    "rdma-registration-failed": ["10"],
 }
 QUIET = {
     "cuda-oom": ["06", "07", "08", "09", "10", "20", "21", "22", "23", "24"],
@@ -52,6 +53,7 @@ QUIET = {
     "sglang-fast-image-processor": ["10", "12", "13", "05", "22", "23"],
     "sglang-cuda-ipc-tp": ["09", "11", "10"],
     "cuda-graph-budget": ["08", "10", "11"],
+    "rdma-registration-failed": ["08", "11", "17"],
 }
 
 

@@ -31,7 +31,7 @@ MEMORY_KEYS = (
     "out of memory", "outofmemoryerror", "cudaerrormemoryallocation", "memory pool end",
     "total_gpu_memory", "no available memory", "max seq len", "free memory on device",
     "not enough memory", "alloc_req_slots", "out of resource", "ran out of gpu memory",
-    "mmitemmemorypool", "not enough gpu memory",
+    "mmitemmemorypool", "not enough gpu memory", "failed to register memory",
 )
 MAX_DUMPS = 8  # argument dumps parsed per file
 MAX_TRACEBACKS = 64  # tracebacks read for model files and backend per file
@@ -586,6 +586,9 @@ class FileExtractor:
         elif P.RAY_OOM.search(text):
             kind = "host_oom"
             data = {"killer": "ray memory monitor"}
+        elif m := P.RDMA_REGISTER.search(text):
+            kind = "rdma_registration_failed"
+            data = {"address": m.group(1), "error": (m.group(2) or "").strip()}
         elif m := P.MM_CPU_RETRY.search(text):
             kind, phase = "mm_preprocess_gpu_oom", "preprocessing"
         elif "MmItemMemoryPool" in text:

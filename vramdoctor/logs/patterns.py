@@ -216,6 +216,9 @@ VLLM_FREE_LT = re.compile(r"Free memory on device \(([\d.]+)/([\d.]+) GiB\) on s
 VLLM_NOT_ENOUGH_LOAD = re.compile(r"Failed to load model - not enough GPU memory")
 TRITON_SMEM = re.compile(r"out of resource: shared memory(?:, Required: (\d+), Hardware limit: (\d+))?")
 RAY_OOM = re.compile(r"ray\.exceptions\.OutOfMemoryError: Task was killed due to the node running low on memory")
+# Mooncake transfer engine (SGLang PD disaggregation), glog format:
+# "E0529 23:22:59.553362 67580 rdma_context.cpp:203] Failed to register memory 0x7c1cda000000: Bad address [14]"
+RDMA_REGISTER = re.compile(r"Failed to register memory (0x[0-9a-f]+)(?:: (.*))?")
 MM_CPU_RETRY = re.compile(r"Multimodal preprocessing ran out of GPU memory on (.*?); retrying on CPU")
 
 # --- KV self-check (SGLang) -----------------------------------------------------------
