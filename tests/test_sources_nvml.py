@@ -38,7 +38,7 @@ def test_without_nvml_the_source_names_what_is_missing_and_the_remote_option() -
     with pytest.raises(SourceUnavailable) as err:
         NvmlSource().open()
     message = str(err.value)
-    assert "NVML" in message and "--gpu-exporter" in message and "dcgm-exporter" in message
+    assert "NVML" in message and "--gpu-metrics" in message and "dcgm-exporter" in message
     assert "\n" not in message
     assert message == NVML_WHY
 

@@ -149,8 +149,7 @@ class Run:
 
 
 def _iter_lines(fh: IO[str]) -> Iterator[tuple[int, str]]:
-    for number, line in enumerate(fh, 1):
-        yield number, line
+    yield from enumerate(fh, 1)
 
 
 def read_run(path: str | Path) -> Run:

@@ -254,7 +254,7 @@ def census(
     if sample.source == "dcgm":
         notes.append(
             "dcgm-exporter reports device memory only: no process rows. For processes, run "
-            "census on the GPU host or point --gpu-exporter at nvitop-exporter."
+            "census on the GPU host or point --gpu-metrics at nvitop-exporter."
         )
 
     ordered = sorted(rows.values(), key=lambda r: (r.host or "", r.main_gpu if r.main_gpu is not None else 1 << 30, r.pid))

@@ -87,7 +87,7 @@ def _emit(result: Census, *, json_out: bool, report_file: Path | None) -> int:
 def census_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     gpu_exporter: list[str] = typer.Option(
-        [], "--gpu-exporter", metavar="URL",
+        [], "--gpu-metrics", "--gpu-exporter", metavar="URL",
         help="Read GPUs from dcgm-exporter or nvitop-exporter on another host instead of NVML here "
         "(repeat for several hosts).",
     ),
@@ -111,7 +111,7 @@ def census_cmd(
 
       vramdoctor census --json | jq '.flags'
 
-      vramdoctor census --gpu-exporter http://gpu-host:9400/metrics
+      vramdoctor census --gpu-metrics http://gpu-host:9400/metrics
 
       vramdoctor census --out runs/census.jsonl && vramdoctor report runs/census.jsonl
     """

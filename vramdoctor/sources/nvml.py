@@ -18,7 +18,7 @@ from ..model import MIB, GpuMemory, GpuSample, ProcessGpuMemory, now
 from .procinfo import ProcInfoCache
 
 REMOTE_HINT = (
-    "watch a GPU host remotely with --gpu-exporter http://HOST:9400/metrics (dcgm-exporter) "
+    "watch a GPU host remotely with --gpu-metrics http://HOST:9400/metrics (dcgm-exporter) "
     "or http://HOST:8000/metrics (nvitop-exporter)"
 )
 
