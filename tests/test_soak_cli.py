@@ -23,8 +23,8 @@ from vramdoctor.record import read_run
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVER = ROOT / "examples" / "reference_server" / "server.py"
-FAST = ["--rounds", "4", "--requests", "20", "--concurrency", "4", "--idle", "1.5",
-        "--interval", "0.15", "--image-size", "128x128", "--image-size", "256x192"]
+FAST = ["--rounds", "4", "--requests", "20", "--concurrency", "4", "--idle", "1",
+        "--interval", "0.1", "--image-size", "128x128", "--image-size", "256x192"]
 
 
 class RefServer:
@@ -166,7 +166,7 @@ def test_ctrl_c_gives_a_partial_report_and_keeps_the_run_file(server_factory, tm
     run = tmp_path / "run.jsonl"
     proc = subprocess.Popen(
         [sys.executable, "-m", "vramdoctor", "soak", "--url", srv.url, "--out", str(run),
-         "--rounds", "50", "--requests", "10", "--idle", "1", "--interval", "0.15",
+         "--rounds", "50", "--requests", "10", "--idle", "0.8", "--interval", "0.1",
          "--image-size", "128x128", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path,
     )
@@ -251,3 +251,34 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, needle) -> None:
     assert "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists()  # nothing recorded for a run that never started
+
+
+def test_gpu_metrics_from_an_nvitop_exporter_name_the_leaking_gpu_process(server_factory, tmp_path) -> None:
+    """--gpu-metrics: an nvitop-exporter (loopback) whose per-process memory is the reference
+    server's real kept bytes. The GPU process series carries the verdict and names the pid."""
+    from helpers_sources import nvitop_text, serve
+
+    srv = server_factory("leaking", "--leak-kib", "2048")
+
+    def respond(path: str) -> tuple[int, str, str]:
+        info = srv.info()
+        mib = 612.0 + (info["kept_bytes"] + info["cache_bytes"]) / 2**20
+        text = nvitop_text("gpu-host", [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-0",
+                                         "total": 81559.0, "used": mib + 500, "free": 81559.0 - mib - 500}],
+                           [{"index": 0, "pid": srv.pid, "mib": mib, "command": "python server.py"}])
+        return 200, "text/plain; version=0.0.4; charset=utf-8", text
+
+    with serve(respond) as exporter:
+        r = soak(srv.url, tmp_path, *FAST, "--gpu-metrics", exporter + "/metrics", "--json")
+    assert r.returncode == 1, r.stderr
+    d = json.loads(r.stdout)
+    truth = srv.info()["leak_bytes_per_request"] / 2**20
+    assert d["verdict"] == "LEAK"
+    assert d["culprit"]["pid"] == srv.pid and d["culprit"]["gpu"] == 0
+    assert d["culprit"]["layer"] == "allocator"
+    assert d["leak_mib_per_request"] == pytest.approx(truth, rel=0.25)
+    gpu = next(s for s in d["series"] if s["key"] == "gpu0")
+    assert gpu["verdict"] == "LEAK"
+    # Time to OOM from the exporter's free memory at the end.
+    assert d["hours_to_oom"] == pytest.approx(d["free_mib"] / d["leak_mib_per_hour"], rel=1e-6)
+    assert d["free_mib"] < 81559.0
