@@ -1,4 +1,4 @@
-"""Read facts and events off one log's candidate lines.
+"""Read facts off one log's candidate lines (events: events.py, a mixin of this class).
 
 One `FileExtractor` per input file is fed the reader's hits in order. Each handler is guarded
 by a cheap substring test before its regex runs, so the cost is per candidate line, not per
@@ -17,31 +17,28 @@ from typing import Any
 from ..redact import REDACTED, redact_text
 from . import patterns as P
 from .args import balanced_end, parse_dump
-from .model import MAX_EVENTS_PER_KIND, Event, Evidence
-from .normalize import clean, is_continuation, strip_noise
+from .events import EventsMixin, gb
+from .model import (
+    ARGS,
+    EFFECTIVE,
+    EVIDENCE_CHARS,
+    INFERRED,
+    MAX_EVENTS_PER_KIND,
+    RUNTIME,
+    Event,
+    Evidence,
+)
+from .normalize import clean, strip_noise
 from .reader import Hit
 
-GIB = 1024.0
 # Argument names whose values are secrets (api_key, hf_token, admin_api_key, ssl_keyfile_password).
 SECRET_ARG = re.compile(r"^(?:\w+_)?(?:api_key|token|password|passwd|secret|secret_key|access_key)$")
 MAX_DUMP_CHARS = 2 << 20  # an argument dump longer than this is parsed as far as it goes
-EVIDENCE_CHARS = 600
-# Lowercase fragments of every line _memory handles (a cheap gate before its regexes).
-MEMORY_KEYS = (
-    "out of memory", "outofmemoryerror", "cudaerrormemoryallocation", "memory pool end",
-    "total_gpu_memory", "no available memory", "max seq len", "free memory on device",
-    "not enough memory", "alloc_req_slots", "out of resource", "ran out of gpu memory",
-    "mmitemmemorypool", "not enough gpu memory", "failed to register memory",
-)
 MAX_DUMPS = 8  # argument dumps parsed per file
-MAX_TRACEBACKS = 64  # tracebacks read for model files and backend per file
 
 # Facts whose later value wins at equal priority (the last runtime line is the one in force).
 LAST_WINS = {"attention_backend"}
 
-# Priorities: 1 = inferred (traceback paths, rank tags), 2 = argument dump, 3 = runtime line,
-# 4 = effective value the server says it switched to.
-INFERRED, ARGS, RUNTIME, EFFECTIVE = 1, 2, 3, 4
 
 _VLLM_BACKEND_NAMES = {
     "flash attention": "FLASH_ATTN",
@@ -58,24 +55,8 @@ _VLLM_BACKEND_NAMES = {
 }
 
 
-def size_mib(text: str) -> float | None:
-    """'3.43 GiB' / '112.00 MiB' / '2.25 GB' -> MiB (the servers' GB means GiB)."""
-    try:
-        num, unit = text.split()
-        v = float(num)
-    except ValueError:
-        return None
-    unit = unit.upper().replace("I", "")
-    scale = {"B": 1 / 1048576, "KB": 1 / 1024, "MB": 1.0, "GB": GIB, "TB": GIB * 1024}.get(unit)
-    return None if scale is None else round(v * scale, 2)
-
-
-def gb(text: str | None) -> float | None:
-    return None if text is None else round(float(text) * GIB, 1)
-
-
 @dataclass
-class FileExtractor:
+class FileExtractor(EventsMixin):
     """Facts and events of one input file."""
 
     name: str
@@ -466,206 +447,3 @@ class FileExtractor:
                                  {"tensor_mib": float(m.group(1)), "pool_mib": float(m.group(2))}))
 
     # -- failures ----------------------------------------------------------------------
-    def _exception(self, hit: Hit, t: str) -> None:
-        if "Scheduler hit" in t or "TpModelWorkerClient hit" in t:
-            self.votes["sglang"] += 3
-        elif "EngineCore hit" in t:
-            self.votes["vllm"] += 3
-        if self.tracebacks_read < MAX_TRACEBACKS:
-            self.tracebacks_read += 1
-            self._frames("\n".join(hit.after(150)))
-
-    def _frames(self, text: str) -> None:
-        """Model files and attention backend read off traceback paths (lowest priority)."""
-        for f in P.MODEL_FILE.findall(text):
-            self.model_files.add(f)
-        if not text:
-            return
-        m = P.TRACE_BACKEND.search(text)
-        if m:
-            name = m.group(1) or "flashinfer"
-            self.put("attention_backend", name, INFERRED,
-                     Evidence(self.name, 0, "traceback: " + m.group(0)))
-
-    def _region(self, hit: Hit) -> str:
-        before = hit.before(48 << 10)
-        i = before.rfind(P.TRACEBACK)
-        return before[i:] if i >= 0 else ""
-
-    def _phase(self, region: str, line: str) -> str | None:
-        text = region + "\n" + line
-        best: tuple[int, str] | None = None
-        for name, rx in P.PHASE_MARKERS:
-            for m in rx.finditer(text):
-                if best is None or m.start() >= best[0]:
-                    best = (m.start(), name)
-        if best is None:
-            for name, rx in P.FORWARD_MARKERS:
-                for m in rx.finditer(text):
-                    if best is None or m.start() >= best[0]:
-                        best = (m.start(), name)
-            if best is not None and self.stage == "graph_done":
-                return "warmup"  # a forward pass after graph capture, before "ready"
-        if best is not None:
-            return best[1]
-        return {
-            "weight_load": "weight_load",
-            "kv_cache_alloc": "kv_cache_alloc",
-            "cuda_graph": "cuda_graph",
-            "profiling": "profiling",
-            "graph_done": "warmup",
-        }.get(self.stage or "")
-
-    def _message(self, hit: Hit, text: str) -> str:
-        """The error message plus its terminal-wrapped tail (up to 3 lines).
-
-        A line is joined only while the message stops mid-sentence (not after '.', ')' ...)
-        and the next line does not start a new record.
-        """
-        out = text
-        for nxt in hit.after(3):
-            if not out or out[-1] in ".)]:!?" or not is_continuation(nxt):
-                break
-            out += strip_noise(nxt).rstrip()
-        return out
-
-    def _memory(self, hit: Hit, t: str) -> None:
-        low = t.lower()
-        if not any(k in low for k in MEMORY_KEYS):
-            return  # a line that merely mentions memory: no regex needed
-        text = clean(t).text
-        if P.CUDA_OOM.search(text) or P.VLLM_NOT_ENOUGH_LOAD.search(text):
-            self._oom(hit, text)
-            return
-        kind: str | None = None
-        data: dict[str, Any] = {}
-        phase: str | None = None
-        if "Memory pool end" in text:
-            m = P.SGL_POOL_END.search(text)
-            if m:
-                self.put("avail_after_pool_mib", gb(m.group(1)), RUNTIME, self.ev(hit))
-                self.votes["sglang"] += 3
-            return
-        if "total_gpu_memory" in text:
-            m = P.VLLM_BUDGET.search(text)
-            if m:
-                e = self.ev(hit)
-                self.put("total_gpu_mib", gb(m.group(1)), RUNTIME, e)
-                self.put("gpu_memory_utilization", float(m.group(2)), RUNTIME, e)
-            return
-        if (m := P.SGL_RETRACT.search(text)) and ("retracted" in text or "Try to lower" in text):
-            kind, phase = "retraction", m.group(1).lower()
-            if m.group(2):
-                data = {"retracted_reqs": int(m.group(2)), "new_token_ratio_from": float(m.group(3)),
-                        "new_token_ratio_to": float(m.group(4))}
-            self.votes["sglang"] += 3
-        elif P.VLLM_NO_KV.search(text):
-            kind, phase = "kv_budget_error", "kv_cache_alloc"
-            data = {"reason": "no_memory_for_cache_blocks"}
-        elif m := P.VLLM_MAX_SEQ.search(text):
-            kind, phase = "kv_budget_error", "kv_cache_alloc"
-            data = {"reason": "max_seq_len_exceeds_kv_cache", "max_seq_len": int(m.group(1)),
-                    "needed_mib": gb(m.group(2)), "available_mib": gb(m.group(3))}
-        elif m := P.VLLM_MAX_SEQ_V0.search(text):
-            kind, phase = "kv_budget_error", "kv_cache_alloc"
-            data = {"reason": "max_seq_len_exceeds_kv_cache", "max_seq_len": int(m.group(1)),
-                    "kv_cache_tokens": int(m.group(2))}
-        elif m := P.VLLM_FREE_LT.search(text):
-            kind, phase = "kv_budget_error", "startup"
-            data = {"reason": "free_memory_below_utilization", "free_mib": gb(m.group(1)),
-                    "total_mib": gb(m.group(2))}
-        elif P.SGL_NOT_ENOUGH.search(text):
-            kind, phase = "kv_budget_error", "kv_cache_alloc"
-            data = {"reason": "sglang_not_enough_memory_for_kv_pool"}
-        elif P.SGL_REQ_SLOTS.search(text):
-            kind = "req_slots_exhausted"
-        elif m := P.TRITON_SMEM.search(text):
-            kind = "triton_shared_memory"
-            if m.group(1):
-                data = {"required_bytes": int(m.group(1)), "limit_bytes": int(m.group(2))}
-        elif P.RAY_OOM.search(text):
-            kind = "host_oom"
-            data = {"killer": "ray memory monitor"}
-        elif m := P.RDMA_REGISTER.search(text):
-            kind = "rdma_registration_failed"
-            data = {"address": m.group(1), "error": (m.group(2) or "").strip()}
-        elif m := P.MM_CPU_RETRY.search(text):
-            kind, phase = "mm_preprocess_gpu_oom", "preprocessing"
-        elif "MmItemMemoryPool" in text:
-            self._ipc(hit, t)
-            return
-        if kind is None:
-            return
-        self.add_event(Event(kind, self.name, hit.lineno, self._message(hit, text)[:EVIDENCE_CHARS],
-                             phase, data))
-
-    def _oom(self, hit: Hit, text: str) -> None:
-        if self.event_counts.get("cuda_oom", 0) >= MAX_EVENTS_PER_KIND:
-            self.event_counts["cuda_oom"] += 1  # counted; the first ones carry the detail
-            return
-        msg = self._message(hit, text)
-        region = self._region(hit)
-        self._frames(region)
-        data: dict[str, Any] = {}
-        if m := P.OOM_TRIED.search(msg):
-            data["requested_mib"] = size_mib(m.group(1))
-        if m := P.OOM_GPU.search(msg):
-            data["gpu"] = int(m.group(1))
-            data["total_mib"] = size_mib(m.group(2))
-            data["free_mib"] = size_mib(m.group(3))
-            self.put("total_gpu_mib", data["total_mib"], INFERRED, self.ev(hit))
-        procs = [{"pid": int(p), "mib": size_mib(s)} for p, s in P.OOM_PROCESS.findall(msg)]
-        if procs:
-            data["processes"] = procs
-        if m := P.OOM_THIS.search(msg):
-            data["this_process_mib"] = size_mib(m.group(1))
-        if m := P.OOM_PRIVATE.search(msg):
-            data["private_pools_mib"] = size_mib(m.group(1))
-        if m := P.OOM_RESERVED.search(msg):
-            data["reserved_unallocated_mib"] = size_mib(m.group(1))
-        phase = self._phase(region, msg)
-        if P.VLLM_NOT_ENOUGH_LOAD.search(text):
-            phase = "weight_load"
-        self.add_event(Event("cuda_oom", self.name, hit.lineno, msg[:EVIDENCE_CHARS], phase, data))
-
-    def _leak(self, hit: Hit, t: str) -> None:
-        if self.event_counts.get("kv_leak_selfcheck", 0) >= MAX_EVENTS_PER_KIND and P.LEAK.search(t):
-            self.event_counts["kv_leak_selfcheck"] += 1
-            return
-        text = clean(t).text
-        m = P.LEAK.search(text)
-        if not m:
-            return
-        self.votes["sglang"] += 5
-        wording = m.group(1)
-        body = text
-        for nxt in hit.after(6):
-            s = strip_noise(nxt).strip()
-            if P.LEAK_FIELD.search(s) and not P.LEAK.search(s) and not s.startswith("self."):
-                body += " " + s
-            else:
-                break
-        if wording.startswith("KV cache pool leak"):
-            prev = hit.before(4096).rstrip("\n").rsplit("\n", 1)[-1]
-            body = prev + " " + body
-        fields: dict[str, int] = {}
-        pool = "token"
-        for key, val in P.LEAK_FIELD.findall(body):
-            fields.setdefault(key, int(val))
-        if wording.startswith("req_to_token"):
-            pool = "req"
-        elif "Mem Leak Detected" in wording:
-            pool = "busy"
-        elif "[swa]" in body and "[full]" not in body:
-            pool = "swa"
-        total = fields.get("total") or fields.get("max_total_num_tokens") or fields.get(
-            "max_total_num_token") or fields.get("total_size")
-        avail = fields.get("available", fields.get("available_size", fields.get("full_available_size")))
-        evict = fields.get("evictable", fields.get("evictable_size", 0))
-        prot = fields.get("protected", fields.get("protected_size", 0))
-        held = fields.get("session_held", 0) + fields.get("uncached", 0)
-        data: dict[str, Any] = {"pool": pool, "wording": wording, "fields": fields}
-        if total is not None and avail is not None:
-            data.update(total=total, available=avail, evictable=evict, protected=prot,
-                        leaked=total - avail - evict - prot - held, double_free=avail > total)
-        self.add_event(Event("kv_leak_selfcheck", self.name, hit.lineno, body[:EVIDENCE_CHARS], None, data))

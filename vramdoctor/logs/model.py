@@ -13,6 +13,11 @@ Severity = Literal["info", "warning", "critical"]
 SEVERITY_RANK: dict[str, int] = {"critical": 0, "warning": 1, "info": 2}
 SCHEMA = "vramdoctor.diagnose/1"
 MAX_EVENTS_PER_KIND = 50  # the first ones are kept in full, the rest only counted
+EVIDENCE_CHARS = 600  # characters of a line kept as evidence
+# Fact priorities: a later source of higher priority replaces an earlier value.
+# 1 inferred (traceback paths, rank tags), 2 argument dump, 3 runtime line, 4 effective value the
+# server says it switched to ("Automatically reduce --mem-fraction-static to 0.630").
+INFERRED, ARGS, RUNTIME, EFFECTIVE = 1, 2, 3, 4
 
 
 @dataclass(frozen=True)
