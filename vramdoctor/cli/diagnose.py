@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
 from ..errors import ExitCode, InputError
@@ -29,6 +31,8 @@ def diagnose_cmd(
     """
     if logs.count("-") > 1:
         raise InputError("stdin (-) can be given only once")
+    if "-" in logs and sys.stdin.isatty():
+        console.note("reading the log from stdin (end with Ctrl-D)")
     d = diagnose(logs)
     if not any(f.recognised for f in d.files):
         names = ", ".join(f.file for f in d.files)
