@@ -27,7 +27,7 @@ def _levels(rounds: list[dict[str, Any]], key: str) -> str:
 
 
 def variants_table(result: dict[str, Any]) -> Table:
-    table = Table(title="Image-processor memory per variant (MiB; NVML is above the process's bare CUDA context)")
+    table = Table(title="Image-processor memory per variant (MiB; NVML is above the process's CUDA context)")
     for col, justify in (
         ("variant", "left"), ("reserved per round", "right"), ("NVML per round", "right"),
         ("growth/round", "right"), ("held after idle", "right"), ("escaped", "right"),
@@ -132,7 +132,7 @@ def write_chart(result: dict[str, Any], requests: dict[str, list[dict[str, Any]]
         ax_mem.plot(range(1, len(ys) + 1), ys, label=name, linewidth=1.4)
     ax_mem.set_yscale("symlog", linthresh=16)
     ax_mem.set_xlabel("request")
-    ax_mem.set_ylabel("NVML MiB above bare CUDA context")
+    ax_mem.set_ylabel("NVML MiB above the CUDA context")
     ax_mem.set_title("GPU memory after each request")
     ax_mem.legend(fontsize=8)
     ax_mem.grid(alpha=0.3)
