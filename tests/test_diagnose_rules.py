@@ -211,3 +211,17 @@ def test_swap_space_and_long_context(tmp_path: Path) -> None:
     d = diagnose([p])
     f = next(x for x in d.findings if x.id == "vllm-long-context")
     assert f.severity == "info" and "131072" in f.title
+
+
+def test_real_leak_wordings_numbers() -> None:
+    extra = FIX / "extra"
+    d = diagnose([next(extra.glob("04_*.log"))])  # sglang#6888: available counts free + evictable
+    e = d.events_of("kv_leak_selfcheck")[0]
+    assert (e.data["total"], e.data["available"], e.data["leaked"], e.data["double_free"]) == (3185200, 3189424, -4224, True)
+    assert "double free" in d.findings[0].explanation
+    d = diagnose([next(extra.glob("05_*.log"))])  # sglang#11970, backtick-wrapped
+    assert d.events_of("kv_leak_selfcheck")[0].data["leaked"] == 59
+    d = diagnose([next(extra.glob("06_*.log"))])  # hybrid wording: full pool fine, one mamba slot leaked
+    e = d.events_of("kv_leak_selfcheck")[0]
+    assert e.data["pool"] == "mamba" and e.data["pools"]["full"]["leaked"] == 0 and e.data["leaked"] == 1
+    assert "leaked pages {191}" in d.findings[0].explanation

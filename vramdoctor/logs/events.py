@@ -257,6 +257,19 @@ class EventsMixin:
         prot = fields.get("protected", fields.get("protected_size", 0))
         held = fields.get("session_held", 0) + fields.get("uncached", 0)
         data: dict[str, Any] = {"pool": pool, "wording": wording, "fields": fields}
+        hybrid = {m[0]: [int(x) for x in m[1:]] for m in P.LEAK_HYBRID.findall(body)}
+        if hybrid:
+            pools = {}
+            for name, (av, ev_, tot, pr) in hybrid.items():
+                pools[name] = {"total": tot, "available": av, "evictable": ev_, "protected": pr,
+                               "leaked": tot - av - ev_ - pr}
+            for name, pages in P.LEAK_PAGES.findall(body):
+                if name in pools:
+                    pools[name]["leaked_pages"] = pages
+            worst = max(pools, key=lambda k: abs(pools[k]["leaked"]))
+            data.update(pools=pools, pool=worst)
+            total, avail = pools[worst]["total"], pools[worst]["available"]
+            evict, prot, held = pools[worst]["evictable"], pools[worst]["protected"], 0
         if total is not None and avail is not None:
             data.update(total=total, available=avail, evictable=evict, protected=prot,
                         leaked=total - avail - evict - prot - held, double_free=avail > total)

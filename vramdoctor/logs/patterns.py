@@ -234,6 +234,16 @@ LEAK = re.compile(
     r"|pool memory leak detected!|(?:Full Pool |SWA Pool |Mamba Pool )?Mem Leak Detected!|KV cache pool leak detected!"
     r"|memory leak detected!)"
 )
+# hybrid (full + mamba) models, SGLang 0.5.x:
+# "... memory leak detected! full_available_size=N, full_evictable_size=N,
+#  self.token_to_kv_pool_allocator.size=N, self.tree_cache.full_protected_size()=N"
+# "mamba_available_size=N, mamba_evictable_size=N, self.req_to_token_pool.mamba_pool.size=N,
+#  self.tree_cache.mamba_protected_size()=N, leaked_full_pages=..., leaked_mamba_pages={...}"
+LEAK_HYBRID = re.compile(
+    r"(full|mamba)_available_size=(\d+), \1_evictable_size=(\d+), self\.[\w.]+?\.size=(\d+), "
+    r"self\.tree_cache\.\1_protected_size\(\)=(\d+)"
+)
+LEAK_PAGES = re.compile(r"leaked_(full|mamba)_pages=(\{[^}]*\}|None)")
 LEAK_FIELD = re.compile(
     r"\b(max_total_num_tokens?|available_size|evictable_size|protected_size|total_size|total_tokens|full_available_size|mamba_available_size|total|available|evictable|protected|session_held|uncached)=(\d+)"
 )

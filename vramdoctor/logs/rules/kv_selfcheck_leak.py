@@ -14,6 +14,9 @@ def _numbers(data: dict) -> str:
          f"protected={data['protected']}")
     leaked = data["leaked"]
     s += f" -> {leaked} slot(s) unaccounted for" if leaked >= 0 else f" -> {-leaked} slot(s) counted twice"
+    pages = (data.get("pools") or {}).get(data.get("pool"), {}).get("leaked_pages")
+    if pages and pages != "None":
+        s += f" (leaked pages {pages})"
     return s
 
 
