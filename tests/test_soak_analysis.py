@@ -234,3 +234,9 @@ def test_stray_context_is_noted() -> None:
             r.processes.append(ProcessGpuMemory(4242, 1, 512.0, name="python3"))
     res = analyse(recs)
     assert any("stray CUDA context" in n and "GPU 1" in n for n in res.notes)
+
+
+def test_cli_default_floor_is_the_analysis_default() -> None:
+    from vramdoctor.cli.soak import MIN_GROWTH_MIB
+
+    assert MIN_GROWTH_MIB == Thresholds().min_growth_mib

@@ -14,11 +14,10 @@ import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ..analysis.soak import LEAK, SoakResult, Thresholds, analyse
 from ..errors import ExitCode, InputError, SourceUnavailable
 from ..load.client import LoadClient
 from ..load.images import generate_images, load_image_dir, parse_image_size
@@ -28,14 +27,19 @@ from ..model import Event, now
 from ..record import Run, RunWriter, make_header, read_run
 from ..redact import redact_url
 from ..report import console
-from ..report.soak import LiveView, render, write_report_file
 from ..sources.collector import Collector
 from ..sources.discover import discover_server, gpu_peers, roles
 from ..sources.host import HostSource, host_memory
 from ..sources.server_info import base_url, identify
 from . import app
 
+# scipy (analysis) and matplotlib (report) are imported when used: `vramdoctor --help` and the
+# other commands should not pay a second of imports for them.
+if TYPE_CHECKING:
+    from ..analysis.soak import SoakResult
+
 DEFAULT_SIZES = ["448x448", "896x672"]
+MIN_GROWTH_MIB = 2.0  # vramdoctor.analysis.soak.Thresholds.min_growth_mib
 INTERRUPTED = 130
 
 
@@ -107,6 +111,9 @@ class _Roles:
 
 def _emit(result: SoakResult, records: list[Any], *, json_out: bool, report_file: Path | None,
           target: str | None, run_path: Path | None) -> int:
+    from ..analysis.soak import LEAK
+    from ..report.soak import render, write_report_file
+
     if report_file is not None:
         write_report_file(result, records, report_file, target=target)
     if json_out:
@@ -125,8 +132,10 @@ def _emit(result: SoakResult, records: list[Any], *, json_out: bool, report_file
 
 def report_run(run: Run, *, json_out: bool, report_file: Path | None) -> int:
     """`vramdoctor report RUN.jsonl` for a soak run: the same analysis, offline."""
+    from ..analysis.soak import Thresholds, analyse
+
     cfg = run.header.get("config", {})
-    th = Thresholds(min_growth_mib=float(cfg.get("min_growth_mib", Thresholds.min_growth_mib)))
+    th = Thresholds(min_growth_mib=float(cfg.get("min_growth_mib", MIN_GROWTH_MIB)))
     result = analyse(run.records, header=run.header, raw_host=run.raw("host_memory"),
                      status=run.status, th=th)
     if run.torn_tail:
@@ -165,7 +174,7 @@ def soak_cmd(
     interval: float = typer.Option(0.5, "--interval", help="Seconds between memory samples."),
     timeout: float = typer.Option(120.0, "--timeout", help="Seconds to wait for one answer."),
     min_growth_mib: float = typer.Option(
-        Thresholds.min_growth_mib, "--min-growth-mib", help="Smallest change (MiB) that counts as growth."),
+        MIN_GROWTH_MIB, "--min-growth-mib", help="Smallest change (MiB) that counts as growth."),
     pids: list[int] | None = typer.Option(None, "--pid", help="Also sample this PID's host RSS (repeatable)."),
 ) -> None:
     """Replay identical traffic in rounds with idle windows and tell LEAK from CACHING.
@@ -278,6 +287,9 @@ def soak_cmd(
     client = LoadClient(base, key, timeout=timeout)
     proto_cfg = ProtocolConfig(rounds=rounds, concurrency=concurrency, idle_s=idle, baseline_s=baseline,
                                max_requests=max_requests, duration_s=duration)
+    from ..analysis.soak import Thresholds, analyse
+    from ..report.soak import LiveView
+
     live = LiveView(err, rounds, len(plan)) if console.interactive() and not json_out else None
     protocol = Protocol(proto_cfg, client=client, plan=plan, writer=writer,
                         on_result=live.on_result if live else None,
