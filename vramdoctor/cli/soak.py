@@ -115,7 +115,11 @@ def _emit(result: SoakResult, records: list[Any], *, json_out: bool, report_file
     from ..report.soak import render, write_report_file
 
     if report_file is not None:
-        write_report_file(result, records, report_file, target=target)
+        try:
+            write_report_file(result, records, report_file, target=target)
+        except InputError as exc:  # the measurement stands; only the extra file is missing
+            console.error(str(exc))
+            report_file = None
     if json_out:
         d = result.to_dict()
         d["run_file"] = str(run_path) if run_path else None
