@@ -153,3 +153,30 @@ def test_failed_variant_is_a_problem_and_never_recommended() -> None:
 
 def test_tolerance_is_documented_in_mib() -> None:
     assert GROWTH_TOLERANCE_MIB == 8.0
+
+
+def test_single_gpu_ipc_arm_says_it_needs_two_and_checks_the_round_trip() -> None:
+    census = {"processes": [{"pid": 11, "gpu": 0, "used_mib": 530.0}, {"pid": 12, "gpu": 0, "used_mib": 650.0}]}
+    recs = [
+        {"kind": "abtest.ipc", "mode": "same-gpu", "skipped_cross_gpu": True,
+         "note": "the IPC redirect arm needs two GPUs; checked the single-GPU round trip only"},
+        {"kind": "abtest.ipc", "mode": "same-gpu", "redirect": True, "producer_gpu": 0, "consumer_gpus": [0],
+         "producer": {"pid": 11, "pool_bytes": 128 << 20, "oversize_went_cpu": True},
+         "consumers": [{"pid": 12, "gpu": 0, "peer_access": True, "redirect_applied": False,
+                        "slice_correct": True, "tensor_correct": True}],
+         "census_before": census, "census_opened": census},
+    ]
+    result = analyse(recs)
+    assert result["ipc_notes"] == [recs[0]["note"]]
+    (arm,) = result["ipc"]
+    assert arm["mode"] == "same-gpu" and arm["all_correct"] and arm["pool_mib"] == 128
+    assert arm["extra_on_producer_gpu_per_consumer_mib"] is None  # no other GPU to measure
+    assert arm["consumers"][0]["on_own_gpu_mib"] == 650.0
+
+
+def test_wrong_data_is_reported() -> None:
+    recs = [{"kind": "abtest.ipc", "mode": "redirect", "producer_gpu": 0, "producer": {},
+             "consumers": [{"pid": 5, "gpu": 1, "slice_correct": True, "tensor_correct": False}],
+             "census_opened": {"processes": []}}]
+    (arm,) = analyse(recs)["ipc"]
+    assert not arm["all_correct"] and arm["extra_on_producer_gpu_per_consumer_mib"] == 0

@@ -83,3 +83,28 @@ def test_ab_test_help_lists_the_options() -> None:
     assert proc.returncode == 0
     for opt in ("--model", "--images", "--count", "--rounds", "--distribution", "--seed", "--json", "--out"):
         assert opt in proc.stdout
+
+
+def test_report_of_a_one_gpu_run_says_the_ipc_arm_needs_two(tmp_path) -> None:
+    from vramdoctor.record import RunWriter, make_header
+
+    path = tmp_path / "one-gpu.jsonl"
+    census = {"processes": [{"pid": 12, "gpu": 0, "used_mib": 650.0}]}
+    with RunWriter(path, make_header("ab-test", config={"gpu": 0})) as writer:
+        for rec in (
+            {"kind": "abtest.variant", "variant": "baseline", "event": "start", "title": "b", "config": {"mitigation": False}},
+            {"kind": "abtest.context", "variant": "baseline", "context_mib": 600.0},
+            {"kind": "abtest.request", "variant": "baseline", "round": 0, "latency_ms": 3.0, "nvml_mib": 700.0},
+            {"kind": "abtest.round", "variant": "baseline", "round": 0, "nvml_mib": 700.0, "reserved_mib": 98.0},
+            {"kind": "abtest.idle", "variant": "baseline", "nvml_mib": 700.0, "reserved_mib": 98.0},
+            {"kind": "abtest.variant", "variant": "baseline", "event": "end", "status": "ok"},
+            {"kind": "abtest.ipc", "mode": "same-gpu", "note": "the IPC redirect arm needs two GPUs; checked the single-GPU round trip only"},
+            {"kind": "abtest.ipc", "mode": "same-gpu", "producer_gpu": 0, "producer": {"pid": 11},
+             "consumers": [{"pid": 12, "gpu": 0, "peer_access": True, "slice_correct": True, "tensor_correct": True}],
+             "census_before": census, "census_opened": census},
+        ):
+            writer.write(rec)
+    proc = _cli("report", str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert "needs two GPUs" in proc.stdout
+    assert "same-GPU round trip: data read back correct" in proc.stdout

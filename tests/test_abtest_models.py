@@ -87,3 +87,30 @@ def test_unknown_model_lists_what_it_can_do(tmp_path, monkeypatch) -> None:
     message = str(info.value)
     assert all(family in message for family in FAMILIES)
     assert "\n" not in message
+
+
+def test_local_directory_loads_the_gpu_processor_with_its_settings(tmp_path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("torchvision")
+    pytest.importorskip("transformers")
+    from vramdoctor.abtest.processor import fast_class_name, load_processor
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "Qwen2VLImageProcessor", "min_pixels": 3136, "max_pixels": 401408,
+        "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
+    }))
+    proc, name = load_processor(resolve_model(str(tmp_path)))
+    assert name == fast_class_name("qwen2_5_vl")
+    assert proc.size["longest_edge"] == 401408  # the directory's settings, not the defaults
+
+
+def test_family_fallback_builds_the_gpu_class() -> None:
+    pytest.importorskip("torchvision")
+    pytest.importorskip("transformers")
+    from vramdoctor.abtest.models import ModelChoice
+    from vramdoctor.abtest.processor import fast_class_name, load_processor
+
+    for model_type in ("qwen2_vl", "gemma3", "llava"):
+        proc, name = load_processor(ModelChoice(model_type, model_type, "family"))
+        assert name == fast_class_name(model_type) == type(proc).__name__

@@ -39,8 +39,11 @@ def load_processor(choice: ModelChoice) -> tuple[Any, str]:
     """(processor instance, its class name) for `choice`, offline."""
     transformers = _transformers()
     if choice.path is not None:
+        # 5.x names the GPU path backend="torchvision" (use_fast is deprecated there).
+        major = int(transformers.__version__.split(".")[0])
+        kwargs = {"backend": "torchvision"} if major >= 5 else {"use_fast": True}
         proc = transformers.AutoImageProcessor.from_pretrained(
-            choice.path, use_fast=True, local_files_only=True
+            choice.path, local_files_only=True, **kwargs
         )
         return proc, type(proc).__name__
     name = fast_class_name(choice.model_type)

@@ -46,7 +46,10 @@ def run_variant(config: dict[str, Any]) -> None:
 
     torch = load_torch("vramdoctor ab-test")
     if not cuda_usable(torch):
-        raise VramdoctorError("vramdoctor ab-test needs a CUDA GPU: torch sees none")
+        raise VramdoctorError(
+            f"vramdoctor ab-test needs a CUDA GPU and a CUDA build of torch: torch {torch.__version__} "
+            "sees none (pip install 'vramdoctor[gpu]')"
+        )
     if variant.scope != "none" and not has_mem_pool(torch):
         raise VramdoctorError(f"torch {torch.__version__} has no torch.cuda.MemPool: cannot run {variant.name}")
     processor, class_name = load_processor(choice)
