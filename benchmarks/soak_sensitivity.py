@@ -35,10 +35,15 @@ ROOT = Path(__file__).resolve().parents[1]
 SERVER = ROOT / "examples" / "reference_server" / "server.py"
 
 
+# The checkout's package, whether or not it is installed (the GPU machine may run it in place).
+ENV = {**os.environ, "NO_COLOR": "1", "CI": "1",
+       "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+
+
 def start_server(mode: str, device: str, extra: list[str]) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, str(SERVER), "--port", "0", "--mode", mode,
                              "--device", device, *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     m = re.search(r"listening on (http://\S+)", line)
@@ -65,7 +70,7 @@ def soak(url: str, args: argparse.Namespace, out: Path) -> tuple[dict, float]:
     for size in args.image_size:
         cmd += ["--image-size", size]
     start = time.monotonic()
-    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1", "CI": "1"})
+    r = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
     wall = time.monotonic() - start
     if r.returncode not in (0, 1):
         raise SystemExit(f"soak failed ({r.returncode}): {r.stderr.strip()[-500:]}")
@@ -86,6 +91,7 @@ def main() -> int:
     p.add_argument("--image-size", action="append", default=None)
     p.add_argument("--out", type=Path, default=None, help="keep run files and the JSON here")
     args = p.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows when piped to a file
     args.image_size = args.image_size or ["128x128", "256x192"]
     device = "cuda" if args.gpu else "cpu"
     sizes = [float(x) for x in (args.sizes_kib or "512,256,128,64,32,16,8").split(",")]

@@ -109,6 +109,10 @@ class State:
         if self.device.startswith("cuda"):
             self.gpu = GpuPreprocessor(args.processor_dir, self.device)
         if args.mode == "fixed" and self.gpu is not None:
+            try:
+                import vramdoctor  # noqa: F401
+            except ImportError:  # run from a checkout without installing: use the checkout's copy
+                sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
             from vramdoctor.fixes import outputs_to_cpu, request_scoped_pool
 
             self.request_scoped_pool = request_scoped_pool
