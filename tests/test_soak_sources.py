@@ -280,3 +280,20 @@ def test_budget_holds_across_rounds_and_threads(serve) -> None:
     stop = threading.Event()
     stop.set()
     assert run_round(LoadClient(url), reqs, concurrency=4, budget=Budget(), stop=stop).sent == 0
+
+
+def test_gpu_peers_are_the_other_visible_processes_on_the_servers_gpus() -> None:
+    from vramdoctor.model import GpuMemory, GpuSample, ProcessGpuMemory
+    from vramdoctor.sources.discover import ServerProcesses, gpu_peers, roles
+
+    sample = GpuSample(t=0.0, wall=0.0, source="nvml",
+                       gpus=[GpuMemory(0, 81559, 1000, 80559), GpuMemory(1, 81559, 1000, 80559)],
+                       processes=[ProcessGpuMemory(100, 0, 20000.0, name="sglang::scheduler"),
+                                  ProcessGpuMemory(101, 0, 700.0, name="python3"),  # tokenizer on GPU 0
+                                  ProcessGpuMemory(102, 1, 5000.0, name="other-job"),
+                                  ProcessGpuMemory(999999, 0, 500.0, visible=False)])
+    assert gpu_peers(sample, [100]) == {101: "python3"}
+    found = ServerProcesses(root_pids=[50], tree={50: "python3", 100: "sglang::scheduler"})
+    assert roles(found, gpu_peers(sample, found.tree)) == {50: "server", 100: "child", 101: "gpu-peer"}
+    # Server processes invisible to NVML (a container): every visible process on every GPU.
+    assert gpu_peers(sample, [7]) == {100: "sglang::scheduler", 101: "python3", 102: "other-job"}

@@ -130,8 +130,10 @@ def gpu_peers(sample: GpuSample, server_pids: Iterable[int]) -> dict[int, str]:
     gpus = {p.gpu for p in sample.processes if p.pid in server}
     if not gpus:  # server processes not visible to NVML (containers): every GPU is a candidate
         gpus = {g.index for g in sample.gpus}
+    # Rows NVML reports with a PID outside our namespace (visible=False) are not ours to read:
+    # the same number here may be an unrelated process.
     return {p.pid: p.name or "?" for p in sample.processes
-            if p.gpu in gpus and p.pid not in server}
+            if p.gpu in gpus and p.pid not in server and p.visible}
 
 
 def roles(found: ServerProcesses, peers: dict[int, str] | None = None) -> dict[int, str]:
