@@ -180,3 +180,22 @@ def test_wrong_data_is_reported() -> None:
              "census_opened": {"processes": []}}]
     (arm,) = analyse(recs)["ipc"]
     assert not arm["all_correct"] and arm["extra_on_producer_gpu_per_consumer_mib"] == 0
+
+
+def test_without_nvml_attribution_falls_back_to_pytorch_reserved(tmp_path) -> None:
+    from vramdoctor.report.abtest import write_chart
+
+    recs = _records("baseline", [140, 226, 226, 226], mitigation=False)
+    for r in recs:
+        if "nvml_mib" in r:
+            r["nvml_mib"] = None  # NVML listed no process with our PID
+        if r["kind"] == "abtest.context":
+            r["context_mib"] = None
+    result = analyse(recs)
+    (v,) = result["variants"]
+    assert v["memory_basis"] == "pytorch-reserved"
+    assert [row["nvml_above_context_mib"] for row in v["rounds"]] == [None] * 4
+    assert v["held_after_idle_mib"] == 226 and v["max_above_context_after_request_mib"] == 226
+    assert v["verdict"] == "bounded"
+    png = write_chart(result, {"baseline": [r for r in recs if r["kind"] == "abtest.request"]}, tmp_path / "c.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"

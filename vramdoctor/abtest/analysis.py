@@ -56,34 +56,38 @@ def _variant_summary(name: str, recs: dict[str, list[dict[str, Any]]]) -> dict[s
     ends = [r for r in recs.get("abtest.variant", []) if r.get("event") == "end"]
     end = ends[-1] if ends else {}
     context = (recs.get("abtest.context") or [{}])[0]
-    context_mib = float(context.get("context_mib") or 0.0)
     requests = recs.get("abtest.request", [])
     rounds = sorted(recs.get("abtest.round", []), key=lambda r: r["round"])
     idle = (recs.get("abtest.idle") or [None])[-1]
     errors = recs.get("abtest.error", [])
     status = end.get("status") or ("error" if errors else ("incomplete" if requests else "not run"))
-    latencies = [float(r["latency_ms"]) for r in requests]
-    above = [float(r["nvml_mib"]) - context_mib for r in requests if r.get("nvml_mib") is not None]
+    raw_context = context.get("context_mib")
+    # NVML attributes memory to our PID unless the worker ran in another PID namespace; then
+    # every figure falls back to PyTorch's reserved memory (the allocator's view, no context).
+    nvml_ok = raw_context is not None and all(r.get("nvml_mib") is not None for r in [*requests, *rounds])
+    context_mib = float(raw_context) if nvml_ok else 0.0
+    requests_t = [r for r in requests if r.get("latency_ms") is not None]
+    latencies = [float(r["latency_ms"]) for r in requests_t]
+
+    def level(r: dict[str, Any]) -> float:
+        return float(r["nvml_mib"]) - context_mib if nvml_ok else float(r.get("reserved_mib") or 0.0)
+
+    above = [level(r) for r in requests]
     round_rows = [
         {
             "round": r["round"],
             "reserved_mib": r.get("reserved_mib"),
             "peak_reserved_mib": r.get("peak_reserved_mib"),
             "nvml_mib": r.get("nvml_mib"),
-            "nvml_above_context_mib": None if r.get("nvml_mib") is None else r["nvml_mib"] - context_mib,
+            "nvml_above_context_mib": level(r) if nvml_ok else None,
         }
         for r in rounds
     ]
-    nvml_levels = [row["nvml_above_context_mib"] for row in round_rows if row["nvml_above_context_mib"] is not None]
-    reserved_levels = [float(row["reserved_mib"] or 0.0) for row in round_rows]
-    growth_nvml = growth_per_round(nvml_levels) if len(nvml_levels) == len(round_rows) else None
+    levels = [level(r) for r in rounds]
+    reserved_levels = [float(r.get("reserved_mib") or 0.0) for r in rounds]
+    growth = growth_per_round(levels)
     growth_reserved = growth_per_round(reserved_levels)
-    growth = growth_nvml if growth_nvml is not None else growth_reserved
-    if status != "ok" or growth is None:
-        verdict = "n/a"
-    else:
-        levels = nvml_levels if growth_nvml is not None else reserved_levels
-        verdict = "grows" if grows(levels) else "bounded"
+    verdict = "n/a" if status != "ok" or growth is None else ("grows" if grows(levels) else "bounded")
     escaped = max([int(r.get("escaped_bytes") or 0) for r in [*requests, *rounds]] or [0])
     return {
         "variant": name,
@@ -93,13 +97,15 @@ def _variant_summary(name: str, recs: dict[str, list[dict[str, Any]]]) -> dict[s
         "pid": context.get("pid"),
         "processor": context.get("processor"),
         "alloc_conf": context.get("alloc_conf"),
-        "context_mib": context_mib,
+        "context_mib": raw_context,
         "bare_context_mib": context.get("bare_context_mib"),
-        "requests": len(requests),
+        # "nvml" (process memory above its CUDA context) or "pytorch-reserved" (fallback).
+        "memory_basis": "nvml" if nvml_ok else "pytorch-reserved",
+        "requests": len(requests_t),
         "rounds": round_rows,
         "growth_per_round_mib": growth,
         "growth_per_round_reserved_mib": growth_reserved,
-        "held_after_idle_mib": None if idle is None else float(idle["nvml_mib"]) - context_mib,
+        "held_after_idle_mib": None if idle is None or (nvml_ok and idle.get("nvml_mib") is None) else level(idle),
         "reserved_after_idle_mib": None if idle is None else idle.get("reserved_mib"),
         "max_above_context_after_request_mib": max(above) if above else None,
         "escaped_mib": escaped / (1024 * 1024),

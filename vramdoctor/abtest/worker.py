@@ -55,12 +55,20 @@ def run_variant(config: dict[str, Any]) -> None:
     processor, class_name = load_processor(choice)
     mem = ProcessMemory(gpu)
     on_gpu = variant.device == "cuda"
+
+    def own_mib() -> float | None:
+        """NVML MiB of this process; None on a GPU variant when NVML does not list our PID
+        (another PID namespace: the analysis then falls back to PyTorch's figures)."""
+        mib, _ = mem.read()
+        if mib is None and not on_gpu:
+            return 0.0  # no CUDA context at all
+        return mib
     device = f"cuda:{gpu}"
     if on_gpu:
         torch.cuda.set_device(gpu)
         torch.cuda.synchronize(gpu)  # creates the CUDA context, allocates nothing
     time.sleep(0.2)
-    bare_context_mib, device_used = mem.read()
+    bare_context_mib = own_mib()
 
     def scope() -> Any:
         if variant.scope == "guarded":
@@ -81,7 +89,8 @@ def run_variant(config: dict[str, Any]) -> None:
         torch.cuda.synchronize(gpu)
         torch.cuda.empty_cache()
     time.sleep(0.2)
-    context_mib, device_used = mem.read()
+    context_mib = own_mib()
+    _, device_used = mem.read()
     emit(
         "context",
         variant=variant.name,
@@ -90,8 +99,8 @@ def run_variant(config: dict[str, Any]) -> None:
         processor=class_name,
         torch=torch.__version__,
         alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
-        bare_context_mib=bare_context_mib or 0.0,
-        context_mib=context_mib or 0.0,
+        bare_context_mib=bare_context_mib,
+        context_mib=context_mib,
         reserved_after_warmup_mib=torch.cuda.memory_reserved(gpu) / MIB if on_gpu else 0.0,
         device_used_mib=device_used,
     )
@@ -114,7 +123,7 @@ def run_variant(config: dict[str, Any]) -> None:
             if variant.empty_cache_each_request:
                 torch.cuda.empty_cache()
             latency_ms = (time.perf_counter() - t0) * 1000.0
-            nvml_mib, _ = mem.read()
+            nvml_mib = own_mib()
             emit(
                 "request",
                 round=r,
@@ -124,28 +133,28 @@ def run_variant(config: dict[str, Any]) -> None:
                 latency_ms=latency_ms,
                 reserved_mib=torch.cuda.memory_reserved(gpu) / MIB if on_gpu else 0.0,
                 allocated_mib=torch.cuda.memory_allocated(gpu) / MIB if on_gpu else 0.0,
-                nvml_mib=nvml_mib or 0.0,
+                nvml_mib=nvml_mib,
                 escaped_bytes=escaped_bytes(),
                 parked_pools=parked_pools(),
             )
             del out
-        nvml_mib, _ = mem.read()
+        nvml_mib = own_mib()
         emit(
             "round",
             round=r,
             reserved_mib=torch.cuda.memory_reserved(gpu) / MIB if on_gpu else 0.0,
             peak_reserved_mib=torch.cuda.max_memory_reserved(gpu) / MIB if on_gpu else 0.0,
-            nvml_mib=nvml_mib or 0.0,
+            nvml_mib=nvml_mib,
             escaped_bytes=escaped_bytes(),
         )
     gc.collect()
     time.sleep(idle_s)
-    nvml_mib, _ = mem.read()
+    nvml_mib = own_mib()
     emit(
         "idle",
         idle_s=idle_s,
         reserved_mib=torch.cuda.memory_reserved(gpu) / MIB if on_gpu else 0.0,
-        nvml_mib=nvml_mib or 0.0,
+        nvml_mib=nvml_mib,
         escaped_bytes=escaped_bytes(),
         held_output=held is not None,
     )

@@ -149,7 +149,7 @@ def to_transport(pool: FeatureBufferPool | None, tensor: Any) -> PooledSlice | A
     return tensor.to("cpu")
 
 
-_opened: dict[tuple[bytes, int], Any] = {}
+_opened: dict[tuple[bytes, int, bool], Any] = {}
 
 
 def open_slice(piece: PooledSlice, device: int | None = None, *, redirect: bool = True) -> Any:
@@ -157,7 +157,7 @@ def open_slice(piece: PooledSlice, device: int | None = None, *, redirect: bool 
     from .ipc import open_cuda_tensor
 
     torch = load_torch("FeatureBufferPool")
-    key = (piece.buffer.storage_handle, -1 if device is None else device)
+    key = (piece.buffer.storage_handle, -1 if device is None else device, redirect)
     buffer = _opened.get(key)
     if buffer is None:
         buffer = open_cuda_tensor(piece.buffer, device, redirect=redirect)

@@ -89,6 +89,13 @@ def render(result: dict[str, Any], header: dict[str, Any] | None = None) -> None
         out.width = max(out.width, 170)
     out.print(variants_table(result))
     ctx = [v for v in result["variants"] if v.get("context_mib")]
+    fallback = [v["variant"] for v in result["variants"] if v.get("memory_basis") == "pytorch-reserved" and v["requests"]]
+    if fallback:
+        out.print(
+            f"NVML could not attribute memory to the worker process ({', '.join(fallback)}: another PID "
+            "namespace?); those rows use PyTorch reserved memory, which leaves out the CUDA context.",
+            markup=False,
+        )
     if ctx:
         bare = ctx[0].get("bare_context_mib")
         out.print(
@@ -126,13 +133,17 @@ def write_chart(result: dict[str, Any], requests: dict[str, list[dict[str, Any]]
     import matplotlib.pyplot as plt
 
     fig, (ax_mem, ax_lat) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [2.2, 1]})
-    context = {v["variant"]: v["context_mib"] for v in result["variants"]}
+    by = {v["variant"]: v for v in result["variants"]}
     for name, recs in requests.items():
-        ys = [float(r["nvml_mib"]) - context.get(name, 0.0) for r in recs]
+        v = by.get(name, {})
+        if v.get("memory_basis") == "nvml":
+            ys = [float(r["nvml_mib"]) - float(v.get("context_mib") or 0.0) for r in recs]
+        else:  # NVML could not attribute this process's memory: PyTorch reserved instead
+            ys = [float(r.get("reserved_mib") or 0.0) for r in recs]
         ax_mem.plot(range(1, len(ys) + 1), ys, label=name, linewidth=1.4)
     ax_mem.set_yscale("symlog", linthresh=16)
     ax_mem.set_xlabel("request")
-    ax_mem.set_ylabel("NVML MiB above the CUDA context")
+    ax_mem.set_ylabel("MiB above the CUDA context (NVML)")
     ax_mem.set_title("GPU memory after each request")
     ax_mem.legend(fontsize=8)
     ax_mem.grid(alpha=0.3)
