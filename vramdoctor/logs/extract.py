@@ -82,12 +82,14 @@ class FileExtractor(EventsMixin):
             t = redact_text(t, self.secrets)
         return Evidence(self.name, hit.lineno, t[:EVIDENCE_CHARS])
 
-    def put(self, name: str, value: Any, prio: int, evidence: Evidence) -> None:
+    def put(self, name: str, value: Any, prio: int, evidence: Evidence | Hit) -> None:
+        """Keep `value` unless a value of higher priority is known; evidence built only then."""
         if value is None:
             return
         cur = self.facts.get(name)
         if cur is None or prio > cur[0] or (prio == cur[0] and name in LAST_WINS):
-            self.facts[name] = (prio, value, evidence)
+            ev = self.ev(evidence) if isinstance(evidence, Hit) else evidence
+            self.facts[name] = (prio, value, ev)
 
     def add_event(self, event: Event) -> None:
         n = self.event_counts.get(event.kind, 0)
@@ -110,7 +112,7 @@ class FileExtractor(EventsMixin):
         if "\u2588" in t:
             m = P.VLLM_LOGO_MODEL.search(strip_noise(t))
             if m:
-                self.put("model", m.group(1), RUNTIME, self.ev(hit))
+                self.put("model", m.group(1), RUNTIME, hit)
                 self.votes["vllm"] += 5
         if "oad weight" in t:
             self._sgl_load(hit, t)
@@ -129,13 +131,13 @@ class FileExtractor(EventsMixin):
         if "world size" in t:
             m = P.VLLM_TP_RANK.search(t)
             if m:
-                self.put("world_size", int(m.group(1)), INFERRED, self.ev(hit))
+                self.put("world_size", int(m.group(1)), INFERRED, hit)
         if "ultimodal" in t or "ulti-modal" in t:
             self._multimodal(hit, t)
         if "blocks:" in t:
             m = P.VLLM_BLOCKS.search(t)
             if m:
-                self.put("gpu_blocks", int(m.group(1)), RUNTIME, self.ev(hit))
+                self.put("gpu_blocks", int(m.group(1)), RUNTIME, hit)
                 self.votes["vllm"] += 2
                 self.stage = "kv_cache_alloc"
         if "max_total_num_tokens" in t:
@@ -143,28 +145,28 @@ class FileExtractor(EventsMixin):
         if "weights t" in t or "loading took" in t:
             m = P.VLLM_WEIGHTS.search(t)
             if m:
-                self.put("weights_mib", gb(m.group(1)), RUNTIME, self.ev(hit))
+                self.put("weights_mib", gb(m.group(1)), RUNTIME, hit)
                 self.stage = "profiling"
         if "rchitecture" in t or "V1 Engine" in t:
             m = P.VLLM_ARCH.search(t) or P.VLLM_ARCH_V1.search(t)
             if m:
-                self.put("architecture", m.group(1), RUNTIME, self.ev(hit))
+                self.put("architecture", m.group(1), RUNTIME, hit)
         if "load model" in t:
             m = P.VLLM_LOAD_MODEL.search(t)
             if m:
-                self.put("model", m.group(1), INFERRED + 1, self.ev(hit))
+                self.put("model", m.group(1), INFERRED + 1, hit)
                 self.votes["vllm"] += 3
                 self.stage = "weight_load"
         if "swap space" in t:
             m = P.VLLM_SWAP.search(t)
             if m:
-                e = self.ev(hit)
+                e = hit
                 self.put("swap_space_mib", gb(m.group(1)), RUNTIME, e)
                 self.put("host_memory_mib", gb(m.group(2)), RUNTIME, e)
         if "long context length" in t:
             m = P.VLLM_LONG_CTX.search(t)
             if m:
-                self.put("long_context_length", int(m.group(1)), RUNTIME, self.ev(hit))
+                self.put("long_context_length", int(m.group(1)), RUNTIME, hit)
         if "hit an exception" in t:
             self._exception(hit, t)
         if "fired up" in t and P.SGL_READY.search(t):
@@ -295,7 +297,7 @@ class FileExtractor(EventsMixin):
             if self.version is None:
                 self.version = (m.group(1), self.ev(hit))
             if m.group(2):
-                self.put("model", m.group(2), RUNTIME, self.ev(hit))
+                self.put("model", m.group(2), RUNTIME, hit)
             return
         if "\u2588" in t:
             m = P.VLLM_LOGO_VERSION.search(strip_noise(t))
@@ -311,7 +313,7 @@ class FileExtractor(EventsMixin):
     def _sgl_load(self, hit: Hit, t: str) -> None:
         m = P.SGL_LOAD_END.search(t)
         if m:
-            e = self.ev(hit)
+            e = hit
             self.votes["sglang"] += 5
             self.put("architecture", m.group(1), RUNTIME, e)
             self.put("avail_after_load_mib", gb(m.group(2)), RUNTIME, e)
@@ -326,7 +328,7 @@ class FileExtractor(EventsMixin):
         if m:
             self.votes["sglang"] += 3
             if m.group(1):
-                self.put("avail_before_load_mib", gb(m.group(1)), RUNTIME, self.ev(hit))
+                self.put("avail_before_load_mib", gb(m.group(1)), RUNTIME, hit)
             mr = P.OLD_SGL.match(strip_noise(t))
             if mr and mr.group().startswith("Rank "):
                 self.ranks.setdefault("TP", set()).add(int(mr.group().split()[1].rstrip(":")))
@@ -335,7 +337,7 @@ class FileExtractor(EventsMixin):
     def _kv(self, hit: Hit, t: str) -> None:
         m = P.SGL_KV.search(t)
         if m:
-            e = self.ev(hit)
+            e = hit
             if m.group(1):
                 self.put("kv_tokens", int(m.group(1)), RUNTIME, e)
             if m.group(2):
@@ -346,17 +348,17 @@ class FileExtractor(EventsMixin):
             return
         m = P.VLLM_KV_TOKENS.search(t)
         if m:
-            self.put("kv_tokens", int(m.group(1).replace(",", "")), RUNTIME, self.ev(hit))
+            self.put("kv_tokens", int(m.group(1).replace(",", "")), RUNTIME, hit)
             return
         m = P.VLLM_KV_MEM.search(t) or P.VLLM_KV_RESERVED.search(t)
         if m:
-            self.put("kv_cache_mib", gb(m.group(1)), RUNTIME, self.ev(hit))
+            self.put("kv_cache_mib", gb(m.group(1)), RUNTIME, hit)
 
     def _sgl_summary(self, hit: Hit, t: str) -> None:
         m = P.SGL_SUMMARY.search(t)
         if not m:
             return
-        e = self.ev(hit)
+        e = hit
         self.votes["sglang"] += 5
         self.put("kv_tokens", int(m.group(1)), RUNTIME, e)
         self.put("chunked_prefill_size", int(m.group(2)), RUNTIME, e)
@@ -366,7 +368,7 @@ class FileExtractor(EventsMixin):
     def _graphs(self, hit: Hit, t: str) -> None:
         m = P.SGL_GRAPH_END.search(t)
         if m:
-            e = self.ev(hit)
+            e = hit
             if m.group(2):
                 self.put("cuda_graph_mib", gb(m.group(2)), RUNTIME, e)
                 self.put("avail_after_graph_mib", gb(m.group(3)), RUNTIME, e)
@@ -385,7 +387,7 @@ class FileExtractor(EventsMixin):
             return
         m = P.VLLM_GRAPH_DONE.search(t)
         if m:
-            self.put("cuda_graph_mib", gb(m.group(1)), RUNTIME, self.ev(hit))
+            self.put("cuda_graph_mib", gb(m.group(1)), RUNTIME, hit)
             self.stage = "graph_done"
             return
         if P.VLLM_GRAPH_BEGIN.search(t):
@@ -395,13 +397,13 @@ class FileExtractor(EventsMixin):
         s = clean(t).text
         m = P.SGL_USE_BACKEND.search(s)
         if m:
-            self.put("attention_backend", m.group(1), RUNTIME, self.ev(hit))
+            self.put("attention_backend", m.group(1), RUNTIME, hit)
             return
         m = P.VLLM_USING_BACKEND.search(s)
         if m and "JIT" not in m.group(1):
             name = m.group(1)
             norm = _VLLM_BACKEND_NAMES.get(name.lower(), name.upper().replace(" ", "_"))
-            self.put("attention_backend", norm, RUNTIME, self.ev(hit))
+            self.put("attention_backend", norm, RUNTIME, hit)
 
     def _multimodal(self, hit: Hit, t: str) -> None:
         m = P.SGL_MM_REDUCE.search(t)

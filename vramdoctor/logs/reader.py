@@ -238,9 +238,12 @@ def _emit(buf: bytes, start: int, end: int, pos: list[int], st: ReadStats, findi
     """
     p, line = pos
     for m in finditer(buf, start, end):
+        raw = m.group()
+        if b'File "' in raw:
+            continue  # a traceback frame: read through lookback when an error needs it
         s = m.start()
         line += buf.count(b"\n", p, s)
         p = s
         pos[0], pos[1] = p, line
         st.candidates += 1
-        yield Hit(line + 1, m.group().decode("utf-8", "replace"), buf, s, m.end())
+        yield Hit(line + 1, raw.decode("utf-8", "replace"), buf, s, m.end())
