@@ -82,6 +82,12 @@ def test_recorded_ipc_arm(recorded) -> None:
     assert arms["no-redirect"]["extra_on_producer_gpu_per_consumer_mib"] > 300
     assert arms["redirect"]["extra_on_producer_gpu_per_consumer_mib"] == 0
     assert all(c["redirect_applied"] for c in arms["redirect"]["consumers"])
+    # the census covers every GPU; only the no-redirect consumer shows up on the producer's GPU
+    for mode, arm in arms.items():
+        gpu0 = next(g for g in arm["census"] if g["gpu"] == arm["producer_gpu"])
+        roles = sorted(p["role"] for p in gpu0["processes"])
+        assert roles == (["consumer", "producer"] if mode == "no-redirect" else ["producer"])
+        assert len(arm["census"]) == len(raw["census_opened"]["gpus"])
 
 
 def _records(name: str, levels: list[float], context: float = 600.0, latency: float = 4.0, **start) -> list[dict]:

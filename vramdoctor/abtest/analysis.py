@@ -164,6 +164,19 @@ def _ipc_summary(record: dict[str, Any]) -> dict[str, Any]:
         })
     cross = [r["on_producer_gpu_mib"] for r in rows if r["on_producer_gpu_mib"] is not None]
     producer = record.get("producer") or {}
+    roles = {c.get("pid"): "consumer" for c in consumers}
+    roles[producer.get("pid")] = "producer"
+    census = [
+        {
+            "gpu": g.get("index"),
+            "used_mib": g.get("used_mib"),
+            "processes": [
+                {"pid": p.get("pid"), "role": roles.get(p.get("pid"), "other"), "used_mib": p.get("used_mib")}
+                for p in opened.get("processes", []) if p.get("gpu") == g.get("index")
+            ],
+        }
+        for g in opened.get("gpus", [])
+    ]
     return {
         "mode": record.get("mode"),
         "error": record.get("error"),
@@ -175,6 +188,8 @@ def _ipc_summary(record: dict[str, Any]) -> dict[str, Any]:
         "consumers": rows,
         "extra_on_producer_gpu_per_consumer_mib": (sum(cross) / len(cross)) if cross else None,
         "all_correct": bool(rows) and all(r["correct"] for r in rows),
+        # Every GPU and every process on it while the consumers held the shared memory.
+        "census": census,
         "census_opened": opened,
     }
 

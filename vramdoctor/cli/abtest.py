@@ -34,9 +34,7 @@ def report_run(run: Run, *, json_out: bool, report_file: Path | None) -> int:
                 requests[r["variant"]].append(r)
         render.write_chart(result, requests, report_file)
     if json_out:
-        out = {k: v for k, v in result.items() if k != "ipc"}
-        out["ipc"] = [{k: v for k, v in arm.items() if k != "census_opened"} | {"census_opened": arm["census_opened"]}
-                      for arm in result["ipc"]]
+        out = dict(result)
         out["run"] = {"path": str(run.path), "status": run.status, "config": run.header.get("config", {})}
         if report_file is not None:
             out["chart"] = str(report_file)

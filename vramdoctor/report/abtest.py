@@ -119,7 +119,12 @@ def render(result: dict[str, Any], header: dict[str, Any] | None = None) -> None
             if extra is not None:
                 out.print(f"  {arm['mode']}: {extra:.0f} MiB extra on producer GPU {arm['producer_gpu']} per consumer; "
                           f"data read back {'correct' if arm['all_correct'] else 'WRONG'}", markup=False)
-            elif arm.get("mode") == "same-gpu" and not arm.get("error"):
+            for g in arm.get("census", []):
+                procs = ", ".join(
+                    f"{p['role']} {p['pid']} {_f(p['used_mib'])} MiB" for p in g["processes"]
+                ) or "no process"
+                out.print(f"    census GPU {g['gpu']}: {_f(g['used_mib'])} MiB used; {procs}", markup=False)
+            if arm.get("mode") == "same-gpu" and not arm.get("error"):
                 out.print(f"  same-GPU round trip: data read back {'correct' if arm['all_correct'] else 'WRONG'}", markup=False)
     for note in result.get("ipc_notes", []):
         out.print(f"  {note}", markup=False)
