@@ -63,6 +63,7 @@ def run_variant(config: dict[str, Any]) -> None:
         if mib is None and not on_gpu:
             return 0.0  # no CUDA context at all
         return mib
+
     device = f"cuda:{gpu}"
     if on_gpu:
         torch.cuda.set_device(gpu)
