@@ -16,18 +16,23 @@ from . import app
 def diagnose_cmd(
     logs: list[str] = typer.Argument(
         ...,
-        metavar="LOG...",
+        metavar="LOG",
         help="Server log files (one per TP rank is fine), .gz files, or - for stdin.",
     ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (schema vramdoctor.diagnose/1)."),
 ) -> None:
     """Find what explains GPU-memory growth or an OOM in SGLang/vLLM logs, with evidence and fixes.
 
-    Exit code 0: no warning or critical finding; 1: at least one; 2: unreadable input or no
-    server log among the inputs.
+    Exit code 0: no warning or critical finding; 1: at least one; 2: unreadable input, or no
+    input is a server log.
 
-    Examples: vramdoctor diagnose server.log ; vramdoctor diagnose tp0.log tp1.log.gz ;
-    docker logs sglang 2>&1 | vramdoctor diagnose -
+    [bold]Examples[/bold]
+
+      vramdoctor diagnose server.log
+
+      vramdoctor diagnose tp0.log tp1.log.gz --json
+
+      docker logs sglang 2>&1 | vramdoctor diagnose -
     """
     if logs.count("-") > 1:
         raise InputError("stdin (-) can be given only once")
