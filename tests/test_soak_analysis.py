@@ -70,7 +70,7 @@ def synth(
                 HostProcessMemory(pid, host_level(k, frac) + rng.normal(0, noise / 4), "python3", "server")]))
         if kv is not None:
             recs.append(MetricsSample(t=t, wall=t, flavour="sglang",
-                                      values={"kv_usage": kv(k, frac) + (0.3 if busy else 0.0)}))
+                                      values={"kv_usage_ratio": kv(k, frac) + (0.3 if busy else 0.0)}))
 
     def ev(name: str, **data: object) -> None:
         recs.append(Event(t=t, wall=t, name=name, data=data))

@@ -282,3 +282,22 @@ def test_gpu_metrics_from_an_nvitop_exporter_name_the_leaking_gpu_process(server
     # Time to OOM from the exporter's free memory at the end.
     assert d["hours_to_oom"] == pytest.approx(d["free_mib"] / d["leak_mib_per_hour"], rel=1e-6)
     assert d["free_mib"] < 81559.0
+
+
+@pytest.mark.parametrize("flavour", ["sglang", "vllm"])
+def test_kv_pages_that_never_come_back_are_a_kv_page_leak(server_factory, tmp_path, flavour) -> None:
+    """KV usage published under SGLang's / vLLM's real metric names, scraped and mapped by the
+    server-metrics source: usage that creeps up at idle is a KV page leak while RSS is flat."""
+    srv = server_factory("kv-leaking", "--metrics-flavour", flavour, "--kv-leak-tokens", "200")
+    r = soak(srv.url, tmp_path, *FAST, "--text-only", "--json")
+    assert r.returncode == 1, r.stderr
+    d = json.loads(r.stdout)
+    assert d["verdict"] == "LEAK"
+    assert d["culprit"]["layer"] == "kv_pages"
+    kv = next(s for s in d["series"] if s["key"] == "kv_usage")
+    assert kv["verdict"] == "LEAK"
+    assert kv["slope_per_request"] == pytest.approx(200 / 100_000, rel=0.25)
+    assert kv["baseline"] == 0.0
+    rss = next(s for s in d["series"] if s["key"] == f"rss/pid{srv.pid}")
+    assert rss["verdict"] != "LEAK"
+    assert d["hours_to_oom"] is not None and "KV pool is full" in d["sentence"]

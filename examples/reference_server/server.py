@@ -13,6 +13,9 @@ and exposes Prometheus /metrics. `--mode` decides what happens to memory:
 - fixed:   GPU: the same request-scoped pool done right (vramdoctor.fixes.request_scoped_pool +
            outputs_to_cpu); CPU: the leaking code path with its buffer released at request end.
 - stable:  preprocessing only, on the CPU, nothing cached or kept.
+- kv-leaking: memory as in stable, but --kv-leak-tokens of each request's KV tokens are never
+           returned to the pool: KV usage at idle creeps up (publish it with --metrics-flavour
+           sglang or vllm), the signature of a KV page leak rather than an allocator leak.
 
 The server knows exactly how many bytes it keeps per request (GET /reference/info and the
 gauge `reference_kept_bytes`): the truth a leak-rate estimate is checked against.
@@ -124,7 +127,29 @@ class State:
         self.m_running = Gauge("reference_running_requests", "Requests in flight.", registry=registry)
         self.m_kept = Gauge("reference_kept_bytes", "Bytes kept by the leak so far.", registry=registry)
         self.m_cache = Gauge("reference_cache_bytes", "Bytes in the bounded cache.", registry=registry)
-        self.m_kv = Gauge("reference_kv_usage", "Pretend KV usage: running / capacity.", registry=registry)
+        self.m_kv = Gauge("reference_kv_usage", "KV pool usage 0..1 (token accounting).", registry=registry)
+        # The same KV usage under a real server's metric names and labels (read off their source:
+        # SGLang's collector.py, vLLM's v1 loggers.py), so soak's /metrics path runs for real.
+        self.kv_capacity = int(args.kv_capacity)
+        self.kv_used = 0
+        self.flavoured: list[Any] = []
+        if args.metrics_flavour == "sglang":
+            labels = {"model_name": MODEL_ID, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"}
+            names = list(labels)
+            self.flavoured = [
+                ("ratio", Gauge("sglang:token_usage", "The token usage.", names, registry=registry).labels(**labels)),
+                ("used", Gauge("sglang:num_used_tokens", "The number of used tokens.", names, registry=registry).labels(**labels)),
+                ("running", Gauge("sglang:num_running_reqs", "The number of running requests.", names, registry=registry).labels(**labels)),
+            ]
+            Gauge("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.",
+                  names, registry=registry).labels(**labels).set(self.kv_capacity)
+        elif args.metrics_flavour == "vllm":
+            labels = {"model_name": MODEL_ID, "engine": "0"}
+            names = list(labels)
+            self.flavoured = [
+                ("ratio", Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", names, registry=registry).labels(**labels)),
+                ("running", Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", names, registry=registry).labels(**labels)),
+            ]
 
     # --- per-request work -------------------------------------------------------------------
     def handle_image(self, data: bytes) -> None:
@@ -165,7 +190,7 @@ class State:
     def _gpu_image(self, img: Image.Image, mode: str) -> None:
         torch = self.torch_mod()
         assert self.gpu is not None
-        if mode == "stable":
+        if mode in ("stable", "kv-leaking"):
             self.cpu(img)
             return
         if mode == "fixed":
@@ -216,11 +241,16 @@ class State:
             if self.gpu is not None:
                 self.gpu(img)
 
-    def running_delta(self, delta: int) -> None:
+    def running_delta(self, delta: int, tokens: int = 0) -> None:
+        """A request starts (+1, its tokens taken from the KV pool) or ends (-1, tokens freed)."""
         with self.lock:
             self.running += delta
+            self.kv_used = max(0, min(self.kv_capacity, self.kv_used + tokens))
+            ratio = self.kv_used / self.kv_capacity if self.kv_capacity else 0.0
             self.m_running.set(self.running)
-            self.m_kv.set(min(1.0, self.running / 64.0))
+            self.m_kv.set(ratio)
+            for kind, gauge in self.flavoured:
+                gauge.set({"ratio": ratio, "used": self.kv_used, "running": self.running}[kind])
 
     def torch_mod(self) -> Any:
         assert self.gpu is not None
@@ -262,6 +292,8 @@ class State:
                 "kept_bytes": self.kept_bytes,
                 "leak_bytes_per_request": per_request,
                 "cache_bytes": self.cache_bytes,
+                "kv_used_tokens": self.kv_used,
+                "kv_capacity_tokens": self.kv_capacity,
                 "pid": os.getpid(),
             }
 
@@ -350,16 +382,20 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             except json.JSONDecodeError:
                 self._send(400, {"error": {"message": "body is not JSON"}})
                 return
-            state.running_delta(+1)
+            images = _images_in(body)
+            tokens = state.args.kv_tokens_per_request + 256 * len(images)
+            state.running_delta(+1, tokens)
             try:
-                for data in _images_in(body):
+                for data in images:
                     state.handle_image(data)
                 state.after_request()
             except Exception as exc:  # a bad image must not kill the server
                 self._send(400, {"error": {"message": f"{type(exc).__name__}: {exc}"}})
                 return
             finally:
-                state.running_delta(-1)
+                # kv-leaking: some of the request's KV pages are never returned to the pool.
+                kept = state.args.kv_leak_tokens if state.args.mode == "kv-leaking" else 0
+                state.running_delta(-1, -(tokens - kept))
             n = max(1, min(int(body.get("max_tokens") or 16), 256))
             text = " ".join(["ok"] * n)
             usage = {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n}
@@ -381,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed on stdout)")
-    p.add_argument("--mode", choices=["plain", "leaking", "fixed", "stable"], default="plain")
+    p.add_argument("--mode", choices=["plain", "leaking", "fixed", "stable", "kv-leaking"], default="plain")
     p.add_argument("--leak-kib", type=float, default=1024.0,
                    help="KiB kept per request (CPU leak, and GPU with --leak-kind bytes)")
     p.add_argument("--leak-kind", choices=["kept", "escape", "bytes"], default="escape",
@@ -392,6 +428,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="CPU cache: KiB of features kept per unique image")
     p.add_argument("--no-malloc-tuning", action="store_true",
                    help="leave glibc malloc as it is (its own caching then adds a few MiB of RSS)")
+    p.add_argument("--metrics-flavour", choices=["reference", "sglang", "vllm"], default="reference",
+                   help="also publish KV usage under SGLang's or vLLM's metric names")
+    p.add_argument("--kv-capacity", type=int, default=100_000, help="KV pool size in tokens")
+    p.add_argument("--kv-tokens-per-request", type=int, default=1024, help="KV tokens a request holds")
+    p.add_argument("--kv-leak-tokens", type=int, default=200,
+                   help="kv-leaking: tokens of each request never returned to the KV pool")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--processor-dir", default=None,
                    help="a local dir with preprocessor_config.json (default: Qwen2-VL's processor)")

@@ -215,6 +215,20 @@ def rounds_from_events(events: list[Event]) -> list[RoundInfo]:
 
 # --- series --------------------------------------------------------------------------------
 
+# Stable names of vramdoctor.sources.server_metrics (the first is the current one).
+KV_USAGE_NAMES = ("kv_usage_ratio", "kv_usage")
+KV_POOL_GIB_NAMES = ("kv_cache_memory_gib", "kv_cache_mem_gib")
+
+
+def kv_usage(sample: MetricsSample) -> float | None:
+    """The KV pool usage ratio 0..1 of a /metrics sample, if the server publishes one."""
+    for name in KV_USAGE_NAMES:
+        v = sample.values.get(name)
+        if v is not None and math.isfinite(v):
+            return float(v)
+    return None
+
+
 def extract_series(records: list[Any]) -> tuple[dict[str, SeriesInfo], dict[str, list[tuple[float, float]]]]:
     """Every memory series in the run: each GPU, each process on each GPU, each process's RSS, KV."""
     info: dict[str, SeriesInfo] = {}
@@ -239,8 +253,8 @@ def extract_series(records: list[Any]) -> tuple[dict[str, SeriesInfo], dict[str,
                 si.name = si.name or p.name
                 points[key].append((r.t, p.rss_mib))
         elif isinstance(r, MetricsSample):
-            kv = r.values.get("kv_usage")
-            if kv is not None and math.isfinite(kv):
+            kv = kv_usage(r)
+            if kv is not None:
                 info.setdefault("kv_usage", SeriesInfo("kv_usage", "kv", "ratio"))
                 points["kv_usage"].append((r.t, float(kv)))
     return info, dict(points)
@@ -506,8 +520,10 @@ def analyse(
 
 def _kv_pool_mib(records: list[Any], header: dict[str, Any] | None) -> float | None:
     for r in reversed(records):
-        if isinstance(r, MetricsSample) and r.values.get("kv_cache_mem_gib"):
-            return float(r.values["kv_cache_mem_gib"]) * 1024.0
+        if isinstance(r, MetricsSample):
+            gib = next((r.values[k] for k in KV_POOL_GIB_NAMES if r.values.get(k)), None)
+            if gib:
+                return float(gib) * 1024.0
     mem = ((header or {}).get("config", {}).get("server") or {}).get("memory_usage") or {}
     kv = mem.get("kvcache")
     return float(kv) * 1024.0 if isinstance(kv, (int, float)) else None

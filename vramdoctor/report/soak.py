@@ -23,7 +23,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from ..analysis.soak import CACHING, INCONCLUSIVE, LEAK, STABLE, SoakResult, extract_series
+from ..analysis.soak import (
+    CACHING,
+    INCONCLUSIVE,
+    LEAK,
+    STABLE,
+    SoakResult,
+    extract_series,
+    kv_usage,
+)
 from ..errors import InputError
 from ..model import GpuSample, HostSample, MetricsSample
 from .charts import Line, Span, memory_chart
@@ -84,8 +92,8 @@ class LiveView:
             elif isinstance(record, HostSample):
                 for p in record.processes:
                     self._series[f"RSS pid {p.pid} {p.name or ''}".strip()].append(p.rss_mib)
-            elif isinstance(record, MetricsSample) and "kv_usage" in record.values:
-                self._series["KV usage (ratio)"].append(record.values["kv_usage"])
+            elif isinstance(record, MetricsSample) and kv_usage(record) is not None:
+                self._series["KV usage (ratio)"].append(kv_usage(record))
         self._live.update(self._render())
 
     def on_result(self, _req: Any, outcome: Any) -> None:
