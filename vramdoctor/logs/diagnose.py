@@ -116,6 +116,15 @@ def _fast_processor(server: str | None, facts: Facts, exs: Sequence[FileExtracto
             return None
         return Evidence(args_ev.file, args_ev.line, f"server_args=...{key}={value!r}...")
 
+    cmd: dict[str, object] = {}
+    for ex in exs:
+        cmd.update(ex.cmd_args)
+    if "image_processor_backend" not in args and "disable_fast_image_processor" not in args:
+        cmd_ev = next((ex.facts["model"][2] for ex in exs if ex.cmd_args and "model" in ex.facts), None)
+        if cmd.get("disable_fast_image_processor"):
+            return False, cmd_ev
+        if "image_processor_backend" in cmd:
+            return str(cmd["image_processor_backend"]).lower() != "pil", cmd_ev
     backend = args.get("image_processor_backend")
     if backend is not None:
         return (str(backend).lower() != "pil"), quote("image_processor_backend", backend)

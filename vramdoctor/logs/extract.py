@@ -17,9 +17,11 @@ from typing import Any
 from ..redact import REDACTED, redact_text
 from . import patterns as P
 from .args import balanced_end, parse_dump
+from .cmdline import LAUNCH, parse_command
 from .events import EventsMixin, gb
 from .model import (
     ARGS,
+    CMDLINE,
     EFFECTIVE,
     EVIDENCE_CHARS,
     INFERRED,
@@ -73,6 +75,7 @@ class FileExtractor(EventsMixin):
     mm_evidence: Evidence | None = None
     dumps_parsed: int = 0
     secrets: set[str] = field(default_factory=set)  # values to blank in every output
+    cmd_args: dict[str, Any] = field(default_factory=dict)  # flags of a pasted launch command
     tracebacks_read: int = 0
 
     # -- helpers -----------------------------------------------------------------------
@@ -105,6 +108,8 @@ class FileExtractor(EventsMixin):
                 self.ranks.setdefault(kind, set()).add(rank)
         if "_args=" in t or "args: " in t:
             self._args(hit, t)
+        if ("launch_server" in t or " serve " in t or "entrypoints." in t) and LAUNCH.search(t):
+            self._command(hit, t)
         if "LLM engine" in t:
             self._vllm_engine(hit, t)
         if "ersion" in t:
@@ -264,6 +269,36 @@ class FileExtractor(EventsMixin):
         v = a.get("attention_backend")
         if isinstance(v, str) and v:
             self.put("attention_backend", v.upper(), ARGS, e)
+
+    def _command(self, hit: Hit, t: str) -> None:
+        """A pasted launch command: what the user asked for (the server's dump wins)."""
+        line = strip_noise(t).rstrip()
+        if line.endswith("\\"):  # a command continued with backslashes over several lines
+            for nxt in hit.after(60):
+                part = strip_noise(nxt).rstrip()
+                line = line[:-1] + " " + part
+                if not part.endswith("\\"):
+                    break
+        flags, env, secrets = parse_command(line)
+        self.secrets.update(secrets)
+        if not flags and not env:
+            return
+        self.votes["sglang" if "sglang" in t else "vllm"] += 5
+        self.cmd_args.update(flags)
+        for fact in ("model", "tp_size", "dp_size", "pp_size", "mem_fraction_static", "gpu_memory_utilization",
+                     "attention_backend", "tokenizer_worker_num", "cuda_graph_max_bs", "chunked_prefill_size",
+                     "max_running_requests", "max_total_tokens", "context_length", "max_model_len"):
+            if fact in flags:
+                self.put(fact, flags[fact], CMDLINE, hit)
+        if flags.get("disable_cuda_graph") or flags.get("enforce_eager"):
+            self.put("disable_cuda_graph", True, CMDLINE, hit)
+        transport = flags.get("mm_feature_transport")
+        if transport is not None:
+            self.put("cuda_ipc_transport", transport == "cuda_ipc", CMDLINE, hit)
+        elif env.get("SGLANG_USE_CUDA_IPC_TRANSPORT") in ("1", "true", "True"):
+            self.put("cuda_ipc_transport", True, CMDLINE, hit)
+        if env.get("SGLANG_MM_FEATURE_CACHE_MB", "").isdigit():
+            self.put("mm_feature_cache_mb", float(env["SGLANG_MM_FEATURE_CACHE_MB"]), CMDLINE, hit)
 
     def _vllm_engine(self, hit: Hit, t: str) -> None:
         m = P.VLLM_ENGINE.search(t)

@@ -15,9 +15,9 @@ SCHEMA = "vramdoctor.diagnose/1"
 MAX_EVENTS_PER_KIND = 50  # the first ones are kept in full, the rest only counted
 EVIDENCE_CHARS = 600  # characters of a line kept as evidence
 # Fact priorities: a later source of higher priority replaces an earlier value.
-# 1 inferred (traceback paths, rank tags), 2 argument dump, 3 runtime line, 4 effective value the
+# 1 inferred (traceback paths, rank tags), 1.5 pasted launch command, 2 argument dump, 3 runtime line, 4 effective value the
 # server says it switched to ("Automatically reduce --mem-fraction-static to 0.630").
-INFERRED, ARGS, RUNTIME, EFFECTIVE = 1, 2, 3, 4
+INFERRED, CMDLINE, ARGS, RUNTIME, EFFECTIVE = 1, 1.5, 2, 3, 4
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,10 @@ ANCHORS: tuple[bytes, ...] = (
     b"load model",  # vLLM V1 "Starting to load model X..."
     b"swap space",  # vLLM "Possibly too large swap space. ..."
     b"long context length",
-    b"max seq len",  # vLLM KV budget checks (V0 and V1 wordings)  # vLLM arg_utils "The model has a long context length (N). ..."
+    b"max seq len",  # vLLM KV budget checks (V0 and V1 wordings)
+    b"launch_server",  # a pasted launch command (cmdline.py)
+    b" serve ",  # "vllm serve MODEL", "sglang serve ..."
+    b"entrypoints.",  # python -m vllm.entrypoints.openai.api_server ...  # vLLM arg_utils "The model has a long context length (N). ..."
 )
 
 # --- line prefixes (stripped for display and continuation detection) -------------------
