@@ -113,3 +113,16 @@ def test_sglang_busy_and_hybrid_leak_wordings(tmp_path: Path) -> None:
     ev = d.events_of("kv_leak_selfcheck")
     assert [e.data["pool"] for e in ev] == ["busy", "token"]
     assert ev[1].data["double_free"] is True and ev[1].data["leaked"] == -4
+
+
+def test_sglang_preprocess_retry_and_req_slots(tmp_path: Path) -> None:
+    # SGLang 0.5.23 format string "Multimodal preprocessing ran out of GPU memory on %s; retrying on CPU"
+    # and "alloc_req_slots runs out of memory" (both from the source; no real excerpt found).
+    p = write(tmp_path, (
+        "[2026-05-01 10:00:00] Multimodal preprocessing ran out of GPU memory on Qwen2VLImageProcessorFast; retrying on CPU\n"
+        "[2026-05-01 10:00:01 TP0] RuntimeError: alloc_req_slots runs out of memory. Please set a smaller number for `--max-running-requests`.\n"
+    ))
+    d = diagnose([p])
+    ids = {x.id for x in d.findings}
+    assert {"sglang-mm-preprocess-gpu-oom", "sglang-req-slots-exhausted"} <= ids
+    assert not d.events_of("cuda_oom")
