@@ -40,6 +40,38 @@ except ImportError:  # pragma: no cover - google-re2 is a declared dependency
         b"(?m)^.*(?:" + b"|".join(re.escape(a) for a in ANCHORS) + b").*$"
     )
 
+
+def _spans_re2(buf: bytes, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """(start, end) of each candidate line, straight from RE2's matcher.
+
+    The wrapper's Match objects cost more than the match itself on dense logs; the binding's
+    Match(anchor, text, pos, endpos) returns the spans directly.
+    """
+    match = _PREFILTER._regexp.Match  # type: ignore[union-attr]
+    unanchored = _UNANCHORED
+    pos = start
+    while pos <= end:
+        s, e = match(unanchored, buf, pos, end)[0]
+        if s < 0:
+            return
+        yield s, e
+        pos = e + 1  # step past the newline that ends this line
+
+
+def _spans_generic(buf: bytes, start: int, end: int) -> Iterator[tuple[int, int]]:
+    for m in _PREFILTER.finditer(buf, start, end):
+        yield m.start(), m.end()
+
+
+try:
+    from re2 import _re2 as _binding
+
+    _UNANCHORED = _binding.RE2.Anchor.UNANCHORED
+    _PREFILTER._regexp.Match  # type: ignore[union-attr]  # noqa: B018
+    _spans = _spans_re2
+except (ImportError, AttributeError):  # another RE2 binding or the stdlib fallback
+    _spans = _spans_generic
+
 BLOCK = 8 << 20  # bytes read per step
 HISTORY = 256 << 10  # kept before the current window, for lookback into tracebacks
 LOOKAHEAD = 256 << 10  # kept after each candidate, for wrapped lines and args dumps
@@ -183,7 +215,6 @@ def _scan_stream(src: BinaryIO, name: str, st: ReadStats) -> Iterator[Hit]:
     lineno = 0  # lines fully processed so far
     skipping = False  # inside an over-long line whose head was already read
     first = True
-    finditer = _PREFILTER.finditer
     while True:
         data, final = _read(src, name, st)
         if first:
@@ -213,13 +244,13 @@ def _scan_stream(src: BinaryIO, name: str, st: ReadStats) -> Iterator[Hit]:
                     f"line {lineno + 1} is longer than {MAX_LINE >> 20} MiB: "
                     "only its first MiB was read"
                 )
-                yield from _emit(head, 0, len(head), [0, lineno], st, finditer)
+                yield from _emit(head, 0, len(head), [0, lineno], st)
                 lineno += 1
                 buf, start, skipping = b"", 0, True
                 continue
         if end > start:
             pos = [start, lineno]  # _emit leaves the last hit's offset and line number here
-            yield from _emit(buf, start, end, pos, st, finditer)
+            yield from _emit(buf, start, end, pos, st)
             seg_lines = buf.count(b"\n", pos[0], end)
             if final and buf[end - 1 : end] != b"\n":
                 seg_lines += 1
@@ -230,20 +261,19 @@ def _scan_stream(src: BinaryIO, name: str, st: ReadStats) -> Iterator[Hit]:
     st.lines = lineno
 
 
-def _emit(buf: bytes, start: int, end: int, pos: list[int], st: ReadStats, finditer) -> Iterator[Hit]:
+def _emit(buf: bytes, start: int, end: int, pos: list[int], st: ReadStats) -> Iterator[Hit]:
     """Candidate lines of buf[start:end]; pos = [offset, lines before it], updated as it goes.
 
     Newlines are counted only between hits (one pass over the window in total), and the caller
     counts the rest from the last hit, so a block is never counted twice.
     """
     p, line = pos
-    for m in finditer(buf, start, end):
-        raw = m.group()
+    for s, e in _spans(buf, start, end):
+        raw = buf[s:e]
         if b'File "' in raw:
             continue  # a traceback frame: read through lookback when an error needs it
-        s = m.start()
         line += buf.count(b"\n", p, s)
         p = s
         pos[0], pos[1] = p, line
         st.candidates += 1
-        yield Hit(line + 1, raw.decode("utf-8", "replace"), buf, s, m.end())
+        yield Hit(line + 1, raw.decode("utf-8", "replace"), buf, s, e)
