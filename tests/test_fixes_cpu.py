@@ -132,3 +132,11 @@ def test_scope_passes_through_without_cuda() -> None:
 
 def test_missing_extra_message_is_one_line() -> None:
     assert "\n" not in str(MissingExtra("vramdoctor ab-test", "torch"))
+
+
+def test_fixes_and_abtest_are_regular_packages() -> None:
+    # A directory without __init__.py imports in a checkout but is left out of the wheel.
+    import vramdoctor.abtest
+    import vramdoctor.fixes
+
+    assert vramdoctor.abtest.__file__ and vramdoctor.fixes.__file__
