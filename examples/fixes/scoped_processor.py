@@ -15,6 +15,7 @@ import numpy as np
 
 from vramdoctor.abtest.models import resolve_model
 from vramdoctor.abtest.processor import load_processor
+from vramdoctor.abtest.workload import make_image
 from vramdoctor.fixes import escaped_bytes, outputs_to_cpu, request_scoped_pool
 from vramdoctor.fixes._torch import load_torch
 
@@ -36,7 +37,7 @@ def main() -> None:
         torch.cuda.empty_cache()
         levels = []
         for h, w in sizes:
-            image = rng.integers(0, 256, size=(int(h), int(w), 3), dtype=np.uint8)
+            image = make_image(int(h), int(w), seed=0)  # the same images both times
             with request_scoped_pool("cuda:0", enabled=scoped):
                 features = outputs_to_cpu(processor(images=[image], return_tensors="pt", device="cuda:0"))
             levels.append(round(torch.cuda.memory_reserved(0) / MIB))
