@@ -240,3 +240,9 @@ def test_cli_default_floor_is_the_analysis_default() -> None:
     from vramdoctor.cli.soak import MIN_GROWTH_MIB
 
     assert MIN_GROWTH_MIB == Thresholds().min_growth_mib
+
+
+def test_allocator_leak_with_kv_back_to_zero_says_it_is_not_kv_pages() -> None:
+    r = analyse(synth(leak(3.0), kv=lambda k, f: 0.0))
+    assert r.verdict == LEAK and r.culprit["layer"] == "allocator"
+    assert "not KV pages" in r.sentence

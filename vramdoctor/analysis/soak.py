@@ -590,6 +590,15 @@ def _where(cs: SeriesResult | None, culprit: dict[str, Any]) -> str:
     return f"GPU {cs.gpu} memory"
 
 
+def _kv_flat(results: list[SeriesResult]) -> str:
+    """' (KV usage back to 0.01 at idle: not KV pages ...)' when the server publishes KV usage."""
+    kv = next((s for s in results if s.kind == "kv" and s.last is not None), None)
+    if kv is None or kv.verdict == LEAK:
+        return ""
+    return (f" (KV usage back to {kv.last:.2f} at idle: not KV pages, but preprocessing or "
+            "activation memory)")
+
+
 def _sentence(verdict: str, culprit: dict[str, Any], cs: SeriesResult | None, leak_pr: float | None,
               leak_ph: float | None, hours: float | None, results: list[SeriesResult],
               rounds: list[RoundInfo]) -> str:
@@ -597,7 +606,7 @@ def _sentence(verdict: str, culprit: dict[str, Any], cs: SeriesResult | None, le
     where = _where(cs, culprit)
     if verdict == LEAK:
         layer = {"host_ram": "a host-RAM leak (not VRAM)", "kv_pages": "a KV page leak",
-                 "allocator": "allocator memory that is never freed",
+                 "allocator": "allocator memory that is never freed" + _kv_flat(results),
                  "stray_context": "a stray CUDA context"}.get(culprit.get("layer") or "", "a leak")
         rate = f"{leak_pr:.3g} MiB per request" if leak_pr is not None else "steadily"
         if cs is not None and cs.kind == "kv" and cs.slope_per_request is not None and leak_pr is None:
