@@ -246,3 +246,16 @@ def test_allocator_leak_with_kv_back_to_zero_says_it_is_not_kv_pages() -> None:
     r = analyse(synth(leak(3.0), kv=lambda k, f: 0.0))
     assert r.verdict == LEAK and r.culprit["layer"] == "allocator"
     assert "not KV pages" in r.sentence
+
+
+def test_big_process_rss_jitter_is_not_a_leak_but_a_big_rss_leak_is() -> None:
+    # A 4 GiB API-server process whose settled RSS steps up by 3-6 MiB a round at random
+    # (heap jitter), and the same process leaking 1 MiB per request.
+    steps = [0.0, 0.0, 4.0, 7.5, 13.0]
+    jitter = lambda k, f: 4096.0 + steps[min(int(k + f), 4)]  # noqa: E731
+    r = analyse(synth(lambda k, f: 0.0, host_level=jitter))
+    rss = next(s for s in r.series if s.kind == "rss")
+    assert rss.threshold == pytest.approx(4096.0 * 0.0025)
+    assert rss.verdict != LEAK
+    r = analyse(synth(lambda k, f: 0.0, host_level=lambda k, f: 4096.0 + 50 * (k + f)))
+    assert r.verdict == LEAK and r.culprit["layer"] == "host_ram"

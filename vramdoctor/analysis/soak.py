@@ -44,6 +44,7 @@ class Thresholds:
     min_growth_mib: float = 2.0  # below this a change is resolution (NVML/DCGM report whole MiB)
     noise_k: float = 4.0  # growth must exceed noise_k x the noise measured inside idle windows
     min_growth_kv: float = 0.02  # 2 % of the KV pool
+    rss_rel_floor: float = 0.0025  # host RSS: growth must also exceed 0.25 % of the level
     settle_fraction: float = 0.5  # settled level: median of the last half of each idle window
     decay_ratio: float = 0.5  # a leak's last increment is at least this share of its rate
     trend_p: float = 0.05  # Kendall tau p-value over the settled samples of rounds 2..K
@@ -382,8 +383,15 @@ def classify_series(
 
 # --- the run -------------------------------------------------------------------------------
 
-def _floor(si: SeriesInfo, th: Thresholds) -> float:
-    return th.min_growth_kv if si.kind == "kv" else th.min_growth_mib
+def _floor(si: SeriesInfo, th: Thresholds, level: float | None) -> float:
+    """Smallest growth that counts. GPU memory moves in exact allocator blocks, so its floor is
+    absolute; a large process's RSS jitters with its heap (glibc arenas, GC), so there the
+    floor also scales with the level (0.25 % of 4 GiB is 10 MiB a round)."""
+    if si.kind == "kv":
+        return th.min_growth_kv
+    if si.kind == "rss" and level is not None:
+        return max(th.min_growth_mib, th.rss_rel_floor * level)
+    return th.min_growth_mib
 
 
 def _last_free(records: list[Any], gpu: int | None) -> float | None:
@@ -447,7 +455,8 @@ def analyse(
     results: list[SeriesResult] = []
     for key, si in info.items():
         baseline, levels, samples = settled_levels(points[key], windows, round_ids, th.settle_fraction)
-        c = classify_series(baseline, levels, cum, samples, floor=_floor(si, th), th=th)
+        ref = baseline if baseline is not None else next((v for v in levels if v is not None), None)
+        c = classify_series(baseline, levels, cum, samples, floor=_floor(si, th, ref), th=th)
         vals = [v for v in levels if v is not None]
         results.append(SeriesResult(
             key=key, kind=si.kind, unit=si.unit, pid=si.pid, gpu=si.gpu, name=si.name,
