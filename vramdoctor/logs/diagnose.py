@@ -157,8 +157,13 @@ def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
     used = [ex for ex, fs in zip(exs, summaries, strict=True) if fs.recognised]
     if facts.tp_size is None:
         tp = _tp_from_ranks(used)
-        if tp is None and extra.get("world_size") and facts.pp_size in (None, 1):
-            tp = int(extra["world_size"])
+        world = extra.get("world_size")
+        if tp is None and world:
+            # vLLM's world size is TP x PP: it gives TP only when it is 1 or PP is known.
+            if int(world) == 1:
+                tp = 1
+            elif facts.pp_size:
+                tp = int(world) // facts.pp_size
         if tp is not None:
             facts.tp_size = tp
             facts.evidence["tp_size"] = Evidence(used[0].name, 0, f"ranks 0..{tp - 1} all appear")
