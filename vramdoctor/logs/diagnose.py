@@ -157,6 +157,7 @@ def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
     used = [ex for ex, fs in zip(exs, summaries, strict=True) if fs.recognised]
     if facts.tp_size is None:
         tp = _tp_from_ranks(used)
+        note = f"ranks 0..{tp - 1} all appear" if tp else ""
         world = extra.get("world_size")
         if tp is None and world:
             # vLLM's world size is TP x PP: it gives TP only when it is 1 or PP is known.
@@ -164,9 +165,10 @@ def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
                 tp = 1
             elif facts.pp_size:
                 tp = int(world) // facts.pp_size
+            note = f"world size {world}" + (f" / pp_size {facts.pp_size}" if tp and int(world) > 1 else "")
         if tp is not None:
             facts.tp_size = tp
-            facts.evidence["tp_size"] = Evidence(used[0].name, 0, f"ranks 0..{tp - 1} all appear")
+            facts.evidence["tp_size"] = Evidence(used[0].name, 0, note)
     mm, mm_ev = _multimodal(facts, used)
     facts.multimodal = mm
     if mm_ev is not None:
