@@ -45,7 +45,7 @@ def _server(votes: dict[str, int]) -> str | None:
 
 
 def _merge_facts(exs: Sequence[FileExtractor]) -> tuple[Facts, dict[str, Any]]:
-    best: dict[str, tuple[int, Any, Evidence]] = {}
+    best: dict[str, tuple[float, Any, Evidence]] = {}
     for ex in exs:
         for name, (prio, value, ev) in ex.facts.items():
             cur = best.get(name)

@@ -62,7 +62,7 @@ class FileExtractor(EventsMixin):
     """Facts and events of one input file."""
 
     name: str
-    facts: dict[str, tuple[int, Any, Evidence]] = field(default_factory=dict)
+    facts: dict[str, tuple[float, Any, Evidence]] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
     event_counts: dict[str, int] = field(default_factory=dict)
     votes: dict[str, int] = field(default_factory=lambda: {"sglang": 0, "vllm": 0})
@@ -85,7 +85,7 @@ class FileExtractor(EventsMixin):
             t = redact_text(t, self.secrets)
         return Evidence(self.name, hit.lineno, t[:EVIDENCE_CHARS])
 
-    def put(self, name: str, value: Any, prio: int, evidence: Evidence | Hit) -> None:
+    def put(self, name: str, value: Any, prio: float, evidence: Evidence | Hit) -> None:
         """Keep `value` unless a value of higher priority is known; evidence built only then."""
         if value is None:
             return
