@@ -259,3 +259,18 @@ def test_big_process_rss_jitter_is_not_a_leak_but_a_big_rss_leak_is() -> None:
     assert rss.verdict != LEAK
     r = analyse(synth(lambda k, f: 0.0, host_level=lambda k, f: 4096.0 + 50 * (k + f)))
     assert r.verdict == LEAK and r.culprit["layer"] == "host_ram"
+
+
+def test_a_process_that_appears_mid_run_is_a_step_from_zero() -> None:
+    # A second process (a new CUDA context, 512 MiB) shows up on GPU 0 during round 2 and
+    # stays: a one-time step, not a leak, and not an unknown either.
+    recs = synth(caching(140.0), rounds=5)
+    start = next(r.t for r in recs if isinstance(r, Event) and r.name == "round_start" and r.data["round"] == 2)
+    for r in recs:
+        if isinstance(r, GpuSample) and r.t >= start:
+            r.processes.append(ProcessGpuMemory(777, 0, 512.0, name="python3"))
+    res = analyse(recs)
+    s = next(s for s in res.series if s.key == "gpu0/pid777")
+    assert s.baseline == 0.0 and s.settled[0] == 0.0 and s.settled[1] == 512.0
+    assert s.verdict == CACHING
+    assert res.verdict == CACHING

@@ -394,6 +394,25 @@ def _floor(si: SeriesInfo, th: Thresholds, level: float | None) -> float:
     return th.min_growth_mib
 
 
+def _appeared(values: list[tuple[float, float]], windows: list[Window], rounds: list[int],
+              baseline: float | None, levels: list[float | None],
+              fraction: float) -> tuple[float | None, list[float | None]]:
+    """A process that first shows up after the baseline held nothing before: 0 MiB there.
+    (A new process on the GPU is a step of the whole footprint, not a missing measurement.)"""
+    if not values:
+        return baseline, levels
+    first_t = values[0][0]
+    base_end = next((w.end for w in windows if w.kind == "baseline" and w.end is not None), None)
+    if baseline is not None or base_end is None or first_t <= base_end:
+        return baseline, levels
+    # Absent for most of a window's settled (late) half: the level there is 0.
+    absent_until = {w.round: w.end - (w.end - w.start) * fraction / 2 for w in windows
+                    if w.kind == "idle" and w.end is not None}
+    fixed = [0.0 if r in absent_until and first_t > absent_until[r] else v
+             for r, v in zip(rounds, levels, strict=True)]
+    return 0.0, fixed
+
+
 def _last_free(records: list[Any], gpu: int | None) -> float | None:
     for r in reversed(records):
         if isinstance(r, GpuSample):
@@ -455,6 +474,9 @@ def analyse(
     results: list[SeriesResult] = []
     for key, si in info.items():
         baseline, levels, samples = settled_levels(points[key], windows, round_ids, th.settle_fraction)
+        if si.kind in ("gpu_process", "rss"):
+            baseline, levels = _appeared(points[key], windows, round_ids, baseline, levels,
+                                         th.settle_fraction)
         ref = baseline if baseline is not None else next((v for v in levels if v is not None), None)
         c = classify_series(baseline, levels, cum, samples, floor=_floor(si, th, ref), th=th)
         vals = [v for v in levels if v is not None]
