@@ -26,7 +26,7 @@ def diagnose_cmd(
     Exit code 0: no warning or critical finding; 1: at least one; 2: unreadable input, or no
     input is a server log.
 
-    [bold]Examples[/bold]
+    Examples:
 
       vramdoctor diagnose server.log
 
