@@ -239,7 +239,7 @@ def test_stray_context_is_noted() -> None:
 def test_cli_default_floor_is_the_analysis_default() -> None:
     from vramdoctor.cli.soak import MIN_GROWTH_MIB
 
-    assert MIN_GROWTH_MIB == Thresholds().min_growth_mib
+    assert Thresholds().min_growth_mib == MIN_GROWTH_MIB
 
 
 def test_allocator_leak_with_kv_back_to_zero_says_it_is_not_kv_pages() -> None:
