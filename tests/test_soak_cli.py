@@ -301,3 +301,23 @@ def test_kv_pages_that_never_come_back_are_a_kv_page_leak(server_factory, tmp_pa
     rss = next(s for s in d["series"] if s["key"] == f"rss/pid{srv.pid}")
     assert rss["verdict"] != "LEAK"
     assert d["hours_to_oom"] is not None and "KV pool is full" in d["sentence"]
+
+
+def test_traffic_the_server_refuses_is_inconclusive_not_stable(tmp_path) -> None:
+    """A server that lists a model but refuses every request (here: it answers GET only, so
+    each POST gets HTTP 501): memory never moved under load, and that proves nothing."""
+    from helpers_sources import serve
+
+    def respond(path: str) -> tuple[int, str, str]:
+        if path.startswith("/v1/models"):
+            return 200, "application/json", json.dumps({"object": "list", "data": [{"id": "m"}]})
+        return 404, "application/json", json.dumps({"detail": "Not Found"})
+
+    with serve(respond) as url:
+        r = soak(url, tmp_path, "--rounds", "3", "--requests", "4", "--idle", "0.3", "--text-only", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["verdict"] == "INCONCLUSIVE"
+    assert "no request succeeded" in d["sentence"]
+    assert "--model" in d["suggestion"]
+    assert all(x["error_kinds"].get("http_error") == 4 for x in d["rounds"])

@@ -109,6 +109,7 @@ class RoundInfo:
     error_kinds: dict[str, int]
     load_s: float | None
     complete: bool
+    messages: list[str] = field(default_factory=list)  # a few distinct error messages
 
 
 @dataclass
@@ -149,7 +150,7 @@ class SoakResult:
             "notes": self.notes,
             "rounds": [
                 {"round": r.round, "requests": r.sent, "ok": r.ok, "errors": r.errors,
-                 "error_kinds": r.error_kinds, "complete": r.complete,
+                 "error_kinds": r.error_kinds, "error_messages": r.messages, "complete": r.complete,
                  "settled_mib": settled[i]}
                 for i, r in enumerate(self.rounds)
             ],
@@ -210,6 +211,7 @@ def rounds_from_events(events: list[Event]) -> list[RoundInfo]:
                 {k: v for k, v in kinds.items() if k != "ok" and v},
                 ev.t - starts[rnd] if rnd in starts else None,
                 bool(ev.data.get("complete", True)),
+                [str(m) for m in ev.data.get("errors") or []],
             )
     return [rounds[k] for k in sorted(rounds)]
 
@@ -541,6 +543,17 @@ def analyse(
                     hours = free / leak_ph
     suggestion = _suggest(verdict, results, rounds, th)
     sentence = _sentence(verdict, culprit, culprit_series, leak_pr, leak_ph, hours, results, rounds)
+    ok = sum(r.ok for r in rounds)
+    if rounds and ok == 0 and verdict != LEAK:
+        # Memory that does not move under traffic the server refused says nothing.
+        first = next((m for r in rounds for m in r.messages), None)
+        verdict = INCONCLUSIVE
+        sentence = ("INCONCLUSIVE: no request succeeded, so memory was never exercised"
+                    + (f" (first error: {first})" if first else "") + ".")
+        suggestion = ("fix the traffic first: check --model (the server's model id), --api-key, "
+                      "--api, and that the server accepts images (or use --text-only)")
+    elif rounds and ok < 0.5 * sum(r.sent for r in rounds):
+        notes.append("most requests failed: the memory seen reflects failed requests")
     return SoakResult(
         verdict=verdict, sentence=sentence, leak_mib_per_request=leak_pr,
         leak_mib_per_hour=leak_ph, hours_to_oom=hours, culprit=culprit, rounds=rounds,
