@@ -103,3 +103,25 @@ def test_collector_and_live_view_can_share_samples_across_threads() -> None:
         for t in ts:
             t.join()
     assert view.progress.tasks[1].completed == 100
+
+
+def test_terminal_chart_marks_rounds_and_idle_on_the_time_axis() -> None:
+    from vramdoctor.analysis.soak import extract_series
+    from vramdoctor.report.soak import phase_strip, time_sparkline
+
+    recs = synth(leak(5.0))  # 10 s baseline, 4 x (8 s load + 10 s idle)
+    res = analyse(recs)
+    _, points = extract_series(recs)
+    t0, t1 = 1000.0, 1082.0
+    strip = phase_strip(res, t0, t1, 41)  # 2 s a cell
+    assert strip.startswith("bbbbb1111.....") and strip.rstrip().endswith(".")
+    assert [strip.count(str(k)) for k in range(1, 5)] == [4, 4, 4, 4]
+    line = time_sparkline(points["gpu0/pid4242"], t0, t1, 41)
+    assert len(line) == 41
+    blocks = "▁▂▃▄▅▆▇█"
+    assert line[0] == "▁"  # lowest at the baseline
+    assert blocks.index(line[-1]) >= 5  # the leak: high at the end (only load peaks are higher)
+    assert len(set(line[5:9])) > 1  # load peaks inside round 1
+    buf = io.StringIO()
+    render(res, recs, Console(file=buf, width=120, color_system=None))
+    assert "b base, N load, . idle" in buf.getvalue()

@@ -54,6 +54,59 @@ def sparkline(values: list[float], width: int = 40) -> str:
     return "".join(_BLOCKS[min(7, int((v - lo) / (hi - lo) * 7.999))] for v in values)
 
 
+def _time_grid(points: dict[str, list[tuple[float, float]]], result: SoakResult,
+               width: int) -> tuple[float, float, int] | None:
+    starts = [p[0][0] for p in points.values() if p] + [w.start for w in result.windows]
+    ends = [p[-1][0] for p in points.values() if p] + [w.end for w in result.windows if w.end]
+    if not starts or not ends or max(ends) <= min(starts):
+        return None
+    return min(starts), max(ends), width
+
+
+def time_sparkline(values: list[tuple[float, float]], t0: float, t1: float, width: int) -> str:
+    """A sparkline on a time axis: one cell per (t1-t0)/width seconds (last value in the cell;
+    blank where the series has no sample yet), so cells line up with `phase_strip`."""
+    if not values:
+        return " " * width
+    step = (t1 - t0) / width
+    cells: list[float | None] = [None] * width
+    for t, v in values:
+        i = min(width - 1, max(0, int((t - t0) / step)))
+        cells[i] = v
+    last = None
+    for i, v in enumerate(cells):  # carry the level through empty cells after the first sample
+        if v is None:
+            cells[i] = last
+        else:
+            last = v
+    vals = [v for v in cells if v is not None]
+    lo, hi = min(vals), max(vals)
+    out = []
+    for v in cells:
+        if v is None:
+            out.append(" ")
+        elif hi - lo < 1e-9:
+            out.append(_BLOCKS[0])
+        else:
+            out.append(_BLOCKS[min(7, int((v - lo) / (hi - lo) * 7.999))])
+    return "".join(out)
+
+
+def phase_strip(result: SoakResult, t0: float, t1: float, width: int) -> str:
+    """The protocol on the same time axis: round digits while loading, '.' idle, 'b' baseline."""
+    step = (t1 - t0) / width
+    cells = [" "] * width
+    for w in result.windows:
+        end = w.end if w.end is not None else t1
+        a = max(0, int((w.start - t0) / step))
+        b = min(width, max(a + 1, int((end - t0) / step + 0.5)))
+        ch = {"load": str(w.round % 10), "idle": ".", "baseline": "b"}.get(w.kind, " ")
+        for i in range(a, b):
+            if cells[i] == " " or w.kind == "load":
+                cells[i] = ch
+    return "".join(cells)
+
+
 # --- live view -----------------------------------------------------------------------------
 
 class LiveView:
@@ -223,10 +276,16 @@ def render(result: SoakResult, records: list[Any], console: Console) -> None:
         t.add_row(*reqs, style="dim")
         console.print(t)
     _, points = extract_series(records)
-    for s in shown:
-        vals = [v for _, v in points.get(s.key, [])]
-        if vals:
-            console.print(f"{_label(s):<34} {sparkline(vals, 60)}", markup=False, highlight=False)
+    grid = _time_grid(points, result, width=max(20, min(60, console.width - 36)))
+    if grid is not None:
+        t0, t1, width = grid
+        legend = f"{t1 - t0:.0f} s: b base, N load, . idle"
+        console.print(f"{legend:<34} {phase_strip(result, t0, t1, width)}",
+                      markup=False, highlight=False, style="dim")
+        for s in shown:
+            line = time_sparkline(points.get(s.key, []), t0, t1, width)
+            if line.strip():
+                console.print(f"{_label(s):<34} {line}", markup=False, highlight=False)
     for n in result.notes:
         console.print(f"note: {n}", style="dim", markup=False)
     if result.suggestion:
