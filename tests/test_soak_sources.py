@@ -297,3 +297,24 @@ def test_gpu_peers_are_the_other_visible_processes_on_the_servers_gpus() -> None
     assert roles(found, gpu_peers(sample, found.tree)) == {50: "server", 100: "child", 101: "gpu-peer"}
     # Server processes invisible to NVML (a container): every visible process on every GPU.
     assert gpu_peers(sample, [7]) == {100: "sglang::scheduler", 101: "python3", 102: "other-job"}
+
+
+def test_a_port_forwarder_is_not_taken_for_the_server(tmp_path: Path) -> None:
+    """A published container port is owned by docker-proxy on the host: its RSS says nothing
+    about the server, so discovery says so instead of watching the proxy."""
+    import subprocess
+    import sys
+
+    proxy = tmp_path / "docker-proxy"
+    proxy.symlink_to(sys.executable)  # the kernel names the process after the path exec'd
+    code = ("import socket,sys,time; s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(); "
+            "print(s.getsockname()[1], flush=True); time.sleep(30)")
+    p = subprocess.Popen([str(proxy), "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(p.stdout.readline())
+        found = discover_server(f"http://127.0.0.1:{port}")
+        assert not found.found
+        assert "forwarded by docker-proxy" in (found.reason or "")
+    finally:
+        p.kill()
+        p.wait()
