@@ -8,11 +8,12 @@ traceback before it (innermost marker wins), else from the startup stage the log
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from . import patterns as P
 from .model import EVIDENCE_CHARS, INFERRED, MAX_EVENTS_PER_KIND, RUNTIME, Event, Evidence
-from .normalize import clean, is_continuation, strip_noise
+from .normalize import CACHE_LINE_CHARS, CACHE_LINES, clean, is_continuation, strip_noise
 from .reader import Hit
 
 GIB = 1024.0
@@ -41,6 +42,83 @@ def size_mib(text: str) -> float | None:
 def gb(text: str | None) -> float | None:
     """'2.25' GB (GiB in the servers' logs) -> MiB."""
     return None if text is None else round(float(text) * GIB, 1)
+
+
+def _memory_plan(t: str) -> tuple[Any, ...] | None:
+    """What a memory line says, as a pure function of its text (memoised: see memory_plan).
+
+    None (nothing), ("oom", text), ("facts", ((name, value), ...), sglang votes), ("ipc",) or
+    ("event", kind, phase, data, sglang votes, text); the handler applies it to the state.
+    """
+    low = t.lower()
+    if not any(k in low for k in MEMORY_KEYS):
+        return None  # a line that merely mentions memory: no regex needed
+    text = clean(t).text
+    if P.CUDA_OOM.search(text) or P.VLLM_NOT_ENOUGH_LOAD.search(text):
+        return ("oom", text)
+    kind: str | None = None
+    data: dict[str, Any] = {}
+    phase: str | None = None
+    votes = 0
+    if "Memory pool end" in text:
+        m = P.SGL_POOL_END.search(text)
+        return ("facts", (("avail_after_pool_mib", gb(m.group(1))),), 3) if m else None
+    if "total_gpu_memory" in text:
+        m = P.VLLM_BUDGET.search(text)
+        if not m:
+            return None
+        return ("facts", (("total_gpu_mib", gb(m.group(1))), ("gpu_memory_utilization", float(m.group(2)))), 0)
+    if (m := P.SGL_RETRACT.search(text)) and ("retracted" in text or "Try to lower" in text):
+        kind, phase = "retraction", m.group(1).lower()
+        if m.group(2):
+            data = {"retracted_reqs": int(m.group(2)), "new_token_ratio_from": float(m.group(3)),
+                    "new_token_ratio_to": float(m.group(4))}
+        votes = 3
+    elif P.VLLM_NO_KV.search(text):
+        kind, phase = "kv_budget_error", "kv_cache_alloc"
+        data = {"reason": "no_memory_for_cache_blocks"}
+    elif m := P.VLLM_MAX_SEQ.search(text):
+        kind, phase = "kv_budget_error", "kv_cache_alloc"
+        data = {"reason": "max_seq_len_exceeds_kv_cache", "max_seq_len": int(m.group(1)),
+                "needed_mib": gb(m.group(2)), "available_mib": gb(m.group(3))}
+    elif m := P.VLLM_MAX_SEQ_V0.search(text):
+        kind, phase = "kv_budget_error", "kv_cache_alloc"
+        data = {"reason": "max_seq_len_exceeds_kv_cache", "max_seq_len": int(m.group(1)),
+                "kv_cache_tokens": int(m.group(2))}
+    elif m := P.VLLM_FREE_LT.search(text):
+        kind, phase = "kv_budget_error", "startup"
+        data = {"reason": "free_memory_below_utilization", "free_mib": gb(m.group(1)),
+                "total_mib": gb(m.group(2))}
+    elif P.SGL_NOT_ENOUGH.search(text):
+        kind, phase = "kv_budget_error", "kv_cache_alloc"
+        data = {"reason": "sglang_not_enough_memory_for_kv_pool"}
+    elif P.SGL_REQ_SLOTS.search(text):
+        kind = "req_slots_exhausted"
+    elif m := P.TRITON_SMEM.search(text):
+        kind = "triton_shared_memory"
+        if m.group(1):
+            data = {"required_bytes": int(m.group(1)), "limit_bytes": int(m.group(2))}
+    elif P.RAY_OOM.search(text):
+        kind = "host_oom"
+        data = {"killer": "ray memory monitor"}
+    elif m := P.RDMA_REGISTER.search(text):
+        kind = "rdma_registration_failed"
+        data = {"address": m.group(1), "error": (m.group(2) or "").strip()}
+    elif m := P.MM_CPU_RETRY.search(text):
+        kind, phase = "mm_preprocess_gpu_oom", "preprocessing"
+    elif "MmItemMemoryPool" in text:
+        return ("ipc",)
+    if kind is None:
+        return None
+    return ("event", kind, phase, data, votes, text)
+
+
+_memory_plan_cached = lru_cache(maxsize=CACHE_LINES)(_memory_plan)
+
+
+def memory_plan(t: str) -> tuple[Any, ...] | None:
+    """`_memory_plan`, memoised for short lines: an error repeated 10^5 times is parsed once."""
+    return _memory_plan_cached(t) if len(t) <= CACHE_LINE_CHARS else _memory_plan(t)
 
 
 class EventsMixin:
@@ -122,74 +200,27 @@ class EventsMixin:
         return out
 
     def _memory(self, hit: Hit, t: str) -> None:
-        low = t.lower()
-        if not any(k in low for k in MEMORY_KEYS):
-            return  # a line that merely mentions memory: no regex needed
-        text = clean(t).text
-        if P.CUDA_OOM.search(text) or P.VLLM_NOT_ENOUGH_LOAD.search(text):
-            self._oom(hit, text)
-            return
-        kind: str | None = None
-        data: dict[str, Any] = {}
-        phase: str | None = None
-        if "Memory pool end" in text:
-            m = P.SGL_POOL_END.search(text)
-            if m:
-                self.put("avail_after_pool_mib", gb(m.group(1)), RUNTIME, self.ev(hit))
-                self.votes["sglang"] += 3
-            return
-        if "total_gpu_memory" in text:
-            m = P.VLLM_BUDGET.search(text)
-            if m:
-                e = self.ev(hit)
-                self.put("total_gpu_mib", gb(m.group(1)), RUNTIME, e)
-                self.put("gpu_memory_utilization", float(m.group(2)), RUNTIME, e)
-            return
-        if (m := P.SGL_RETRACT.search(text)) and ("retracted" in text or "Try to lower" in text):
-            kind, phase = "retraction", m.group(1).lower()
-            if m.group(2):
-                data = {"retracted_reqs": int(m.group(2)), "new_token_ratio_from": float(m.group(3)),
-                        "new_token_ratio_to": float(m.group(4))}
-            self.votes["sglang"] += 3
-        elif P.VLLM_NO_KV.search(text):
-            kind, phase = "kv_budget_error", "kv_cache_alloc"
-            data = {"reason": "no_memory_for_cache_blocks"}
-        elif m := P.VLLM_MAX_SEQ.search(text):
-            kind, phase = "kv_budget_error", "kv_cache_alloc"
-            data = {"reason": "max_seq_len_exceeds_kv_cache", "max_seq_len": int(m.group(1)),
-                    "needed_mib": gb(m.group(2)), "available_mib": gb(m.group(3))}
-        elif m := P.VLLM_MAX_SEQ_V0.search(text):
-            kind, phase = "kv_budget_error", "kv_cache_alloc"
-            data = {"reason": "max_seq_len_exceeds_kv_cache", "max_seq_len": int(m.group(1)),
-                    "kv_cache_tokens": int(m.group(2))}
-        elif m := P.VLLM_FREE_LT.search(text):
-            kind, phase = "kv_budget_error", "startup"
-            data = {"reason": "free_memory_below_utilization", "free_mib": gb(m.group(1)),
-                    "total_mib": gb(m.group(2))}
-        elif P.SGL_NOT_ENOUGH.search(text):
-            kind, phase = "kv_budget_error", "kv_cache_alloc"
-            data = {"reason": "sglang_not_enough_memory_for_kv_pool"}
-        elif P.SGL_REQ_SLOTS.search(text):
-            kind = "req_slots_exhausted"
-        elif m := P.TRITON_SMEM.search(text):
-            kind = "triton_shared_memory"
-            if m.group(1):
-                data = {"required_bytes": int(m.group(1)), "limit_bytes": int(m.group(2))}
-        elif P.RAY_OOM.search(text):
-            kind = "host_oom"
-            data = {"killer": "ray memory monitor"}
-        elif m := P.RDMA_REGISTER.search(text):
-            kind = "rdma_registration_failed"
-            data = {"address": m.group(1), "error": (m.group(2) or "").strip()}
-        elif m := P.MM_CPU_RETRY.search(text):
-            kind, phase = "mm_preprocess_gpu_oom", "preprocessing"
-        elif "MmItemMemoryPool" in text:
+        plan = memory_plan(t)
+        if plan is None:
+            return  # a line that merely mentions memory
+        what = plan[0]
+        if what == "oom":
+            self._oom(hit, plan[1])
+        elif what == "facts":
+            for name, value in plan[1]:
+                self.put(name, value, RUNTIME, hit)
+            self.votes["sglang"] += plan[2]
+        elif what == "ipc":
             self._ipc(hit, t)
-            return
-        if kind is None:
-            return
-        self.add_event(Event(kind, self.name, hit.lineno, self._message(hit, text)[:EVIDENCE_CHARS],
-                             phase, data))
+        else:  # "event"
+            _, kind, phase, data, votes, text = plan
+            self.votes["sglang"] += votes
+            n = self.event_counts.get(kind, 0)
+            if n >= MAX_EVENTS_PER_KIND:
+                self.event_counts[kind] = n + 1  # counted; the first ones carry the detail
+                return
+            self.add_event(Event(kind, self.name, hit.lineno, self._message(hit, text)[:EVIDENCE_CHARS],
+                                 phase, dict(data)))
 
     def _oom(self, hit: Hit, text: str) -> None:
         if self.event_counts.get("cuda_oom", 0) >= MAX_EVENTS_PER_KIND:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from ..redact import REDACTED, redact_text
@@ -30,7 +32,7 @@ from .model import (
     Event,
     Evidence,
 )
-from .normalize import clean, strip_noise
+from .normalize import CACHE_LINE_CHARS, CACHE_LINES, clean, strip_noise
 from .reader import Hit
 
 # Argument names whose values are secrets (api_key, hf_token, admin_api_key, ssl_keyfile_password).
@@ -77,13 +79,30 @@ class FileExtractor(EventsMixin):
     secrets: set[str] = field(default_factory=set)  # values to blank in every output
     cmd_args: dict[str, Any] = field(default_factory=dict)  # flags of a pasted launch command
     tracebacks_read: int = 0
+    # redact_text results for the current secrets (the set only grows: its size names it)
+    _redacted: dict[str, str] = field(default_factory=dict, repr=False)
+    _redacted_for: int = field(default=0, repr=False)
 
     # -- helpers -----------------------------------------------------------------------
     def ev(self, hit: Hit, text: str | None = None) -> Evidence:
         t = text if text is not None else clean(hit.text).text
         if self.secrets:  # blank before cutting, so no partial secret survives the cut
-            t = redact_text(t, self.secrets)
+            t = self._redact(t)
         return Evidence(self.name, hit.lineno, t[:EVIDENCE_CHARS])
+
+    def _redact(self, t: str) -> str:
+        """redact_text with this file's secrets, memoised for repeated lines (bounded)."""
+        if len(self.secrets) != self._redacted_for:
+            self._redacted.clear()
+            self._redacted_for = len(self.secrets)
+        r = self._redacted.get(t)
+        if r is None:
+            r = redact_text(t, self.secrets)
+            if len(t) <= CACHE_LINE_CHARS:
+                if len(self._redacted) >= CACHE_LINES:
+                    self._redacted.clear()
+                self._redacted[t] = r
+        return r
 
     def put(self, name: str, value: Any, prio: float, evidence: Evidence | Hit) -> None:
         """Keep `value` unless a value of higher priority is known; evidence built only then."""
@@ -102,85 +121,70 @@ class FileExtractor(EventsMixin):
 
     # -- the dispatcher ----------------------------------------------------------------
     def feed(self, hit: Hit) -> None:
+        """Run, in order, the handlers whose gates the line passes (see `dispatch`)."""
         t = hit.text
-        if "TP" in t[:80] or "DP" in t[:80]:
-            for kind, rank in clean(t).ranks:
-                self.ranks.setdefault(kind, set()).add(rank)
-        if "_args=" in t or "args: " in t:
-            self._args(hit, t)
-        if ("launch_server" in t or " serve " in t or "entrypoints." in t) and LAUNCH.search(t):
-            self._command(hit, t)
-        if "LLM engine" in t:
-            self._vllm_engine(hit, t)
-        if "ersion" in t:
-            self._versions(hit, t)
-        if "\u2588" in t:
-            m = P.VLLM_LOGO_MODEL.search(strip_noise(t))
-            if m:
-                self.put("model", m.group(1), RUNTIME, hit)
-                self.votes["vllm"] += 5
-        if "oad weight" in t:
-            self._sgl_load(hit, t)
-        if "KV Cache" in t or "KV cache" in t:
-            self._kv(hit, t)
-        if "aptur" in t:
-            self._graphs(hit, t)
-        frame = 'File "' in t  # a traceback frame: only its path matters, read via lookback
-        if "backend" in t and not frame and ("Use " in t or "Using " in t):
-            self._backend(hit, t)
-        if "image processor" in t and P.SLOW_PROCESSOR.search(t):
-            self.slow_processor = self.slow_processor or self.ev(hit)
-            self.mm_evidence = self.mm_evidence or self.ev(hit)
-        if "IPC" in t or "transport" in t:
-            self._ipc(hit, t)
-        if "world size" in t:
-            m = P.VLLM_TP_RANK.search(t)
-            if m:
-                self.put("world_size", int(m.group(1)), INFERRED, hit)
-        if "ultimodal" in t or "ulti-modal" in t:
-            self._multimodal(hit, t)
-        if "blocks:" in t:
-            m = P.VLLM_BLOCKS.search(t)
-            if m:
-                self.put("gpu_blocks", int(m.group(1)), RUNTIME, hit)
-                self.votes["vllm"] += 2
-                self.stage = "kv_cache_alloc"
-        if "max_total_num_tokens" in t:
-            self._sgl_summary(hit, t)
-        if "weights t" in t or "loading took" in t:
-            m = P.VLLM_WEIGHTS.search(t)
-            if m:
-                self.put("weights_mib", gb(m.group(1)), RUNTIME, hit)
-                self.stage = "profiling"
-        if "rchitecture" in t or "V1 Engine" in t:
-            m = P.VLLM_ARCH.search(t) or P.VLLM_ARCH_V1.search(t)
-            if m:
-                self.put("architecture", m.group(1), RUNTIME, hit)
-        if "load model" in t:
-            m = P.VLLM_LOAD_MODEL.search(t)
-            if m:
-                self.put("model", m.group(1), INFERRED + 1, hit)
-                self.votes["vllm"] += 3
-                self.stage = "weight_load"
-        if "swap space" in t:
-            m = P.VLLM_SWAP.search(t)
-            if m:
-                e = hit
-                self.put("swap_space_mib", gb(m.group(1)), RUNTIME, e)
-                self.put("host_memory_mib", gb(m.group(2)), RUNTIME, e)
-        if "long context length" in t:
-            m = P.VLLM_LONG_CTX.search(t)
-            if m:
-                self.put("long_context_length", int(m.group(1)), RUNTIME, hit)
-        if "hit an exception" in t:
-            self._exception(hit, t)
-        if "fired up" in t and P.SGL_READY.search(t):
-            self.stage = "serving"
-            self.votes["sglang"] += 5
-        if "eak d" in t or "eak D" in t:
-            self._leak(hit, t)
-        if ("emory" in t or "out of resource" in t or "max seq len" in t) and not frame:
-            self._memory(hit, t)
+        for step in dispatch(t):
+            step(self, hit, t)
+
+    def _rank_tags(self, hit: Hit, t: str) -> None:
+        for kind, rank in clean(t).ranks:
+            self.ranks.setdefault(kind, set()).add(rank)
+
+    def _logo_model(self, hit: Hit, t: str) -> None:
+        m = P.VLLM_LOGO_MODEL.search(strip_noise(t))
+        if m:
+            self.put("model", m.group(1), RUNTIME, hit)
+            self.votes["vllm"] += 5
+
+    def _slow_processor(self, hit: Hit, t: str) -> None:
+        self.slow_processor = self.slow_processor or self.ev(hit)
+        self.mm_evidence = self.mm_evidence or self.ev(hit)
+
+    def _world_size(self, hit: Hit, t: str) -> None:
+        m = P.VLLM_TP_RANK.search(t)
+        if m:
+            self.put("world_size", int(m.group(1)), INFERRED, hit)
+
+    def _blocks(self, hit: Hit, t: str) -> None:
+        m = P.VLLM_BLOCKS.search(t)
+        if m:
+            self.put("gpu_blocks", int(m.group(1)), RUNTIME, hit)
+            self.votes["vllm"] += 2
+            self.stage = "kv_cache_alloc"
+
+    def _weights(self, hit: Hit, t: str) -> None:
+        m = P.VLLM_WEIGHTS.search(t)
+        if m:
+            self.put("weights_mib", gb(m.group(1)), RUNTIME, hit)
+            self.stage = "profiling"
+
+    def _architecture(self, hit: Hit, t: str) -> None:
+        m = P.VLLM_ARCH.search(t) or P.VLLM_ARCH_V1.search(t)
+        if m:
+            self.put("architecture", m.group(1), RUNTIME, hit)
+
+    def _load_model(self, hit: Hit, t: str) -> None:
+        m = P.VLLM_LOAD_MODEL.search(t)
+        if m:
+            self.put("model", m.group(1), INFERRED + 1, hit)
+            self.votes["vllm"] += 3
+            self.stage = "weight_load"
+
+    def _swap(self, hit: Hit, t: str) -> None:
+        m = P.VLLM_SWAP.search(t)
+        if m:
+            e = hit
+            self.put("swap_space_mib", gb(m.group(1)), RUNTIME, e)
+            self.put("host_memory_mib", gb(m.group(2)), RUNTIME, e)
+
+    def _long_context(self, hit: Hit, t: str) -> None:
+        m = P.VLLM_LONG_CTX.search(t)
+        if m:
+            self.put("long_context_length", int(m.group(1)), RUNTIME, hit)
+
+    def _ready(self, hit: Hit, t: str) -> None:
+        self.stage = "serving"
+        self.votes["sglang"] += 5
 
     # -- arguments ---------------------------------------------------------------------
     def _dump(self, hit: Hit, t: str, opener_at: int) -> dict[str, Any]:
@@ -484,3 +488,73 @@ class FileExtractor(EventsMixin):
                                  {"tensor_mib": float(m.group(1)), "pool_mib": float(m.group(2))}))
 
     # -- failures ----------------------------------------------------------------------
+
+
+Step = Callable[[FileExtractor, Hit, str], None]
+
+
+def _dispatch(t: str) -> tuple[Step, ...]:
+    """The handlers a line's text selects, in order. Every gate is a pure function of the
+    text (a substring, or a regex the handler needs anyway), so the choice is memoised."""
+    X = FileExtractor
+    steps: list[Step] = []
+    if "TP" in t[:80] or "DP" in t[:80]:
+        steps.append(X._rank_tags)
+    if "_args=" in t or "args: " in t:
+        steps.append(X._args)
+    if ("launch_server" in t or " serve " in t or "entrypoints." in t) and LAUNCH.search(t):
+        steps.append(X._command)
+    if "LLM engine" in t:
+        steps.append(X._vllm_engine)
+    if "ersion" in t:
+        steps.append(X._versions)
+    if "\u2588" in t:
+        steps.append(X._logo_model)
+    if "oad weight" in t:
+        steps.append(X._sgl_load)
+    if "KV Cache" in t or "KV cache" in t:
+        steps.append(X._kv)
+    if "aptur" in t:
+        steps.append(X._graphs)
+    frame = 'File "' in t  # a traceback frame: only its path matters, read via lookback
+    if "backend" in t and not frame and ("Use " in t or "Using " in t):
+        steps.append(X._backend)
+    if "image processor" in t and P.SLOW_PROCESSOR.search(t):
+        steps.append(X._slow_processor)
+    if "IPC" in t or "transport" in t:
+        steps.append(X._ipc)
+    if "world size" in t:
+        steps.append(X._world_size)
+    if "ultimodal" in t or "ulti-modal" in t:
+        steps.append(X._multimodal)
+    if "blocks:" in t:
+        steps.append(X._blocks)
+    if "max_total_num_tokens" in t:
+        steps.append(X._sgl_summary)
+    if "weights t" in t or "loading took" in t:
+        steps.append(X._weights)
+    if "rchitecture" in t or "V1 Engine" in t:
+        steps.append(X._architecture)
+    if "load model" in t:
+        steps.append(X._load_model)
+    if "swap space" in t:
+        steps.append(X._swap)
+    if "long context length" in t:
+        steps.append(X._long_context)
+    if "hit an exception" in t:
+        steps.append(X._exception)
+    if "fired up" in t and P.SGL_READY.search(t):
+        steps.append(X._ready)
+    if "eak d" in t or "eak D" in t:
+        steps.append(X._leak)
+    if ("emory" in t or "out of resource" in t or "max seq len" in t) and not frame:
+        steps.append(X._memory)
+    return tuple(steps)
+
+
+_dispatch_cached = lru_cache(maxsize=CACHE_LINES)(_dispatch)
+
+
+def dispatch(t: str) -> tuple[Step, ...]:
+    """`_dispatch`, memoised for short lines (bounded: CACHE_LINES entries of CACHE_LINE_CHARS)."""
+    return _dispatch_cached(t) if len(t) <= CACHE_LINE_CHARS else _dispatch(t)

@@ -9,8 +9,14 @@ message, not the noise) and for the rank tags (TP0, rank=1) that say which proce
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from . import patterns as P
+
+# Error-dense logs repeat the same lines (an OOM traceback per request): `clean` is pure, so
+# short lines are memoised. Both bounds keep memory flat: entries and the length of a key.
+CACHE_LINES = 4096
+CACHE_LINE_CHARS = 2048
 
 
 @dataclass(frozen=True)
@@ -31,7 +37,11 @@ def strip_noise(line: str) -> str:
 
 
 def clean(line: str) -> Clean:
-    """Strip the wrappers in the order they are applied outside-in."""
+    """Strip the wrappers in the order they are applied outside-in (memoised for short lines)."""
+    return _clean_cached(line) if len(line) <= CACHE_LINE_CHARS else _clean(line)
+
+
+def _clean(line: str) -> Clean:
     s = strip_noise(line)
     for rx in (P.COMPOSE, P.JOURNALD):
         m = rx.match(s)
@@ -59,6 +69,9 @@ def clean(line: str) -> Clean:
                 s = s[m.end() :]
                 break
     return Clean(s.strip(), ranks)
+
+
+_clean_cached = lru_cache(maxsize=CACHE_LINES)(_clean)
 
 
 def is_continuation(raw: str) -> bool:
