@@ -305,14 +305,14 @@ class FileExtractor(EventsMixin):
             self.put("mm_feature_cache_mb", float(env["SGLANG_MM_FEATURE_CACHE_MB"]), CMDLINE, hit)
 
     def _vllm_engine(self, hit: Hit, t: str) -> None:
-        m = P.VLLM_ENGINE.search(t)
-        if not m:
+        parsed = engine_config(t)
+        if parsed is None:
             return
+        version, cfg = parsed
         e = self.ev(hit)
         self.votes["vllm"] += 10
-        if m.group(1) and self.version is None:
-            self.version = (m.group(1), e)
-        cfg = dict(P.VLLM_CONFIG_KV.findall(m.group(2)))
+        if version and self.version is None:
+            self.version = (version, e)
         if "model" in cfg:
             self.put("model", cfg["model"].strip("'"), RUNTIME, e)
         for key, fact in (
@@ -558,3 +558,17 @@ _dispatch_cached = lru_cache(maxsize=CACHE_LINES)(_dispatch)
 def dispatch(t: str) -> tuple[Step, ...]:
     """`_dispatch`, memoised for short lines (bounded: CACHE_LINES entries of CACHE_LINE_CHARS)."""
     return _dispatch_cached(t) if len(t) <= CACHE_LINE_CHARS else _dispatch(t)
+
+
+def _engine_config(t: str) -> tuple[str | None, dict[str, str]] | None:
+    """(version, config key -> value) of vLLM's "Initializing an LLM engine" line (read only)."""
+    m = P.VLLM_ENGINE.search(t)
+    return None if m is None else (m.group(1), dict(P.VLLM_CONFIG_KV.findall(m.group(2))))
+
+
+_engine_config_cached = lru_cache(maxsize=64)(_engine_config)
+
+
+def engine_config(t: str) -> tuple[str | None, dict[str, str]] | None:
+    """`_engine_config`, memoised: the line is long and repeats on every engine restart."""
+    return _engine_config_cached(t) if len(t) <= CACHE_LINE_CHARS else _engine_config(t)

@@ -15,8 +15,8 @@ from . import patterns as P
 
 # Error-dense logs repeat the same lines (an OOM traceback per request): `clean` is pure, so
 # short lines are memoised. Both bounds keep memory flat: entries and the length of a key.
-CACHE_LINES = 4096
-CACHE_LINE_CHARS = 2048
+CACHE_LINES = 2048
+CACHE_LINE_CHARS = 4096
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ MAX_LINE = 1 << 20  # a longer line is cut: its first MiB is read, the rest skip
 STDIN = "-"
 
 
-@dataclass
+@dataclass(slots=True)  # one per candidate line: slots make it cheap to build
 class Hit:
     """One candidate line, with access to the text around it in the current buffer."""
 
