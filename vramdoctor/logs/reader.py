@@ -268,12 +268,17 @@ def _emit(buf: bytes, start: int, end: int, pos: list[int], st: ReadStats) -> It
     counts the rest from the last hit, so a block is never counted twice.
     """
     p, line = pos
-    for s, e in _spans(buf, start, end):
-        raw = buf[s:e]
-        if b'File "' in raw:
-            continue  # a traceback frame: read through lookback when an error needs it
-        line += buf.count(b"\n", p, s)
-        p = s
+    n = 0
+    count = buf.count
+    try:
+        for s, e in _spans(buf, start, end):
+            raw = buf[s:e]
+            if b'File "' in raw:
+                continue  # a traceback frame: read through lookback when an error needs it
+            line += count(b"\n", p, s)
+            p = s
+            n += 1
+            yield Hit(line + 1, raw.decode("utf-8", "replace"), buf, s, e)
+    finally:  # written back once, not per line (also when the consumer stops early)
         pos[0], pos[1] = p, line
-        st.candidates += 1
-        yield Hit(line + 1, raw.decode("utf-8", "replace"), buf, s, e)
+        st.candidates += n
