@@ -80,6 +80,10 @@ class RunWriter:
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # FileExistsError here: a part of the directory is a file
+            raise InputError(f"cannot create run file {self.path}: its directory {self.path.parent} "
+                             f"cannot be created ({exc.strerror})") from None
+        try:
             self._fh: IO[str] | None = open(self.path, "x", encoding="utf-8")  # noqa: SIM115
         except FileExistsError:
             raise InputError(f"run file {self.path} already exists; choose another --out") from None

@@ -322,6 +322,10 @@ def classify_series(
         prev_c = c
     if not pts:
         return {**out, "verdict": INCONCLUSIVE, "reason": "no settled level (no idle window completed)"}
+    if baseline is None and len(pts) < 2:  # one level and nothing to compare it with
+        return {**out, "verdict": INCONCLUSIVE,
+                "reason": "one settled level and no baseline: nothing to compare it with "
+                          "(idle windows shorter than the sampling --interval?)"}
     ref = baseline if baseline is not None else pts[0][1]
     vals = [v for _, v, _ in pts]
     growth = vals[-1] - ref

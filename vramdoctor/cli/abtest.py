@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from ..errors import ExitCode, MissingExtra, SourceUnavailable, VramdoctorError
+from ..errors import ExitCode, InputError, MissingExtra, SourceUnavailable, VramdoctorError
 from ..record import Run, RunWriter, make_header, read_run
 from ..report import console
 from . import app
@@ -25,6 +25,8 @@ def report_run(run: Run, *, json_out: bool, report_file: Path | None) -> int:
     from ..abtest.analysis import analyse
     from ..report import abtest as render
 
+    if report_file is not None and report_file.suffix.lower() not in (".png", ".svg"):
+        raise InputError(f"--report {report_file}: ab-test writes its chart as .png or .svg")
     records = _records(run)
     result = analyse(records)
     if report_file is not None:
@@ -32,7 +34,10 @@ def report_run(run: Run, *, json_out: bool, report_file: Path | None) -> int:
         for r in records:
             if r["kind"] == "abtest.request":
                 requests[r["variant"]].append(r)
-        render.write_chart(result, requests, report_file)
+        try:
+            render.write_chart(result, requests, report_file)
+        except OSError as exc:
+            raise InputError(f"cannot write chart {report_file}: {exc.strerror or exc}") from None
     if json_out:
         out = dict(result)
         out["run"] = {"path": str(run.path), "status": run.status, "config": run.header.get("config", {})}
@@ -107,6 +112,8 @@ def abtest_cmd(
         images_dir=str(images) if images is not None else None,
     ).validate()
     chosen = select([v.strip() for v in variants.split(",") if v.strip()] if variants else None)
+    if chart is not None and chart.suffix.lower() not in (".png", ".svg"):
+        raise InputError(f"--chart {chart}: use a .png or .svg file name")
     choice = resolve_model(model)
     if not torch_available():
         raise MissingExtra("vramdoctor ab-test", "torch")

@@ -57,6 +57,12 @@ def _check(cond: bool, message: str) -> None:
         raise InputError(message)
 
 
+def _check_report_suffix(report_file: Path | None) -> None:
+    """Before any work: a report name we cannot write is a usage error (exit 2)."""
+    if report_file is not None and report_file.suffix.lower() not in (".html", ".htm", ".png"):
+        raise InputError(f"--report {report_file}: use a .html or .png file name")
+
+
 def _gpu_source(gpu_metrics: str | None, gpus: list[int] | None, remote: bool) -> tuple[Any, str | None]:
     """(source or None, note). --gpu-metrics wins; else NVML when the server is on this host."""
     if gpu_metrics:
@@ -138,6 +144,7 @@ def report_run(run: Run, *, json_out: bool, report_file: Path | None) -> int:
     """`vramdoctor report RUN.jsonl` for a soak run: the same analysis, offline."""
     from ..analysis.soak import Thresholds, analyse
 
+    _check_report_suffix(report_file)
     cfg = run.header.get("config", {})
     th = Thresholds(min_growth_mib=float(cfg.get("min_growth_mib", MIN_GROWTH_MIB)))
     result = analyse(run.records, header=run.header, raw_host=run.raw("host_memory"),
@@ -205,9 +212,9 @@ def soak_cmd(
     _check(max_requests is None or max_requests >= 1, "--max-requests must be at least 1")
     _check(duration is None or duration > 0, "--duration must be positive")
     _check(api in ("chat", "completions"), "--api must be chat or completions")
+    _check(min_growth_mib >= 0, "--min-growth-mib must not be negative")
     _check(not (text_only and image_dir), "--text-only and --image-dir contradict each other")
-    if report_file is not None and report_file.suffix.lower() not in (".html", ".htm", ".png"):
-        raise InputError(f"--report {report_file}: use a .html or .png file name")
+    _check_report_suffix(report_file)
     key = _api_key(api_key)
     secrets = [key] if key else []
     headers = {"Authorization": f"Bearer {key}"} if key else None
@@ -273,6 +280,11 @@ def soak_cmd(
         "server_tree": {str(k): v for k, v in roles_fn.found.tree.items()},
         "notes": [n for n in (gpu_note, metrics_note, roles_fn.found.reason) if n],
     }
+    # Imported before the run file exists: scipy takes a second to import, and a Ctrl-C in that
+    # second must land inside the try below (partial report, run file closed), not before it.
+    from ..analysis.soak import Thresholds, analyse
+    from ..report.soak import LiveView
+
     header = make_header("soak", target=base, gpus=devices, config=config, secrets=secrets)
     writer = RunWriter(run_path, header)
 
@@ -291,9 +303,6 @@ def soak_cmd(
     client = LoadClient(base, key, timeout=timeout)
     proto_cfg = ProtocolConfig(rounds=rounds, concurrency=concurrency, idle_s=idle, baseline_s=baseline,
                                max_requests=max_requests, duration_s=duration)
-    from ..analysis.soak import Thresholds, analyse
-    from ..report.soak import LiveView
-
     live = LiveView(err, rounds, len(plan)) if console.interactive() and not json_out else None
     protocol = Protocol(proto_cfg, client=client, plan=plan, writer=writer,
                         on_result=live.on_result if live else None,
@@ -301,10 +310,10 @@ def soak_cmd(
     if live is not None:
         collector.add_listener(live.on_sample)
     status = "complete"
-    collector.tick()  # one sample before anything else: the first point of every series
-    collector.start()
     previous_term = _term_as_interrupt()
     try:
+        collector.tick()  # one sample before anything else: the first point of every series
+        collector.start()
         if live is not None:
             with live:
                 protocol.run()

@@ -1,0 +1,146 @@
+"""QA regressions found by using the installed CLI as a demanding user would.
+
+Each test is one bug that was seen: real subprocesses, a real loopback server, real files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from vramdoctor.analysis.soak import INCONCLUSIVE, STABLE, classify_series
+from vramdoctor.errors import InputError
+from vramdoctor.record import RunWriter, make_header, read_run
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVER = ROOT / "examples" / "reference_server" / "server.py"
+ABTEST_RUN = ROOT / "tests" / "fixtures" / "abtest" / "h200-qwen2_5_vl.jsonl"
+SOAK_RUN = ROOT / "tests" / "fixtures" / "soak" / "h200-plain.jsonl"
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "VRAMDOCTOR_API_KEY")}
+    env.update(NO_COLOR="1")
+    return env
+
+
+def vd(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vramdoctor", *args], capture_output=True, text=True,
+                          timeout=120, env=_env(), cwd=cwd)
+
+
+def _one_line_usage_error(r: subprocess.CompletedProcess) -> None:
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("vramdoctor: error:")
+
+
+@pytest.fixture
+def ref_server() -> Iterator[str]:
+    proc = subprocess.Popen(
+        [sys.executable, str(SERVER), "--port", "0", "--mode", "plain", "--device", "cpu"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    m = re.search(r"listening on (http://\S+)", line)
+    if not m:
+        proc.kill()
+        raise AssertionError(f"reference server did not start: {line!r}")
+    yield m.group(1)
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+# --- report --report on an ab-test run: was a matplotlib traceback --------------------------
+
+def test_report_of_abtest_run_with_html_report_is_one_line_exit_2(tmp_path) -> None:
+    r = vd("report", str(ABTEST_RUN), "--report", str(tmp_path / "ab.html"), cwd=tmp_path)
+    _one_line_usage_error(r)
+    assert ".png" in r.stderr
+    assert not (tmp_path / "ab.html").exists()
+
+
+def test_report_of_abtest_run_into_a_missing_place_is_one_line_exit_2(tmp_path) -> None:
+    (tmp_path / "afile").write_text("x")
+    r = vd("report", str(ABTEST_RUN), "--report", str(tmp_path / "afile" / "ab.png"), cwd=tmp_path)
+    _one_line_usage_error(r)
+
+
+def test_report_of_abtest_run_writes_png(tmp_path) -> None:
+    png = tmp_path / "ab.png"
+    r = vd("report", str(ABTEST_RUN), "--report", str(png), "--json", cwd=tmp_path)
+    assert r.returncode in (0, 1), r.stderr
+    json.loads(r.stdout)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- report --report with an unknown extension on a soak run: was exit 0 --------------------
+
+def test_report_of_soak_run_with_unknown_report_extension_exits_2(tmp_path) -> None:
+    r = vd("report", str(SOAK_RUN), "--report", str(tmp_path / "x.pdf"), "--json", cwd=tmp_path)
+    _one_line_usage_error(r)
+    assert r.stdout == ""
+
+
+# --- run file under a path whose directory part is a file: said "already exists" -----------
+
+def test_run_file_under_a_regular_file_names_the_directory_problem(tmp_path) -> None:
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(InputError) as exc:
+        RunWriter(tmp_path / "afile" / "run.jsonl", make_header("soak"))
+    assert "already exists" not in str(exc.value)
+    assert "directory" in str(exc.value)
+
+
+def test_soak_negative_min_growth_is_a_usage_error(tmp_path) -> None:
+    r = vd("soak", "--url", "http://127.0.0.1:1", "--min-growth-mib", "-1", cwd=tmp_path)
+    _one_line_usage_error(r)
+    assert "--min-growth-mib" in r.stderr
+
+
+# --- one settled level and no baseline was called STABLE (exit 0) ---------------------------
+
+def test_a_single_settled_level_without_baseline_is_not_stable() -> None:
+    # --idle shorter than --interval: only round 1's idle window caught a sample.
+    alone = classify_series(None, [45.7, None, None], [2.0, 4.0, 6.0], [[45.7], [], []], floor=2.0)
+    assert alone["verdict"] == INCONCLUSIVE
+    # With a baseline to compare with, one flat round is still STABLE.
+    with_base = classify_series(45.6, [45.7, None, None], [2.0, 4.0, 6.0], [[45.7], [], []], floor=2.0)
+    assert with_base["verdict"] == STABLE
+
+
+# --- Ctrl-C in the second after the run file is created (scipy import): no report, no end ----
+
+def test_ctrl_c_right_after_the_run_file_appears_still_reports(ref_server, tmp_path) -> None:
+    run = tmp_path / "run.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vramdoctor", "soak", "--url", ref_server, "--out", str(run),
+         "--rounds", "3", "--requests", "2", "--idle", "5", "--interval", "0.1",
+         "--image-size", "64x64", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not run.exists() and proc.poll() is None:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    d = json.loads(out)
+    assert d["status"] == "interrupted"
+    r = read_run(run)
+    assert r.status == "interrupted"
+    assert r.end is not None
