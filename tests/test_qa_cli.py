@@ -5,12 +5,14 @@ Each test is one bug that was seen: real subprocesses, a real loopback server, r
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,3 +146,62 @@ def test_ctrl_c_right_after_the_run_file_appears_still_reports(ref_server, tmp_p
     r = read_run(run)
     assert r.status == "interrupted"
     assert r.end is not None
+
+
+# --- a URL that answers /v1/models but serves an HTML page on POST: was STABLE, exit 0 -------
+
+class _NotACompletionServer(http.server.BaseHTTPRequestHandler):
+    """Lists a model, then answers every POST with 200 and an HTML page (a proxy's login page)."""
+
+    def _send(self, code: int, body: str, ctype: str) -> None:
+        data = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/v1/models"):
+            self._send(200, json.dumps({"object": "list", "data": [{"id": "m"}]}), "application/json")
+        else:
+            self._send(404, "not found", "text/plain")
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self._send(200, "<html><body>please log in</body></html>", "text/html")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def loopback() -> Iterator[str]:
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotACompletionServer)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_html_answers_to_completions_are_errors_not_a_stable_verdict(loopback, tmp_path) -> None:
+    r = vd("soak", "--url", loopback, "--out", str(tmp_path / "run.jsonl"), "--rounds", "2",
+           "--requests", "2", "--idle", "0.5", "--interval", "0.1", "--text-only", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["verdict"] == INCONCLUSIVE
+    assert all(rd["ok"] == 0 and rd["errors"] == 2 for rd in d["rounds"])
+    assert "choices" in d["sentence"]
+
+
+def test_https_to_a_plain_http_port_says_so(loopback, tmp_path) -> None:
+    r = vd("soak", "--url", loopback.replace("http://", "https://"), cwd=tmp_path)
+    _one_line_usage_error(r)
+    assert "TLS" in r.stderr and "http://" in r.stderr
+
+
+def test_url_with_a_query_string_is_refused_without_showing_the_token(loopback, tmp_path) -> None:
+    r = vd("soak", "--url", loopback + "/v1?token=TOKSECRET789", cwd=tmp_path)
+    _one_line_usage_error(r)
+    assert "query" in r.stderr
+    assert "TOKSECRET789" not in r.stderr + r.stdout

@@ -76,7 +76,16 @@ class LoadClient:
             return Outcome("other", None, time.monotonic() - start, self._clean(f"{type(exc).__name__}: {exc}"))
         latency = time.monotonic() - start
         if 200 <= resp.status_code < 300:
-            return Outcome("ok", resp.status_code, latency)
+            try:
+                answer = resp.json()
+            except ValueError:
+                answer = None
+            if isinstance(answer, dict) and "choices" in answer:
+                return Outcome("ok", resp.status_code, latency)
+            # A proxy's HTML page or some other service: the model did no work, so it is no
+            # evidence about memory (counting it as ok made a soak of a wrong URL look STABLE).
+            return Outcome("http_error", resp.status_code, latency, self._clean(
+                f"HTTP {resp.status_code} but not a completion (no 'choices'): {resp.text[:80]!r}"))
         detail = None
         try:
             detail = self._clean(str(resp.json().get("error", {}).get("message") or resp.text))

@@ -50,6 +50,9 @@ class ServerInfo:
 def base_url(url: str) -> str:
     """http://host:port from what the user typed (a /v1 suffix or trailing path dropped)."""
     full = metrics_url(url, default_path="/")
+    if "?" in full or "#" in full:  # /v1/models etc. are appended to this: a query would break them
+        raise InputError(f"--url {redact_url(url)}: give the server's base URL without a query string "
+                         "(pass a key with --api-key or OPENAI_API_KEY)")
     for suffix in ("/v1/", "/v1", "/"):
         if full.endswith(suffix):
             full = full[: -len(suffix)]
@@ -88,6 +91,9 @@ def identify(url: str, headers: dict[str, str] | None = None, timeout: float = 5
         s.headers.update(headers)
     try:
         s.get(base + "/v1/models", timeout=timeout)
+    except requests.exceptions.SSLError:  # a subclass of ConnectionError: the port is there
+        raise SourceUnavailable(f"TLS handshake with {shown} failed: does the server speak plain "
+                                "http (try http://), or is its certificate not trusted?") from None
     except requests.ConnectionError:
         raise SourceUnavailable(f"no server answers at {shown}: is it running, and is the port right?") from None
     except requests.Timeout:
