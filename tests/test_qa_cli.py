@@ -205,3 +205,15 @@ def test_url_with_a_query_string_is_refused_without_showing_the_token(loopback, 
     _one_line_usage_error(r)
     assert "query" in r.stderr
     assert "TOKSECRET789" not in r.stderr + r.stdout
+
+
+# --- stdout on a full disk: was an OSError traceback --------------------------------------
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_output_to_a_full_disk_is_one_line_not_a_traceback(tmp_path) -> None:
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "vramdoctor", "report", str(SOAK_RUN)], stdout=full,
+                           stderr=subprocess.PIPE, text=True, timeout=120, env=_env(), cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == ["vramdoctor: error: cannot write the output: No space left on device"]

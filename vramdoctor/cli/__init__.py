@@ -6,6 +6,8 @@ by the library packages (sources, analysis, logs, fixes, abtest, report).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 
 import typer
@@ -67,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # the output cannot be written (stdout on a full disk): one line, not a traceback
+        with contextlib.suppress(OSError):  # and no second error when Python flushes stdout at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        where = f"{exc.filename}" if exc.filename else "cannot write the output"
+        console.error(f"{where}: {exc.strerror or exc}")
+        return int(ExitCode.USAGE)
     return 0
 
 
