@@ -217,3 +217,16 @@ def test_output_to_a_full_disk_is_one_line_not_a_traceback(tmp_path) -> None:
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines() == ["vramdoctor: error: cannot write the output: No space left on device"]
+
+
+# --- soak --report into a directory: found only after the whole soak (exit 0, no report) -----
+
+def test_soak_report_path_that_cannot_be_a_file_is_refused_before_measuring(tmp_path) -> None:
+    (tmp_path / "d.html").mkdir()
+    (tmp_path / "afile").write_text("x")
+    for bad in (tmp_path / "d.html", tmp_path / "afile" / "r.html"):
+        r = vd("soak", "--url", "http://127.0.0.1:1", "--out", str(tmp_path / "run.jsonl"),
+               "--report", str(bad), cwd=tmp_path)
+        _one_line_usage_error(r)
+        assert "--report" in r.stderr  # not the unreachable server: checked before anything else
+        assert not (tmp_path / "run.jsonl").exists()

@@ -61,6 +61,10 @@ def _check_report_suffix(report_file: Path | None) -> None:
     """Before any work: a report name we cannot write is a usage error (exit 2)."""
     if report_file is not None and report_file.suffix.lower() not in (".html", ".htm", ".png"):
         raise InputError(f"--report {report_file}: use a .html or .png file name")
+    if report_file is not None and report_file.is_dir():  # found now, not after a long soak
+        raise InputError(f"--report {report_file} is a directory: give a file name")
+    if report_file is not None and any(p.exists() and not p.is_dir() for p in report_file.parents):
+        raise InputError(f"--report {report_file}: a part of its directory is a file")
 
 
 def _gpu_source(gpu_metrics: str | None, gpus: list[int] | None, remote: bool) -> tuple[Any, str | None]:
