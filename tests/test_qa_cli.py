@@ -120,9 +120,11 @@ def test_a_single_settled_level_without_baseline_is_not_stable() -> None:
     # --idle shorter than --interval: only round 1's idle window caught a sample.
     alone = classify_series(None, [45.7, None, None], [2.0, 4.0, 6.0], [[45.7], [], []], floor=2.0)
     assert alone["verdict"] == INCONCLUSIVE
-    # With a baseline to compare with, one flat round is still STABLE.
+    # Even with a baseline, one flat round is too little to call it stable; two are enough.
     with_base = classify_series(45.6, [45.7, None, None], [2.0, 4.0, 6.0], [[45.7], [], []], floor=2.0)
-    assert with_base["verdict"] == STABLE
+    assert with_base["verdict"] == INCONCLUSIVE
+    two = classify_series(45.6, [45.7, 45.7, None], [2.0, 4.0, 6.0], [[45.7], [45.7], []], floor=2.0)
+    assert two["verdict"] == STABLE
 
 
 # --- Ctrl-C in the second after the run file is created (scipy import): no report, no end ----

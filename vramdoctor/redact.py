@@ -33,7 +33,9 @@ def redact_url(url: str) -> str:
     query = parts.query
     if query:
         pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, REDACTED if _SECRET_KEYS.search(k) else v) for k, v in pairs])
+        query = urlencode(
+            [(k, REDACTED if _SECRET_KEYS.search(k) else v) for k, v in pairs], safe="*"
+        )
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 

@@ -345,6 +345,9 @@ def classify_series(
         if len(set(xs)) >= 2 and len(set(ys)) >= 2:
             tau = kendalltau(xs, ys)
             out["tau"], out["tau_p"] = float(tau.statistic), float(tau.pvalue)
+    if peak <= h and len(pts) < 2:
+        return {**out, "verdict": INCONCLUSIVE,
+                "reason": "flat, but only 1 round settled: run at least 2 rounds to call it stable"}
     if peak <= h:
         return {**out, "verdict": STABLE,
                 "reason": f"every settled level within {h:.3g} of the baseline"}
@@ -667,9 +670,13 @@ def _sentence(verdict: str, culprit: dict[str, Any], cs: SeriesResult | None, le
     if verdict == CACHING:
         g = cs.growth if cs is not None and cs.growth is not None else 0.0
         unit = "" if cs is not None and cs.unit == "ratio" else " MiB"
-        return (f"CACHING: {where} rose {g:+.1f}{unit} and then stayed flat across {n} rounds of "
+        return (f"CACHING: {where} rose {g:+.1f}{unit} and then stayed flat across {_rounds(n)} of "
                 "identical traffic: memory kept for reuse, not a leak.")
     if verdict == STABLE:
-        return f"STABLE: no series moved beyond its noise across {n} rounds of identical traffic."
+        return f"STABLE: no series moved beyond its noise across {_rounds(n)} of identical traffic."
     reason = cs.reason if cs is not None else "no memory series was recorded"
     return f"INCONCLUSIVE: {where}: {reason}."
+
+
+def _rounds(n: int) -> str:
+    return f"{n} round" if n == 1 else f"{n} rounds"

@@ -75,6 +75,14 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{exc.filename}" if exc.filename else "cannot write the output"
         console.error(f"{where}: {exc.strerror or exc}")
         return int(ExitCode.USAGE)
+    except Exception as exc:  # a bug of ours: one line for users, the traceback on request
+        if os.environ.get("VRAMDOCTOR_DEBUG"):
+            raise
+        console.error(
+            f"internal error: {type(exc).__name__}: {exc} "
+            "(run again with VRAMDOCTOR_DEBUG=1 for the traceback, and please report it)"
+        )
+        return int(ExitCode.USAGE)
     return 0
 
 

@@ -64,6 +64,8 @@ def _report_suffix(report_file: Path) -> str:
 
 
 def _emit(result: Census, *, json_out: bool, report_file: Path | None) -> int:
+    if report_file is not None:
+        _report_suffix(report_file)  # refuse before printing anything
     if json_out:
         console.print_json(result.to_dict())
     else:
