@@ -62,12 +62,14 @@ class LoadClient:
     def _clean(self, text: str) -> str:
         return redact_text(text, [self._api_key] if self._api_key else [])[:200]
 
-    def send(self, req: PlannedRequest) -> Outcome:
+    def send(self, req: PlannedRequest, timeout: float | None = None) -> Outcome:
+        """Send one request; `timeout` can only shorten the client's own (a --duration deadline)."""
+        limit = self.timeout if timeout is None else min(self.timeout, timeout)
         start = time.monotonic()
         try:
-            resp = self._session().post(self.base_url + req.path, json=req.body, timeout=self.timeout)
+            resp = self._session().post(self.base_url + req.path, json=req.body, timeout=limit)
         except requests.Timeout:
-            return Outcome("timeout", None, time.monotonic() - start, f"no answer in {self.timeout:g} s")
+            return Outcome("timeout", None, time.monotonic() - start, f"no answer in {limit:g} s")
         except requests.ConnectionError as exc:
             self._local.session = None  # the server may come back: reconnect next time
             return Outcome("connection", None, time.monotonic() - start,

@@ -94,7 +94,9 @@ def run_round(
                 stop_round.set()
                 return
             req = requests[i]
-            outcome = client.send(req)
+            # --duration is a hard bound: a request never waits past the deadline.
+            left = budget.seconds_left()
+            outcome = client.send(req, timeout=None if left is None else max(0.05, left))
             with lock:
                 result.sent += 1
                 result.outcomes[outcome.kind] += 1
