@@ -232,3 +232,44 @@ def test_soak_report_path_that_cannot_be_a_file_is_refused_before_measuring(tmp_
         _one_line_usage_error(r)
         assert "--report" in r.stderr  # not the unreachable server: checked before anything else
         assert not (tmp_path / "run.jsonl").exists()
+
+
+# --- --duration is a hard bound, also when the server never answers ----------------------
+
+def test_duration_bound_holds_against_a_server_that_never_answers(tmp_path) -> None:
+    release = threading.Event()
+
+    class Hanging(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            body = json.dumps({"object": "list", "data": [{"id": "m"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            release.wait(120)  # answers only when the test is over
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hanging)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        start = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "-m", "vramdoctor", "soak", "--url", f"http://127.0.0.1:{server.server_port}",
+             "--duration", "3", "--timeout", "120", "--rounds", "2", "--requests", "2", "--idle", "1",
+             "--out", str(tmp_path / "run.jsonl"), "--json"],
+            capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=110)
+        elapsed = time.monotonic() - start
+    finally:
+        release.set()
+        server.shutdown()
+    assert "Traceback" not in proc.stderr
+    d = json.loads(proc.stdout)
+    assert d["verdict"] != "LEAK"
+    # The request timeout is 120 s; the --duration of 3 s must cut the waiting requests short.
+    assert elapsed < 60, elapsed
