@@ -8,15 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers_procs import NO_TORCH
 
-NO_TORCH = (
-    "import sys, importlib.abc\n"
-    "class _NoTorch(importlib.abc.MetaPathFinder):\n"
-    "    def find_spec(self, name, path=None, target=None):\n"
-    "        if name.split('.')[0] == 'torch':\n"
-    "            raise ImportError('No module named torch (blocked by the test)')\n"
-    "sys.meta_path.insert(0, _NoTorch())\n"
-)
 RUN = Path(__file__).parent / "fixtures" / "abtest" / "h200-qwen2_5_vl.jsonl"
 
 

@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import pytest
+from helpers_procs import NO_TORCH
 
 from vramdoctor.abtest.runner import run_one, run_variants, variant_env
 from vramdoctor.abtest.variants import BY_NAME, VARIANTS, select
@@ -117,12 +118,7 @@ def test_real_worker_without_torch_reports_one_usage_error() -> None:
         "model": {"requested": "qwen2_vl", "model_type": "qwen2_vl", "source": "family", "path": None},
     }
     code = (
-        "import sys, importlib.abc\n"
-    "class _NoTorch(importlib.abc.MetaPathFinder):\n"
-    "    def find_spec(self, name, path=None, target=None):\n"
-    "        if name.split('.')[0] == 'torch':\n"
-    "            raise ImportError('No module named torch (blocked by the test)')\n"
-    "sys.meta_path.insert(0, _NoTorch())\n"
+        NO_TORCH +
         "from vramdoctor.abtest.worker import main\n"
         f"sys.exit(main([{json.dumps(json.dumps(config))}]))\n"
     )

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers_procs import NO_TORCH
 
 from vramdoctor.errors import MissingExtra
 from vramdoctor.fixes import per_worker_bytes
@@ -14,15 +15,6 @@ from vramdoctor.fixes.feature_pool import _ALIGN, _FreeList
 
 MIB = 1024 * 1024
 
-# Run python with torch made unimportable, whether or not it is installed.
-NO_TORCH = (
-    "import sys, importlib.abc\n"
-    "class _NoTorch(importlib.abc.MetaPathFinder):\n"
-    "    def find_spec(self, name, path=None, target=None):\n"
-    "        if name.split('.')[0] == 'torch':\n"
-    "            raise ImportError('No module named torch (blocked by the test)')\n"
-    "sys.meta_path.insert(0, _NoTorch())\n"
-)
 
 
 def _py(code: str) -> subprocess.CompletedProcess[str]:

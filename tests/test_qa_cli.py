@@ -8,7 +8,6 @@ from __future__ import annotations
 import http.server
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -18,13 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers_procs import RefServer
 
 from vramdoctor.analysis.soak import INCONCLUSIVE, STABLE, classify_series
 from vramdoctor.errors import InputError
 from vramdoctor.record import RunWriter, make_header, read_run
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVER = ROOT / "examples" / "reference_server" / "server.py"
 ABTEST_RUN = ROOT / "tests" / "fixtures" / "abtest" / "h200-qwen2_5_vl.jsonl"
 SOAK_RUN = ROOT / "tests" / "fixtures" / "soak" / "h200-plain.jsonl"
 
@@ -49,22 +48,9 @@ def _one_line_usage_error(r: subprocess.CompletedProcess) -> None:
 
 @pytest.fixture
 def ref_server() -> Iterator[str]:
-    proc = subprocess.Popen(
-        [sys.executable, str(SERVER), "--port", "0", "--mode", "plain", "--device", "cpu"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    m = re.search(r"listening on (http://\S+)", line)
-    if not m:
-        proc.kill()
-        raise AssertionError(f"reference server did not start: {line!r}")
-    yield m.group(1)
-    proc.terminate()
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    server = RefServer("plain")
+    yield server.url
+    server.stop()
 
 
 # --- report --report on an ab-test run: was a matplotlib traceback --------------------------

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -17,43 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import requests
+from helpers_procs import RefServer
 
 from vramdoctor.record import read_run
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVER = ROOT / "examples" / "reference_server" / "server.py"
 FAST = ["--rounds", "4", "--requests", "20", "--concurrency", "4", "--idle", "1",
         "--interval", "0.1", "--image-size", "128x128", "--image-size", "256x192"]
-
-
-class RefServer:
-    def __init__(self, mode: str, *extra: str, env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(SERVER), "--port", "0", "--mode", mode, "--device", "cpu", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, **(env or {})},
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        m = re.search(r"listening on (http://\S+) .* pid=(\d+)", line)
-        if not m:
-            self.proc.kill()
-            raise AssertionError(f"reference server did not start: {line!r}")
-        self.url = m.group(1)
-        self.pid = int(m.group(2))
-
-    def info(self) -> dict:
-        return requests.get(self.url + "/reference/info", timeout=5).json()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 @pytest.fixture
