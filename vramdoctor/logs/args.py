@@ -10,15 +10,15 @@ Dumps cut by the reporter or wrapped by a terminal are parsed as far as they go.
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from typing import Any
 
 _OPEN = {"(": ")", "[": "]", "{": "}", "<": ">"}
 
 
-def balanced_end(text: str, start: int, opener: str) -> int:
-    """Index just past the bracket closing `opener` at `start`, or -1 if it is not closed."""
-    stack = [_OPEN[opener]]
-    i = start + 1
+def _unquoted(text: str, start: int) -> Iterator[tuple[int, str]]:
+    """(index, char) of every character from `start` that is outside a quoted string."""
+    i = start
     quote = ""
     n = len(text)
     while i < n:
@@ -31,14 +31,22 @@ def balanced_end(text: str, start: int, opener: str) -> int:
                 quote = ""
         elif c in "'\"":
             quote = c
-        elif c in "([{":
+        else:
+            yield i, c
+        i += 1
+
+
+def balanced_end(text: str, start: int, opener: str) -> int:
+    """Index just past the bracket closing `opener` at `start`, or -1 if it is not closed."""
+    stack = [_OPEN[opener]]
+    for i, c in _unquoted(text, start + 1):
+        if c in "([{":
             stack.append(_OPEN[c])
         elif c in ")]}" and c == stack[-1]:
             stack.pop()
             if not stack:
                 return i + 1
             # an unmatched closer is tolerated (cut or odd reprs)
-        i += 1
     return -1
 
 
@@ -46,28 +54,15 @@ def _split_top(body: str) -> list[str]:
     """Split on top-level commas (outside quotes and brackets)."""
     parts: list[str] = []
     depth = 0
-    quote = ""
     cur = 0
-    i = 0
-    n = len(body)
-    while i < n:
-        c = body[i]
-        if quote:
-            if c == "\\":
-                i += 2
-                continue
-            if c == quote:
-                quote = ""
-        elif c in "'\"":
-            quote = c
-        elif c in "([{":
+    for i, c in _unquoted(body, 0):
+        if c in "([{":
             depth += 1
         elif c in ")]}":
             depth = max(0, depth - 1)
         elif c == "," and depth == 0:
             parts.append(body[cur:i])
             cur = i + 1
-        i += 1
     tail = body[cur:]
     if tail.strip():
         parts.append(tail)
