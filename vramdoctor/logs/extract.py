@@ -222,6 +222,13 @@ class FileExtractor(EventsMixin):
                 self.votes["vllm"] += 10
                 self._apply_vllm_args(args, self.ev(hit))
 
+    def _put_number(self, a: dict[str, Any], key: str, fact: str, e: Evidence, kind: type) -> None:
+        """A numeric server argument as a fact: ints stay ints, fractions become floats."""
+        v = a.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float) if kind is float else int):
+            return
+        self.put(fact, kind(v), ARGS, e)
+
     def _apply_sglang_args(self, a: dict[str, Any], e: Evidence) -> None:
         self.put("server_args", a, ARGS, e)
         self.put("model", a.get("model_path"), ARGS, e)
@@ -236,12 +243,8 @@ class FileExtractor(EventsMixin):
             ("max_total_tokens", "max_total_tokens"),
             ("context_length", "context_length"),
         ):
-            v = a.get(key)
-            if isinstance(v, int) and not isinstance(v, bool):
-                self.put(fact, v, ARGS, e)
-        v = a.get("mem_fraction_static")
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            self.put("mem_fraction_static", float(v), ARGS, e)
+            self._put_number(a, key, fact, e, int)
+        self._put_number(a, "mem_fraction_static", "mem_fraction_static", e, float)
         v = a.get("attention_backend")
         if isinstance(v, str) and v:
             self.put("attention_backend", v, ARGS, e)
@@ -262,12 +265,8 @@ class FileExtractor(EventsMixin):
             ("max_model_len", "max_model_len"),
             ("max_num_seqs", "max_running_requests"),
         ):
-            v = a.get(key)
-            if isinstance(v, int) and not isinstance(v, bool):
-                self.put(fact, v, ARGS, e)
-        v = a.get("gpu_memory_utilization")
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            self.put("gpu_memory_utilization", float(v), ARGS, e)
+            self._put_number(a, key, fact, e, int)
+        self._put_number(a, "gpu_memory_utilization", "gpu_memory_utilization", e, float)
         if isinstance(a.get("enforce_eager"), bool):
             self.put("disable_cuda_graph", a["enforce_eager"], ARGS, e)
         v = a.get("attention_backend")
