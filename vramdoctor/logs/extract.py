@@ -59,6 +59,15 @@ _VLLM_BACKEND_NAMES = {
 }
 
 
+# The CUDA IPC pool line of each SGLang generation (facts.md): (pattern, group of the configured
+# budget in MiB, group of the tokenizer worker count, total MiB the pools reserve or None).
+_IPC_POOL_LINES: tuple[tuple[re.Pattern[str], int, int, Callable[[re.Match[str]], float] | None], ...] = (
+    (P.IPC_USING_017, 1, 3, None),  # 0.5.17+: "Using CUDA IPC ... reserving up to N MiB ..."
+    (P.IPC_POOL_016, 5, 4, lambda m: float(m.group(1))),  # 0.5.16: "... reserve N MiB total ..."
+    (P.IPC_POOL_015, 2, 3, lambda m: float(m.group(1)) * int(m.group(3))),  # 0.5.15: per worker
+)
+
+
 @dataclass
 class FileExtractor(EventsMixin):
     """Facts and events of one input file."""
@@ -457,26 +466,15 @@ class FileExtractor(EventsMixin):
 
     def _ipc(self, hit: Hit, t: str) -> None:
         e = self.ev(hit)
-        m = P.IPC_USING_017.search(t)
-        if m:
-            self.put("cuda_ipc_transport", True, RUNTIME, e)
-            self.put("mm_feature_cache_mb", float(m.group(1)), RUNTIME, e)
-            self.put("tokenizer_worker_num", int(m.group(3)), RUNTIME, e)
-            return
-        m = P.IPC_POOL_016.search(t)
-        if m:
-            self.put("cuda_ipc_transport", True, RUNTIME, e)
-            self.put("mm_feature_cache_mb", float(m.group(5)), RUNTIME, e)
-            self.put("tokenizer_worker_num", int(m.group(4)), RUNTIME, e)
-            self.put("ipc_pool_total_mib", float(m.group(1)), RUNTIME, e)
-            return
-        m = P.IPC_POOL_015.search(t)
-        if m:
-            self.put("cuda_ipc_transport", True, RUNTIME, e)
-            self.put("mm_feature_cache_mb", float(m.group(2)), RUNTIME, e)
-            self.put("tokenizer_worker_num", int(m.group(3)), RUNTIME, e)
-            self.put("ipc_pool_total_mib", float(m.group(1)) * int(m.group(3)), RUNTIME, e)
-            return
+        for pattern, budget, workers, total in _IPC_POOL_LINES:
+            m = pattern.search(t)
+            if m:
+                self.put("cuda_ipc_transport", True, RUNTIME, e)
+                self.put("mm_feature_cache_mb", float(m.group(budget)), RUNTIME, e)
+                self.put("tokenizer_worker_num", int(m.group(workers)), RUNTIME, e)
+                if total is not None:
+                    self.put("ipc_pool_total_mib", total(m), RUNTIME, e)
+                return
         if P.IPC_AUTO.search(t):
             self.put("cuda_ipc_transport", True, RUNTIME, e)
             return
