@@ -53,3 +53,13 @@ class RefServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`python -m vramdoctor ARGS` as a user runs it, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "vramdoctor", *args],
+        capture_output=True, text=True, timeout=timeout, cwd=cwd,
+        env={**os.environ, **(env or {})},
+    )

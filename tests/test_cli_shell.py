@@ -2,27 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
+from helpers_procs import run_cli
 
 from vramdoctor import __version__
 from vramdoctor.cli import main
 
 COMMANDS = ["soak", "diagnose", "ab-test", "census", "report"]
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "vramdoctor", *args],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=120,
-    )
 
 
 def test_version_flag_via_python_m() -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
+
+from helpers_procs import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -21,14 +21,7 @@ LINES = [
 
 
 def vramdoctor(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "vramdoctor", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
-    )
+    return run_cli(*args, cwd=ROOT, env={"COLUMNS": "200", "NO_COLOR": "1"})
 
 
 def test_quick_start_diagnoses_the_shipped_real_log() -> None:
