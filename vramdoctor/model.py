@@ -18,6 +18,10 @@ MIB = 1024 * 1024
 
 GpuSourceName = Literal["nvml", "dcgm", "nvitop"]
 
+# Request outcomes (soak traffic) that mean the server received the request: it may hold memory
+# for failed requests too, so leak rates are per request that reached it, not per success.
+REACHED_SERVER = frozenset({"ok", "http_error", "timeout"})
+
 
 def now() -> tuple[float, float]:
     """(monotonic, wall) timestamps taken together."""

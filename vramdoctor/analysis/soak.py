@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import kendalltau, theilslopes
 
-from ..model import Event, GpuSample, HostSample, MetricsSample
+from ..model import REACHED_SERVER, Event, GpuSample, HostSample, MetricsSample
 
 SCHEMA = "vramdoctor.soak/1"
 
@@ -205,7 +205,7 @@ def rounds_from_events(events: list[Event]) -> list[RoundInfo]:
             kinds = {k: int(v) for k, v in (ev.data.get("outcomes") or {}).items()}
             sent = int(ev.data.get("sent", sum(kinds.values())))
             ok = int(kinds.get("ok", 0))
-            reached = sum(kinds.get(k, 0) for k in ("ok", "http_error", "timeout"))
+            reached = sum(kinds.get(k, 0) for k in REACHED_SERVER)
             rounds[rnd] = RoundInfo(
                 rnd, sent, ok, sent - ok, reached,
                 {k: v for k, v in kinds.items() if k != "ok" and v},

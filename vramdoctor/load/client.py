@@ -30,11 +30,6 @@ class Outcome:
     def ok(self) -> bool:
         return self.kind == "ok"
 
-    @property
-    def reached_server(self) -> bool:
-        """Whether the server saw the request (it may leak on failures too)."""
-        return self.kind in ("ok", "http_error", "timeout")
-
 
 class LoadClient:
     """Sends planned requests to base_url; a requests.Session per thread (keep-alive)."""

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..model import REACHED_SERVER
 from .client import LoadClient, Outcome
 from .workload import PlannedRequest
 
@@ -61,12 +62,8 @@ class RoundResult:
         return self.outcomes["ok"]
 
     @property
-    def failed(self) -> int:
-        return self.sent - self.ok
-
-    @property
     def reached(self) -> int:
-        return sum(self.outcomes[k] for k in ("ok", "http_error", "timeout"))
+        return sum(self.outcomes[k] for k in REACHED_SERVER)
 
 
 def run_round(
