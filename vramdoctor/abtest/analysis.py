@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from ..model import MIB
+
 # A variant "grows" when its memory rises by more than this per round after the first.
 GROWTH_TOLERANCE_MIB = 8.0
 # The scoped-pool target: within this of the bare CUDA context after every request.
@@ -108,7 +110,7 @@ def _variant_summary(name: str, recs: dict[str, list[dict[str, Any]]]) -> dict[s
         "held_after_idle_mib": None if idle is None or (nvml_ok and idle.get("nvml_mib") is None) else level(idle),
         "reserved_after_idle_mib": None if idle is None else idle.get("reserved_mib"),
         "max_above_context_after_request_mib": max(above) if above else None,
-        "escaped_mib": escaped / (1024 * 1024),
+        "escaped_mib": escaped / MIB,
         "p50_ms": _percentile(latencies, 50),
         "p99_ms": _percentile(latencies, 99),
         "verdict": verdict,
@@ -183,7 +185,7 @@ def _ipc_summary(record: dict[str, Any]) -> dict[str, Any]:
         "note": record.get("note"),
         "producer_gpu": producer_gpu,
         "producer_pid": producer.get("pid"),
-        "pool_mib": (producer.get("pool_bytes") or 0) / (1024 * 1024),
+        "pool_mib": (producer.get("pool_bytes") or 0) / MIB,
         "oversize_went_cpu": producer.get("oversize_went_cpu"),
         "consumers": rows,
         "extra_on_producer_gpu_per_consumer_mib": (sum(cross) / len(cross)) if cross else None,

@@ -19,7 +19,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-MIB = 1024 * 1024
+from ..model import MIB
+
 FEATURE_ELEMS = 4 * MIB  # int32: 16 MiB feature placed in the pooled buffer
 TENSOR_ELEMS = 2 * MIB  # int32: 8 MiB plain tensor shared on its own
 POOL_TOTAL_BYTES = 128 * MIB

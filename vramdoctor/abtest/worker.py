@@ -18,12 +18,12 @@ from contextlib import nullcontext
 from typing import Any
 
 from ..errors import VramdoctorError
+from ..model import MIB
 from .models import ModelChoice
 from .variants import Variant
 from .workload import WorkloadSpec, round_images
 
 PREFIX = "@@VD "
-MIB = 1024 * 1024
 
 
 def emit(kind: str, **data: Any) -> None:

@@ -15,10 +15,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from ..model import MIB
 from ._torch import load_torch
 from .ipc import CudaIpcHandle, share_cuda_tensor
 
-MIB = 1024 * 1024
 MIN_WORKER_BYTES = 128 * MIB
 _ALIGN = 512
 

@@ -26,11 +26,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..model import MIB
 from ._torch import cuda_usable, has_mem_pool, load_torch
 
 log = logging.getLogger("vramdoctor.fixes")
 
-MIB = 1024 * 1024
 
 
 class EscapedTensorWarning(RuntimeWarning):
