@@ -132,3 +132,17 @@ def test_fixes_and_abtest_are_regular_packages() -> None:
     import vramdoctor.fixes
 
     assert vramdoctor.abtest.__file__ and vramdoctor.fixes.__file__
+
+
+def test_scoping_needs_the_live_block_check_not_just_mempool() -> None:
+    """Without the allocator's live-block check the guard could only snapshot, which crashed
+    torch 2.11 (docs/gpu-results.md), so such a torch passes through instead of scoping."""
+    from types import SimpleNamespace
+
+    from vramdoctor.fixes._torch import has_mem_pool
+
+    cuda = SimpleNamespace(MemPool=object, use_mem_pool=object)
+    full = SimpleNamespace(_cuda_checkPoolLiveAllocations=len, _cuda_memoryStats=len)
+    assert has_mem_pool(SimpleNamespace(cuda=cuda, _C=full))
+    assert not has_mem_pool(SimpleNamespace(cuda=cuda, _C=SimpleNamespace(_cuda_memoryStats=len)))
+    assert not has_mem_pool(SimpleNamespace(cuda=SimpleNamespace(MemPool=object), _C=full))

@@ -43,5 +43,10 @@ def cuda_usable(torch: ModuleType) -> bool:
 
 
 def has_mem_pool(torch: ModuleType) -> bool:
-    """torch >= 2.5-ish exposes MemPool and use_mem_pool; older versions cannot scope."""
-    return hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")
+    """MemPool/use_mem_pool to scope, and the allocator's live-block check to guard the scope."""
+    return (
+        hasattr(torch.cuda, "MemPool")
+        and hasattr(torch.cuda, "use_mem_pool")
+        and hasattr(torch._C, "_cuda_checkPoolLiveAllocations")
+        and hasattr(torch._C, "_cuda_memoryStats")
+    )

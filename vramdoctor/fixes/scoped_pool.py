@@ -8,12 +8,22 @@ still OOMs a co-located server). Routing the block's allocations into a private
 
 The danger (measured in ../shared/gpu-probe.md): a GPU tensor that outlives the pool pins
 the pool's segments, and a dropped pool's segments are then never reused nor freed, a real
-leak of ~19 MiB per request. So at exit we read the pool's snapshot; when blocks are still
-active we count the escaped bytes, warn once, drop the pool and empty the cache (its free
-segments go back now), and remember the pool as an orphan: once the escaped tensors die, one
-`empty_cache()` returns the segments they pinned. Where the allocator snapshot does not say
-which pool a segment belongs to (older torch), the pool object is kept ("parked") instead and
-dropped once nothing in it is alive.
+leak of ~19 MiB per request. So at exit we ask the allocator whether any block of the pool
+is still allocated (`checkPoolLiveAllocations`, a walk over the live blocks in C++). When
+one is, we count the escaped bytes, warn once, drop the pool (its free segments go back
+now) and remember its id as an orphan: once the escaped tensors die, one `empty_cache()`
+returns the segments they pinned.
+
+Why not the pool's allocator snapshot: on torch 2.11 (H200, measured) taking pool snapshots
+and dropping pools corrupts the allocator within a few hundred requests, and the next
+snapshot or `torch.cuda.memory_stats()` segfaults the process. Nothing here snapshots.
+
+Why the reserve: returning memory costs one cudaMalloc and one cudaFree per segment
+(0.05-0.1 ms each on an H200); a resize/normalise block typically needs three segments.
+Allocating, at entry, one block as large as the block's large-pool segments were in recent
+requests and freeing it at once leaves one free segment that the block's large tensors
+split, so the driver is asked once instead of several times. While escaped tensors are
+alive there is no reserve, since an escape would pin the whole reserved segment.
 """
 
 from __future__ import annotations
@@ -21,7 +31,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 import warnings
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +43,12 @@ from ._torch import cuda_usable, has_mem_pool, load_torch
 
 log = logging.getLogger("vramdoctor.fixes")
 
+# How many recent blocks the reserve remembers (the largest of them sets its size), and its
+# cap: the counters are per device, so another thread's growth could inflate a reading.
+RESERVE_WINDOW = 16
+RESERVE_MAX_BYTES = 2 * 1024 * MIB
+# Escapes older than one check are looked at again at most once per this many seconds.
+ORPHAN_CHECK_INTERVAL_S = 1.0
 
 
 class EscapedTensorWarning(RuntimeWarning):
@@ -45,16 +63,16 @@ class ScopeResult:
     # Why the scope passed through without a pool (None when pooled).
     reason: str | None = None
     device: int | None = None
-    # Bytes still active in the pool when the block ended (tensors that escaped it).
+    # Bytes still allocated by the block when it ended (tensors that escaped it).
     escaped_bytes: int = 0
     # Bytes of the pool's segments at the end of the block (its high-water reservation).
     pool_reserved_bytes: int = 0
+    # Bytes reserved up front in one segment (see the module's note on the reserve).
+    reserve_bytes: int = 0
 
 
 @dataclass
-class _Parked:
-    # The MemPool itself (older torch: parked) or None once dropped (orphan tracked by id).
-    pool: Any
+class _Orphan:
     pool_id: tuple[int, int]
     device: int
     escaped_bytes: int
@@ -63,14 +81,15 @@ class _Parked:
 @dataclass
 class _State:
     lock: threading.Lock = field(default_factory=threading.Lock)
-    parked: list[_Parked] = field(default_factory=list)
+    orphans: list[_Orphan] = field(default_factory=list)
     escaped_total: int = 0
-    # Orphan checks need a global allocator snapshot: at most once per this many seconds.
     next_check: float = 0.0
     checked_count: int = 0
     escape_events: int = 0
-    released_parked: int = 0
+    released_orphans: int = 0
     warned: bool = False
+    # Per device: large-pool bytes the recent blocks reserved.
+    recent_large: dict[int, deque[int]] = field(default_factory=dict)
 
 
 _state = _State()
@@ -87,42 +106,26 @@ def escape_events() -> int:
 
 
 def parked_pools() -> int:
-    """Pools kept alive because tensors allocated in them are still referenced."""
+    """Dropped pools whose segments stay pinned because tensors allocated in them live on."""
     with _state.lock:
-        return len(_state.parked)
+        return len(_state.orphans)
 
 
-def _segments(snapshot: Any) -> list[dict[str, Any]]:
-    if isinstance(snapshot, dict):
-        return list(snapshot.get("segments", []))
-    return list(snapshot or [])
-
-
-def pool_usage(pool: Any) -> tuple[int, int]:
-    """(active bytes, reserved bytes) of a MemPool, from its allocator snapshot."""
+def _pool_alive(torch: Any, device: int, pool_id: tuple[int, int]) -> bool:
+    """Is a block allocated in this pool still referenced? False once the allocator forgot it."""
     try:
-        snap = pool.snapshot(include_traces=False)
-    except TypeError:  # torch versions without the include_traces argument
-        snap = pool.snapshot()
-    active = reserved = 0
-    for seg in _segments(snap):
-        active += int(seg.get("active_size", 0))
-        reserved += int(seg.get("total_size", 0))
-    return active, reserved
+        return not torch._C._cuda_checkPoolLiveAllocations(device, pool_id, set())
+    except RuntimeError:  # "Could not find pool of id": every segment went back
+        return False
 
 
-ORPHAN_CHECK_INTERVAL_S = 1.0
-
-
-def _orphan_active(torch: Any, entries: list[_Parked]) -> dict[int, int]:
-    """Active bytes per orphan (by index into entries) from one global allocator snapshot."""
-    wanted = {tuple(e.pool_id): i for i, e in enumerate(entries)}
-    active = dict.fromkeys(range(len(entries)), 0)
-    for seg in _segments(torch.cuda.memory_snapshot()):
-        pid = seg.get("segment_pool_id")
-        if pid is not None and tuple(pid) in wanted:
-            active[wanted[tuple(pid)]] += int(seg.get("active_size", 0))
-    return active
+def _allocator_bytes(torch: Any, device: int) -> tuple[int, int, int]:
+    """(allocated, reserved, large-pool reserved) bytes on the device, from the raw counters."""
+    stats = torch._C._cuda_memoryStats(device)
+    reserved = stats["reserved_bytes"]
+    return int(stats["allocated_bytes"]["all"]["current"]), int(reserved["all"]["current"]), int(
+        reserved["large_pool"]["current"]
+    )
 
 
 def release_parked(*, force: bool = True) -> int:
@@ -131,41 +134,28 @@ def release_parked(*, force: bool = True) -> int:
     Called at every scope entry (new escapes are checked at once, old ones once a second), and
     callable directly, e.g. on an idle tick.
     """
-    import time
-
     with _state.lock:
-        if not _state.parked:
+        if not _state.orphans:
             return 0
         # New escapes are checked at the next scope; long-lived ones (a library's cached tensor)
         # only once per interval, so they cost nothing per request.
-        if not force and len(_state.parked) <= _state.checked_count and time.monotonic() < _state.next_check:
+        if not force and len(_state.orphans) <= _state.checked_count and time.monotonic() < _state.next_check:
             return 0
         _state.next_check = time.monotonic() + ORPHAN_CHECK_INTERVAL_S
         torch = load_torch("request_scoped_pool")
-        orphans = [e for e in _state.parked if e.pool is None]
-        orphan_active = _orphan_active(torch, orphans) if orphans else {}
-        keep: list[_Parked] = []
-        freed: list[_Parked] = []
-        for entry in _state.parked:
-            if entry.pool is None:
-                alive = orphan_active[orphans.index(entry)]
-            else:
-                alive = pool_usage(entry.pool)[0]
-            (keep if alive else freed).append(entry)
-        _state.parked = keep
+        keep = [o for o in _state.orphans if _pool_alive(torch, o.device, o.pool_id)]
+        freed = [o for o in _state.orphans if o not in keep]
+        _state.orphans = keep
         _state.checked_count = len(keep)
     if not freed:
         return 0
     total = 0
-    for device in {entry.device for entry in freed}:
-        before = torch.cuda.memory_reserved(device)
-        for entry in freed:
-            if entry.device == device:
-                entry.pool = None
+    for device in {o.device for o in freed}:
+        before = _allocator_bytes(torch, device)[1]
         with torch.cuda.device(device):
             torch.cuda.empty_cache()
-        total += max(before - torch.cuda.memory_reserved(device), 0)
-    _state.released_parked += len(freed)
+        total += max(before - _allocator_bytes(torch, device)[1], 0)
+    _state.released_orphans += len(freed)
     return total
 
 
@@ -176,8 +166,8 @@ def _warn_once(nbytes: int) -> None:
     _state.warned = True
     message = (
         f"{nbytes / MIB:.1f} MiB of GPU tensors allocated inside request_scoped_pool() are still "
-        "referenced after the block ended; vramdoctor keeps that pool until they are freed "
-        "(otherwise it would leak). Fix: move the outputs to CPU inside the block "
+        "referenced after the block ended; vramdoctor releases that pool's segments once they "
+        "are freed (otherwise it would leak). Fix: move the outputs to CPU inside the block "
         "(vramdoctor.fixes.outputs_to_cpu) or drop the references before it ends. "
         "Escaped bytes so far: vramdoctor.fixes.escaped_bytes()."
     )
@@ -196,15 +186,29 @@ def _device_index(torch: Any, device: Any) -> tuple[int | None, str | None]:
     return (dev.index if dev.index is not None else int(torch.cuda.current_device())), None
 
 
+def _take_reserve(torch: Any, index: int, nbytes: int) -> int:
+    """Allocate and free one block of nbytes inside the active pool; 0 when it does not fit."""
+    if nbytes <= 0:
+        return 0
+    try:
+        block = torch.empty(nbytes, dtype=torch.uint8, device=index)
+    except torch.cuda.OutOfMemoryError:
+        return 0
+    del block
+    return nbytes
+
+
 @contextlib.contextmanager
-def request_scoped_pool(device: Any = None, *, enabled: bool = True) -> Iterator[ScopeResult]:
+def request_scoped_pool(
+    device: Any = None, *, enabled: bool = True, reserve: bool = True
+) -> Iterator[ScopeResult]:
     """Route the block's CUDA allocations to a private pool returned to the driver at exit.
 
     Pass `enabled=False` when the block's outputs must stay on the GPU (CUDA IPC feature
     transport, a hash computed on the GPU after the block): the block then runs unchanged.
-    It also passes through when `device` is not CUDA, no GPU is usable, or this torch has no
+    It also passes through when `device` is not CUDA, no GPU is usable, or this torch lacks
     `MemPool`/`use_mem_pool`. The yielded ScopeResult says which, and after the block how
-    many bytes escaped.
+    many bytes escaped. `reserve=False` turns off the one-segment reserve.
     """
     result = ScopeResult()
     if not enabled:
@@ -225,47 +229,38 @@ def request_scoped_pool(device: Any = None, *, enabled: bool = True) -> Iterator
         result.reason = reason
         yield result
         return
-    release_parked(force=False)
+    if _state.orphans:
+        release_parked(force=False)
     result.pooled = True
     result.device = index
+    if not torch.cuda.is_initialized():
+        torch.cuda.init()  # the allocator's counters exist only once CUDA is initialised
+    recent = _state.recent_large.setdefault(index, deque(maxlen=RESERVE_WINDOW))
+    allocated0, reserved0, large0 = _allocator_bytes(torch, index)
     pool = torch.cuda.MemPool()
+    pool_id = tuple(pool.id)
     try:
         with torch.cuda.use_mem_pool(pool, device=index):
+            # No reserve while escaped tensors live: an escape would pin the whole segment.
+            if reserve and recent and not _state.orphans:
+                result.reserve_bytes = _take_reserve(torch, index, min(max(recent), RESERVE_MAX_BYTES))
             yield result
     finally:
-        # Frees of the block's tensors are queued on streams; wait so the snapshot is true.
-        torch.cuda.synchronize(index)
-        active, reserved = pool_usage(pool)
-        result.escaped_bytes = active
-        result.pool_reserved_bytes = reserved
-        if not active:
-            del pool  # nothing alive: its segments go back to the driver now
-        else:
-            by_id = _snapshot_names_pools(torch)
-            entry = _Parked(pool=None if by_id else pool, pool_id=tuple(pool.id), device=index, escaped_bytes=active)
+        _, reserved1, large1 = _allocator_bytes(torch, index)
+        result.pool_reserved_bytes = max(reserved1 - reserved0, 0)
+        recent.append(max(large1 - large0, 0))
+        alive = _pool_alive(torch, index, pool_id)
+        # Dropping the pool empties it: its free segments go back to the driver now.
+        del pool
+        if alive and _pool_alive(torch, index, pool_id):
+            # Still allocated after the drop (not just frees waiting on stream events): escaped.
+            escaped = max(_allocator_bytes(torch, index)[0] - allocated0, 1)
+            result.escaped_bytes = escaped
             with _state.lock:
-                _state.parked.append(entry)
-                _state.escaped_total += active
+                _state.orphans.append(_Orphan(pool_id=pool_id, device=index, escaped_bytes=escaped))
+                _state.escaped_total += escaped
                 _state.escape_events += 1
-            _warn_once(active)
-            del pool
-            if by_id:
-                # The pool is gone; its free segments go back now, the pinned ones once the
-                # escaped tensors die (release_parked).
-                with torch.cuda.device(index):
-                    torch.cuda.empty_cache()
-
-
-_names_pools: bool | None = None
-
-
-def _snapshot_names_pools(torch: Any) -> bool:
-    """Does this torch's allocator snapshot say which pool each segment belongs to?"""
-    global _names_pools
-    if _names_pools is None:
-        segs = _segments(torch.cuda.memory_snapshot())
-        _names_pools = bool(segs) and all("segment_pool_id" in seg for seg in segs)
-    return _names_pools
+            _warn_once(escaped)
 
 
 @contextlib.contextmanager
