@@ -44,7 +44,7 @@ def test_cli_scoped_pool_at_context_escape_grows_guard_bounded(tmp_path) -> None
     assert proc.returncode in (0, 1), proc.stderr
     data = json.loads(proc.stdout)
     by = {v["variant"]: v for v in data["variants"]}
-    assert list(by) == ["baseline", "scoped_pool", "escaped_unguarded", "escaped_guarded"]
+    assert list(by) == ["baseline", "scoped_pool", "escaped_unguarded", "escaped_guarded", "baseline_again"]
     assert all(v["status"] == "ok" for v in by.values()), [v["message"] for v in by.values()]
     assert by["scoped_pool"]["max_above_context_after_request_mib"] <= 8.0
     assert by["escaped_unguarded"]["verdict"] == "grows"

@@ -142,3 +142,20 @@ def test_many_scopes_with_escapes_do_not_corrupt_the_allocator() -> None:
     events = int(proc.stdout.split()[1])
     assert events == 67  # requests 0, 9, ..., 594
     assert proc.stdout.split()[3] == "0"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_scope_on_another_gpu_than_the_current_one() -> None:
+    """The pool is made on, and returned to, the scope's device, not the current one."""
+    torch.cuda.set_device(0)
+    torch.cuda.synchronize(1)
+    with torch.cuda.device(1):
+        torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved(1)
+    with fixes.request_scoped_pool("cuda:1") as scope:
+        out = fixes.outputs_to_cpu(_work("cuda:1"))
+        inside = torch.cuda.memory_reserved(1)
+    assert scope.pooled and scope.device == 1 and scope.escaped_bytes == 0
+    assert inside - before > 20 * MIB
+    assert torch.cuda.memory_reserved(1) - before < 2 * MIB
+    assert torch.cuda.current_device() == 0 and out["pixel_values"].device.type == "cpu"

@@ -237,7 +237,11 @@ def request_scoped_pool(
         torch.cuda.init()  # the allocator's counters exist only once CUDA is initialised
     recent = _state.recent_large.setdefault(index, deque(maxlen=RESERVE_WINDOW))
     allocated0, reserved0, large0 = _allocator_bytes(torch, index)
-    pool = torch.cuda.MemPool()
+    if index == torch.cuda.current_device():
+        pool = torch.cuda.MemPool()
+    else:  # a MemPool belongs to the device current when it is made, and is released there
+        with torch.cuda.device(index):
+            pool = torch.cuda.MemPool()
     pool_id = tuple(pool.id)
     try:
         with torch.cuda.use_mem_pool(pool, device=index):

@@ -104,6 +104,14 @@ def render(result: dict[str, Any], header: dict[str, Any] | None = None) -> None
             if bare else f"CUDA context: {ctx[0]['context_mib']:.0f} MiB.",
             markup=False,
         )
+    noise = result.get("latency_noise_pct")
+    if noise is not None:
+        out.print(
+            f"Latency drift in this run: the baseline's p50 moved {noise:.1f}% between the first and the last "
+            "process; overheads smaller than that are not measured differences "
+            "(benchmarks/fixes_scope_overhead.py compares ways side by side in one process).",
+            markup=False,
+        )
     rec = result["recommendation"]
     if rec.get("variant"):
         out.print(f"Recommended for this model on this GPU: [bold]{rec['variant']}[/bold] ({rec['title']}): {rec['reason']}")
