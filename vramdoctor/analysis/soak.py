@@ -70,15 +70,8 @@ class SeriesInfo:
     role: str | None = None
 
 
-@dataclass
-class SeriesResult:
-    key: str
-    kind: str
-    unit: str
-    pid: int | None
-    gpu: int | None
-    name: str | None
-    role: str | None
+@dataclass(kw_only=True)
+class SeriesResult(SeriesInfo):
     baseline: float | None
     settled: list[float | None]  # per round
     last: float | None
@@ -490,8 +483,7 @@ def analyse(
         c = classify_series(baseline, levels, cum, samples, floor=_floor(si, th, ref), th=th)
         vals = [v for v in levels if v is not None]
         results.append(SeriesResult(
-            key=key, kind=si.kind, unit=si.unit, pid=si.pid, gpu=si.gpu, name=si.name,
-            role=si.role, baseline=baseline, settled=levels, last=vals[-1] if vals else None,
+            **vars(si), baseline=baseline, settled=levels, last=vals[-1] if vals else None,
             growth=c["growth"], noise=c["noise"], threshold=c["threshold"],
             slope_per_request=c["slope"], slope_ci=c["ci"], tau=c["tau"], tau_p=c["tau_p"],
             increments=c["increments"], verdict=c["verdict"], reason=c["reason"],

@@ -75,7 +75,6 @@ class ScopeResult:
 class _Orphan:
     pool_id: tuple[int, int]
     device: int
-    escaped_bytes: int
 
 
 @dataclass
@@ -86,7 +85,6 @@ class _State:
     next_check: float = 0.0
     checked_count: int = 0
     escape_events: int = 0
-    released_orphans: int = 0
     warned: bool = False
     # Per device: large-pool bytes the recent blocks reserved.
     recent_large: dict[int, deque[int]] = field(default_factory=dict)
@@ -143,8 +141,10 @@ def release_parked(*, force: bool = True) -> int:
             return 0
         _state.next_check = time.monotonic() + ORPHAN_CHECK_INTERVAL_S
         torch = load_torch("request_scoped_pool")
-        keep = [o for o in _state.orphans if _pool_alive(torch, o.device, o.pool_id)]
-        freed = [o for o in _state.orphans if o not in keep]
+        keep: list[_Orphan] = []
+        freed: list[_Orphan] = []
+        for o in _state.orphans:
+            (keep if _pool_alive(torch, o.device, o.pool_id) else freed).append(o)
         _state.orphans = keep
         _state.checked_count = len(keep)
     if not freed:
@@ -155,7 +155,6 @@ def release_parked(*, force: bool = True) -> int:
         with torch.cuda.device(device):
             torch.cuda.empty_cache()
         total += max(before - _allocator_bytes(torch, device)[1], 0)
-    _state.released_orphans += len(freed)
     return total
 
 
@@ -253,6 +252,8 @@ def request_scoped_pool(
         _, reserved1, large1 = _allocator_bytes(torch, index)
         result.pool_reserved_bytes = max(reserved1 - reserved0, 0)
         recent.append(max(large1 - large0, 0))
+        # Checked before the drop too: afterwards a clean pool is gone, and asking about it
+        # raises (a C++ error with a backtrace), too dear for every request.
         alive = _pool_alive(torch, index, pool_id)
         # Dropping the pool empties it: its free segments go back to the driver now.
         del pool
@@ -261,7 +262,7 @@ def request_scoped_pool(
             escaped = max(_allocator_bytes(torch, index)[0] - allocated0, 1)
             result.escaped_bytes = escaped
             with _state.lock:
-                _state.orphans.append(_Orphan(pool_id=pool_id, device=index, escaped_bytes=escaped))
+                _state.orphans.append(_Orphan(pool_id=pool_id, device=index))
                 _state.escaped_total += escaped
                 _state.escape_events += 1
             _warn_once(escaped)
@@ -274,7 +275,7 @@ def unguarded_scoped_pool(device: Any = None) -> Iterator[None]:
     Exists only so `vramdoctor ab-test` can show what the guard prevents; do not use it.
     """
     torch = load_torch("unguarded_scoped_pool")
-    index = int(torch.cuda.current_device()) if device is None else torch.device(device).index or 0
+    index = _device_index(torch, device)[0]
     pool = torch.cuda.MemPool()
     try:
         with torch.cuda.use_mem_pool(pool, device=index):
