@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 MIB = 1024 * 1024
 
-GpuSourceName = Literal["nvml", "dcgm", "nvitop"]
 
 # Request outcomes (soak traffic) that mean the server received the request: it may hold memory
 # for failed requests too, so leak rates are per request that reached it, not per success.
@@ -31,6 +30,19 @@ def now() -> tuple[float, float]:
 def _from_dict(cls: type, data: dict[str, Any]) -> Any:
     names = {f.name for f in fields(cls)}
     return cls(**{k: v for k, v in data.items() if k in names})
+
+
+class _Record:
+    """A run-file record: its `kind` tag and its fields; nested types override from_dict."""
+
+    kind: ClassVar[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **asdict(self)}  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Any:
+        return _from_dict(cls, data)
 
 
 @dataclass
@@ -67,7 +79,7 @@ class ProcessGpuMemory:
 
 
 @dataclass
-class GpuSample:
+class GpuSample(_Record):
     """All GPUs and their processes at one instant, from one source."""
 
     kind: ClassVar[str] = "gpu"
@@ -76,9 +88,6 @@ class GpuSample:
     source: str
     gpus: list[GpuMemory] = field(default_factory=list)
     processes: list[ProcessGpuMemory] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, **asdict(self)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GpuSample:
@@ -92,7 +101,7 @@ class GpuSample:
 
 
 @dataclass
-class MetricsSample:
+class MetricsSample(_Record):
     """A server's /metrics at one instant.
 
     `values` holds the series that matter for memory under stable names (see
@@ -107,12 +116,6 @@ class MetricsSample:
     values: dict[str, float] = field(default_factory=dict)
     raw: dict[str, float] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, **asdict(self)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> MetricsSample:
-        return _from_dict(cls, data)
 
 
 @dataclass
@@ -124,16 +127,13 @@ class HostProcessMemory:
 
 
 @dataclass
-class HostSample:
+class HostSample(_Record):
     """Host RAM (RSS) of the server's processes: a host-RAM leak is not a VRAM leak."""
 
     kind: ClassVar[str] = "host"
     t: float
     wall: float
     processes: list[HostProcessMemory] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, **asdict(self)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HostSample:
@@ -145,7 +145,7 @@ class HostSample:
 
 
 @dataclass
-class Event:
+class Event(_Record):
     """A protocol mark (round start/end, idle window, request outcome, error, note)."""
 
     kind: ClassVar[str] = "event"
@@ -154,12 +154,6 @@ class Event:
     name: str
     data: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, **asdict(self)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Event:
-        return _from_dict(cls, data)
 
 
 SAMPLE_TYPES: dict[str, Any] = {

@@ -13,7 +13,7 @@ import platform
 import socket
 import sys
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -152,10 +152,6 @@ class Run:
         return [r for r in self.records if isinstance(r, dict) and r.get("kind") == kind]
 
 
-def _iter_lines(fh: IO[str]) -> Iterator[tuple[int, str]]:
-    yield from enumerate(fh, 1)
-
-
 def read_run(path: str | Path) -> Run:
     """Read a run file. A torn last line is dropped and noted; a foreign file is an InputError."""
     path = Path(path)
@@ -168,7 +164,7 @@ def read_run(path: str | Path) -> Run:
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror}") from None
     with fh:
-        lines = list(_iter_lines(fh))
+        lines = list(enumerate(fh, 1))
     if not lines:
         raise InputError(f"{path} is empty: not a vramdoctor run file")
     try:

@@ -23,7 +23,7 @@ from ..load.client import LoadClient
 from ..load.images import generate_images, load_image_dir, parse_image_size
 from ..load.protocol import Protocol, ProtocolConfig
 from ..load.workload import build_requests
-from ..model import Event, now
+from ..model import Event, GpuSample, now
 from ..record import Run, RunWriter, make_header, read_run
 from ..redact import redact_url
 from ..report import console
@@ -99,15 +99,13 @@ class _Roles:
         self.last_gpu_sample: Any = None
 
     def on_sample(self, _name: str, record: Any) -> None:
-        from ..model import GpuSample
-
         if isinstance(record, GpuSample):
             self.last_gpu_sample = record
 
     def __call__(self) -> dict[int, str]:
         if time.monotonic() - self._at >= self.every_s:
             self._at = time.monotonic()
-            found = discover_server(self.url)
+            found = self.found if self.found.remote else discover_server(self.url)
             if found.found:
                 self.found = found
             if self.last_gpu_sample is not None:
@@ -240,8 +238,7 @@ def soak_cmd(
 
     # --- sources ----------------------------------------------------------------------------
     roles_fn = _Roles(base, list(pids or []))
-    remote = not roles_fn.found.found and roles_fn.found.reason is not None and \
-        roles_fn.found.reason.startswith("server is on another host")
+    remote = roles_fn.found.remote
     gpu_src, gpu_note = _gpu_source(gpu_metrics, gpus, remote)
     if gpu_note:
         console.note(gpu_note)

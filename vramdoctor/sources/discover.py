@@ -26,6 +26,8 @@ class ServerProcesses:
     root_pids: list[int] = field(default_factory=list)
     tree: dict[int, str] = field(default_factory=dict)  # pid -> name
     reason: str | None = None
+    # The URL's host is not this machine: nothing here can be found, now or later.
+    remote: bool = False
 
     @property
     def found(self) -> bool:
@@ -110,7 +112,7 @@ def discover_server(url: str) -> ServerProcesses:
     """The listening port's owner and its process tree, when the server is on this host."""
     if not is_local(url):
         return ServerProcesses(reason="server is on another host: no per-process memory here "
-                               "(use --gpu-metrics for its GPUs)")
+                               "(use --gpu-metrics for its GPUs)", remote=True)
     port = url_port(url)
     roots, reason = listening_pids(port)
     if not roots:
@@ -120,8 +122,7 @@ def discover_server(url: str) -> ServerProcesses:
         forwarder = names.get(roots[0], "?")
         return ServerProcesses(reason=f"port {port} is forwarded by {forwarder}: the server runs in "
                                "a container; its GPU processes are watched instead")
-    # A listener whose parent listens too (forking servers) is not a root of its own.
-    return ServerProcesses(root_pids=roots, tree=process_tree(roots))
+    return ServerProcesses(root_pids=roots, tree=names)
 
 
 def gpu_peers(sample: GpuSample, server_pids: Iterable[int]) -> dict[int, str]:

@@ -121,7 +121,6 @@ def _sorted(mems: list[GpuMemory | None]) -> list[GpuMemory]:
 
 
 def parse_nvitop(families: Iterable[Any]) -> tuple[list[GpuMemory], list[ProcessGpuMemory]]:
-    families = list(families)
     gpus: dict[tuple[str, str], _Gpu] = {}
     commands: dict[tuple[str, str, str], str] = {}
     proc_rows: list[tuple[dict[str, str], float | None]] = []
@@ -186,13 +185,6 @@ class ExporterSource:
             Scraper(u, what="GPU exporter", timeout=timeout, headers=headers) for u in urls
         ]
         self.name = "exporter"
-
-    @property
-    def shown_urls(self) -> list[str]:
-        return [s.shown_url for s in self._scrapers]
-
-    def open(self) -> ExporterSource:
-        return self
 
     def close(self) -> None:
         for s in self._scrapers:

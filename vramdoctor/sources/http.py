@@ -54,16 +54,13 @@ class Scraper:
         default_path: str = "/metrics",
     ) -> None:
         self.url = metrics_url(url, default_path)
+        # The URL as it may be printed or recorded (credentials removed).
+        self.shown_url = redact_url(self.url)
         self.what = what
         self.timeout = timeout
         self._session = requests.Session()
         if headers:
             self._session.headers.update(headers)
-
-    @property
-    def shown_url(self) -> str:
-        """The URL as it may be printed or recorded (credentials removed)."""
-        return redact_url(self.url)
 
     def get_text(self) -> str:
         try:

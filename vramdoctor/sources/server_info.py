@@ -8,7 +8,7 @@ server that answers none of them is not there: SourceUnavailable, one line.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import requests
@@ -26,7 +26,6 @@ class ServerInfo:
     model: str | None = None
     memory_usage: dict[str, Any] | None = None
     owned_by: str | None = None
-    notes: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         name = {"sglang": "SGLang", "vllm": "vLLM"}.get(self.kind, "an OpenAI-compatible server")
@@ -60,16 +59,20 @@ def base_url(url: str) -> str:
     return full
 
 
-def _get(session: requests.Session, url: str, timeout: float) -> Any:
-    try:
-        resp = session.get(url, timeout=timeout)
-    except requests.RequestException:
-        return None
+def _body(resp: requests.Response) -> Any:
+    """The JSON of a 200 answer (None when it is not JSON), else the status code."""
     if resp.status_code != 200:
         return resp.status_code
     try:
         return resp.json()
     except ValueError:
+        return None
+
+
+def _get(session: requests.Session, url: str, timeout: float) -> Any:
+    try:
+        return _body(session.get(url, timeout=timeout))
+    except requests.RequestException:
         return None
 
 
@@ -85,12 +88,16 @@ def _sglang_memory(info: dict[str, Any]) -> dict[str, Any] | None:
 def identify(url: str, headers: dict[str, str] | None = None, timeout: float = 5.0) -> ServerInfo:
     """Probe the server; raise SourceUnavailable when nothing OpenAI-like answers at url."""
     base = base_url(url)
+    with requests.Session() as s:
+        if headers:
+            s.headers.update(headers)
+        return _identify(s, base, timeout)
+
+
+def _identify(s: requests.Session, base: str, timeout: float) -> ServerInfo:
     shown = redact_url(base)
-    s = requests.Session()
-    if headers:
-        s.headers.update(headers)
     try:
-        s.get(base + "/v1/models", timeout=timeout)
+        models = _body(s.get(base + "/v1/models", timeout=timeout))
     except requests.exceptions.SSLError:  # a subclass of ConnectionError: the port is there
         raise SourceUnavailable(f"TLS handshake with {shown} failed: does the server speak plain "
                                 "http (try http://), or is its certificate not trusted?") from None
@@ -112,7 +119,6 @@ def identify(url: str, headers: dict[str, str] | None = None, timeout: float = 5
         data = _get(s, base + "/version", timeout)
         if isinstance(data, dict) and isinstance(data.get("version"), str):
             info = ServerInfo("vllm", base, version=data["version"])
-    models = _get(s, base + "/v1/models", timeout)
     if models in (401, 403):
         raise SourceUnavailable(
             f"the server at {shown} refused /v1/models (HTTP {models}): pass --api-key or set OPENAI_API_KEY"

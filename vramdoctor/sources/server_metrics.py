@@ -15,6 +15,7 @@ pool is what runs out first).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -161,7 +162,7 @@ def map_families(
     for fam in families:
         for s in fam.samples:
             value = float(s.value)
-            if value != value or value in (float("inf"), float("-inf")):
+            if not math.isfinite(value):
                 continue  # NaN/Inf cannot go into a JSON run file
             labels = dict(s.labels)
             by_name.setdefault(s.name, []).append((labels, value))
