@@ -100,6 +100,8 @@ def test_sglang_cuda_ipc_017_and_pool_full(tmp_path: Path) -> None:
     assert {"sglang-cuda-ipc-tp", "sglang-mm-feature-pool-full"} <= ids
     ipc = next(x for x in d.findings if x.id == "sglang-cuda-ipc-tp")
     assert "2.46 GiB" in ipc.title  # 3 x 500 MiB contexts + 1024 MiB pool (one worker)
+    # the pool-full line names "IPC" and "MmItemMemoryPool": one event, not one per route
+    assert len(d.events_of("mm_feature_pool_full")) == 1
 
 
 def test_sglang_busy_and_hybrid_leak_wordings(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ MEMORY_KEYS = (
     "out of memory", "outofmemoryerror", "cudaerrormemoryallocation", "memory pool end",
     "total_gpu_memory", "no available memory", "max seq len", "free memory on device",
     "not enough memory", "alloc_req_slots", "out of resource", "ran out of gpu memory",
-    "mmitemmemorypool", "not enough gpu memory", "failed to register memory",
+    "not enough gpu memory", "failed to register memory",
 )
 
 
@@ -47,7 +47,7 @@ def gb(text: str | None) -> float | None:
 def _memory_plan(t: str) -> tuple[Any, ...] | None:
     """What a memory line says, as a pure function of its text (memoised: see memory_plan).
 
-    None (nothing), ("oom", text), ("facts", ((name, value), ...), sglang votes), ("ipc",) or
+    None (nothing), ("oom", text), ("facts", ((name, value), ...), sglang votes) or
     ("event", kind, phase, data, sglang votes, text); the handler applies it to the state.
     """
     low = t.lower()
@@ -106,8 +106,6 @@ def _memory_plan(t: str) -> tuple[Any, ...] | None:
         data = {"address": m.group(1), "error": (m.group(2) or "").strip()}
     elif m := P.MM_CPU_RETRY.search(text):
         kind, phase = "mm_preprocess_gpu_oom", "preprocessing"
-    elif "MmItemMemoryPool" in text:
-        return ("ipc",)
     if kind is None:
         return None
     return ("event", kind, phase, data, votes, text)
@@ -134,7 +132,6 @@ class EventsMixin:
     def ev(self, hit: Hit, text: str | None = None) -> Evidence: ...  # provided by FileExtractor
     def put(self, name: str, value: Any, prio: float, evidence: Evidence | Hit) -> None: ...
     def add_event(self, event: Event) -> None: ...
-    def _ipc(self, hit: Hit, t: str) -> None: ...
 
     def _exception(self, hit: Hit, t: str) -> None:
         if "Scheduler hit" in t or "TpModelWorkerClient hit" in t:
@@ -210,8 +207,6 @@ class EventsMixin:
             for name, value in plan[1]:
                 self.put(name, value, RUNTIME, hit)
             self.votes["sglang"] += plan[2]
-        elif what == "ipc":
-            self._ipc(hit, t)
         else:  # "event"
             _, kind, phase, data, votes, text = plan
             self.votes["sglang"] += votes

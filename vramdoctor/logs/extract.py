@@ -518,7 +518,7 @@ def _dispatch(t: str) -> tuple[Step, ...]:
         steps.append(X._backend)
     if "image processor" in t and P.SLOW_PROCESSOR.search(t):
         steps.append(X._slow_processor)
-    if "IPC" in t or "transport" in t:
+    if "IPC" in t or "transport" in t or "MmItemMemoryPool" in t:
         steps.append(X._ipc)
     if "world size" in t:
         steps.append(X._world_size)
