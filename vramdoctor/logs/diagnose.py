@@ -153,8 +153,8 @@ def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
             for k in votes:
                 votes[k] += ex.votes[k]
     server = _server(votes) if any(fs.recognised for fs in summaries) else None
-    facts, extra = _merge_facts([ex for ex, fs in zip(exs, summaries, strict=True) if fs.recognised])
     used = [ex for ex, fs in zip(exs, summaries, strict=True) if fs.recognised]
+    facts, extra = _merge_facts(used)
     if facts.tp_size is None:
         tp = _tp_from_ranks(used)
         note = f"ranks 0..{tp - 1} all appear" if tp else ""
@@ -177,8 +177,6 @@ def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
     facts.fast_image_processor = fast
     if fast_ev is not None:
         facts.evidence["fast_image_processor"] = fast_ev
-    if facts.cuda_ipc_transport is None and server == "vllm":
-        facts.cuda_ipc_transport = None
     version = None
     version_ev = None
     for ex in used:

@@ -8,12 +8,11 @@ traceback before it (innermost marker wins), else from the startup stage the log
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
 
 from . import patterns as P
 from .model import EVIDENCE_CHARS, INFERRED, MAX_EVENTS_PER_KIND, RUNTIME, Event, Evidence
-from .normalize import CACHE_LINE_CHARS, CACHE_LINES, clean, is_continuation, strip_noise
+from .normalize import clean, is_continuation, short_line_memo, strip_noise
 from .reader import Hit
 
 GIB = 1024.0
@@ -44,8 +43,9 @@ def gb(text: str | None) -> float | None:
     return None if text is None else round(float(text) * GIB, 1)
 
 
-def _memory_plan(t: str) -> tuple[Any, ...] | None:
-    """What a memory line says, as a pure function of its text (memoised: see memory_plan).
+@short_line_memo()
+def memory_plan(t: str) -> tuple[Any, ...] | None:
+    """What a memory line says, as a pure function of its text (memoised for short lines).
 
     None (nothing), ("oom", text), ("facts", ((name, value), ...), sglang votes) or
     ("event", kind, phase, data, sglang votes, text); the handler applies it to the state.
@@ -109,14 +109,6 @@ def _memory_plan(t: str) -> tuple[Any, ...] | None:
     if kind is None:
         return None
     return ("event", kind, phase, data, votes, text)
-
-
-_memory_plan_cached = lru_cache(maxsize=CACHE_LINES)(_memory_plan)
-
-
-def memory_plan(t: str) -> tuple[Any, ...] | None:
-    """`_memory_plan`, memoised for short lines: an error repeated 10^5 times is parsed once."""
-    return _memory_plan_cached(t) if len(t) <= CACHE_LINE_CHARS else _memory_plan(t)
 
 
 class EventsMixin:

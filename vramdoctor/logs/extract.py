@@ -13,7 +13,6 @@ import contextlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from ..redact import REDACTED, redact_text
@@ -32,7 +31,7 @@ from .model import (
     Event,
     Evidence,
 )
-from .normalize import CACHE_LINE_CHARS, CACHE_LINES, clean, strip_noise
+from .normalize import CACHE_LINE_CHARS, CACHE_LINES, clean, short_line_memo, strip_noise
 from .reader import Hit
 
 # Argument names whose values are secrets (api_key, hf_token, admin_api_key, ssl_keyfile_password).
@@ -200,8 +199,15 @@ class FileExtractor(EventsMixin):
         text = t
         if balanced_end(text, opener_at, text[opener_at]) < 0:
             for nxt in hit.after(400):
-                text += strip_noise(nxt)  # a terminal wrap splits anywhere: join as is
-                if len(text) > MAX_DUMP_CHARS or balanced_end(text, opener_at, text[opener_at]) > 0:
+                piece = strip_noise(nxt)
+                text += piece  # a terminal wrap splits anywhere: join as is
+                if len(text) > MAX_DUMP_CHARS:
+                    break
+                # The dump can only close on a closing bracket of the new piece: rescanning
+                # the whole text after every piece without one made wrapped dumps quadratic.
+                if ("]" in piece or ")" in piece or "}" in piece) and balanced_end(
+                    text, opener_at, text[opener_at]
+                ) > 0:
                     break
         args, _complete = parse_dump(text, opener_at)
         for key, value in args.items():
@@ -241,18 +247,11 @@ class FileExtractor(EventsMixin):
     def _apply_sglang_args(self, a: dict[str, Any], e: Evidence) -> None:
         self.put("server_args", a, ARGS, e)
         self.put("model", a.get("model_path"), ARGS, e)
-        for key, fact in (
-            ("tp_size", "tp_size"),
-            ("dp_size", "dp_size"),
-            ("pp_size", "pp_size"),
-            ("tokenizer_worker_num", "tokenizer_worker_num"),
-            ("cuda_graph_max_bs", "cuda_graph_max_bs"),
-            ("chunked_prefill_size", "chunked_prefill_size"),
-            ("max_running_requests", "max_running_requests"),
-            ("max_total_tokens", "max_total_tokens"),
-            ("context_length", "context_length"),
+        for key in (
+            "tp_size", "dp_size", "pp_size", "tokenizer_worker_num", "cuda_graph_max_bs",
+            "chunked_prefill_size", "max_running_requests", "max_total_tokens", "context_length",
         ):
-            self._put_number(a, key, fact, e, int)
+            self._put_number(a, key, key, e, int)
         self._put_number(a, "mem_fraction_static", "mem_fraction_static", e, float)
         v = a.get("attention_backend")
         if isinstance(v, str) and v:
@@ -490,7 +489,8 @@ class FileExtractor(EventsMixin):
 Step = Callable[[FileExtractor, Hit, str], None]
 
 
-def _dispatch(t: str) -> tuple[Step, ...]:
+@short_line_memo()
+def dispatch(t: str) -> tuple[Step, ...]:
     """The handlers a line's text selects, in order. Every gate is a pure function of the
     text (a substring, or a regex the handler needs anyway), so the choice is memoised."""
     X = FileExtractor
@@ -513,8 +513,8 @@ def _dispatch(t: str) -> tuple[Step, ...]:
         steps.append(X._kv)
     if "aptur" in t:
         steps.append(X._graphs)
-    frame = 'File "' in t  # a traceback frame: only its path matters, read via lookback
-    if "backend" in t and not frame and ("Use " in t or "Using " in t):
+    # (Traceback frames never get here: the reader skips them; errors read them via lookback.)
+    if "backend" in t and ("Use " in t or "Using " in t):
         steps.append(X._backend)
     if "image processor" in t and P.SLOW_PROCESSOR.search(t):
         steps.append(X._slow_processor)
@@ -544,28 +544,16 @@ def _dispatch(t: str) -> tuple[Step, ...]:
         steps.append(X._ready)
     if "eak d" in t or "eak D" in t:
         steps.append(X._leak)
-    if ("emory" in t or "out of resource" in t or "max seq len" in t) and not frame:
+    if "emory" in t or "out of resource" in t or "max seq len" in t:
         steps.append(X._memory)
     return tuple(steps)
 
 
-_dispatch_cached = lru_cache(maxsize=CACHE_LINES)(_dispatch)
-
-
-def dispatch(t: str) -> tuple[Step, ...]:
-    """`_dispatch`, memoised for short lines (bounded: CACHE_LINES entries of CACHE_LINE_CHARS)."""
-    return _dispatch_cached(t) if len(t) <= CACHE_LINE_CHARS else _dispatch(t)
-
-
-def _engine_config(t: str) -> tuple[str | None, dict[str, str]] | None:
-    """(version, config key -> value) of vLLM's "Initializing an LLM engine" line (read only)."""
+@short_line_memo(maxsize=64)
+def engine_config(t: str) -> tuple[str | None, dict[str, str]] | None:
+    """(version, config key -> value) of vLLM's "Initializing an LLM engine" line (read only;
+    memoised: the line is long and repeats on every engine restart)."""
     m = P.VLLM_ENGINE.search(t)
     return None if m is None else (m.group(1), dict(P.VLLM_CONFIG_KV.findall(m.group(2))))
 
 
-_engine_config_cached = lru_cache(maxsize=64)(_engine_config)
-
-
-def engine_config(t: str) -> tuple[str | None, dict[str, str]] | None:
-    """`_engine_config`, memoised: the line is long and repeats on every engine restart."""
-    return _engine_config_cached(t) if len(t) <= CACHE_LINE_CHARS else _engine_config(t)

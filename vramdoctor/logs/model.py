@@ -164,12 +164,6 @@ class Diagnosis:
     def events_of(self, *kinds: str) -> list[Event]:
         return [e for e in self.events if e.kind in kinds]
 
-    @property
-    def worst(self) -> str | None:
-        if not self.findings:
-            return None
-        return min(self.findings, key=lambda f: SEVERITY_RANK[f.severity]).severity
-
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,

@@ -8,8 +8,10 @@ message, not the noise) and for the rank tags (TP0, rank=1) that say which proce
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, wraps
+from typing import TypeVar
 
 from . import patterns as P
 
@@ -17,6 +19,7 @@ from . import patterns as P
 # short lines are memoised. Both bounds keep memory flat: entries and the length of a key.
 CACHE_LINES = 2048
 CACHE_LINE_CHARS = 4096
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -36,12 +39,25 @@ def strip_noise(line: str) -> str:
     return line.strip("`")
 
 
+def short_line_memo(maxsize: int = CACHE_LINES) -> Callable[[Callable[[str], T]], Callable[[str], T]]:
+    """Memoise a pure function of one line, for lines up to CACHE_LINE_CHARS: an error repeated
+    10^5 times is parsed once, and a megabyte argument dump is never kept."""
+
+    def wrap(fn: Callable[[str], T]) -> Callable[[str], T]:
+        cached = lru_cache(maxsize=maxsize)(fn)
+
+        @wraps(fn)
+        def call(line: str) -> T:
+            return cached(line) if len(line) <= CACHE_LINE_CHARS else fn(line)
+
+        return call
+
+    return wrap
+
+
+@short_line_memo()
 def clean(line: str) -> Clean:
-    """Strip the wrappers in the order they are applied outside-in (memoised for short lines)."""
-    return _clean_cached(line) if len(line) <= CACHE_LINE_CHARS else _clean(line)
-
-
-def _clean(line: str) -> Clean:
+    """Strip the wrappers in the order they are applied outside-in."""
     s = strip_noise(line)
     for rx in (P.COMPOSE, P.JOURNALD):
         m = rx.match(s)
@@ -69,9 +85,6 @@ def _clean(line: str) -> Clean:
                 s = s[m.end() :]
                 break
     return Clean(s.strip(), ranks)
-
-
-_clean_cached = lru_cache(maxsize=CACHE_LINES)(_clean)
 
 
 def is_continuation(raw: str) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..model import Diagnosis, Event, Facts, Finding
 from . import Rule
-from ._common import mib
+from ._common import first_evidence, mib
 
 SMALL_PROCESS_MIB = 4096.0  # a process this small next to the server is a context or side work
 
@@ -21,7 +21,7 @@ PHASE_NAMES = {
 }
 
 
-def _fix(phase: str | None, server: str | None, f: Facts) -> str:
+def _fix(phase: str | None, server: str | None) -> str:
     sg = server != "vllm"
     frac = "--mem-fraction-static" if sg else "--gpu-memory-utilization"
     if phase == "weight_load":
@@ -61,22 +61,15 @@ def _fix(phase: str | None, server: str | None, f: Facts) -> str:
     return f"Lower {frac} to leave headroom and check the settings listed; see the traceback for the phase."
 
 
-def _budget(f: Facts, server: str | None) -> str:
+def _budget(f: Facts) -> str:
     parts = []
-    for name, label in (
-        ("mem_fraction_static", "mem_fraction_static"),
-        ("gpu_memory_utilization", "gpu_memory_utilization"),
-        ("max_total_tokens", "max_total_tokens"),
-        ("cuda_graph_max_bs", "cuda_graph_max_bs"),
-        ("chunked_prefill_size", "chunked_prefill_size"),
-        ("max_running_requests", "max_running_requests"),
-        ("context_length", "context_length"),
-        ("max_model_len", "max_model_len"),
-        ("tp_size", "tp_size"),
+    for name in (
+        "mem_fraction_static", "gpu_memory_utilization", "max_total_tokens", "cuda_graph_max_bs",
+        "chunked_prefill_size", "max_running_requests", "context_length", "max_model_len", "tp_size",
     ):
         v = getattr(f, name)
         if v is not None:
-            parts.append(f"{label}={v}")
+            parts.append(f"{name}={v}")
     return ", ".join(parts) if parts else "not shown in the log"
 
 
@@ -114,7 +107,7 @@ def check(d: Diagnosis) -> list[Finding]:
         others = [p for e in group for p in e.data.get("processes", [])]
         expl = (
             f"CUDA out of memory {PHASE_NAMES.get(phase, phase)} ({len(group)} of {total} OOM line(s)); "
-            f"{_figures(first)}. Budget settings in the log: {_budget(d.facts, d.server)}."
+            f"{_figures(first)}. Budget settings in the log: {_budget(d.facts)}."
         )
         reserved = first.data.get("reserved_unallocated_mib")
         if reserved and reserved > 1024:
@@ -144,9 +137,9 @@ def check(d: Diagnosis) -> list[Finding]:
                 id=RULE.id,
                 severity="critical",
                 title=f"CUDA out of memory {PHASE_NAMES.get(phase, phase)}",
-                evidence=[e.evidence for e in group[:3]],
+                evidence=first_evidence(group),
                 explanation=expl,
-                fix=_fix(phase, d.server, d.facts)
+                fix=_fix(phase, d.server)
                 + " Run `vramdoctor census` to see every process's memory on each GPU, and"
                 " `vramdoctor soak` to tell steady growth (leak) from a one-off peak.",
             )
