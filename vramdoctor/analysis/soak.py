@@ -27,6 +27,7 @@ import numpy as np
 from scipy.stats import kendalltau, theilslopes
 
 from ..model import REACHED_SERVER, Event, GpuSample, HostSample, MetricsSample
+from .census import CONTEXT_MIB
 
 SCHEMA = "vramdoctor.soak/1"
 
@@ -431,27 +432,25 @@ def _host_available(raw: list[dict[str, Any]]) -> float | None:
     return None
 
 
-def _main_gpu(series: list[SeriesResult], pid: int | None) -> int | None:
-    """The GPU where a process holds most memory."""
-    best = None
+def _main_gpus(series: list[SeriesResult]) -> dict[int | None, int | None]:
+    """pid -> the GPU where the process holds most memory (the first, on a tie)."""
+    best: dict[int | None, tuple[int | None, float]] = {}
     for s in series:
-        if s.kind == "gpu_process" and s.pid == pid and s.last is not None and (
-            best is None or s.last > best[1]
-        ):
-            best = (s.gpu, s.last)
-    return best[0] if best else None
+        if s.kind == "gpu_process" and s.last is not None and (s.pid not in best or s.last > best[s.pid][1]):
+            best[s.pid] = (s.gpu, s.last)
+    return {pid: gpu for pid, (gpu, _) in best.items()}
 
 
-def stray_contexts(series: list[SeriesResult], lo: float = 300.0, hi: float = 700.0) -> list[SeriesResult]:
+def stray_contexts(
+    series: list[SeriesResult], lo: float = CONTEXT_MIB[0], hi: float = CONTEXT_MIB[1]
+) -> list[SeriesResult]:
     """Context-sized footprints of a process on a GPU that is not its main one."""
-    out = []
-    for s in series:
-        if s.kind != "gpu_process" or s.last is None or not lo <= s.last <= hi:
-            continue
-        main = _main_gpu(series, s.pid)
-        if main is not None and main != s.gpu:
-            out.append(s)
-    return out
+    main = _main_gpus(series)
+    return [
+        s for s in series
+        if s.kind == "gpu_process" and s.last is not None and lo <= s.last <= hi
+        and main.get(s.pid) is not None and main[s.pid] != s.gpu
+    ]
 
 
 def analyse(
@@ -492,8 +491,7 @@ def analyse(
     results.sort(key=lambda s: (order[s.kind], -(s.growth or 0.0), s.key))
 
     load_s = sum(r.load_s or 0.0 for r in rounds)
-    reached = sum(r.reached for r in rounds)
-    rph = reached / load_s * 3600.0 if load_s > 0 and reached else None
+    rph = total / load_s * 3600.0 if load_s > 0 and total else None
     notes: list[str] = []
     if not rounds:
         notes.append("no round was started")
@@ -528,7 +526,6 @@ def analyse(
             if cs.kind != "rss":
                 free = _last_free(records, cs.gpu)
             if cs.kind == "kv":
-                leak_pr = None
                 kv_mib = _kv_pool_mib(records, header)
                 if kv_mib and cs.slope_per_request is not None:
                     leak_pr = cs.slope_per_request * kv_mib
@@ -621,7 +618,7 @@ def _fmt_hours(h: float | None) -> str:
     return f"{h / 24:.1f} days"
 
 
-def _where(cs: SeriesResult | None, culprit: dict[str, Any]) -> str:
+def _where(cs: SeriesResult | None) -> str:
     if cs is None:
         return "memory"
     if cs.kind == "rss":
@@ -646,7 +643,7 @@ def _sentence(verdict: str, culprit: dict[str, Any], cs: SeriesResult | None, le
               leak_ph: float | None, hours: float | None, results: list[SeriesResult],
               rounds: list[RoundInfo]) -> str:
     n = len([r for r in rounds if r.reached])
-    where = _where(cs, culprit)
+    where = _where(cs)
     if verdict == LEAK:
         layer = {"host_ram": "a host-RAM leak (not VRAM)", "kv_pages": "a KV page leak",
                  "allocator": "allocator memory that is never freed" + _kv_flat(results),

@@ -64,14 +64,12 @@ def _report_suffix(report_file: Path) -> str:
 
 
 def _emit(result: Census, *, json_out: bool, report_file: Path | None) -> int:
-    if report_file is not None:
-        _report_suffix(report_file)  # refuse before printing anything
+    suffix = None if report_file is None else _report_suffix(report_file)  # refuse before printing
     if json_out:
         console.print_json(result.to_dict())
     else:
         render(result, console.stdout())
     if report_file is not None:
-        suffix = _report_suffix(report_file)
         rec = Console(record=True, width=140, color_system=None if suffix == ".txt" else "truecolor",
                       file=io.StringIO())
         render(result, rec)

@@ -142,8 +142,9 @@ def _emit(result: SoakResult, records: list[Any], *, json_out: bool, report_file
     return int(ExitCode.PROBLEM) if result.verdict == LEAK else int(ExitCode.OK)
 
 
-def report_run(run: Run, *, json_out: bool, report_file: Path | None) -> int:
-    """`vramdoctor report RUN.jsonl` for a soak run: the same analysis, offline."""
+def report_run(run: Run, *, json_out: bool, report_file: Path | None, run_path: Path | None = None) -> int:
+    """A soak run's analysis and report from its run file: at the end of `soak` (which passes
+    the run's path) and offline in `vramdoctor report RUN.jsonl`."""
     from ..analysis.soak import Thresholds, analyse
 
     _check_report_suffix(report_file)
@@ -154,7 +155,7 @@ def report_run(run: Run, *, json_out: bool, report_file: Path | None) -> int:
     if run.torn_tail:
         result.notes.append("the run file's last line was torn (the writer was killed); it was skipped")
     return _emit(result, run.records, json_out=json_out, report_file=report_file,
-                 target=run.header.get("target"), run_path=None)
+                 target=run.header.get("target"), run_path=run_path)
 
 
 @app.command("soak")
@@ -283,7 +284,7 @@ def soak_cmd(
     }
     # Imported before the run file exists: scipy takes a second to import, and a Ctrl-C in that
     # second must land inside the try below (partial report, run file closed), not before it.
-    from ..analysis.soak import Thresholds, analyse
+    from ..analysis import soak as _analysis  # noqa: F401  (imported early, see above)
     from ..report.soak import LiveView
 
     header = make_header("soak", target=base, gpus=devices, config=config, secrets=secrets)
@@ -339,11 +340,7 @@ def soak_cmd(
                 src.close()
     if protocol.state.stopped_by == "server-gone":
         console.note("the server stopped answering: remaining rounds skipped")
-    run = read_run(run_path)
-    result = analyse(run.records, header=run.header, raw_host=run.raw("host_memory"),
-                     status=status, th=Thresholds(min_growth_mib=min_growth_mib))
-    code = _emit(result, run.records, json_out=json_out, report_file=report_file,
-                 target=redact_url(base), run_path=run_path)
+    code = report_run(read_run(run_path), json_out=json_out, report_file=report_file, run_path=run_path)
     raise typer.Exit(INTERRUPTED if status == "interrupted" else code)
 
 

@@ -76,11 +76,12 @@ def load_image_dir(path: Path, limit: int = 64) -> list[PromptImage]:
     out: list[PromptImage] = []
     for p in files[:limit]:
         try:
-            with Image.open(p) as img:
+            data = p.read_bytes()
+            with Image.open(io.BytesIO(data)) as img:
                 img.verify()
         except Exception:
             raise InputError(f"--image-dir: {p} is not a readable image") from None
-        out.append(PromptImage(p.read_bytes(), IMAGE_SUFFIXES[p.suffix.lower()], p.name))
+        out.append(PromptImage(data, IMAGE_SUFFIXES[p.suffix.lower()], p.name))
     return out
 
 

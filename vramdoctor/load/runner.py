@@ -54,8 +54,6 @@ class RoundResult:
     outcomes: Counter[str] = field(default_factory=Counter)
     latencies: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # a few distinct messages
-    started: float = 0.0
-    ended: float = 0.0
 
     @property
     def ok(self) -> int:
@@ -76,7 +74,7 @@ def run_round(
     on_result: Callable[[PlannedRequest, Outcome], None] | None = None,
 ) -> RoundResult:
     """Send the round's requests (in order, `concurrency` at a time) until done or bounded."""
-    result = RoundResult(started=time.monotonic())
+    result = RoundResult()
     lock = threading.Lock()
     next_index = [0]
 
@@ -115,5 +113,4 @@ def run_round(
     for t in threads:
         while t.is_alive():
             t.join(0.1)
-    result.ended = time.monotonic()
     return result

@@ -124,14 +124,16 @@ class LiveView:
                                  TimeElapsedColumn(), console=console)
         self._t_rounds = self.progress.add_task("rounds", total=rounds)
         self._t_reqs = self.progress.add_task("requests (round)", total=per_round)
-        self._live = Live(self._render(), console=console, refresh_per_second=4, transient=False)
+        # Live redraws from _render 4 times a second (and once at exit); feeding it data does
+        # not rebuild the display for every sample.
+        self._live = Live(get_renderable=self._render, console=console, refresh_per_second=4,
+                          transient=False)
 
     def __enter__(self) -> LiveView:
         self._live.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._live.update(self._render())
         self._live.__exit__(*exc)
 
     def on_sample(self, source: str, record: Any) -> None:
@@ -145,9 +147,8 @@ class LiveView:
             elif isinstance(record, HostSample):
                 for p in record.processes:
                     self._series[f"RSS pid {p.pid} {p.name or ''}".strip()].append(p.rss_mib)
-            elif isinstance(record, MetricsSample) and kv_usage(record) is not None:
-                self._series["KV usage (ratio)"].append(kv_usage(record))
-        self._live.update(self._render())
+            elif isinstance(record, MetricsSample) and (kv := kv_usage(record)) is not None:
+                self._series["KV usage (ratio)"].append(kv)
 
     def on_result(self, _req: Any, outcome: Any) -> None:
         with self._lock:
@@ -163,7 +164,6 @@ class LiveView:
         if state.phase_ends_at and state.phase in ("idle", "baseline"):
             left = max(0.0, state.phase_ends_at - time.monotonic())
             self.phase = f"{state.phase} ({left:.0f} s left)"
-        self._live.update(self._render())
 
     def _render(self) -> Group:
         table = Table(box=None, show_header=True, pad_edge=False)
