@@ -18,8 +18,7 @@ from vramdoctor.abtest.processor import load_processor
 from vramdoctor.abtest.workload import make_image
 from vramdoctor.fixes import escaped_bytes, outputs_to_cpu, request_scoped_pool
 from vramdoctor.fixes._torch import load_torch
-
-MIB = 1024 * 1024
+from vramdoctor.model import MIB
 
 
 def main() -> None:

@@ -29,6 +29,14 @@ def _percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
+def above_context_mib(record: dict[str, Any], context_mib: float | None) -> float:
+    """MiB a request or round record holds above the CUDA context: NVML minus the context, or
+    PyTorch reserved where NVML could not attribute the worker's memory (context_mib None)."""
+    if context_mib is None:
+        return float(record.get("reserved_mib") or 0.0)
+    return float(record["nvml_mib"]) - context_mib
+
+
 def grows(levels: list[float], tolerance: float = GROWTH_TOLERANCE_MIB) -> bool:
     """Still growing: a positive trend after the first round AND a new high in the last round.
 
@@ -67,12 +75,12 @@ def _variant_summary(name: str, recs: dict[str, list[dict[str, Any]]]) -> dict[s
     # NVML attributes memory to our PID unless the worker ran in another PID namespace; then
     # every figure falls back to PyTorch's reserved memory (the allocator's view, no context).
     nvml_ok = raw_context is not None and all(r.get("nvml_mib") is not None for r in [*requests, *rounds])
-    context_mib = float(raw_context) if nvml_ok else 0.0
+    context_mib = float(raw_context) if nvml_ok else None
     requests_t = [r for r in requests if r.get("latency_ms") is not None]
     latencies = [float(r["latency_ms"]) for r in requests_t]
 
     def level(r: dict[str, Any]) -> float:
-        return float(r["nvml_mib"]) - context_mib if nvml_ok else float(r.get("reserved_mib") or 0.0)
+        return above_context_mib(r, context_mib)
 
     above = [level(r) for r in requests]
     round_rows = [

@@ -202,51 +202,26 @@ def run_ipc_subprocess(
     Its spawned producer/consumers then re-import a module with a main guard (whatever
     started the CLI may not have one), and the CLI process stays off every GPU.
     """
-    import json
-    import subprocess
     import sys
 
-    from .runner import PREFIX
+    from .protocol import stream
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vramdoctor.abtest.ipc_arm", str(gpu_count)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-    )
-    tail: list[str] = []
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith(PREFIX):
-                sink(json.loads(line[len(PREFIX):]))
-            else:
-                tail = [*tail[-19:], line.rstrip("\n")]
-        rc = proc.wait(timeout=timeout_s)
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
+    rc, tail, timed_out = stream([sys.executable, "-m", "vramdoctor.abtest.ipc_arm", str(gpu_count)],
+                                 sink, timeout_s=timeout_s, tail_lines=20)
     if rc != 0:
-        sink({"kind": "abtest.ipc", "mode": "failed", "error": f"IPC arm exited with code {rc}",
-              "log_tail": tail[-10:], "consumers": []})
+        error = f"IPC arm gave no result within {timeout_s:.0f} s" if timed_out else f"IPC arm exited with code {rc}"
+        sink({"kind": "abtest.ipc", "mode": "failed", "error": error, "log_tail": tail[-10:], "consumers": []})
     return rc
 
 
 def main(argv: list[str] | None = None) -> int:
-    import json
     import sys
 
-    from ..record import dumps
     from .gpumem import census
-    from .runner import PREFIX
+    from .protocol import emit_record
 
     args = sys.argv[1:] if argv is None else argv
-    gpu_count = int(args[0])
-
-    def sink(record: dict[str, Any]) -> None:
-        sys.stdout.write(PREFIX + json.dumps(json.loads(dumps(record))) + "\n")
-        sys.stdout.flush()
-
-    run_ipc_arm(gpu_count, census, sink)
+    run_ipc_arm(int(args[0]), census, emit_record)
     return 0
 
 

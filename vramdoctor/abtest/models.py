@@ -58,7 +58,8 @@ class ModelChoice:
         return f"{self.requested}: {self.model_type} image processor from {self.path}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "note": self.note}
+        """The fields, as the worker rebuilds them with ModelChoice(**d)."""
+        return asdict(self)
 
 
 def hf_hub_cache() -> Path:

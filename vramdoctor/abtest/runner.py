@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import threading
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from .protocol import stream
 from .variants import Variant
 
-PREFIX = "@@VD "
 Sink = Callable[[dict[str, Any]], None]
 
 
@@ -30,9 +27,12 @@ class VariantOutcome:
     variant: str
     status: str  # "ok", "failed", "error", "timeout"
     returncode: int | None
-    pid: int | None
     message: str | None = None
-    log_tail: list[str] = field(default_factory=list)
+
+    @property
+    def usage_error(self) -> bool:
+        """The worker said the run cannot work here (no torch, no CUDA): exit code 2."""
+        return self.status == "error" and self.returncode == 2
 
 
 def worker_command() -> list[str]:
@@ -62,53 +62,24 @@ def run_one(
 ) -> VariantOutcome:
     """Run one variant to completion; records go to `sink` tagged {"variant": name}."""
     cmd = [*(command or worker_command()), json.dumps({**config, "variant": variant.to_dict()})]
-    tail: deque[str] = deque(maxlen=40)
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=variant_env(variant),
-        text=True,
-        bufsize=1,
-    )
-    sink({"kind": "abtest.variant", "variant": variant.name, "event": "start", "pid": proc.pid,
-          "title": variant.title, "config": variant.to_dict()})
-    fired = threading.Event()
+    seen = {"error": None, "done": False}
 
-    def _kill() -> None:
-        fired.set()
-        proc.kill()
+    def on_record(record: dict[str, Any]) -> None:
+        kind = record.pop("kind", "?")
+        if kind == "error":
+            seen["error"] = str(record.get("message"))
+        elif kind == "done":
+            seen["done"] = True
+        sink({"kind": f"abtest.{kind}", "variant": variant.name, **record})
 
-    timer = threading.Timer(timeout_s, _kill)
-    timer.start()
-    error: str | None = None
-    done = False
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith(PREFIX):
-                try:
-                    record = json.loads(line[len(PREFIX):])
-                except json.JSONDecodeError:
-                    tail.append(line.rstrip("\n"))
-                    continue
-                kind = record.pop("kind", "?")
-                if kind == "error":
-                    error = str(record.get("message"))
-                elif kind == "done":
-                    done = True
-                sink({"kind": f"abtest.{kind}", "variant": variant.name, **record})
-            else:
-                tail.append(line.rstrip("\n"))
-        rc = proc.wait()
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
-    finally:
-        timer.cancel()
-    timed_out = fired.is_set()
-    if done and rc == 0:
+    def on_start(pid: int) -> None:
+        sink({"kind": "abtest.variant", "variant": variant.name, "event": "start", "pid": pid,
+              "title": variant.title, "config": variant.to_dict()})
+
+    rc, tail, timed_out = stream(cmd, on_record, env=variant_env(variant), timeout_s=timeout_s,
+                                 on_start=on_start)
+    error = seen["error"]
+    if seen["done"] and rc == 0:
         status = "ok"
     elif timed_out and error is None:
         status, error = "timeout", f"no result within {timeout_s:.0f} s"
@@ -117,10 +88,9 @@ def run_one(
     else:
         status = "failed"
         error = f"worker exited with code {rc}" + (f": {tail[-1]}" if tail else "")
-    outcome = VariantOutcome(variant.name, status, rc, proc.pid, error, list(tail))
     sink({"kind": "abtest.variant", "variant": variant.name, "event": "end", "status": status,
-          "returncode": rc, "message": error, "log_tail": list(tail)[-10:]})
-    return outcome
+          "returncode": rc, "message": error, "log_tail": tail[-10:]})
+    return VariantOutcome(variant.name, status, rc, error)
 
 
 def run_variants(
@@ -131,7 +101,6 @@ def run_variants(
     command: Sequence[str] | None = None,
     timeout_s: float = 600.0,
     on_start: Callable[[Variant], None] | None = None,
-    stop_on_usage_error: bool = True,
 ) -> list[VariantOutcome]:
     """Each variant in turn, each in a fresh process. Stops early when the first one reports a
     usage error (no CUDA, no torch): every other would say the same."""
@@ -141,6 +110,6 @@ def run_variants(
             on_start(variant)
         outcome = run_one(variant, config, sink, command=command, timeout_s=timeout_s)
         outcomes.append(outcome)
-        if stop_on_usage_error and outcome.status == "error" and outcome.returncode == 2:
+        if outcome.usage_error:
             break
     return outcomes

@@ -20,15 +20,13 @@ from typing import Any
 from ..errors import VramdoctorError
 from ..model import MIB
 from .models import ModelChoice
+from .protocol import emit_record
 from .variants import Variant
 from .workload import WorkloadSpec, round_images
 
-PREFIX = "@@VD "
-
 
 def emit(kind: str, **data: Any) -> None:
-    sys.stdout.write(PREFIX + json.dumps({"kind": kind, **data}, allow_nan=False) + "\n")
-    sys.stdout.flush()
+    emit_record({"kind": kind, **data})
 
 
 def run_variant(config: dict[str, Any]) -> None:

@@ -126,7 +126,7 @@ def abtest_cmd(
         raise VramdoctorError(f"--gpu {gpu}: this host has {len(devices)} GPU(s)")
     out = out or Path("runs") / f"ab-test-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
     config = {
-        "model": {"requested": choice.requested, "model_type": choice.model_type, "source": choice.source, "path": choice.path},
+        "model": choice.to_dict(),
         "workload": spec.to_dict(),
         "gpu": gpu,
         "idle_s": idle,
@@ -162,7 +162,7 @@ def run_abtest(out: Path, header: dict[str, Any], config: dict[str, Any], chosen
             on_start=lambda v: console.note(f"[{time.monotonic() - started:5.0f}s] {v.name}: {v.title}"),
         )
         first = outcomes[0] if outcomes else None
-        if first is not None and first.status == "error" and first.returncode == 2:
+        if first is not None and first.usage_error:
             writer.close("failed", error="usage")
             raise VramdoctorError(first.message or "ab-test could not run")
         if ipc:

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..model import MIB
 from ._torch import load_torch
-from .ipc import CudaIpcHandle, share_cuda_tensor
+from .ipc import CudaIpcHandle, open_cuda_tensor, share_cuda_tensor
 
 MIN_WORKER_BYTES = 128 * MIB
 _ALIGN = 512
@@ -154,8 +154,6 @@ _opened: dict[tuple[bytes, int, bool], Any] = {}
 
 def open_slice(piece: PooledSlice, device: int | None = None, *, redirect: bool = True) -> Any:
     """Consumer side: a tensor view of `piece` (the buffer is opened once per process)."""
-    from .ipc import open_cuda_tensor
-
     torch = load_torch("FeatureBufferPool")
     key = (piece.buffer.storage_handle, -1 if device is None else device, redirect)
     buffer = _opened.get(key)

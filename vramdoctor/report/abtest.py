@@ -7,6 +7,7 @@ from typing import Any
 
 from rich.table import Table
 
+from ..abtest.analysis import above_context_mib
 from . import console
 
 
@@ -149,10 +150,8 @@ def write_chart(result: dict[str, Any], requests: dict[str, list[dict[str, Any]]
     by = {v["variant"]: v for v in result["variants"]}
     for name, recs in requests.items():
         v = by.get(name, {})
-        if v.get("memory_basis") == "nvml":
-            ys = [float(r["nvml_mib"]) - float(v.get("context_mib") or 0.0) for r in recs]
-        else:  # NVML could not attribute this process's memory: PyTorch reserved instead
-            ys = [float(r.get("reserved_mib") or 0.0) for r in recs]
+        context = float(v.get("context_mib") or 0.0) if v.get("memory_basis") == "nvml" else None
+        ys = [above_context_mib(r, context) for r in recs]
         ax_mem.plot(range(1, len(ys) + 1), ys, label=name, linewidth=1.4)
     ax_mem.set_yscale("symlog", linthresh=16)
     ax_mem.set_xlabel("request")
