@@ -33,7 +33,7 @@ def test_terminal_report_says_the_verdict_and_the_numbers() -> None:
     recs = synth(leak(19.3))
     res = analyse(recs)
     buf = io.StringIO()
-    render(res, recs, Console(file=buf, width=120, color_system=None))
+    render(res, Console(file=buf, width=120, color_system=None))
     text = buf.getvalue()
     assert "LEAK: GPU 0 memory of pid 4242" in text
     assert "19.300 MiB" in text
@@ -63,16 +63,16 @@ def test_html_report_is_self_contained_and_png_is_a_png(tmp_path: Path) -> None:
     recs = synth(leak(5.0))
     res = analyse(recs)
     html = tmp_path / "r.html"
-    write_report_file(res, recs, html, target="http://h:1")
+    write_report_file(res, html, target="http://h:1")
     page = html.read_text()
     assert "data:image/png;base64," in page
     assert "http://" not in page.replace("http://h:1", "")  # nothing fetched from anywhere
     assert res.sentence.split(":")[0] in page
     png = tmp_path / "r.png"
-    write_report_file(res, recs, png)
+    write_report_file(res, png)
     assert png.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(InputError, match=r"\.html or \.png"):
-        write_report_file(res, recs, tmp_path / "r.pdf")
+        write_report_file(res, tmp_path / "r.pdf")
 
 
 def test_report_run_reads_a_run_cut_mid_line(tmp_path: Path, capsys) -> None:
@@ -123,5 +123,5 @@ def test_terminal_chart_marks_rounds_and_idle_on_the_time_axis() -> None:
     assert blocks.index(line[-1]) >= 5  # the leak: high at the end (only load peaks are higher)
     assert len(set(line[5:9])) > 1  # load peaks inside round 1
     buf = io.StringIO()
-    render(res, recs, Console(file=buf, width=120, color_system=None))
+    render(res, Console(file=buf, width=120, color_system=None))
     assert "b base, N load, . idle" in buf.getvalue()

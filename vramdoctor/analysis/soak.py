@@ -122,6 +122,8 @@ class SoakResult:
     free_mib: float | None
     notes: list[str] = field(default_factory=list)
     status: str = "complete"
+    # Every series' (t, value) samples as analysed, for the reports' charts (not in to_dict).
+    points: dict[str, list[tuple[float, float]]] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         settled: list[dict[str, float]] = [{} for _ in self.rounds]
@@ -554,7 +556,7 @@ def analyse(
         verdict=verdict, sentence=sentence, leak_mib_per_request=leak_pr,
         leak_mib_per_hour=leak_ph, hours_to_oom=hours, culprit=culprit, rounds=rounds,
         series=results, windows=windows, suggestion=suggestion, requests_per_hour=rph,
-        free_mib=free, notes=notes, status=status,
+        free_mib=free, notes=notes, status=status, points=points,
     )
 
 

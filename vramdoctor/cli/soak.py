@@ -117,14 +117,14 @@ class _Roles:
         return self._roles
 
 
-def _emit(result: SoakResult, records: list[Any], *, json_out: bool, report_file: Path | None,
+def _emit(result: SoakResult, *, json_out: bool, report_file: Path | None,
           target: str | None, run_path: Path | None) -> int:
     from ..analysis.soak import LEAK
     from ..report.soak import render, write_report_file
 
     if report_file is not None:
         try:
-            write_report_file(result, records, report_file, target=target)
+            write_report_file(result, report_file, target=target)
         except InputError as exc:  # the measurement stands; only the extra file is missing
             console.error(str(exc))
             report_file = None
@@ -134,7 +134,7 @@ def _emit(result: SoakResult, records: list[Any], *, json_out: bool, report_file
         d["report_file"] = str(report_file) if report_file else None
         console.print_json(d)
     else:
-        render(result, records, console.stdout())
+        render(result, console.stdout())
         if run_path is not None:
             console.note(f"run file: {run_path}  (re-analyse: vramdoctor report {run_path})")
         if report_file is not None:
@@ -154,7 +154,7 @@ def report_run(run: Run, *, json_out: bool, report_file: Path | None, run_path: 
                      status=run.status, th=th)
     if run.torn_tail:
         result.notes.append("the run file's last line was torn (the writer was killed); it was skipped")
-    return _emit(result, run.records, json_out=json_out, report_file=report_file,
+    return _emit(result, json_out=json_out, report_file=report_file,
                  target=run.header.get("target"), run_path=run_path)
 
 

@@ -29,7 +29,6 @@ from ..analysis.soak import (
     LEAK,
     STABLE,
     SoakResult,
-    extract_series,
     kv_usage,
 )
 from ..errors import InputError
@@ -248,7 +247,7 @@ def figures(result: SoakResult) -> list[tuple[str, str]]:
     return rows
 
 
-def render(result: SoakResult, records: list[Any], console: Console) -> None:
+def render(result: SoakResult, console: Console) -> None:
     style = VERDICT_STYLE.get(result.verdict, "bold")
     console.print(Panel(Text(result.sentence, style=style), title="vramdoctor soak", expand=False))
     fig = Table(box=None, show_header=False, pad_edge=False)
@@ -275,7 +274,7 @@ def render(result: SoakResult, records: list[Any], console: Console) -> None:
                                    for r in result.rounds] + ["", ""]
         t.add_row(*reqs, style="dim")
         console.print(t)
-    _, points = extract_series(records)
+    points = result.points
     grid = _time_grid(points, result, width=max(20, min(60, console.width - 36)))
     if grid is not None:
         t0, t1, width = grid
@@ -294,8 +293,8 @@ def render(result: SoakResult, records: list[Any], console: Console) -> None:
 
 # --- files ---------------------------------------------------------------------------------
 
-def chart_png(result: SoakResult, records: list[Any], title: str) -> bytes:
-    _, points = extract_series(records)
+def chart_png(result: SoakResult, title: str) -> bytes:
+    points = result.points
     t0 = min((p[0][0] for p in points.values() if p), default=0.0)
     for w in result.windows:
         t0 = min(t0, w.start)
@@ -315,13 +314,13 @@ def chart_png(result: SoakResult, records: list[Any], title: str) -> bytes:
     return memory_chart(lines, spans, title)
 
 
-def write_report_file(result: SoakResult, records: list[Any], path: Path, *, target: str | None = None) -> None:
+def write_report_file(result: SoakResult, path: Path, *, target: str | None = None) -> None:
     """FILE.png: the chart. FILE.html: verdict, figures, levels table and the chart inlined."""
     suffix = path.suffix.lower()
     if suffix not in (".png", ".html", ".htm"):
         raise InputError(f"--report {path}: use a .html or .png file name")
     title = f"vramdoctor soak: {result.verdict}" + (f" — {target}" if target else "")
-    png = chart_png(result, records, title)
+    png = chart_png(result, title)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if suffix == ".png":
