@@ -181,9 +181,8 @@ class FileExtractor(EventsMixin):
     def _swap(self, hit: Hit, t: str) -> None:
         m = P.VLLM_SWAP.search(t)
         if m:
-            e = hit
-            self.put("swap_space_mib", gb(m.group(1)), RUNTIME, e)
-            self.put("host_memory_mib", gb(m.group(2)), RUNTIME, e)
+            self.put("swap_space_mib", gb(m.group(1)), RUNTIME, hit)
+            self.put("host_memory_mib", gb(m.group(2)), RUNTIME, hit)
 
     def _long_context(self, hit: Hit, t: str) -> None:
         m = P.VLLM_LONG_CTX.search(t)

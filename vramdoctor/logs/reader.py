@@ -27,18 +27,16 @@ from typing import BinaryIO
 from ..errors import InputError
 from .patterns import ANCHORS
 
+# A whole line that contains one of the anchors.
+_CANDIDATE = b"(?m)^.*(?:" + b"|".join(re.escape(a) for a in ANCHORS) + b").*$"
 try:  # RE2 keeps the prefilter linear and fast; the stdlib engine is the fallback.
     import re2 as _re2
 
     _opts = _re2.Options()
     _opts.encoding = _re2.Options.Encoding.LATIN1  # bytes as bytes: invalid UTF-8 still scans
-    _PREFILTER = _re2.compile(
-        b"(?m)^.*(?:" + b"|".join(re.escape(a) for a in ANCHORS) + b").*$", _opts
-    )
+    _PREFILTER = _re2.compile(_CANDIDATE, _opts)
 except ImportError:  # pragma: no cover - google-re2 is a declared dependency
-    _PREFILTER = re.compile(
-        b"(?m)^.*(?:" + b"|".join(re.escape(a) for a in ANCHORS) + b").*$"
-    )
+    _PREFILTER = re.compile(_CANDIDATE)
 
 
 def _spans_re2(buf: bytes, start: int, end: int) -> Iterator[tuple[int, int]]:
