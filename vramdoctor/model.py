@@ -115,15 +115,74 @@ class MetricsSample(_Record):
     flavour: str | None
     values: dict[str, float] = field(default_factory=dict)
     raw: dict[str, float] = field(default_factory=dict)
+    # KV pools in tokens, one entry per pool the server exposes (SGLang 0.5.23+: full, swa,
+    # mamba; vLLM: one pool). Empty when the server exports no usable KV gauge.
+    kv: list[KvPoolSample] = field(default_factory=list)
+    # The server's own cumulative count of finished requests (SGLang/vLLM request counters),
+    # None when it exports none: used to estimate the production request rate.
+    requests_total: float | None = None
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MetricsSample:
+        return cls(
+            t=data["t"],
+            wall=data["wall"],
+            flavour=data.get("flavour"),
+            values=dict(data.get("values") or {}),
+            raw=dict(data.get("raw") or {}),
+            kv=[_from_dict(KvPoolSample, k) for k in data.get("kv") or []],
+            requests_total=data.get("requests_total"),
+        )
+
+
+@dataclass
+class KvPoolSample:
+    """One KV-cache pool at one instant, in tokens (the pool's real resolution).
+
+    `used_tokens` follows the server's own accounting: SGLang used = total - available -
+    evictable (radix-cached prefixes are evictable, not used); vLLM v1 usage x pool size
+    (freed prefix-cached blocks sit in the free queue, not used). A healthy idle server
+    (0 running, 0 queued) holds 0 used tokens.
+    """
+
+    pool: str  # "full", "swa", "mamba", or "kv" when the server has one unnamed pool
+    used_tokens: float | None
+    total_tokens: float | None = None
+    evictable_tokens: float | None = None
+    running_requests: float | None = None
+    queued_requests: float | None = None
+    # Tokens per page (SGLang page_size, vLLM block_size) and bytes of KV per token, when known.
+    page_size_tokens: int | None = None
+    bytes_per_token: float | None = None
+    # Where used_tokens came from, e.g. "sglang:num_used_tokens" or
+    # "vllm:kv_cache_usage_perc*num_gpu_blocks*block_size".
+    source: str | None = None
 
 
 @dataclass
 class HostProcessMemory:
+    """One server process's host memory at one instant (MiB).
+
+    The kinds come from `/proc/PID/status` (None where it cannot be read: another user, a
+    container): `RssAnon` (heap: Python objects, malloc arenas), `RssFile` (mapped libraries
+    and files), `RssShmem` (shared memory, CUDA pinned host memory included). The glibc arena
+    fields come from `/proc/PID/maps`: heap regions of non-main malloc arenas.
+    """
+
     pid: int
     rss_mib: float
     name: str | None = None
     role: str | None = None
+    rss_anon_mib: float | None = None
+    rss_file_mib: float | None = None
+    rss_shmem_mib: float | None = None
+    threads: int | None = None
+    # glibc malloc: number of non-main arenas seen in /proc/PID/maps and the address space
+    # they reserve (each arena heap is reserved in 64 MiB units). None when maps is unreadable.
+    malloc_arenas: int | None = None
+    malloc_arena_reserved_mib: float | None = None
+    # What could not be read for this process, e.g. "status: permission denied".
+    unreadable: str | None = None
 
 
 @dataclass
@@ -134,6 +193,8 @@ class HostSample(_Record):
     t: float
     wall: float
     processes: list[HostProcessMemory] = field(default_factory=list)
+    # Used bytes of /dev/shm (tmpfs) in MiB, None where it cannot be read.
+    dev_shm_used_mib: float | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HostSample:
@@ -141,7 +202,18 @@ class HostSample(_Record):
             t=data["t"],
             wall=data["wall"],
             processes=[_from_dict(HostProcessMemory, p) for p in data.get("processes", [])],
+            dev_shm_used_mib=data.get("dev_shm_used_mib"),
         )
+
+
+# Event names every producer and the analysis share (Event.name). Soak's protocol marks
+# (round/idle start and end, request outcomes) are named in vramdoctor.load.protocol.
+PROCESS_APPEARED = "process_appeared"  # data: pid, name, gpu (optional), role
+PROCESS_EXITED = "process_exited"  # data: pid, name, exit_code (optional)
+SERVER_DIED = "server_died"  # data: reason ("connection refused", "process gone"), pid
+SERVER_REPLACED = "server_replaced"  # data: old_pid, new_pid (a new pid owns the port)
+SOURCE_ERROR = "source_error"  # data: source, error (recorded once per kind of error)
+COLLECTOR_FAILED = "collector_failed"  # data: error; the run's status becomes "failed"
 
 
 @dataclass
