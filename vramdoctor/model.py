@@ -181,6 +181,8 @@ class HostProcessMemory:
     # they reserve (each arena heap is reserved in 64 MiB units). None when maps is unreadable.
     malloc_arenas: int | None = None
     malloc_arena_reserved_mib: float | None = None
+    # The read-write part of those heaps: what the arenas have grown to (<= reserved).
+    malloc_arena_writable_mib: float | None = None
     # What could not be read for this process, e.g. "status: permission denied".
     unreadable: str | None = None
 

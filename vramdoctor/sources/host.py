@@ -1,13 +1,26 @@
-"""Host RAM (RSS) of the server's processes, via psutil.
+"""Host RAM of the server's processes, by kind: anonymous, file-backed, shared; glibc arenas.
 
 A host-RAM leak with image requests is a known vLLM failure (facts.md: vllm #15294, #15597);
-it must be reported as host memory, not VRAM, so soak samples RSS next to the GPU. The set of
-processes comes from a callable (re-discovered while the soak runs: servers spawn workers).
+it must be reported as host memory, not VRAM, so soak samples RSS next to the GPU. RSS alone
+cannot tell a leak from caching, so each process's RSS is split by kind (`/proc/PID/status`):
+
+- `RssAnon`: the heap (Python objects, malloc). glibc's per-thread arenas live here;
+- `RssFile`: mapped libraries and files (page cache, moves with what is touched);
+- `RssShmem`: shared memory. CUDA pinned host memory (cudaHostAlloc) is shared memory, and
+  PyTorch's host allocator keeps it after the tensor dies: the host twin of VRAM caching.
+
+and glibc's non-main malloc arenas are counted from `/proc/PID/maps` (see `malloc_heaps`).
+`/dev/shm` use is sampled too (tensors moved to shared memory between processes land there).
+The set of processes comes from a callable (re-discovered while the soak runs: servers spawn
+workers). A process whose `/proc` files cannot be read (another user, a container) keeps its
+psutil RSS and says in `unreadable` what is missing.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import psutil
 
@@ -15,19 +28,156 @@ from ..model import MIB, HostProcessMemory, HostSample, now
 
 PidRoles = Callable[[], dict[int, str]]
 
+# glibc (malloc/arena.c): HEAP_MAX_SIZE = 2 * DEFAULT_MMAP_THRESHOLD_MAX = 2 * 4 * 1024 * 1024 *
+# sizeof(long) = 64 MiB on 64-bit. Every heap of a non-main arena is one mapping of exactly
+# this size at an address aligned to it (new_heap maps twice the size and trims to alignment,
+# because heap_for_ptr finds a chunk's heap by masking the address); the part in use is
+# read-write, the rest PROT_NONE until the heap grows.
+HEAP_MAX_BYTES = 64 * MIB
+PROC = "/proc"
+
+
+@dataclass(frozen=True)
+class MallocHeaps:
+    """Heaps of glibc's non-main malloc arenas in one process's address space."""
+
+    heaps: int
+    reserved_bytes: int  # heaps x 64 MiB: the address space they hold
+    writable_bytes: int  # the read-write part: what the arenas have grown to
+
+
+def _maps_lines(text: str) -> Iterable[tuple[int, int, str, str]]:
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 5:
+            continue
+        try:
+            lo, hi = (int(x, 16) for x in parts[0].split("-", 1))
+        except ValueError:
+            continue
+        path = parts[5].strip() if len(parts) > 5 else ""
+        yield lo, hi, parts[1], path
+
+
+def malloc_heaps(maps_text: str, heap_bytes: int = HEAP_MAX_BYTES) -> MallocHeaps:
+    """Count glibc arena heaps in the text of `/proc/PID/maps`.
+
+    A heap is a run of adjacent anonymous private mappings (no path) that starts at an address
+    aligned to `heap_bytes`, is read-write first (then optionally PROT_NONE) and spans exactly
+    `heap_bytes`. Thread stacks (8 MiB plus a guard page), Python's small-object arenas and
+    large malloc blocks (mmap'd one by one, page aligned, any size) do not have that shape.
+    """
+    rows = list(_maps_lines(maps_text))
+    heaps = writable = 0
+    i = 0
+    while i < len(rows):
+        lo, hi, perms, path = rows[i]
+        if path or lo % heap_bytes or not perms.startswith("rw") or not perms.endswith("p"):
+            i += 1
+            continue
+        end, rw, j = hi, hi - lo, i + 1
+        while end - lo < heap_bytes and j < len(rows):
+            lo2, hi2, perms2, path2 = rows[j]
+            if lo2 != end or path2 or not perms2.endswith("p"):
+                break
+            if perms2.startswith("rw") and rw == end - lo:
+                rw += hi2 - lo2  # a heap grown in steps can show as two rw mappings
+            elif not perms2.startswith("---"):
+                break
+            end = hi2
+            j += 1
+        if end - lo == heap_bytes:
+            heaps += 1
+            writable += rw
+            i = j
+        else:
+            i += 1
+    return MallocHeaps(heaps, heaps * heap_bytes, writable)
+
+
+def read_status_kinds(pid: int, proc: str = PROC) -> dict[str, int]:
+    """RssAnon/RssFile/RssShmem (bytes) and Threads from /proc/PID/status. OSError if unreadable."""
+    out: dict[str, int] = {}
+    with open(f"{proc}/{pid}/status", encoding="ascii", errors="replace") as fh:
+        for line in fh:
+            key, _, rest = line.partition(":")
+            if key in ("RssAnon", "RssFile", "RssShmem", "VmRSS"):
+                fields = rest.split()
+                if fields:
+                    out[key] = int(fields[0]) * 1024  # "kB" means KiB in /proc
+            elif key == "Threads":
+                out[key] = int(rest.strip() or 0)
+    return out
+
+
+def dev_shm_used_mib(path: str = "/dev/shm") -> float | None:
+    """Used MiB of the /dev/shm tmpfs (None when there is none or it cannot be read)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return (st.f_blocks - st.f_bfree) * st.f_frsize / MIB
+
+
+def _why(exc: OSError) -> str:
+    if isinstance(exc, PermissionError):
+        return "permission denied"
+    if isinstance(exc, FileNotFoundError):
+        return "not found"
+    return exc.strerror or type(exc).__name__
+
+
+def process_memory(pid: int, rss_bytes: int, *, name: str | None = None, role: str | None = None,
+                   proc: str = PROC, with_maps: bool = True) -> HostProcessMemory:
+    """One process's host memory by kind; what could not be read is named in `unreadable`."""
+    row = HostProcessMemory(pid=pid, rss_mib=rss_bytes / MIB, name=name, role=role)
+    missing: list[str] = []
+    try:
+        kinds = read_status_kinds(pid, proc)
+        if "RssAnon" in kinds:
+            row.rss_anon_mib = kinds["RssAnon"] / MIB
+            row.rss_file_mib = kinds.get("RssFile", 0) / MIB
+            row.rss_shmem_mib = kinds.get("RssShmem", 0) / MIB
+        else:  # kernels before 4.5 have no split
+            missing.append(f"{proc}/{pid}/status: no RssAnon (kernel < 4.5)")
+        row.threads = kinds.get("Threads")
+    except (OSError, ValueError) as exc:
+        missing.append(f"{proc}/{pid}/status: {_why(exc) if isinstance(exc, OSError) else 'unparsable'}")
+    if with_maps:
+        try:
+            with open(f"{proc}/{pid}/maps", encoding="ascii", errors="replace") as fh:
+                heaps = malloc_heaps(fh.read())
+            row.malloc_arenas = heaps.heaps
+            row.malloc_arena_reserved_mib = heaps.reserved_bytes / MIB
+            row.malloc_arena_writable_mib = heaps.writable_bytes / MIB
+        except OSError as exc:
+            missing.append(f"{proc}/{pid}/maps: {_why(exc)}")
+    row.unreadable = "; ".join(missing) or None
+    return row
+
 
 class HostSource:
-    """RSS of a changing set of PIDs. `pids` maps pid -> role ("server", "child", "gpu-peer")."""
+    """Host memory of a changing set of PIDs. `pids` maps pid -> role ("server", "child", ...).
+
+    `maps_every` reads /proc/PID/maps only every N-th sample (a large server has thousands of
+    mappings; arenas change slowly); the samples in between repeat the last arena figures.
+    """
 
     name = "host"
 
-    def __init__(self, pids: PidRoles | dict[int, str] | Iterable[int]) -> None:
+    def __init__(self, pids: PidRoles | dict[int, str] | Iterable[int], *, proc: str = PROC,
+                 maps_every: int = 1, dev_shm: str | None = "/dev/shm") -> None:
         if callable(pids):
             self._pids: PidRoles = pids
         else:
             fixed = dict(pids) if isinstance(pids, dict) else {int(p): "server" for p in pids}
             self._pids = lambda: fixed
         self._procs: dict[int, psutil.Process] = {}
+        self.proc = proc
+        self.maps_every = max(1, maps_every)
+        self.dev_shm = dev_shm
+        self._n = 0
+        self._last_heaps: dict[int, tuple[int | None, float | None, float | None]] = {}
 
     def _proc(self, pid: int) -> psutil.Process:
         proc = self._procs.get(pid)
@@ -39,6 +189,8 @@ class HostSource:
     def sample(self) -> HostSample:
         t, wall = now()
         rows: list[HostProcessMemory] = []
+        with_maps = self._n % self.maps_every == 0
+        self._n += 1
         for pid, role in sorted(self._pids().items()):
             try:
                 proc = self._proc(pid)
@@ -47,11 +199,20 @@ class HostSource:
                     name = proc.name()
             except (psutil.NoSuchProcess, psutil.ZombieProcess):
                 self._procs.pop(pid, None)
+                self._last_heaps.pop(pid, None)
                 continue
-            except psutil.AccessDenied:
+            except psutil.AccessDenied:  # not even its RSS: nothing to judge on
                 continue
-            rows.append(HostProcessMemory(pid=pid, rss_mib=rss / MIB, name=name, role=role))
-        return HostSample(t=t, wall=wall, processes=rows)
+            row = process_memory(pid, rss, name=name, role=role, proc=self.proc, with_maps=with_maps)
+            if with_maps:
+                self._last_heaps[pid] = (row.malloc_arenas, row.malloc_arena_reserved_mib,
+                                         row.malloc_arena_writable_mib)
+            elif pid in self._last_heaps:
+                (row.malloc_arenas, row.malloc_arena_reserved_mib,
+                 row.malloc_arena_writable_mib) = self._last_heaps[pid]
+            rows.append(row)
+        shm = dev_shm_used_mib(self.dev_shm) if self.dev_shm else None
+        return HostSample(t=t, wall=wall, processes=rows, dev_shm_used_mib=shm)
 
 
 def host_memory() -> dict[str, float]:

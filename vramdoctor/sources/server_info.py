@@ -8,7 +8,7 @@ server that answers none of them is not there: SourceUnavailable, one line.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import requests
@@ -26,6 +26,10 @@ class ServerInfo:
     model: str | None = None
     memory_usage: dict[str, Any] | None = None
     owned_by: str | None = None
+    # SGLang's --page-size (tokens per KV page) from its server info, when it says.
+    page_size_tokens: int | None = None
+    # What identification tolerated (e.g. /v1/models failing with --model given).
+    notes: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         name = {"sglang": "SGLang", "vllm": "vLLM"}.get(self.kind, "an OpenAI-compatible server")
@@ -43,7 +47,8 @@ class ServerInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "base_url": redact_url(self.base_url), "version": self.version,
-                "model": self.model, "memory_usage": self.memory_usage, "owned_by": self.owned_by}
+                "model": self.model, "memory_usage": self.memory_usage, "owned_by": self.owned_by,
+                "page_size_tokens": self.page_size_tokens}
 
 
 def base_url(url: str) -> str:
@@ -85,16 +90,29 @@ def _sglang_memory(info: dict[str, Any]) -> dict[str, Any] | None:
     return mem if isinstance(mem, dict) else None
 
 
-def identify(url: str, headers: dict[str, str] | None = None, timeout: float = 5.0) -> ServerInfo:
-    """Probe the server; raise SourceUnavailable when nothing OpenAI-like answers at url."""
+def identify(url: str, headers: dict[str, str] | None = None, timeout: float = 5.0, *,
+             model: str | None = None) -> ServerInfo:
+    """Probe the server; raise SourceUnavailable when nothing OpenAI-like answers at url.
+
+    With `model` (the user's --model), a failing or empty `/v1/models` is a note in
+    `ServerInfo.notes`, not an error: some servers answer chat completions but not that
+    (`transformers serve` with a local path answers 500 when no Hugging Face cache exists).
+    Without it, the error names --model.
+    """
     base = base_url(url)
     with requests.Session() as s:
         if headers:
             s.headers.update(headers)
-        return _identify(s, base, timeout)
+        return _identify(s, base, timeout, model)
 
 
-def _identify(s: requests.Session, base: str, timeout: float) -> ServerInfo:
+def _page_size(data: dict[str, Any]) -> int | None:
+    args = data.get("server_args") if isinstance(data.get("server_args"), dict) else data
+    value = args.get("page_size") if isinstance(args, dict) else None
+    return int(value) if isinstance(value, (int, float)) and 0 < value < 1e6 else None
+
+
+def _identify(s: requests.Session, base: str, timeout: float, model: str | None = None) -> ServerInfo:
     shown = redact_url(base)
     try:
         models = _body(s.get(base + "/v1/models", timeout=timeout))
@@ -104,7 +122,9 @@ def _identify(s: requests.Session, base: str, timeout: float) -> ServerInfo:
     except requests.ConnectionError:
         raise SourceUnavailable(f"no server answers at {shown}: is it running, and is the port right?") from None
     except requests.Timeout:
-        raise SourceUnavailable(f"the server at {shown} did not answer within {timeout:g} s") from None
+        if model is None:
+            raise SourceUnavailable(f"the server at {shown} did not answer within {timeout:g} s") from None
+        models = "timeout"
     except requests.RequestException as exc:
         raise InputError(f"cannot reach {shown}: {type(exc).__name__}") from None
     info: ServerInfo | None = None
@@ -113,7 +133,8 @@ def _identify(s: requests.Session, base: str, timeout: float) -> ServerInfo:
         if isinstance(data, dict) and ("version" in data or "memory_usage" in data):
             info = ServerInfo("sglang", base, version=str(data.get("version") or "") or None,
                               memory_usage=_sglang_memory(data),
-                              model=data.get("served_model_name") or data.get("model_path"))
+                              model=data.get("served_model_name") or data.get("model_path"),
+                              page_size_tokens=_page_size(data))
             break
     if info is None:
         data = _get(s, base + "/version", timeout)
@@ -123,13 +144,22 @@ def _identify(s: requests.Session, base: str, timeout: float) -> ServerInfo:
         raise SourceUnavailable(
             f"the server at {shown} refused /v1/models (HTTP {models}): pass --api-key or set OPENAI_API_KEY"
         )
-    if info is None:
-        if not isinstance(models, dict):
+    listed = (isinstance(models, dict) and isinstance(models.get("data"), list) and models["data"])
+    if not listed:
+        what = ("did not answer /v1/models in time" if models == "timeout" else
+                f"answered /v1/models with HTTP {models}" if isinstance(models, int) else
+                "listed no model on /v1/models" if isinstance(models, dict) else
+                "gave no JSON on /v1/models")
+        if model is None and info is None:
             raise SourceUnavailable(
-                f"the server at {shown} answers, but not as an OpenAI-compatible server (no /v1/models)"
-            )
+                f"the server at {shown} answers, but not as an OpenAI-compatible server (it {what}): "
+                "if it serves chat completions anyway, name the model with --model")
+        if info is None:
+            info = ServerInfo("openai", base)
+        info.notes.append(f"the server {what}; sending model {model or info.model!r} as given")
+    if info is None:
         info = ServerInfo("openai", base)
-    if isinstance(models, dict) and isinstance(models.get("data"), list) and models["data"]:
+    if listed:
         first = models["data"][0]
         if isinstance(first, dict):
             info.model = str(first.get("id") or info.model or "") or info.model

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..model import MetricsSample, now
+from ..model import KvPoolSample, MetricsSample, now
 from .http import DEFAULT_TIMEOUT_S, Scraper, parse_exposition
 
 Labels = dict[str, str]
@@ -153,10 +153,105 @@ def _vllm_derived(by_name: dict[str, Rows], values: dict[str, float]) -> None:
         break
 
 
-def map_families(
-    families: Iterable[Any], *, keep_buckets: bool = False
-) -> tuple[str | None, dict[str, float], dict[str, float]]:
-    """(flavour, stable values, raw series) from parsed families. Pure."""
+def _sum(by_name: dict[str, Rows], name: str) -> float | None:
+    rows = by_name.get(name)
+    return agg_replicas_sum(rows) if rows else None
+
+
+# SGLang pools (collector.py, 0.5.12+): one used/available/evictable triple per pool. The
+# mamba pool counts state slots, not tokens; it is judged the same way (0 used at idle).
+SGLANG_POOLS = (("full", "sglang:kv"), ("swa", "sglang:swa"), ("mamba", "sglang:mamba"))
+# Request counters: SGLang's tokenizer manager (`sglang:num_requests_total`, every request
+# processed) and vLLM's (`vllm:request_success_total`, by finished_reason, aborts included).
+REQUEST_COUNTERS = {"sglang": ("sglang:num_requests_total",),
+                    "vllm": ("vllm:request_success_total",)}
+
+
+def kv_pools(flavour: str | None, by_name: dict[str, Rows], *, page_size_tokens: int | None = None,
+             bytes_per_token: float | None = None) -> list[KvPoolSample]:
+    """The KV pools a server exposes, in tokens (one KvPoolSample per pool). Pure.
+
+    SGLang: 0.5.12+ `kv_used_tokens` (+ available, evictable) per pool (full, swa, mamba);
+    older `num_used_tokens`; else `token_usage` x `max_total_num_tokens`. vLLM:
+    `kv_cache_usage_perc` (or `gpu_cache_usage_perc`) x `num_gpu_blocks` x `block_size` from
+    the `vllm:cache_config_info` labels; without those labels there is no pool size and the
+    ratio stays in `values["kv_usage_ratio"]` only.
+    """
+    out: list[KvPoolSample] = []
+    if flavour == "sglang":
+        running = _sum(by_name, "sglang:num_running_reqs")
+        queued = _sum(by_name, "sglang:num_queue_reqs")
+        max_total = by_name.get("sglang:max_total_num_tokens")
+        capacity = agg_replicas_sum(max_total) if max_total else None
+        per_token = bytes_per_token
+        kv_gib = by_name.get("sglang:kv_cache_memory_usage_gb")
+        if per_token is None and kv_gib and capacity:
+            # Bytes of K and V one token holds on one GPU (0.5.17+ constant gauges).
+            per_token = agg_max(kv_gib) * 2**30 / agg_max(max_total)  # type: ignore[arg-type]
+        for pool, prefix in SGLANG_POOLS:
+            used = _sum(by_name, f"{prefix}_used_tokens")
+            avail = _sum(by_name, f"{prefix}_available_tokens")
+            evict = _sum(by_name, f"{prefix}_evictable_tokens")
+            source = f"{prefix}_used_tokens"
+            total: float | None = None
+            if pool == "full":
+                total = capacity
+                if used is None and (rows := by_name.get("sglang:num_used_tokens")):
+                    used, source = agg_replicas_sum(rows), "sglang:num_used_tokens"
+                if used is None and capacity and (ratio := by_name.get("sglang:token_usage")):
+                    used, source = agg_max(ratio) * capacity, "sglang:token_usage*max_total_num_tokens"
+            if used is None:
+                continue
+            if total is None and avail is not None:
+                total = used + avail + (evict or 0.0)
+            if pool != "full" and not total:
+                continue  # a hybrid pool the model does not have (gauges left at 0)
+            out.append(KvPoolSample(pool=pool, used_tokens=used, total_tokens=total,
+                                    evictable_tokens=evict, running_requests=running,
+                                    queued_requests=queued, page_size_tokens=page_size_tokens,
+                                    bytes_per_token=per_token if pool == "full" else None,
+                                    source=source))
+    elif flavour == "vllm":
+        rows = by_name.get("vllm:kv_cache_usage_perc") or by_name.get("vllm:gpu_cache_usage_perc")
+        name = "vllm:kv_cache_usage_perc" if by_name.get("vllm:kv_cache_usage_perc") else "vllm:gpu_cache_usage_perc"
+        config = _vllm_cache_config(by_name)
+        if rows and config is not None:
+            blocks, block_size = config
+            engines = {_key(labels, REPLICA_LABELS) for labels, _ in rows}
+            used = 0.0
+            for key in engines:
+                used += max(v for labels, v in rows if _key(labels, REPLICA_LABELS) == key) * blocks * block_size
+            out.append(KvPoolSample(
+                pool="kv", used_tokens=used, total_tokens=float(blocks * block_size * len(engines)),
+                running_requests=_sum(by_name, "vllm:num_requests_running"),
+                queued_requests=_sum(by_name, "vllm:num_requests_waiting"),
+                page_size_tokens=block_size, bytes_per_token=bytes_per_token,
+                source=f"{name}*num_gpu_blocks*block_size"))
+    return out
+
+
+def _vllm_cache_config(by_name: dict[str, Rows]) -> tuple[int, int] | None:
+    """(num_gpu_blocks, block_size) from `vllm:cache_config_info` labels, when both are sane."""
+    for labels, _ in by_name.get("vllm:cache_config_info", []):
+        try:
+            blocks, size = float(labels["num_gpu_blocks"]), float(labels["block_size"])
+        except (KeyError, ValueError):
+            continue
+        if math.isfinite(blocks) and math.isfinite(size) and 0 < blocks < 1e12 and 0 < size < 1e6:
+            return int(blocks), int(size)
+    return None
+
+
+def requests_total(flavour: str | None, by_name: dict[str, Rows]) -> float | None:
+    """The server's cumulative count of finished requests (all label sets summed), or None."""
+    for name in REQUEST_COUNTERS.get(flavour or "", ()):
+        rows = by_name.get(name)
+        if rows:
+            return sum(v for _, v in rows)
+    return None
+
+
+def _by_name(families: Iterable[Any], keep_buckets: bool) -> tuple[dict[str, Rows], dict[str, float]]:
     by_name: dict[str, Rows] = {}
     raw: dict[str, float] = {}
     for fam in families:
@@ -169,7 +264,10 @@ def map_families(
             if s.name.endswith("_created") or (s.name.endswith("_bucket") and not keep_buckets):
                 continue
             raw[raw_key(s.name, labels)] = value
-    flavour = detect_flavour(by_name)
+    return by_name, raw
+
+
+def _stable_values(flavour: str | None, by_name: dict[str, Rows]) -> dict[str, float]:
     values: dict[str, float] = {}
     for series in FLAVOURS.get(flavour or "", ()):
         for name in series.names:
@@ -179,23 +277,44 @@ def map_families(
                 break
     if flavour == "vllm":
         _vllm_derived(by_name, values)
-    return flavour, values, raw
+    return values
 
 
-def parse_metrics_text(text: str, *, keep_buckets: bool = False, shown_url: str = "text") -> MetricsSample:
-    """Prometheus exposition text -> MetricsSample (timestamped now)."""
+def map_families(
+    families: Iterable[Any], *, keep_buckets: bool = False
+) -> tuple[str | None, dict[str, float], dict[str, float]]:
+    """(flavour, stable values, raw series) from parsed families. Pure."""
+    by_name, raw = _by_name(families, keep_buckets)
+    flavour = detect_flavour(by_name)
+    return flavour, _stable_values(flavour, by_name), raw
+
+
+def _filter_text(text: str) -> str:
+    # Most of a vLLM/SGLang page is histogram buckets; the pure-Python parser costs
+    # ~12 us a line, so drop them (and counters' _created lines) before parsing.
+    return "\n".join(
+        line for line in text.splitlines()
+        if "_bucket{" not in line and "_created{" not in line and not line.endswith("_created")
+        and "_created " not in line
+    ) + "\n"
+
+
+def parse_metrics_text(text: str, *, keep_buckets: bool = False, shown_url: str = "text",
+                       page_size_tokens: int | None = None,
+                       bytes_per_token: float | None = None) -> MetricsSample:
+    """Prometheus exposition text -> MetricsSample (timestamped now), KV pools and the
+    request counter included. `page_size_tokens`/`bytes_per_token` come from elsewhere
+    (SGLang's server info) when the metrics do not carry them."""
     t, wall = now()
     if not keep_buckets:
-        # Most of a vLLM/SGLang page is histogram buckets; the pure-Python parser costs
-        # ~12 us a line, so drop them (and counters' _created lines) before parsing.
-        text = "\n".join(
-            line for line in text.splitlines()
-            if "_bucket{" not in line and "_created{" not in line and not line.endswith("_created")
-            and "_created " not in line
-        ) + "\n"
+        text = _filter_text(text)
     families = parse_exposition(text, what="server /metrics", shown_url=shown_url)
-    flavour, values, raw = map_families(families, keep_buckets=keep_buckets)
-    return MetricsSample(t=t, wall=wall, flavour=flavour, values=values, raw=raw)
+    by_name, raw = _by_name(families, keep_buckets)
+    flavour = detect_flavour(by_name)
+    return MetricsSample(
+        t=t, wall=wall, flavour=flavour, values=_stable_values(flavour, by_name), raw=raw,
+        kv=kv_pools(flavour, by_name, page_size_tokens=page_size_tokens, bytes_per_token=bytes_per_token),
+        requests_total=requests_total(flavour, by_name))
 
 
 class ServerMetricsSource:
@@ -203,10 +322,13 @@ class ServerMetricsSource:
 
     def __init__(
         self, url: str, *, timeout: float = DEFAULT_TIMEOUT_S, headers: dict[str, str] | None = None,
-        keep_buckets: bool = False,
+        keep_buckets: bool = False, page_size_tokens: int | None = None,
+        bytes_per_token: float | None = None,
     ) -> None:
         self._scraper = Scraper(url, what="server /metrics", timeout=timeout, headers=headers)
         self.keep_buckets = keep_buckets
+        self.page_size_tokens = page_size_tokens
+        self.bytes_per_token = bytes_per_token
         self.flavour: str | None = None
 
     @property
@@ -216,7 +338,9 @@ class ServerMetricsSource:
     def sample(self) -> MetricsSample:
         t, wall = now()
         text = self._scraper.get_text()
-        sample = parse_metrics_text(text, keep_buckets=self.keep_buckets, shown_url=self.shown_url)
+        sample = parse_metrics_text(text, keep_buckets=self.keep_buckets, shown_url=self.shown_url,
+                                    page_size_tokens=self.page_size_tokens,
+                                    bytes_per_token=self.bytes_per_token)
         sample.t, sample.wall = t, wall
         self.flavour = sample.flavour or self.flavour
         return sample
