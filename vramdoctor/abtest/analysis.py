@@ -162,20 +162,33 @@ def _ipc_summary(record: dict[str, Any]) -> dict[str, Any]:
             if p.get("pid") == pid and p.get("gpu") == gpu
         )
 
+    producer = record.get("producer") or {}
+    # The census counts GPUs by NVML index; the children by CUDA ordinal ("census_gpu" maps one
+    # to the other by UUID where the arm recorded it).
+    producer_census_gpu = producer.get("census_gpu", producer_gpu)
+    measured = "census_opened" in record  # no census while holding: no figures, not zeros
     rows = []
     for c in consumers:
+        own = c.get("census_gpu", c.get("gpu"))
+        pid = c.get("pid")
         rows.append({
             "gpu": c.get("gpu"),
-            "pid": c.get("pid"),
+            "pid": pid,
             "peer_access": c.get("peer_access"),
             "redirect_applied": c.get("redirect_applied"),
             "correct": bool(c.get("slice_correct") and c.get("tensor_correct")),
-            "on_producer_gpu_mib": used(opened, c["pid"], producer_gpu) if c.get("gpu") != producer_gpu else None,
-            "on_own_gpu_mib": used(opened, c["pid"], c["gpu"]),
-            "on_own_gpu_before_mib": used(before, c["pid"], c["gpu"]),
+            "error": c.get("error"),
+            "held_during_census": c.get("held_during_census"),
+            "on_producer_gpu_mib": used(opened, pid, producer_census_gpu)
+            if measured and pid is not None and own != producer_census_gpu else None,
+            "on_own_gpu_mib": used(opened, pid, own) if measured and pid is not None else None,
+            "on_own_gpu_before_mib": used(before, pid, own) if pid is not None and "census_before" in record else None,
         })
     cross = [r["on_producer_gpu_mib"] for r in rows if r["on_producer_gpu_mib"] is not None]
-    producer = record.get("producer") or {}
+    # A consumer's own CUDA context before it opened anything: the unit of "extra contexts".
+    contexts = sorted(r["on_own_gpu_before_mib"] for r in rows if r["on_own_gpu_before_mib"])
+    context_mib = contexts[len(contexts) // 2] if contexts else None
+    total_mib = sum(cross) if cross else None
     roles = {c.get("pid"): "consumer" for c in consumers}
     roles[producer.get("pid")] = "producer"
     census = [
@@ -199,6 +212,11 @@ def _ipc_summary(record: dict[str, Any]) -> dict[str, Any]:
         "oversize_went_cpu": producer.get("oversize_went_cpu"),
         "consumers": rows,
         "extra_on_producer_gpu_per_consumer_mib": (sum(cross) / len(cross)) if cross else None,
+        "extra_on_producer_gpu_total_mib": total_mib,
+        "consumer_context_mib": context_mib,
+        # total / one consumer's context: N-1 without the redirect (one context each), 0 with it
+        "extra_on_producer_gpu_contexts": total_mib / context_mib if total_mib is not None and context_mib else None,
+        "gpu_count": record.get("gpu_count"),
         "all_correct": bool(rows) and all(r["correct"] for r in rows),
         # Every GPU and every process on it while the consumers held the shared memory.
         "census": census,

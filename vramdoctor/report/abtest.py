@@ -8,6 +8,7 @@ from typing import Any
 from rich.table import Table
 
 from ..abtest.analysis import above_context_mib
+from ..units import format_count, format_mib
 from . import console
 
 
@@ -62,16 +63,36 @@ def ipc_table(result: dict[str, Any]) -> Table | None:
                 "consumer MiB on producer GPU", "consumer MiB on own GPU", "data correct"):
         table.add_column(col)
     for arm in rows:
-        if arm.get("error"):
+        if arm.get("error") and not arm["consumers"]:
             table.add_row(arm["mode"], str(arm["producer_gpu"]), "-", "-", "-", "-", "-", f"error: {arm['error']}")
             continue
         for c in arm["consumers"]:
+            data = "yes" if c["correct"] else "NO"
+            if c.get("error"):
+                data = f"error: {c['error']}"
             table.add_row(
                 arm["mode"], str(arm["producer_gpu"]), str(c["gpu"]), str(c["peer_access"]),
-                str(c["redirect_applied"]), _f(c["on_producer_gpu_mib"]), _f(c["on_own_gpu_mib"]),
-                "yes" if c["correct"] else "NO",
+                str(c["redirect_applied"]), _f(c["on_producer_gpu_mib"]), _f(c["on_own_gpu_mib"]), data,
             )
     return table
+
+
+def ipc_extra_line(arm: dict[str, Any]) -> str | None:
+    """One arm's extra memory on the producer's GPU: per consumer, in all, and in CUDA contexts."""
+    per = arm.get("extra_on_producer_gpu_per_consumer_mib")
+    if per is None:
+        return None
+    rows = [c for c in arm["consumers"] if c.get("on_producer_gpu_mib") is not None]
+    each = ", ".join(format_mib(c["on_producer_gpu_mib"], 0) for c in rows)
+    total = arm.get("extra_on_producer_gpu_total_mib")
+    line = (f"{arm['mode']}: {per:.0f} MiB extra on producer GPU {arm['producer_gpu']} per consumer "
+            f"({each}), {format_mib(total, 0)} in all over {format_count(len(rows), 'consumer(s)')}")
+    if arm.get("extra_on_producer_gpu_contexts") is not None:
+        line += (f" = {arm['extra_on_producer_gpu_contexts']:.1f} x a consumer's own CUDA context "
+                 f"({format_mib(arm['consumer_context_mib'], 0)})")
+    good = sum(1 for c in arm["consumers"] if c["correct"])
+    verdict = "correct" if arm["all_correct"] else "WRONG"
+    return line + f"; data read back {verdict} on {good} of {format_count(len(arm['consumers']), 'consumer(s)')}"
 
 
 def render(result: dict[str, Any], header: dict[str, Any] | None = None) -> None:
@@ -124,10 +145,11 @@ def render(result: dict[str, Any], header: dict[str, Any] | None = None) -> None
     if table is not None:
         out.print(table)
         for arm in result["ipc"]:
-            extra = arm.get("extra_on_producer_gpu_per_consumer_mib")
+            extra = ipc_extra_line(arm)
             if extra is not None:
-                out.print(f"  {arm['mode']}: {extra:.0f} MiB extra on producer GPU {arm['producer_gpu']} per consumer; "
-                          f"data read back {'correct' if arm['all_correct'] else 'WRONG'}", markup=False)
+                out.print(f"  {extra}", markup=False)
+            if arm.get("error") and arm["consumers"]:
+                out.print(f"  {arm['mode']}: error: {arm['error']}", markup=False)
             for g in arm.get("census", []):
                 procs = ", ".join(
                     f"{p['role']} {p['pid']} {_f(p['used_mib'])} MiB" for p in g["processes"]
