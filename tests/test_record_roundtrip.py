@@ -44,9 +44,9 @@ def all_kinds() -> list[object]:
         gpu_sample(0),
         MetricsSample(t=100.5, wall=1.7e9, flavour="sglang", values={"kv_usage_ratio": 0.5},
                       raw={'sglang:token_usage{tp_rank="0"}': 0.5}),
-        HostSample(t=101.0, wall=1.7e9, processes=[HostProcessMemory(pid=4242, rss_mib=2048.5, name="python3",
+        HostSample(t=100.6, wall=1.7e9, processes=[HostProcessMemory(pid=4242, rss_mib=2048.5, name="python3",
                                                                      role="tokenizer")]),
-        Event(t=101.5, wall=1.7e9, name="round_end", data={"round": 1, "requests": 30}),
+        Event(t=100.8, wall=1.7e9, name="round_end", data={"round": 1, "requests": 30}),
         gpu_sample(1),
     ]
 
