@@ -6,6 +6,7 @@ merge by priority across files, events keep their file and line.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,11 +31,20 @@ def extract_file(path: str | Path) -> tuple[FileExtractor, ReadStats]:
     return ex, stats
 
 
+PREFIX_LINES_RECOGNISED = 3  # lines with a server's own process/rank prefix that make a file its log
+
+
 def _sniff(ex: FileExtractor, head: bytes) -> None:
-    """Weak votes from the first MiB: package paths and names in tracebacks and banners."""
+    """Weak votes from the first MiB: package paths and names in tracebacks and banners, and the
+    servers' own line prefixes (vLLM's process tags, SGLang's rank tags)."""
     low = head.lower()
     ex.votes["sglang"] += min(20, low.count(b"sglang"))
     ex.votes["vllm"] += min(20, low.count(b"/vllm/") + low.count(b"vllm "))
+    vllm_lines = sum(1 for _ in itertools.islice(P.VLLM_PREFIX_SNIFF.finditer(head), 50))
+    sglang_lines = sum(1 for _ in itertools.islice(P.SGL_PREFIX_SNIFF.finditer(head), 50))
+    ex.votes["vllm"] += min(20, vllm_lines)
+    ex.votes["sglang"] += min(20, sglang_lines)
+    ex.prefix_lines = max(vllm_lines, sglang_lines)
 
 
 def _server(votes: dict[str, int]) -> str | None:
@@ -63,13 +73,28 @@ def _merge_facts(exs: Sequence[FileExtractor]) -> tuple[Facts, dict[str, Any]]:
     return facts, extra
 
 
-def _tp_from_ranks(exs: Sequence[FileExtractor]) -> int | None:
-    """TP size from rank tags, only when ranks 0..N-1 (N >= 2) all appear."""
-    ranks: set[int] = set()
+def _tp_from_ranks(exs: Sequence[FileExtractor], pp_size: int | None) -> tuple[int, bool, str] | None:
+    """A lower bound of the TP size from the rank tags seen: (bound, ranks 0..bound-1 all seen, how).
+
+    A log shows the ranks that printed something, so the highest TP rank seen + 1 is a lower bound
+    (SGLang "[... DP0 TP7]", vLLM "(Worker_TP3 pid=...)"). vLLM's "(VllmWorker rank=N pid=...)" is a
+    world rank (TP x PP): it bounds TP only without pipeline parallelism.
+    """
+    tp: set[int] = set()
+    world: set[int] = set()
     for ex in exs:
-        ranks |= ex.ranks.get("TP", set())
-    if len(ranks) >= 2 and ranks == set(range(max(ranks) + 1)):
-        return max(ranks) + 1
+        tp |= ex.ranks.get("TP", set())
+        world |= ex.ranks.get("WORLD", set())
+    if tp and max(tp) >= 1:
+        n = max(tp) + 1
+        whole = tp == set(range(n))
+        seen = "all appear" if whole else f"only {', '.join(str(r) for r in sorted(tp)[:8])} appear"
+        return n, whole, f"at least {n}: TP ranks 0..{n - 1} ({seen} in the rank tags)"
+    if world and max(world) >= 1 and (pp_size or 1) == 1:
+        n = max(world) + 1
+        assume = "" if pp_size == 1 else ", assuming no pipeline parallelism"
+        whole = world == set(range(n))
+        return n, whole, f"at least {n}: vLLM worker ranks 0..{n - 1} in the process tags{assume}"
     return None
 
 
@@ -90,8 +115,11 @@ def _multimodal(facts: Facts, exs: Sequence[FileExtractor]) -> tuple[bool | None
         return True, model_ev
     if facts.architecture and P.TEXT_ARCH.search(facts.architecture):
         return False, arch_ev
-    if files:
-        return False, Evidence(exs[0].name, 0, f"traceback model file: models/{sorted(files)[0]}.py")
+    # Only a model family's own file says text-only (models/llama.py); a shared helper on the path
+    # (models/utils.py, interfaces.py, ...) says nothing either way: unknown, not "no".
+    text_files = sorted(f for f in files if P.TEXT_NAME.search(f))
+    if text_files:
+        return False, Evidence(exs[0].name, 0, f"traceback model file: models/{text_files[0]}.py")
     if facts.model and P.TEXT_NAME.search(facts.model):
         return False, model_ev
     return None, None
@@ -144,7 +172,8 @@ def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
     for path in paths:
         ex, st = extract_file(path)
         exs.append(ex)
-        recognised = bool(ex.facts or ex.events or ex.version or ex.slow_processor)
+        recognised = bool(ex.facts or ex.events or ex.version or ex.slow_processor
+                          or ex.prefix_lines >= PREFIX_LINES_RECOGNISED)
         server = _server(ex.votes) if recognised else None
         summaries.append(FileSummary(st.name, st.bytes_read, st.lines, server, recognised, st.notes))
     votes = {"sglang": 0, "vllm": 0}
@@ -155,17 +184,27 @@ def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
     server = _server(votes) if any(fs.recognised for fs in summaries) else None
     used = [ex for ex, fs in zip(exs, summaries, strict=True) if fs.recognised]
     facts, extra = _merge_facts(used)
-    if facts.tp_size is None:
-        tp = _tp_from_ranks(used)
-        note = f"ranks 0..{tp - 1} all appear" if tp else ""
+    if facts.tp_size is not None:
+        facts.tp_size_is_lower_bound = False
+    else:
+        tp: int | None = None
+        note = ""
         world = extra.get("world_size")
-        if tp is None and world:
+        if world:
             # vLLM's world size is TP x PP: it gives TP only when it is 1 or PP is known.
             if int(world) == 1:
                 tp = 1
             elif facts.pp_size:
                 tp = int(world) // facts.pp_size
             note = f"world size {world}" + (f" / pp_size {facts.pp_size}" if tp and int(world) > 1 else "")
+            facts.tp_size_is_lower_bound = False if tp is not None else None
+        bound = _tp_from_ranks(used, facts.pp_size) if tp is None else None
+        if bound is not None:
+            facts.tp_size_at_least = bound[0]
+            facts.evidence["tp_size_at_least"] = Evidence(used[0].name, 0, bound[2])
+            if bound[1]:  # every rank below the highest one printed: the size itself, as a lower bound
+                tp, note = bound[0], bound[2]
+                facts.tp_size_is_lower_bound = True
         if tp is not None:
             facts.tp_size = tp
             facts.evidence["tp_size"] = Evidence(used[0].name, 0, note)

@@ -3,7 +3,8 @@ memory errors that are not CUDA OOMs (KV budget, retraction, Triton shared memor
 
 A mixin of `FileExtractor` (extract.py): it shares the extractor's state (facts, stage, caps)
 and is fed the lines whose anchors can start an event. The phase of an OOM comes from the
-traceback before it (innermost marker wins), else from the startup stage the log reached.
+traceback that ends at it (innermost context marker wins); without one it is unknown (None), never
+guessed from the startup lines printed before it.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ MEMORY_KEYS = (
     "out of memory", "outofmemoryerror", "cudaerrormemoryallocation", "memory pool end",
     "total_gpu_memory", "no available memory", "max seq len", "free memory on device",
     "not enough memory", "alloc_req_slots", "out of resource", "ran out of gpu memory",
-    "not enough gpu memory", "failed to register memory",
+    "not enough gpu memory", "failed to register memory", "out_of_memory", "alloc_failed",
+    "profiled value", "gpu-memory-utilization=",
 )
+FRAME_GAP_LINES = 8  # the last frame of an error's own traceback is at most this many lines above it
 
 
 def size_mib(text: str) -> float | None:
@@ -47,8 +50,9 @@ def gb(text: str | None) -> float | None:
 def memory_plan(t: str) -> tuple[Any, ...] | None:
     """What a memory line says, as a pure function of its text (memoised for short lines).
 
-    None (nothing), ("oom", text), ("facts", ((name, value), ...), sglang votes) or
-    ("event", kind, phase, data, sglang votes, text); the handler applies it to the state.
+    None (nothing), ("oom", text), ("facts", ((name, value), ...), votes) or
+    ("event", kind, phase, data, votes, text), votes being ((server, n), ...); the handler applies
+    it to the state.
     """
     low = t.lower()
     if not any(k in low for k in MEMORY_KEYS):
@@ -59,41 +63,80 @@ def memory_plan(t: str) -> tuple[Any, ...] | None:
     kind: str | None = None
     data: dict[str, Any] = {}
     phase: str | None = None
-    votes = 0
+    votes: tuple[tuple[str, int], ...] = ()
+    sglang, vllm = (("sglang", 3),), (("vllm", 3),)
     if "Memory pool end" in text:
         m = P.SGL_POOL_END.search(text)
-        return ("facts", (("avail_after_pool_mib", gb(m.group(1))),), 3) if m else None
+        return ("facts", (("avail_after_pool_mib", gb(m.group(1))),), sglang) if m else None
     if "total_gpu_memory" in text:
         m = P.VLLM_BUDGET.search(text)
         if not m:
             return None
-        return ("facts", (("total_gpu_mib", gb(m.group(1))), ("gpu_memory_utilization", float(m.group(2)))), 0)
+        return ("facts", (("total_gpu_mib", gb(m.group(1))), ("gpu_memory_utilization", float(m.group(2)))), vllm)
+    if "Desired GPU memory" in text and (m := P.VLLM_DESIRED.search(text)):
+        # vLLM 0.11+ after start-up: the configured share and, in the same line, the KV cache size
+        # that would fit it (negative when weights + activations + graphs already exceed it).
+        facts: list[tuple[str, Any]] = [("gpu_memory_utilization", float(m.group(1)))]
+        if fm := P.VLLM_FREE_STARTUP.search(text):
+            facts.append(("total_gpu_mib", gb(fm.group(2))))
+        if (k := P.VLLM_KV_SUGGEST.search(text)) and int(k.group(1)) < 0:
+            return ("event", "kv_budget_negative", "startup",
+                    {"reason": "vllm_kv_cache_memory_negative", "kv_cache_memory_bytes": int(k.group(1)),
+                     "kv_cache_memory_mib": round(int(k.group(1)) / 1048576, 1),
+                     "gpu_memory_utilization": float(m.group(1)), "requested_mib": gb(m.group(2))},
+                    vllm, text, tuple(facts))
+        return ("facts", tuple(facts), vllm)
+    if "gpu-memory-utilization=" in text:
+        m = P.VLLM_UTIL_EQUIV.search(text)
+        return ("facts", (("gpu_memory_utilization", float(m.group(1))),), vllm) if m else None
+    if "profiled value" in text:
+        m = P.SGL_PROFILED.search(text)
+        if not m:
+            return None
+        profiled = int(m.group(2))
+        return ("event", "kv_budget_negative" if profiled <= 0 else "kv_budget_capped", "kv_cache_alloc",
+                {"reason": "sglang_profiled_tokens_negative" if profiled <= 0 else "sglang_max_total_tokens_capped",
+                 "max_total_tokens": int(m.group(1)), "profiled_tokens": profiled},
+                (("sglang", 5),), text, (("max_total_tokens", int(m.group(1))),))
     if (m := P.SGL_RETRACT.search(text)) and ("retracted" in text or "Try to lower" in text):
         kind, phase = "retraction", m.group(1).lower()
         if m.group(2):
             data = {"retracted_reqs": int(m.group(2)), "new_token_ratio_from": float(m.group(3)),
                     "new_token_ratio_to": float(m.group(4))}
-        votes = 3
+        votes = sglang
     elif P.VLLM_NO_KV.search(text):
         kind, phase = "kv_budget_error", "kv_cache_alloc"
         data = {"reason": "no_memory_for_cache_blocks"}
+        votes = vllm
     elif m := P.VLLM_MAX_SEQ.search(text):
         kind, phase = "kv_budget_error", "kv_cache_alloc"
         data = {"reason": "max_seq_len_exceeds_kv_cache", "max_seq_len": int(m.group(1)),
                 "needed_mib": gb(m.group(2)), "available_mib": gb(m.group(3))}
+        votes = vllm
     elif m := P.VLLM_MAX_SEQ_V0.search(text):
         kind, phase = "kv_budget_error", "kv_cache_alloc"
         data = {"reason": "max_seq_len_exceeds_kv_cache", "max_seq_len": int(m.group(1)),
                 "kv_cache_tokens": int(m.group(2))}
+        votes = vllm
     elif m := P.VLLM_FREE_LT.search(text):
         kind, phase = "kv_budget_error", "startup"
-        data = {"reason": "free_memory_below_utilization", "free_mib": gb(m.group(1)),
-                "total_mib": gb(m.group(2))}
+        free, total = gb(m.group(2)), gb(m.group(3))
+        data = {"reason": "free_memory_below_utilization", "free_mib": free, "total_mib": total,
+                "device": m.group(1)}
+        if m.group(4):
+            data.update(gpu_memory_utilization=float(m.group(4)), requested_mib=gb(m.group(5)))
+        votes = (("vllm", 5),)
+        facts_: list[tuple[str, Any]] = [("total_gpu_mib", total)]
+        if m.group(4):
+            facts_.append(("gpu_memory_utilization", float(m.group(4))))
+        return ("event", kind, phase, data, votes, text, tuple(facts_))
     elif P.SGL_NOT_ENOUGH.search(text):
         kind, phase = "kv_budget_error", "kv_cache_alloc"
         data = {"reason": "sglang_not_enough_memory_for_kv_pool"}
+        votes = sglang
     elif P.SGL_REQ_SLOTS.search(text):
         kind = "req_slots_exhausted"
+        votes = sglang
     elif m := P.TRITON_SMEM.search(text):
         kind = "triton_shared_memory"
         if m.group(1):
@@ -108,7 +151,7 @@ def memory_plan(t: str) -> tuple[Any, ...] | None:
         kind, phase = "mm_preprocess_gpu_oom", "preprocessing"
     if kind is None:
         return None
-    return ("event", kind, phase, data, votes, text)
+    return ("event", kind, phase, data, votes, text, ())
 
 
 class EventsMixin:
@@ -120,6 +163,7 @@ class EventsMixin:
     votes: dict[str, int]
     model_files: set[str]
     tracebacks_read: int
+    mm_evidence: Evidence | None
 
     def ev(self, hit: Hit, text: str | None = None) -> Evidence: ...  # provided by FileExtractor
     def put(self, name: str, value: Any, prio: float, evidence: Evidence | Hit) -> None: ...
@@ -147,33 +191,41 @@ class EventsMixin:
                      Evidence(self.name, 0, "traceback: " + m.group(0)))
 
     def _region(self, hit: Hit) -> str:
+        """The traceback that ends at this error line, or "" when the error has none of its own.
+
+        A traceback printed earlier (a warning a minute before, another rank's error) is not this
+        error's: its last frame must be within FRAME_GAP_LINES lines of the error.
+        """
         before = hit.before(48 << 10)
         i = before.rfind(P.TRACEBACK)
-        return before[i:] if i >= 0 else ""
+        if i < 0:
+            return ""
+        region = before[i:]
+        last_frame = region.rfind('File "')
+        tail = region[last_frame:] if last_frame >= 0 else region
+        if tail.count("\n") > FRAME_GAP_LINES:
+            return ""
+        return region
 
     def _phase(self, region: str, line: str) -> str | None:
+        """The phase the traceback's frames show (None when they do not tell)."""
         text = region + "\n" + line
         best: tuple[int, str] | None = None
         for name, rx in P.PHASE_MARKERS:
             for m in rx.finditer(text):
                 if best is None or m.start() >= best[0]:
                     best = (m.start(), name)
-        if best is None:
-            for name, rx in P.FORWARD_MARKERS:
-                for m in rx.finditer(text):
-                    if best is None or m.start() >= best[0]:
-                        best = (m.start(), name)
-            if best is not None and self.stage == "graph_done":
-                return "warmup"  # a forward pass after graph capture, before "ready"
         if best is not None:
             return best[1]
-        return {
-            "weight_load": "weight_load",
-            "kv_cache_alloc": "kv_cache_alloc",
-            "cuda_graph": "cuda_graph",
-            "profiling": "profiling",
-            "graph_done": "warmup",
-        }.get(self.stage or "")
+        if P.WARMUP_LEAF.search(text):
+            return "warmup"
+        if P.MM_FRAMES.search(text):
+            return "prefill"  # the vision encoder or the merge of its output: a multimodal prefill
+        for name, rx in P.FORWARD_MARKERS:
+            for m in rx.finditer(text):
+                if best is None or m.start() >= best[0]:
+                    best = (m.start(), name)
+        return None if best is None else best[1]
 
     def _message(self, hit: Hit, text: str) -> str:
         """The error message plus its terminal-wrapped tail (up to 3 lines).
@@ -198,10 +250,14 @@ class EventsMixin:
         elif what == "facts":
             for name, value in plan[1]:
                 self.put(name, value, RUNTIME, hit)
-            self.votes["sglang"] += plan[2]
+            for server, n in plan[2]:
+                self.votes[server] += n
         else:  # "event"
-            _, kind, phase, data, votes, text = plan
-            self.votes["sglang"] += votes
+            _, kind, phase, data, votes, text, facts = plan
+            for server, n in votes:
+                self.votes[server] += n
+            for name, value in facts:
+                self.put(name, value, RUNTIME, hit)
             n = self.event_counts.get(kind, 0)
             if n >= MAX_EVENTS_PER_KIND:
                 self.event_counts[kind] = n + 1  # counted; the first ones carry the detail
@@ -233,9 +289,17 @@ class EventsMixin:
             data["private_pools_mib"] = size_mib(m.group(1))
         if m := P.OOM_RESERVED.search(msg):
             data["reserved_unallocated_mib"] = size_mib(m.group(1))
+        if m := P.OOM_ALLOCATED.search(msg):
+            data["allocated_mib"] = size_mib(m.group(1))
         phase = self._phase(region, msg)
         if P.VLLM_NOT_ENOUGH_LOAD.search(text):
             phase = "weight_load"
+        if P.SAMPLER_WARMUP.search(region + "\n" + msg):
+            data["sampler"] = True  # vLLM's sampler warm-up: its own message names --max-num-seqs
+        if (m := P.MM_FRAMES.search(region)) is not None:
+            data["multimodal_frames"] = True
+            self.mm_evidence = self.mm_evidence or Evidence(
+                self.name, hit.lineno, "traceback frame: " + m.group(0).strip()[:120])
         self.add_event(Event("cuda_oom", self.name, hit.lineno, msg[:EVIDENCE_CHARS], phase, data))
 
     def _leak(self, hit: Hit, t: str) -> None:
@@ -262,6 +326,12 @@ class EventsMixin:
         pool = "token"
         for key, val in P.LEAK_FIELD.findall(body):
             fields.setdefault(key, int(val))
+        # 0.5.12+: one "[pool] total=..., available=..., ..." part per pool; each pool's deficit is
+        # total minus every count the checker adds (available, evictable, protected, session_held,
+        # uncached and any other held count a fork prints).
+        tagged = {name: {k: int(v) for k, v in P.LEAK_POOL_FIELD.findall(part)}
+                  for name, part in P.LEAK_POOL.findall(body)}
+        tagged = {name: f for name, f in tagged.items() if "total" in f and "available" in f}
         if wording.startswith("req_to_token"):
             pool = "req"
         elif "Mem Leak Detected" in wording:
@@ -288,6 +358,20 @@ class EventsMixin:
             data.update(pools=pools, pool=worst)
             total, avail = pools[worst]["total"], pools[worst]["available"]
             evict, prot, held = pools[worst]["evictable"], pools[worst]["protected"], 0
+        if tagged:
+            pools = {}
+            for name, f in tagged.items():
+                counted = sum(v for k, v in f.items() if k != "total" and not k.startswith("leaked"))
+                pools[name] = {**f, "leaked": f["total"] - counted}
+            for name, pages in P.LEAK_PAGES.findall(body):
+                if name in pools:
+                    pools[name]["leaked_pages"] = pages
+            worst = max(pools, key=lambda k: abs(pools[k]["leaked"]))
+            w = pools[worst]
+            data.update(pools=pools, pool=worst)
+            total, avail = w["total"], w["available"]
+            evict, prot = w.get("evictable", 0), w.get("protected", 0)
+            held = w["total"] - w["leaked"] - avail - evict - prot
         if total is not None and avail is not None:
             data.update(total=total, available=avail, evictable=evict, protected=prot,
                         leaked=total - avail - evict - prot - held, double_free=avail > total)

@@ -87,6 +87,7 @@ class FileExtractor(EventsMixin):
     secrets: set[str] = field(default_factory=set)  # values to blank in every output
     cmd_args: dict[str, Any] = field(default_factory=dict)  # flags of a pasted launch command
     tracebacks_read: int = 0
+    prefix_lines: int = 0  # lines of the first MiB with a server's own process/rank prefix
     # redact_text results for the current secrets (the set only grows: its size names it)
     _redacted: dict[str, str] = field(default_factory=dict, repr=False)
     _redacted_for: int = field(default=0, repr=False)
@@ -494,7 +495,7 @@ def dispatch(t: str) -> tuple[Step, ...]:
     text (a substring, or a regex the handler needs anyway), so the choice is memoised."""
     X = FileExtractor
     steps: list[Step] = []
-    if "TP" in t[:80] or "DP" in t[:80]:
+    if "TP" in t[:80] or "DP" in t[:80] or "rank=" in t[:80]:
         steps.append(X._rank_tags)
     if "_args=" in t or "args: " in t:
         steps.append(X._args)
@@ -543,7 +544,8 @@ def dispatch(t: str) -> tuple[Step, ...]:
         steps.append(X._ready)
     if "eak d" in t or "eak D" in t:
         steps.append(X._leak)
-    if "emory" in t or "out of resource" in t or "max seq len" in t:
+    if ("emory" in t or "out of resource" in t or "max seq len" in t or "profiled value" in t
+            or "OUT_OF_MEMORY" in t or "ALLOC_FAILED" in t):
         steps.append(X._memory)
     return tuple(steps)
 

@@ -65,6 +65,11 @@ class Facts:
     architecture: str | None = None
     multimodal: bool | None = None
     tp_size: int | None = None
+    # True when tp_size is only a lower bound read off rank tags (the ranks that printed something),
+    # False when an argument dump, the engine config or a world-size line states it, None when unknown.
+    tp_size_is_lower_bound: bool | None = None
+    # The TP size the rank tags prove at least (highest TP rank seen + 1), also when some ranks are missing.
+    tp_size_at_least: int | None = None
     dp_size: int | None = None
     pp_size: int | None = None
     mem_fraction_static: float | None = None

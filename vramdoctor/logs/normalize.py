@@ -25,7 +25,7 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class Clean:
     text: str  # the message without prefixes
-    ranks: tuple[tuple[str, int], ...] = ()  # e.g. (("TP", 3),) from an SGLang prefix
+    ranks: tuple[tuple[str, int], ...] = ()  # e.g. (("TP", 3),) from an SGLang prefix or a vLLM Worker_TP3 tag
 
 
 def strip_noise(line: str) -> str:
@@ -64,16 +64,19 @@ def clean(line: str) -> Clean:
         if m:
             s = s[m.end() :]
             break
+    ranks: tuple[tuple[str, int], ...] = ()
     m = P.PROC.match(s)
     if m:
+        if "pid=" in m.group() and P.VLLM_PROC.match(m.group()):
+            # vLLM's process tag: Worker_DP1_TP3 -> DP 1, TP 3; VllmWorker rank=N -> world rank N
+            ranks = tuple((k, int(v)) if k else ("WORLD", int(w)) for k, v, w in P.VLLM_PROC_RANKS.findall(m.group()))
         s = s[m.end() :]
     m = P.RANKTAG.match(s)
     if m:
         s = s[m.end() :]
-    ranks: tuple[tuple[str, int], ...] = ()
     m = P.SGL_PREFIX.search(s, 0, 200)
     if m and m.start() < 120:  # tqdm output may precede the prefix on the same line
-        ranks = tuple((k, int(v)) for k, v in P.SGL_RANKS.findall(m.group(2)))
+        ranks = ranks + tuple((k, int(v)) for k, v in P.SGL_RANKS.findall(m.group(2)))
         s = s[m.end() :]
         lm = P.SGL_LEVEL.match(s)
         if lm:

@@ -49,7 +49,11 @@ ANCHORS: tuple[bytes, ...] = (
     b"max seq len",  # vLLM KV budget checks (V0 and V1 wordings)
     b"launch_server",  # a pasted launch command (cmdline.py)
     b" serve ",  # "vllm serve MODEL", "sglang serve ..."
-    b"entrypoints.",  # python -m vllm.entrypoints.openai.api_server ...  # vLLM arg_utils "The model has a long context length (N). ..."
+    b"entrypoints.",  # python -m vllm.entrypoints.openai.api_server ...
+    b"OUT_OF_MEMORY",  # CUDA driver API CUDA_ERROR_OUT_OF_MEMORY
+    b"ALLOC_FAILED",  # cuBLAS CUBLAS_STATUS_ALLOC_FAILED, cuDNN CUDNN_STATUS_ALLOC_FAILED
+    b"profiled value",  # SGLang "max_total_tokens=N is larger than the profiled value M"
+    b"gpu-memory-utilization=",  # vLLM "The current --gpu-memory-utilization=0.8800 is equivalent to ..."
 )
 
 # --- line prefixes (stripped for display and continuation detection) -------------------
@@ -60,6 +64,23 @@ COMPOSE = re.compile(  # docker-compose "name-1  | ", log shippers "2026-05-01 2
 )
 JOURNALD = re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d (?:\S+ )?[\w.@/-]+(?:\[\d+\])?: ")
 PROC = re.compile(r"^\((?:VllmWorker(?:Process)?|EngineCore\w*|APIServer|Worker\w*|\w+)[^)]*pid=\d+\)\s*")
+# vLLM's own process tags (vllm/v1/executor/multiproc_executor.py `setup_proc_title_and_log_prefix`,
+# vllm/utils `decorate_logs`): "(APIServer pid=P)", "(EngineCore pid=P)", "(EngineCore_DP0 pid=P)",
+# "(Worker pid=P)", "(Worker_DP1_PP0_PCP0_TP3_DCP0_EP1 pid=P)" (0.10.2+: Worker[_DPn][_PPn][_PCPn]
+# [_TPn][_DCPn][_EPn]); 0.8-0.10: "(VllmWorker rank=N pid=P)"; V0: "(VllmWorkerProcess pid=P)".
+VLLM_PROC = re.compile(
+    r"^\((?:APIServer|EngineCore(?:_DP\d+)?|Worker(?:_[A-Z]+\d+)*|VllmWorker(?: rank=\d+)?|VllmWorkerProcess) pid=\d+\)"
+)
+# Sniffed in the first MiB (bytes): a vLLM process tag followed by vLLM's logger prefix
+# ("INFO 05-02 08:11:40 [file.py:N]" from 0.8, "INFO 05-02 08:11:40 file.py:N]" before), and SGLang's
+# prefix with rank tags ("[2025-09-14 03:22:10 DP0 TP0] ", sglang/srt/utils `configure_logger`).
+VLLM_PREFIX_SNIFF = re.compile(
+    rb"\((?:APIServer|EngineCore(?:_DP\d+)?|Worker(?:_[A-Z]+\d+)*|VllmWorker(?: rank=\d+)?|VllmWorkerProcess) pid=\d+\)"
+    rb" (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d"
+)
+SGL_PREFIX_SNIFF = re.compile(rb"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?(?: (?:DP|TP|EP|PP)\d+)+\] ")
+# The rank parts of those tags: "_TP3" in Worker_TP3, "rank=1" in VllmWorker rank=1 (a world rank).
+VLLM_PROC_RANKS = re.compile(r"_(DP|PP|TP|EP)(\d+)|VllmWorker rank=(\d+)")
 RANKTAG = re.compile(r"^\[rank\d+\]:\s*")
 # SGLang: [2025-03-27 21:33:30 TP0] / [2025-03-27 21:33:30.123 DP1 TP3 EP3] (all versions)
 SGL_PREFIX = re.compile(
@@ -144,7 +165,7 @@ VLLM_MM_PROFILE = re.compile(r"Starting profile run for multi-modal models")
 VLLM_WEIGHTS = re.compile(r"(?:Loading model weights took|Model loading took|model weights take) ([\d.]+) ?(GiB|GB)")
 VLLM_BLOCKS = re.compile(r"# (?:GPU|cuda) blocks: (\d+)(?:, # CPU blocks: (\d+))?")
 VLLM_KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
-VLLM_KV_MEM = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
+VLLM_KV_MEM = re.compile(r"Available KV cache memory: (-?[\d.]+) GiB")  # negative when nothing is left
 VLLM_BUDGET = re.compile(
     r"total_gpu_memory \(([\d.]+) ?GiB\) x gpu_memory_utilization \(([\d.]+)\) = ([\d.]+) ?GiB"
 )
@@ -187,11 +208,19 @@ IPC_POOL_FULL = re.compile(
 # torch: "CUDA out of memory. Tried to allocate X. GPU N has a total capacity of X of which X
 # is free. [Process P has X memory in use. ...]"; "CUDA error: out of memory"; flashinfer
 # "CUDA Error: out of memory (2)"; "... failed with error out of memory".
+# Other runtimes' wordings of the same failure: Triton's launcher "Triton Error [CUDA]: out of memory"
+# (triton/backends/nvidia/driver.c), the CUDA driver API "CUDA_ERROR_OUT_OF_MEMORY" / torch's "CUDA driver
+# error: out of memory", cuBLAS "CUBLAS_STATUS_ALLOC_FAILED", cuDNN "CUDNN_STATUS_ALLOC_FAILED", NCCL's
+# "Cuda failure 'out of memory'" / "Cuda failure 2 'out of memory'" (NCCL WARN, DistBackendError "Last
+# error:"), vLLM's CuMemAllocator "CUDA Error: out of memory at .../cumem_allocator.cpp".
 CUDA_OOM = re.compile(
     r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError: CUDA|torch\.(?:cuda\.)?OutOfMemoryError"
-    r"|failed with error out of memory|cudaErrorMemoryAllocation",
+    r"|failed with error out of memory|cudaErrorMemoryAllocation|Triton Error \[CUDA\]: out of memory"
+    r"|CUDA_ERROR_OUT_OF_MEMORY|CUDA driver error: out of memory|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED"
+    r"|Cuda failure (?:\d+ )?'out of memory'",
     re.IGNORECASE,
 )
+OOM_ALLOCATED = re.compile(r"Of the allocated memory ([\d.]+ [KMGT]?i?B) is allocated by PyTorch")
 OOM_TRIED = re.compile(r"Tried to allocate ([\d.]+ [KMGT]?i?B)")
 OOM_GPU = re.compile(
     r"GPU (\d+) has a total capac?i?ty of ([\d.]+ [KMGT]?i?B) of which ([\d.]+ [KMGT]?i?B) is free"
@@ -206,6 +235,10 @@ SGL_RETRACT = re.compile(
 )
 SGL_NOT_ENOUGH = re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static")
 SGL_REQ_SLOTS = re.compile(r"alloc_req_slots runs out of memory")
+# SGLang model_runner.py (0.1 to 0.5.x; model_runner_kv_cache_mixin.py `_apply_token_constraints` in
+# 0.5.18+): "max_total_tokens=%s is larger than the profiled value %s. Use the profiled value instead."
+# A negative profiled value means the weights left no memory for the KV cache at all.
+SGL_PROFILED = re.compile(r"max_total_tokens=(\d+) is larger than the profiled value (-?\d+)")
 VLLM_NO_KV = re.compile(r"No available memory for the cache blocks")
 VLLM_MAX_SEQ = re.compile(
     r"max seq len \((\d+)\), \(([\d.]+) GiB KV cache is needed, which is larger than the available KV cache memory \(([\d.]+) GiB\)"
@@ -215,7 +248,32 @@ VLLM_MAX_SEQ = re.compile(
 VLLM_MAX_SEQ_V0 = re.compile(
     r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV cache \((\d+)\)"
 )
-VLLM_FREE_LT = re.compile(r"Free memory on device \(([\d.]+)/([\d.]+) GiB\) on startup is less than desired GPU memory utilization")
+# vLLM's start-up free-memory check. V1 gpu_worker.py (0.8-0.10): "Free memory on device (%s/%s GiB) on
+# startup is less than desired GPU memory utilization (%s, %s GiB). Decrease GPU memory utilization or
+# reduce GPU memory used by other processes."; 0.11+ (v1/worker/utils.py `request_memory`): "Free memory
+# on device cuda:0 (%s/%s GiB) on startup is less than ..." (the device name added).
+VLLM_FREE_LT = re.compile(
+    r"Free memory on device (?:(\S+) )?\(([\d.]+)/([\d.]+) GiB\) on startup is less than desired GPU memory"
+    r" utilization(?: \(([\d.]+), ([\d.]+) GiB\))?"
+)
+# vLLM 0.11+ gpu_worker.py after KV/graph setup: "Free memory on device (%s/%s GiB) on startup. Desired GPU
+# memory utilization is (%s, %s GiB). Actual usage is %s GiB for weight, %s GiB for peak activation, %s GiB
+# for non-torch memory, and %s GiB for CUDAGraph memory. Replace gpu_memory_utilization config with
+# `--kv-cache-memory=N` (%s GiB) to fit into requested memory, or `--kv-cache-memory=N` (%s GiB) to fully
+# utilize gpu memory." (later: "... %s GiB for consumed memory (weights + non-torch), %s GiB for peak
+# activation, and %s GiB for CUDAGraph memory ...", backticks dropped in some releases).
+VLLM_FREE_STARTUP = re.compile(r"Free memory on device (?:\S+ )?\(([\d.]+)/([\d.]+) GiB\) on startup")
+VLLM_DESIRED = re.compile(r"Desired GPU memory utilization is \(([\d.]+), ([\d.]+) GiB\)")
+VLLM_KV_SUGGEST = re.compile(
+    r"--kv-cache-memory=(-?\d+)`? \((-?[\d.]+) GiB\) to fit into requested memory"
+    r"(?:, or `?--kv-cache-memory=(-?\d+)`? \((-?[\d.]+) GiB\) to fully utilize)?"
+)
+# vLLM 0.21+ gpu_worker.py: "CUDA graph memory profiling is enabled (default since v0.21.0). The current
+# --gpu-memory-utilization=%.4f is equivalent to --gpu-memory-utilization=%.4f without CUDA graph memory
+# profiling. ..." (the first value is the configured one).
+VLLM_UTIL_EQUIV = re.compile(
+    r"The current --gpu-memory-utilization=([\d.]+) is equivalent to --gpu-memory-utilization=([\d.]+)"
+)
 VLLM_NOT_ENOUGH_LOAD = re.compile(r"Failed to load model - not enough GPU memory")
 TRITON_SMEM = re.compile(r"out of resource: shared memory(?:, Required: (\d+), Hardware limit: (\d+))?")
 RAY_OOM = re.compile(r"ray\.exceptions\.OutOfMemoryError: Task was killed due to the node running low on memory")
@@ -247,19 +305,41 @@ LEAK_HYBRID = re.compile(
     r"self\.tree_cache\.\1_protected_size\(\)=(\d+)"
 )
 LEAK_PAGES = re.compile(r"leaked_(full|mamba)_pages=(\{[^}]*\}|None)")
+# SGLang 0.5.12+ invariant checker (`_check_pool_invariant`): one "[pool] total=N, available=N, evictable=N,
+# protected=N, session_held=N, uncached=N" part per pool (full, swa, mamba), joined by newlines after
+# "pool memory leak detected! "; the busy check prints one pool after "Mem Leak Detected! ".
+LEAK_POOL = re.compile(r"\[(\w+)\]\s+((?:\w+=-?\d+(?:, )?)+)")
+LEAK_POOL_FIELD = re.compile(r"(\w+)=(-?\d+)")
 LEAK_FIELD = re.compile(
     r"\b(max_total_num_tokens?|available_size|evictable_size|protected_size|total_size|total_tokens|full_available_size|mamba_available_size|total|available|evictable|protected|session_held|uncached)=(\d+)"
 )
 
 # --- traceback frames: which phase of the server's life an error hit -------------------
-# Innermost marker wins. Startup contexts (graph capture, profiling, KV allocation, weight
-# load, warm-up) outrank the forward pass they wrap.
+# Only the frames of the error's own traceback count (never the startup lines printed before it).
+# Context markers: the innermost one wins (graph capture inside warm-up is graph capture). The
+# frames vLLM and SGLang run in each phase: vLLM V0/V1 worker `determine_num_available_blocks` /
+# `determine_available_memory` -> `profile_run`; `compile_or_warm_up_model` -> `_dummy_run`,
+# `capture_model`, `_dummy_sampler_run`; SGLang `ModelRunner.init_memory_pool`, `CudaGraphRunner.capture`.
 PHASE_MARKERS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("cuda_graph", re.compile(r"capture_model|capture_one_batch_size|cuda_graph_runner\.py|CudaGraphRunner|_capture_cudagraphs|, in capture\b|Capture (?:cuda|CUDA) graph failed")),
-    ("profiling", re.compile(r"profile_run|determine_num_available_blocks|determine_available_memory|_dummy_sampler_run|profile_max_batched")),
+    ("profiling", re.compile(r"profile_run|determine_num_available_blocks|determine_available_memory|profile_max_batched")),
     ("kv_cache_alloc", re.compile(r"init_cache_engine|allocate_(?:cpu|gpu)_cache|_allocate_kv_cache|initialize_kv_cache_tensors|init_memory_pool|_create_buffers|\b_init_cache\b|TokenToKVPool\b.*__init__|in _init_cache\b")),
     ("weight_load", re.compile(r"\bload_model\b|load_weights|create_weights|_initialize_model|\binitialize_model\b|weight_loader|[Ll]oad weight begin")),
-    ("warmup", re.compile(r"_warmup|warm_up(?!_model)|warming up")),
+    ("warmup", re.compile(r"compile_or_warm_up_model|_warmup|warm_up(?!_model)|warming up|kernel_warmup")),
+)
+# Weaker markers, used only when no context marker is in the traceback: vLLM's dummy passes run in
+# warm-up (`compile_or_warm_up_model` calls them; inside `profile_run` the context marker wins).
+WARMUP_LEAF = re.compile(r"_dummy_sampler_run|_dummy_run\b|_dummy_pooler_run|warming up sampler")
+SAMPLER_WARMUP = re.compile(r"_dummy_sampler_run|warming up sampler")
+# A vision encoder or the merge of its embeddings in the frames: a multimodal request's prefill
+# (vLLM `_merge_multimodal_embeddings` / `merge_multimodal_embeddings`, `_execute_mm_encoder`,
+# `get_multimodal_embeddings` / `embed_multimodal`, `_process_image_input`, `get_image_features`,
+# the `visual` / `vision_tower` / `vision_model` modules; SGLang `general_mm_embed_routine`,
+# `embed_mm_inputs`, `get_image_feature`).
+MM_FRAMES = re.compile(
+    r"_?merge_multimodal_embeddings|_execute_mm_encoder|get_multimodal_embeddings|embed_multimodal|_process_image_input"
+    r"|get_image_features?\b|general_mm_embed_routine|embed_mm_inputs|self\.visual\(|self\.vision_tower\(|self\.vision_model\("
+    r"|/vision_encoder|VisionTransformer|\bin (?:forward|__call__)\b.*\n\s+\S*visual"
 )
 FORWARD_MARKERS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("decode", re.compile(r"forward_decode|ForwardMode\.DECODE|decode_wrapper|BatchDecode")),

@@ -25,3 +25,35 @@ def mib(v: float | None) -> str:
 
 def first_evidence(events: list[Event], n: int = 3) -> list[Evidence]:
     return [e.evidence for e in events[:n]]
+
+
+# Flags only one server has (a fix for the other server must never name them). Flags both share
+# (--kv-cache-dtype, --attention-backend, --max-num-batched-tokens is vLLM-only) are left out.
+SGLANG_ONLY_FLAGS = (
+    "--mem-fraction-static", "--context-length", "--chunked-prefill-size", "--max-prefill-tokens",
+    "--max-running-requests", "--max-total-tokens", "--cuda-graph-max-bs", "--disable-cuda-graph",
+    "--tp-size", "--schedule-conservativeness", "--disable-radix-cache", "--disable-overlap-schedule",
+    "--disable-fast-image-processor", "--image-processor-backend", "--mm-feature-transport",
+    "--tokenizer-worker-num", "--base-gpu-id", "SGLANG_",
+)
+VLLM_ONLY_FLAGS = (
+    "--gpu-memory-utilization", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
+    "--enforce-eager", "--tensor-parallel-size", "--swap-space", "--limit-mm-per-prompt",
+    "--cpu-offload-gb", "--kv-cache-memory", "--mm-processor-kwargs", "VLLM_",
+)
+
+
+def by_server(server: str | None, sglang: str, vllm: str) -> str:
+    """The server's own wording of a fix; for an unknown server both, each labelled."""
+    if server == "sglang":
+        return sglang
+    if server == "vllm":
+        return vllm
+    return f"{sglang} (SGLang); {vllm} (vLLM)"
+
+
+def fraction_flag(server: str | None) -> str:
+    """The memory-share flag of the server (both, labelled, when the server is unknown)."""
+    if server in ("sglang", "vllm"):
+        return by_server(server, "--mem-fraction-static", "--gpu-memory-utilization")
+    return "--mem-fraction-static (SGLang) / --gpu-memory-utilization (vLLM)"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..model import Diagnosis, Event, Facts, Finding
 from . import Rule
-from ._common import first_evidence, mib
+from ._common import by_server, first_evidence, fraction_flag, mib
 
 SMALL_PROCESS_MIB = 4096.0  # a process this small next to the server is a context or side work
 
@@ -21,44 +21,103 @@ PHASE_NAMES = {
 }
 
 
-def _fix(phase: str | None, server: str | None) -> str:
-    sg = server != "vllm"
-    frac = "--mem-fraction-static" if sg else "--gpu-memory-utilization"
+def _fix(phase: str | None, server: str | None, e: Event) -> str:
+    """The fix for an OOM in this phase, in the server's own flags (both, labelled, when unknown)."""
+    frac = fraction_flag(server)
     if phase == "weight_load":
         return (
-            "The weights do not fit: use more GPUs (--tp-size / --tensor-parallel-size), a quantized "
-            "checkpoint, or free the GPU from other processes; the memory fraction does not help here."
+            "The weights do not fit: use more GPUs ("
+            + by_server(server, "--tp-size", "--tensor-parallel-size")
+            + "), a quantized checkpoint, or free the GPU from other processes; the memory fraction does not help here."
         )
     if phase == "kv_cache_alloc":
-        return (
-            f"Lower {frac} or --max-total-tokens / --max-model-len; on vLLM V0 also lower --swap-space "
-            "(the CPU swap blocks are pinned host memory)."
+        return by_server(
+            server,
+            "Lower --mem-fraction-static or --max-total-tokens.",
+            "Lower --gpu-memory-utilization or --max-model-len; on vLLM V0 also lower --swap-space (the CPU swap "
+            "blocks are pinned host memory).",
         )
     if phase == "cuda_graph":
-        return (
-            "Graph capture runs outside the static pool: lower " + frac
-            + (" or --cuda-graph-max-bs" if sg else ", --max-num-seqs or the capture sizes")
-            + (" (or --disable-cuda-graph)" if sg else " (or --enforce-eager)") + "."
+        return by_server(
+            server,
+            "Graph capture runs outside the static pool: lower --mem-fraction-static or --cuda-graph-max-bs "
+            "(or --disable-cuda-graph).",
+            "Graph capture runs outside the KV budget: lower --gpu-memory-utilization, --max-num-seqs or the "
+            "capture sizes (or --enforce-eager).",
         )
     if phase in ("profiling", "mm_profiling"):
-        return (
-            "The profiling run's activations do not fit: lower --max-num-batched-tokens / --max-model-len, "
-            "limit images per prompt (--limit-mm-per-prompt) and the encoder cache, or lower "
-            "--gpu-memory-utilization if other processes share the GPU."
+        return by_server(
+            server,
+            "The profiling pass's activations do not fit: lower --mem-fraction-static, --chunked-prefill-size or "
+            "--max-prefill-tokens.",
+            "The profiling run's activations do not fit: lower --max-num-batched-tokens / --max-model-len, limit "
+            "images per prompt (--limit-mm-per-prompt) and the encoder cache, or lower --gpu-memory-utilization if "
+            "other processes share the GPU.",
         )
-    if phase in ("prefill", "warmup"):
+    if phase == "warmup" and e.data.get("sampler"):
+        return by_server(
+            server,
+            "Warm-up sampling ran out: lower --max-running-requests or --mem-fraction-static.",
+            "The sampler warm-up (logits for --max-num-seqs dummy requests) ran out: lower --max-num-seqs, as "
+            "vLLM's own message says, or --gpu-memory-utilization.",
+        )
+    if phase == "warmup":
+        return by_server(
+            server,
+            "Warm-up runs outside the static pool: lower --mem-fraction-static or --cuda-graph-max-bs.",
+            "Warm-up runs outside the KV budget: lower --gpu-memory-utilization, --max-num-seqs or "
+            "--max-num-batched-tokens.",
+        )
+    if phase == "prefill" and e.data.get("multimodal_frames"):
+        return by_server(
+            server,
+            "The vision encoder's activations for this request did not fit next to the static pool: lower "
+            "--mem-fraction-static to leave encoder headroom and --chunked-prefill-size; cap image size/count per "
+            "request.",
+            "The vision encoder's activations for this request did not fit next to the KV cache: lower "
+            "--gpu-memory-utilization to leave encoder headroom, cap images per request (--limit-mm-per-prompt) "
+            "and their size (--mm-processor-kwargs), and lower --max-num-batched-tokens.",
+        )
+    if phase == "prefill":
         return (
             f"Activations outside the KV pool ran out: lower {frac} to leave headroom, lower "
-            + ("--chunked-prefill-size and --max-prefill-tokens" if sg else "--max-num-batched-tokens")
-            + ", or cap --context-length / input length; multimodal inputs also need encoder headroom."
+            + by_server(server, "--chunked-prefill-size and --max-prefill-tokens, or cap --context-length",
+                        "--max-num-batched-tokens, or cap --max-model-len")
+            + " / input length; multimodal inputs also need encoder headroom."
         )
     if phase == "decode":
         return (
             f"Decode activations (logits for large batches) ran out: lower {frac}, "
-            + ("--max-running-requests or --cuda-graph-max-bs" if sg else "--max-num-seqs")
+            + by_server(server, "--max-running-requests or --cuda-graph-max-bs", "--max-num-seqs")
             + "."
         )
-    return f"Lower {frac} to leave headroom and check the settings listed; see the traceback for the phase."
+    return f"Lower {frac} to leave headroom and check the settings listed; the traceback does not show the phase."
+
+
+def _other_process(e: Event) -> str | None:
+    """Why this OOM message shows memory of a process other than the failing one, or None.
+
+    torch lists every process NVML reports on the failing GPU: itself as "this process has X" when
+    its pid matches, else as "Process P has X" (a container's pid namespace). One "Process P" line per
+    GPU is then the failing rank itself, not another program. Another process is implied only when
+    one message lists more than one process (at most one of them is the failing one), when it has
+    "this process" and a "Process P" besides, or when the one listed holds less than PyTorch alone
+    has reserved in the failing process (so it cannot be that process).
+    """
+    d = e.data
+    procs = [p for p in d.get("processes", []) if p.get("mib") is not None]
+    gpu = d.get("gpu")
+    if procs and d.get("this_process_mib") is not None:
+        return (f"GPU {gpu} also holds memory of process(es) {', '.join(str(p['pid']) for p in procs[:6])} "
+                f"next to the failing process ({mib(d['this_process_mib'])})")
+    if len(procs) > 1:
+        return f"{len(procs)} processes hold memory on GPU {gpu}; at most one of them is the failing process"
+    if len(procs) == 1 and d.get("allocated_mib") is not None:
+        own = d["allocated_mib"] + (d.get("reserved_unallocated_mib") or 0.0)
+        if procs[0]["mib"] < own * 0.98 - 64:
+            return (f"process {procs[0]['pid']} holds {mib(procs[0]['mib'])} on GPU {gpu}, less than PyTorch "
+                    f"alone reserved in the failing process ({mib(own)}): it is another process")
+    return None
 
 
 def _budget(f: Facts) -> str:
@@ -91,6 +150,14 @@ def _figures(e: Event) -> str:
     return "; ".join(bits) if bits else "figures cut off in the log"
 
 
+def _title(phase: str | None, e: Event) -> str:
+    if phase == "prefill" and e.data.get("multimodal_frames"):
+        return "in the prefill of a multimodal request (vision encoder)"
+    if phase == "warmup" and e.data.get("sampler"):
+        return "during the sampler warm-up"
+    return PHASE_NAMES.get(phase, str(phase))
+
+
 def check(d: Diagnosis) -> list[Finding]:
     evs = d.events_of("cuda_oom")
     if not evs:
@@ -104,15 +171,15 @@ def check(d: Diagnosis) -> list[Finding]:
     out = []
     for phase, group in by_phase.items():
         first = next((e for e in group if e.data.get("free_mib") is not None), group[0])
-        others = [p for e in group for p in e.data.get("processes", [])]
+        where = _title(phase, first)
         expl = (
-            f"CUDA out of memory {PHASE_NAMES.get(phase, phase)} ({len(group)} of {total} OOM line(s)); "
+            f"CUDA out of memory {where} ({len(group)} of {total} OOM line(s)); "
             f"{_figures(first)}. Budget settings in the log: {_budget(d.facts)}."
         )
         reserved = first.data.get("reserved_unallocated_mib")
         if reserved and reserved > 1024:
             expl += " Much memory is reserved but unallocated: fragmentation; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True helps."
-        named_other = others and (first.data.get("this_process_mib") is not None or len(others) > 1)
+        other = next((why for e in group if (why := _other_process(e))), None)
         procs = first.data.get("processes", [])
         small = [p for p in procs if p["mib"] is not None and p["mib"] < SMALL_PROCESS_MIB]
         if len(procs) > 1 and small:
@@ -130,16 +197,21 @@ def check(d: Diagnosis) -> list[Finding]:
                 "server is the first suspect: the tokenizer process preprocessing images on this GPU "
                 "(see sglang-fast-image-processor)."
             )
-        if named_other and phase in ("cuda_graph", "profiling", "mm_profiling", "kv_cache_alloc"):
-            expl += " Another process holds memory on this GPU that the startup budget did not leave room for."
+        if other and phase in ("cuda_graph", "profiling", "mm_profiling", "kv_cache_alloc"):
+            expl += f" Another process holds memory on this GPU that the startup budget did not leave room for ({other})."
+        elif other:
+            expl += f" Another process holds memory on this GPU ({other})."
+        elif any(e.data.get("processes") for e in group):
+            expl += (" Each OOM message lists one process on its GPU: the failing rank itself (pids differ in "
+                     "containers), not another program.")
         out.append(
             Finding(
                 id=RULE.id,
                 severity="critical",
-                title=f"CUDA out of memory {PHASE_NAMES.get(phase, phase)}",
+                title=f"CUDA out of memory {where}",
                 evidence=first_evidence(group),
                 explanation=expl,
-                fix=_fix(phase, d.server)
+                fix=_fix(phase, d.server, first)
                 + " Run `vramdoctor census` to see every process's memory on each GPU, and"
                 " `vramdoctor soak` to tell steady growth (leak) from a one-off peak.",
             )
@@ -153,9 +225,16 @@ RULE = Rule(
     title="CUDA out of memory",
     fires_when=(
         "torch.OutOfMemoryError / 'CUDA out of memory' / 'CUDA error: out of memory' (any case, incl. "
-        "flashinfer's 'CUDA Error: out of memory (2)'); phase from the traceback (weight load, KV "
-        "allocation, CUDA graph capture, profiling, warm-up, prefill, decode)"
+        "flashinfer's 'CUDA Error: out of memory (2)'), Triton 'Triton Error [CUDA]: out of memory', "
+        "CUDA_ERROR_OUT_OF_MEMORY, CUBLAS/CUDNN_STATUS_ALLOC_FAILED, NCCL \"Cuda failure 'out of memory'\"; "
+        "phase from the error's own traceback frames only (weight load, KV allocation, CUDA graph capture, "
+        "profiling, warm-up incl. the sampler warm-up, prefill incl. a multimodal request's vision encoder, "
+        "decode), else unknown"
     ),
-    fix="phase-specific: more GPUs or quantization at load; lower mem fraction / graph batch size / chunked prefill / running requests later",
+    fix=(
+        "phase-specific, in the server's own flags: more GPUs or quantization at load; lower mem fraction / "
+        "graph batch size / chunked prefill / running requests later; --max-num-seqs for vLLM's sampler warm-up; "
+        "encoder headroom for a multimodal prefill"
+    ),
     check=check,
 )
