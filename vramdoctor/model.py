@@ -55,8 +55,9 @@ class GpuMemory:
     free_mib: float
     uuid: str | None = None
     name: str | None = None
-    # NVML v2 memory info: memory the driver reserves (not usable by processes).
-    reserved_mib: float | None = None
+    # NVML v2 memory info: memory the driver reserves (not usable by processes). Run files of
+    # schema vramdoctor.run/1 called it `reserved_mib` (vramdoctor.record maps the old name).
+    driver_reserved_mib: float | None = None
     host: str | None = None
     pod: str | None = None
 

@@ -28,8 +28,26 @@ from .errors import InputError
 from .model import SAMPLE_TYPES, now
 from .redact import redact_argv, redact_obj, redact_url
 
-SCHEMA = "vramdoctor.run/1"
+SCHEMA = "vramdoctor.run/2"
 _SUPPORTED_MAJOR = SCHEMA.rsplit("/", 1)[1]
+# Older run files this reader still reads; each record of one is upgraded on the way in.
+_OLDER_MAJORS = frozenset({"1"})
+# Schema 1 -> 2: `reserved_mib` meant two things. In a GPU's memory it is NVML's driver
+# reserve; in ab-test records it is PyTorch's reserved memory (torch.cuda.memory_reserved).
+_V1_GPU_RENAMES = {"reserved_mib": "driver_reserved_mib"}
+_V1_ABTEST_RENAMES = {"reserved_mib": "torch_reserved_mib", "peak_reserved_mib": "torch_peak_reserved_mib"}
+
+
+def upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """A record of a schema-1 run file with schema 2's field names (a new dict; others kept)."""
+    kind = str(data.get("kind", ""))
+    if kind == "gpu" and isinstance(data.get("gpus"), list):
+        gpus = [{_V1_GPU_RENAMES.get(k, k): v for k, v in g.items()} if isinstance(g, dict) else g
+                for g in data["gpus"]]
+        return {**data, "gpus": gpus}
+    if kind.startswith("abtest."):
+        return {_V1_ABTEST_RENAMES.get(k, k): v for k, v in data.items()}
+    return data
 
 
 def _json_default(obj: Any) -> Any:
@@ -436,7 +454,9 @@ def read_run(path: str | Path) -> Run:
         schema = str(header.get("schema", ""))
         if not schema.startswith("vramdoctor.run/"):
             raise InputError(f"{path} is not a vramdoctor run file (schema {schema!r})")
-        if schema.rsplit("/", 1)[1] != _SUPPORTED_MAJOR:
+        major = schema.rsplit("/", 1)[1]
+        legacy = major in _OLDER_MAJORS
+        if major != _SUPPORTED_MAJOR and not legacy:
             raise InputError(
                 f"{path} has run-file schema {schema}; this vramdoctor reads {SCHEMA}: upgrade vramdoctor"
             )
@@ -481,6 +501,8 @@ def read_run(path: str | Path) -> Run:
             if data.get("kind") == "end":
                 run.end = data
                 continue
+            if legacy:
+                data = upgrade_v1(data)
             try:
                 record = _typed(data)
             except BadRecord as exc:

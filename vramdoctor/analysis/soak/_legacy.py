@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 from scipy.stats import kendalltau, theilslopes
 
-from ..model import REACHED_SERVER, Event, GpuSample, HostSample, MetricsSample
-from .census import CONTEXT_MIB
+from ...model import REACHED_SERVER, Event, GpuSample, HostSample, MetricsSample
+from ..census import CONTEXT_MIB
 
-SCHEMA = "vramdoctor.soak/1"
+SCHEMA_V1 = "vramdoctor.soak/1"
 
 LEAK = "LEAK"
 CACHING = "CACHING"
@@ -132,7 +132,7 @@ class SoakResult:
                 if v is not None:
                     settled[i][s.key] = round(v, 3)
         return _finite({
-            "schema": SCHEMA,
+            "schema": SCHEMA_V1,
             "verdict": self.verdict,
             "sentence": self.sentence,
             "leak_mib_per_request": self.leak_mib_per_request,

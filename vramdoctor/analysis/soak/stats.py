@@ -1,0 +1,160 @@
+"""Leak, caching or stable for one series, from its settled level after each round.
+
+The physics: a caching allocator (PyTorch's, glibc's, a bounded cache, a KV prefix cache)
+keeps freed memory and does not give it back when idle, so memory that stays up after an idle
+window is not a leak. Replaying the *same* traffic in rounds separates the two: caching rises
+in the first round or two and then stays flat; a leak grows in every round, in proportion to
+that round's requests.
+
+The method: the settled levels are fitted against the cumulative requests that reached the
+server with a robust slope (Theil-Sen, scipy, 90 % interval) and a trend test (Kendall tau,
+scipy) over the settled samples. The first round is warm-up and is left out of the slope when
+at least three rounds settled; growth must continue to the last round without decaying, and be
+larger than both the series' floor (its resolution) and the noise inside the idle windows.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.stats import kendalltau, theilslopes
+
+from .results import (
+    CACHING,
+    INCONCLUSIVE,
+    LEAK,
+    R_FELL_BACK,
+    R_FLAT,
+    R_GREW_EVERY_ROUND,
+    R_NO_LEVEL,
+    R_NO_REFERENCE,
+    R_ONE_ROUND,
+    R_ROSE_THEN_FLAT,
+    R_STILL_CHANGING,
+    R_TOO_FEW_ROUNDS,
+    STABLE,
+    Thresholds,
+)
+
+
+@dataclass
+class SeriesFit:
+    """The verdict of one series and the numbers behind it (units of the series)."""
+
+    verdict: str
+    reason: str  # results.R_* code
+    noise: float = 0.0
+    threshold: float = 0.0
+    growth: float | None = None
+    slope: float | None = None  # per request
+    ci: tuple[float, float] | None = None
+    tau: float | None = None
+    tau_p: float | None = None
+    increments: list[float] = field(default_factory=list)
+    round_growth: float | None = None  # growth a full round gives at the fitted rate
+    creep_floor_per_request: float | None = None  # a leak under this cannot be ruled out
+
+
+def noise_of(groups: list[list[float]]) -> float:
+    """Pooled robust spread of samples around their own window's median (MAD x 1.4826)."""
+    resid = [x - float(np.median(g)) for g in groups if len(g) >= 3 for x in g]
+    if len(resid) < 3:
+        return 0.0
+    return float(1.4826 * np.median(np.abs(resid)))
+
+
+def classify_series(
+    baseline: float | None,
+    levels: list[float | None],
+    cum_requests: list[float],
+    samples: list[list[float]],
+    *,
+    floor: float,
+    th: Thresholds = Thresholds(),
+) -> SeriesFit:
+    """Verdict for one series from its settled levels after each round.
+
+    `cum_requests[k]` is the number of requests that reached the server up to round k; a round
+    where none did carries no evidence about growth per request and is skipped. `floor` is the
+    smallest change that counts (the series' resolution, in its unit).
+    """
+    with np.errstate(all="ignore"):
+        return _classify(baseline, levels, cum_requests, samples, floor, th)
+
+
+def _classify(baseline: float | None, levels: list[float | None], cum_requests: list[float],
+              samples: list[list[float]], floor: float, th: Thresholds) -> SeriesFit:
+    noise = noise_of(samples)
+    h = max(floor, th.noise_k * noise)
+    out = SeriesFit(INCONCLUSIVE, R_NO_LEVEL, noise=noise, threshold=h)
+    pts: list[tuple[float, float, list[float]]] = []
+    prev_c = 0.0
+    for c, v, smp in zip(cum_requests, levels, samples, strict=False):
+        if v is not None and (c > prev_c or not pts):
+            pts.append((c, v, smp))
+        prev_c = c
+    if not pts:
+        return out
+    if baseline is None and len(pts) < 2:  # one level and nothing to compare it with
+        out.reason = R_NO_REFERENCE
+        return out
+    ref = baseline if baseline is not None else pts[0][1]
+    vals = [v for _, v, _ in pts]
+    out.growth = vals[-1] - ref
+    peak = max(abs(v - ref) for v in vals)
+    # The first round warms caches up: fit from round 2 on when at least 2 later rounds exist.
+    tail = pts[1:] if len(pts) >= 3 else pts
+    incs = [b[1] - a[1] for a, b in itertools.pairwise(tail)]
+    sizes = [b[0] - a[0] for a, b in itertools.pairwise(tail)]  # requests behind each increment
+    out.increments = incs
+    if len(tail) >= 2:
+        res = theilslopes([v for _, v, _ in tail], [c for c, _, _ in tail], alpha=0.90)
+        out.slope = float(res.slope)
+        out.ci = (float(res.low_slope), float(res.high_slope))
+        xs = [c for c, _, smp in tail for _ in smp]
+        ys = [x for _, _, smp in tail for x in smp]
+        if len(set(xs)) >= 2 and len(set(ys)) >= 2:
+            tau = kendalltau(xs, ys)
+            out.tau, out.tau_p = float(tau.statistic), float(tau.pvalue)
+    if peak <= h and len(pts) < 2:
+        out.reason = R_ONE_ROUND
+        return out
+    if peak <= h:
+        out.verdict, out.reason = STABLE, R_FLAT
+        return out
+    if len(pts) < 3:
+        out.reason = R_TOO_FEW_ROUNDS
+        return out
+    slope, ci = out.slope, out.ci
+    all_sizes = [b[0] - a[0] for a, b in itertools.pairwise([(0.0, 0.0, []), *pts])]
+    typical = float(np.median(all_sizes))  # the planned round size, robust to one short round
+    round_growth = (slope or 0.0) * typical  # growth a normal round gives at the fitted rate
+    out.round_growth = round_growth
+    # Each increment scaled to a normal round, so a short last round is judged fairly.
+    scaled = [d * typical / n for d, n in zip(incs, sizes, strict=True)]
+    last, last_n = incs[-1], sizes[-1]
+    # The trend test needs samples to have power (4 points cannot reach p < 0.05): with few
+    # settled samples it is reported but does not veto; the slope's CI and the increments decide.
+    n_trend = sum(len(smp) for _, _, smp in tail)
+    trend_ok = n_trend < th.trend_min_samples or (
+        out.tau is not None and out.tau > 0 and out.tau_p is not None and out.tau_p < th.trend_p)
+    if (
+        slope is not None and ci is not None and ci[0] > 0 and round_growth > h
+        and all(d > h / 2 for d in scaled) and scaled[-1] >= th.decay_ratio * round_growth
+        and trend_ok
+    ):
+        out.verdict, out.reason = LEAK, R_GREW_EVERY_ROUND
+        return out
+    full_last = last_n >= 0.5 * typical  # a plateau needs a real round of traffic to show it
+    if full_last and abs(last) <= h and (max(incs[-2:]) <= h or abs(last) <= h / 2):
+        out.verdict, out.reason = CACHING, R_ROSE_THEN_FLAT
+        if slope is not None and ci is not None and ci[0] > 0 and typical > 0:
+            out.creep_floor_per_request = h / typical
+        return out
+    if full_last and last < -h:
+        out.verdict, out.reason = CACHING, R_FELL_BACK
+        return out
+    out.reason = R_STILL_CHANGING
+    return out
