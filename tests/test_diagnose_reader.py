@@ -101,7 +101,6 @@ def test_invalid_utf8_is_read(tmp_path: Path) -> None:
     [
         (b"", "empty"),
         (b"\x7fELF\x02\x01\x01\x00\x00\x00" * 50, "binary"),
-        ("INFO hi\n".encode("utf-16"), "UTF-16"),
         (b"\x1f\x8b\x08\x00garbage-not-deflate", "gzip"),
     ],
 )
@@ -132,3 +131,33 @@ def test_terminal_wrapped_oom_message_is_joined(tmp_path: Path) -> None:
     e = diagnose([p]).events_of("cuda_oom")[0]
     assert e.data["this_process_mib"] == round(23.40 * 1024, 2)
     assert e.data["reserved_unallocated_mib"] == 188.29
+
+
+@pytest.mark.parametrize(
+    ("name", "encode"),
+    [
+        # Issue 11 kind 7: a Windows redirect writes UTF-16LE, often without a BOM; a rotated log
+        # (copytruncate while the server writes at its old offset) starts with a run of NULs.
+        ("utf16le-no-bom", lambda t: t.encode("utf-16-le")),
+        ("utf16-bom", lambda t: t.encode("utf-16")),
+        ("utf16be-no-bom", lambda t: t.encode("utf-16-be")),
+        ("nul-padded-head", lambda t: b"\x00" * 20000 + t.encode()),
+        ("nul-padded-head-and-tail", lambda t: b"\x00" * 300 + t.encode() + b"\x00" * 4096),
+        ("nul-padding-past-first-block", lambda t: b"\x00" * (BLOCK + 10) + t.encode()),
+    ],
+)
+def test_utf16_and_nul_padded_logs_are_read(tmp_path: Path, name: str, encode) -> None:
+    src = FIX / "16_vllm_llama3.2-11b-vision-tp2_oom-mm-profiling.log"
+    want = diagnose([src])
+    p = tmp_path / f"{name}.log"
+    p.write_bytes(encode(src.read_text()))
+    got = diagnose([p])
+    assert (got.server, got.version, got.facts.tp_size) == (want.server, want.version, want.facts.tp_size)
+    assert [(e.kind, e.line, e.phase) for e in got.events] == [(e.kind, e.line, e.phase) for e in want.events]
+    assert got.files[0].notes, "the decoding or the skipped padding is said in a note"
+
+
+def test_small_nul_padded_log_is_not_binary(tmp_path: Path) -> None:
+    p = tmp_path / "small.log"
+    p.write_bytes(SGL_OOM.encode() + b"\n" + b"\x00" * 64)
+    assert diagnose([p]).events_of("cuda_oom")

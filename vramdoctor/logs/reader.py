@@ -7,13 +7,15 @@ speed. A window of history before and lookahead after each block stays in memory
 event extractors can read the traceback that precedes an error and the continuation of a
 terminal-wrapped line, without re-reading the file.
 
-Bad input never raises a traceback: a missing file, a directory, binary data, UTF-16 or an
-empty file raise `InputError` (one line, exit 2); a truncated or corrupt gzip and an
-over-long line are read as far as they are valid and recorded in `notes`.
+Bad input never raises a traceback: a missing file, a directory, binary data or an empty file
+raise `InputError` (one line, exit 2); a truncated or corrupt gzip and an over-long line are
+read as far as they are valid and recorded in `notes`; UTF-16 text (with or without a BOM) is
+decoded and NUL padding skipped, each with a note.
 """
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import io
 import re
@@ -149,21 +151,53 @@ def _open(path: str | Path) -> BinaryIO:
     return raw
 
 
-def _check_text(name: str, first: bytes) -> None:
-    """Reject what is certainly not a text log, with the reason and the fix."""
+def _utf16(sample: bytes) -> str | None:
+    """'utf-16-le' / 'utf-16-be' when the bytes are UTF-16 text (with or without a BOM), else None.
+
+    Without a BOM, text that is mostly ASCII has a NUL in every other byte: the high byte of each
+    code unit (odd positions for little-endian, even ones for big-endian).
+    """
+    if sample[:2] == b"\xff\xfe":
+        return "utf-16-le"
+    if sample[:2] == b"\xfe\xff":
+        return "utf-16-be"
+    pairs = len(sample) // 2
+    if pairs < 2:
+        return None
+    odd_nul = sample[1 : 2 * pairs : 2].count(0)
+    even_nul = sample[0 : 2 * pairs : 2].count(0)
+    for nul, other, enc in ((odd_nul, sample[0 : 2 * pairs : 2], "utf-16-le"),
+                            (even_nul, sample[1 : 2 * pairs : 2], "utf-16-be")):
+        if nul >= 0.4 * pairs and other.count(0) <= 0.05 * pairs:
+            printable = sum(1 for b in other if b >= 32 or b in (9, 10, 13))
+            if printable >= 0.9 * (pairs - other.count(0)):
+                return enc
+    return None
+
+
+def _check_text(name: str, first: bytes) -> str:
+    """How to read the input: 'text', 'nul' (text padded with NUL bytes) or a UTF-16 codec name.
+
+    Rejects what is certainly not a text log, with the reason and the fix. NUL padding (a log
+    pre-allocated, or rotated with copytruncate while the server kept writing at its old offset)
+    is dropped, and UTF-16 (a Windows console redirect, PowerShell's `>`) is decoded, BOM or not.
+    """
     if not first:
         raise InputError(f"{name}: the file is empty, there is no log to read")
-    if first[:2] in (b"\xff\xfe", b"\xfe\xff"):
-        raise InputError(
-            f"{name}: the log is UTF-16 encoded; convert it first: "
-            f"iconv -f UTF-16 -t UTF-8 {name} > log.txt"
-        )
     sample = first[:8192]
+    enc = _utf16(sample)
+    if enc is not None:
+        return enc
+    mode = "text"
     if b"\x00" in sample:
-        raise InputError(f"{name}: binary data (NUL bytes), not a text server log")
+        sample = sample.replace(b"\x00", b"")
+        if not sample:  # padding longer than the sample: judge the text after it
+            sample = first.replace(b"\x00", b"")[:8192]
+        mode = "nul"
     bad = sum(1 for b in sample if b < 9 or 13 < b < 32)
     if bad > len(sample) // 10:
         raise InputError(f"{name}: binary data (control bytes), not a text server log")
+    return mode
 
 
 def scan(path: str | Path, stats: ReadStats | None = None) -> Iterator[Hit]:
@@ -213,13 +247,27 @@ def _scan_stream(src: BinaryIO, name: str, st: ReadStats) -> Iterator[Hit]:
     lineno = 0  # lines fully processed so far
     skipping = False  # inside an over-long line whose head was already read
     first = True
+    mode = "text"
+    decoder: codecs.IncrementalDecoder | None = None
     while True:
         data, final = _read(src, name, st)
+        st.bytes_read += len(data)
         if first:
-            _check_text(name, data)
+            mode = _check_text(name, data)
+            if mode.startswith("utf-16"):
+                decoder = codecs.getincrementaldecoder(mode)("replace")
+                if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+                    data = data[2:]
+                st.notes.append(f"{mode.upper()} text: decoded to UTF-8 to read it")
+            elif mode == "nul":
+                st.notes.append("NUL bytes in the file (padding, or a log rotated with copytruncate): skipped")
+        if decoder is not None:
+            data = decoder.decode(data, final).encode("utf-8")
+        elif mode == "nul":
+            data = data.replace(b"\x00", b"")
+        if first:
             st.head = data[: 1 << 20]
             first = False
-        st.bytes_read += len(data)
         if skipping and data:
             nl = data.find(b"\n")
             if nl < 0:
