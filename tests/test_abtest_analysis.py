@@ -97,10 +97,10 @@ def _records(name: str, levels: list[float], context: float = 600.0, latency: fl
     for r, level in enumerate(levels):
         for i in range(5):
             recs.append({"kind": "abtest.request", "variant": name, "round": r, "i": i,
-                         "latency_ms": latency + i * 0.1, "nvml_mib": context + level, "reserved_mib": level})
+                         "latency_ms": latency + i * 0.1, "nvml_mib": context + level, "torch_reserved_mib": level})
         recs.append({"kind": "abtest.round", "variant": name, "round": r, "nvml_mib": context + level,
-                     "reserved_mib": level})
-    recs.append({"kind": "abtest.idle", "variant": name, "nvml_mib": context + levels[-1], "reserved_mib": levels[-1]})
+                     "torch_reserved_mib": level})
+    recs.append({"kind": "abtest.idle", "variant": name, "nvml_mib": context + levels[-1], "torch_reserved_mib": levels[-1]})
     recs.append({"kind": "abtest.variant", "variant": name, "event": "end", "status": "ok"})
     return recs
 

@@ -32,14 +32,14 @@ WORKER = textwrap.dedent(
     emit("context", pid=os.getpid(), context_mib=500.0,
          alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
     for r in range(cfg["workload"]["rounds"]):
-        emit("request", round=r, i=0, latency_ms=1.0, nvml_mib=510.0, reserved_mib=10.0)
-        emit("round", round=r, nvml_mib=510.0, reserved_mib=10.0)
+        emit("request", round=r, i=0, latency_ms=1.0, nvml_mib=510.0, torch_reserved_mib=10.0)
+        emit("round", round=r, nvml_mib=510.0, torch_reserved_mib=10.0)
     if behaviour == "crash":
         print("Traceback: boom", flush=True)
         os._exit(3)
     if behaviour == "hang":
         time.sleep(60)
-    emit("idle", nvml_mib=510.0, reserved_mib=10.0)
+    emit("idle", nvml_mib=510.0, torch_reserved_mib=10.0)
     emit("done")
     """
 )

@@ -32,7 +32,7 @@ def gpu_sample(i: int) -> GpuSample:
     return GpuSample(
         t=100.0 + i, wall=1.7e9 + i, source="nvml",
         gpus=[GpuMemory(index=0, total_mib=81559.0, used_mib=1000.0 + i, free_mib=80559.0 - i,
-                        uuid="GPU-0", name="NVIDIA H100 80GB HBM3", reserved_mib=536.0)],
+                        uuid="GPU-0", name="NVIDIA H100 80GB HBM3", driver_reserved_mib=536.0)],
         processes=[ProcessGpuMemory(pid=4242, gpu=0, used_mib=900.0 + i, name="python3",
                                     cmdline=["python3", "-m", "sglang.launch_server"]),
                    ProcessGpuMemory(pid=99999, gpu=0, used_mib=None, visible=False)],

@@ -37,7 +37,7 @@ def test_dcgm_two_gpus_on_a_kubernetes_node() -> None:
     assert (g0.used_mib, g0.free_mib, g0.total_mib) == (71234, 9765, 71234 + 9765)
     assert g0.uuid == "GPU-1b2c3d4e-0000-1111-2222-333344445555"
     assert g0.name == H100 and g0.host == "node-a" and g0.pod == "sglang-0"
-    assert g0.reserved_mib is None
+    assert g0.driver_reserved_mib is None
     assert s.t > 0 and s.wall > 1.6e9
 
 
@@ -48,7 +48,7 @@ def test_dcgm_reserved_total_and_lowercase_uuid_label() -> None:
         "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED", "DCGM_FI_DEV_FB_TOTAL")))
     g = s.gpus[0]
     assert g.uuid == "GPU-aa"
-    assert g.total_mib == 81920 and g.reserved_mib == 555
+    assert g.total_mib == 81920 and g.driver_reserved_mib == 555
 
 
 def test_dcgm_mig_instances_are_separate_rows() -> None:

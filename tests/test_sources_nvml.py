@@ -116,7 +116,7 @@ def test_nvml_sample_is_consistent() -> None:
     assert b.t > a.t and b.wall >= a.wall and a.source == "nvml"
     for g in a.gpus:
         assert g.total_mib > 1000 and g.uuid and g.uuid.startswith(("GPU-", "MIG-")) and g.name
-        accounted = g.used_mib + g.free_mib + (g.reserved_mib or 0.0)
+        accounted = g.used_mib + g.free_mib + (g.driver_reserved_mib or 0.0)
         assert abs(accounted - g.total_mib) <= 0.01 * g.total_mib, g
     print("NVML sample:", json.dumps(a.to_dict())[:2000])
 

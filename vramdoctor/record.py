@@ -35,7 +35,8 @@ _OLDER_MAJORS = frozenset({"1"})
 # Schema 1 -> 2: `reserved_mib` meant two things. In a GPU's memory it is NVML's driver
 # reserve; in ab-test records it is PyTorch's reserved memory (torch.cuda.memory_reserved).
 _V1_GPU_RENAMES = {"reserved_mib": "driver_reserved_mib"}
-_V1_ABTEST_RENAMES = {"reserved_mib": "torch_reserved_mib", "peak_reserved_mib": "torch_peak_reserved_mib"}
+_V1_ABTEST_RENAMES = {"reserved_mib": "torch_reserved_mib", "peak_reserved_mib": "torch_peak_reserved_mib",
+                      "allocated_mib": "torch_allocated_mib"}
 
 
 def upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:

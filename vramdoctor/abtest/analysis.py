@@ -33,7 +33,7 @@ def above_context_mib(record: dict[str, Any], context_mib: float | None) -> floa
     """MiB a request or round record holds above the CUDA context: NVML minus the context, or
     PyTorch reserved where NVML could not attribute the worker's memory (context_mib None)."""
     if context_mib is None:
-        return float(record.get("reserved_mib") or 0.0)
+        return float(record.get("torch_reserved_mib") or 0.0)
     return float(record["nvml_mib"]) - context_mib
 
 
@@ -86,15 +86,15 @@ def _variant_summary(name: str, recs: dict[str, list[dict[str, Any]]]) -> dict[s
     round_rows = [
         {
             "round": r["round"],
-            "reserved_mib": r.get("reserved_mib"),
-            "peak_reserved_mib": r.get("peak_reserved_mib"),
+            "torch_reserved_mib": r.get("torch_reserved_mib"),
+            "torch_peak_reserved_mib": r.get("torch_peak_reserved_mib"),
             "nvml_mib": r.get("nvml_mib"),
             "nvml_above_context_mib": level(r) if nvml_ok else None,
         }
         for r in rounds
     ]
     levels = [level(r) for r in rounds]
-    reserved_levels = [float(r.get("reserved_mib") or 0.0) for r in rounds]
+    reserved_levels = [float(r.get("torch_reserved_mib") or 0.0) for r in rounds]
     growth = growth_per_round(levels)
     growth_reserved = growth_per_round(reserved_levels)
     verdict = "n/a" if status != "ok" or growth is None else ("grows" if grows(levels) else "bounded")
@@ -114,9 +114,9 @@ def _variant_summary(name: str, recs: dict[str, list[dict[str, Any]]]) -> dict[s
         "requests": len(requests_t),
         "rounds": round_rows,
         "growth_per_round_mib": growth,
-        "growth_per_round_reserved_mib": growth_reserved,
+        "growth_per_round_torch_reserved_mib": growth_reserved,
         "held_after_idle_mib": None if idle is None or (nvml_ok and idle.get("nvml_mib") is None) else level(idle),
-        "reserved_after_idle_mib": None if idle is None else idle.get("reserved_mib"),
+        "torch_reserved_after_idle_mib": None if idle is None else idle.get("torch_reserved_mib"),
         "max_above_context_after_request_mib": max(above) if above else None,
         "escaped_mib": escaped / MIB,
         "p50_ms": _percentile(latencies, 50),

@@ -130,8 +130,8 @@ def run_variant(config: dict[str, Any]) -> None:
                 h=int(image.shape[0]),
                 w=int(image.shape[1]),
                 latency_ms=latency_ms,
-                reserved_mib=torch.cuda.memory_reserved(gpu) / MIB if on_gpu else 0.0,
-                allocated_mib=torch.cuda.memory_allocated(gpu) / MIB if on_gpu else 0.0,
+                torch_reserved_mib=torch.cuda.memory_reserved(gpu) / MIB if on_gpu else 0.0,
+                torch_allocated_mib=torch.cuda.memory_allocated(gpu) / MIB if on_gpu else 0.0,
                 nvml_mib=nvml_mib,
                 escaped_bytes=escaped_bytes(),
                 parked_pools=parked_pools(),
@@ -141,8 +141,8 @@ def run_variant(config: dict[str, Any]) -> None:
         emit(
             "round",
             round=r,
-            reserved_mib=torch.cuda.memory_reserved(gpu) / MIB if on_gpu else 0.0,
-            peak_reserved_mib=torch.cuda.max_memory_reserved(gpu) / MIB if on_gpu else 0.0,
+            torch_reserved_mib=torch.cuda.memory_reserved(gpu) / MIB if on_gpu else 0.0,
+            torch_peak_reserved_mib=torch.cuda.max_memory_reserved(gpu) / MIB if on_gpu else 0.0,
             nvml_mib=nvml_mib,
             escaped_bytes=escaped_bytes(),
         )
@@ -152,7 +152,7 @@ def run_variant(config: dict[str, Any]) -> None:
     emit(
         "idle",
         idle_s=idle_s,
-        reserved_mib=torch.cuda.memory_reserved(gpu) / MIB if on_gpu else 0.0,
+        torch_reserved_mib=torch.cuda.memory_reserved(gpu) / MIB if on_gpu else 0.0,
         nvml_mib=nvml_mib,
         escaped_bytes=escaped_bytes(),
         held_output=held is not None,

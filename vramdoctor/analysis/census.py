@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..model import GpuSample
+from ..units import format_mib
 
 CONTEXT_MIB = (300.0, 700.0)
 HELPER_MAX_MIB = 2048.0
@@ -84,7 +85,8 @@ class GpuRow:
     total_mib: float
     used_mib: float
     free_mib: float
-    reserved_mib: float | None
+    # NVML's driver-reserved memory (not usable by processes); None where the source lacks it.
+    driver_reserved_mib: float | None
     processes: int
     processes_mib: float | None
     # used minus what the listed processes hold: other containers, MIG, the driver.
@@ -144,10 +146,6 @@ def role_of(name: str | None, cmdline: list[str] | None) -> str | None:
     return None
 
 
-def _mib(value: float | None) -> str:
-    return "?" if value is None else f"{value:,.0f} MiB"
-
-
 def census(
     sample: GpuSample,
     *,
@@ -183,13 +181,13 @@ def census(
     for row in rows.values():
         if len(row.per_gpu) > 1:
             main = row.main_gpu
-            gpus = ", ".join(str(g) for g in sorted(row.per_gpu))
-            flag(row, "multi_gpu", f"PID {row.pid} holds memory on GPUs {gpus}"
+            held_on = ", ".join(str(g) for g in sorted(row.per_gpu))
+            flag(row, "multi_gpu", f"PID {row.pid} holds memory on GPUs {held_on}"
                  + (f" (main: GPU {main})" if main is not None else ""))
             for g, v in sorted(row.per_gpu.items()):
                 if g != main and v is not None and lo <= v <= hi:
                     flag(row, "stray_context",
-                         f"PID {row.pid} holds {_mib(v)} on GPU {g} besides its main GPU {main}: "
+                         f"PID {row.pid} holds {format_mib(v, 0)} on GPU {g} besides its main GPU {main}: "
                          "the size of a CUDA context. A tensor-parallel rank that opens a CUDA IPC "
                          "handle on the producer's GPU creates one there (~500 MiB a rank); so "
                          "does any code that touches bare 'cuda' (GPU 0).", gpu=g, mib=v)
@@ -217,13 +215,13 @@ def census(
             if g not in big_gpus:
                 where = ", ".join(str(x) for x in sorted(big_gpus))
                 flag(row, "off_main_gpu",
-                     f"PID {row.pid} ({who}) holds {_mib(v)} on GPU {g}, where none of its server's "
+                     f"PID {row.pid} ({who}) holds {format_mib(v, 0)} on GPU {g}, where none of its server's "
                      f"model processes run (they are on GPU {where}): a CUDA context on the wrong GPU, "
                      "e.g. SGLang's tokenizer running the fast image processor on bare 'cuda' (GPU 0)",
                      gpu=g, mib=v)
             else:
                 flag(row, "helper_context",
-                     f"PID {row.pid} ({who}) holds {_mib(v)} on GPU {g} beside its server's model "
+                     f"PID {row.pid} ({who}) holds {format_mib(v, 0)} on GPU {g} beside its server's model "
                      "process: a CUDA context in a helper (e.g. the tokenizer's fast image "
                      "processor). If it grows under load, `vramdoctor soak` will show it.",
                      gpu=g, mib=v)
@@ -239,15 +237,15 @@ def census(
         notes.append("the driver does not report per-process memory for some rows (shown as '?').")
 
     gpus: list[GpuRow] = []
-    for g in sample.gpus:
-        procs = [r for r in rows.values() if g.index in r.per_gpu and r.host == g.host]
-        known = [r.per_gpu[g.index] for r in procs]
+    for mem in sample.gpus:
+        procs = [r for r in rows.values() if mem.index in r.per_gpu and r.host == mem.host]
+        known = [r.per_gpu[mem.index] for r in procs]
         proc_mib = sum(v for v in known if v is not None) if procs else 0.0
         all_known = all(v is not None for v in known)
-        unattributed = g.used_mib - proc_mib if all_known and sample.source != "dcgm" else None
+        unattributed = mem.used_mib - proc_mib if all_known and sample.source != "dcgm" else None
         gpus.append(GpuRow(
-            index=g.index, host=g.host, name=g.name, uuid=g.uuid, total_mib=g.total_mib,
-            used_mib=g.used_mib, free_mib=g.free_mib, reserved_mib=g.reserved_mib,
+            index=mem.index, host=mem.host, name=mem.name, uuid=mem.uuid, total_mib=mem.total_mib,
+            used_mib=mem.used_mib, free_mib=mem.free_mib, driver_reserved_mib=mem.driver_reserved_mib,
             processes=len(procs), processes_mib=proc_mib if all_known else None,
             unattributed_mib=unattributed,
         ))

@@ -31,7 +31,7 @@ def _levels(rounds: list[dict[str, Any]], key: str) -> str:
 def variants_table(result: dict[str, Any]) -> Table:
     table = Table(title="Image-processor memory per variant (MiB; NVML is above the process's CUDA context)")
     for col, justify in (
-        ("variant", "left"), ("reserved per round", "right"), ("NVML per round", "right"),
+        ("variant", "left"), ("PyTorch reserved per round", "right"), ("NVML per round", "right"),
         ("growth/round", "right"), ("held after idle", "right"), ("escaped", "right"),
         ("p50 ms", "right"), ("p99 ms", "right"), ("vs baseline", "right"), ("verdict", "left"),
     ):
@@ -41,7 +41,7 @@ def variants_table(result: dict[str, Any]) -> Table:
         style = {"grows": "red", "bounded": "green"}.get(v["verdict"], "yellow")
         table.add_row(
             v["variant"],
-            _levels(v["rounds"], "reserved_mib"),
+            _levels(v["rounds"], "torch_reserved_mib"),
             _levels(v["rounds"], "nvml_above_context_mib"),
             _f(v["growth_per_round_mib"], "{:+.1f}"),
             _f(v["held_after_idle_mib"]),

@@ -23,20 +23,20 @@ def _when(wall: float) -> str:
 
 def gpu_table(c: Census) -> Table:
     multi_host = len({g.host for g in c.gpus}) > 1
-    show_reserved = any(g.reserved_mib is not None for g in c.gpus)
+    show_reserved = any(g.driver_reserved_mib is not None for g in c.gpus)
     per_proc = c.source != "dcgm"
     t = Table(title="GPUs (MiB)", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
     if multi_host:
         t.add_column("host", no_wrap=True)
     t.add_column("GPU", justify="right", no_wrap=True, min_width=3)
     t.add_column("name", no_wrap=True, overflow="ellipsis", max_width=26, min_width=8)
-    for name in ("used", "total", "free", *(("reserved",) if show_reserved else ()),
+    for name in ("used", "total", "free", *(("driver reserved",) if show_reserved else ()),
                  *(("procs", "in procs", "other") if per_proc else ())):
         t.add_column(name, justify="right", no_wrap=True)
     for g in c.gpus:
         cells = [str(g.index), g.name or "?", _mib(g.used_mib), _mib(g.total_mib), _mib(g.free_mib)]
         if show_reserved:
-            cells.append(_mib(g.reserved_mib))
+            cells.append(_mib(g.driver_reserved_mib))
         if per_proc:
             cells += [str(g.processes), _mib(g.processes_mib), _mib(g.unattributed_mib)]
         t.add_row(*([g.host or "?"] if multi_host else []), *cells)

@@ -61,7 +61,7 @@ class _Gpu:
             free = max(total - used - (reserved or 0.0), 0.0)
         return GpuMemory(
             index=self.index, total_mib=total, used_mib=used, free_mib=free, uuid=self.uuid,
-            name=self.name, reserved_mib=reserved, host=self.host, pod=",".join(self.pods) or None,
+            name=self.name, driver_reserved_mib=reserved, host=self.host, pod=",".join(self.pods) or None,
         )
 
 

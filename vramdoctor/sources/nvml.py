@@ -227,7 +227,7 @@ class NvmlSource:
                 raise SourceUnavailable(f"NVML failed reading GPU {index} memory: {exc}") from None
             gpus.append(GpuMemory(
                 index=index, total_mib=total / MIB, used_mib=used / MIB, free_mib=free / MIB,
-                uuid=uuid, name=name, reserved_mib=None if reserved is None else reserved / MIB,
+                uuid=uuid, name=name, driver_reserved_mib=None if reserved is None else reserved / MIB,
             ))
             if self.processes:
                 procs.extend(self._processes(index, handle))
