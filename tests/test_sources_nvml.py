@@ -48,7 +48,11 @@ def test_without_nvml_the_source_names_what_is_missing_and_the_remote_option() -
 def test_census_without_nvml_exits_2_with_one_line(args: list[str]) -> None:
     r = run_cli(*args)
     assert r.returncode == 2
-    assert r.stdout == ""
+    if "--json" in args:  # scripts get the error as a JSON object on stdout too
+        error = json.loads(r.stdout)
+        assert error["exit_code"] == 2 and error["error"].startswith("NVML")
+    else:
+        assert r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr
     assert lines[0].startswith("vramdoctor: error: NVML")
