@@ -149,6 +149,7 @@ def memory_plan(t: str) -> tuple[Any, ...] | None:
         data = {"address": m.group(1), "error": (m.group(2) or "").strip()}
     elif m := P.MM_CPU_RETRY.search(text):
         kind, phase = "mm_preprocess_gpu_oom", "preprocessing"
+        votes = sglang
     if kind is None:
         return None
     return ("event", kind, phase, data, votes, text, ())

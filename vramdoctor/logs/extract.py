@@ -182,12 +182,14 @@ class FileExtractor(EventsMixin):
     def _swap(self, hit: Hit, t: str) -> None:
         m = P.VLLM_SWAP.search(t)
         if m:
+            self.votes["vllm"] += 3
             self.put("swap_space_mib", gb(m.group(1)), RUNTIME, hit)
             self.put("host_memory_mib", gb(m.group(2)), RUNTIME, hit)
 
     def _long_context(self, hit: Hit, t: str) -> None:
         m = P.VLLM_LONG_CTX.search(t)
         if m:
+            self.votes["vllm"] += 3
             self.put("long_context_length", int(m.group(1)), RUNTIME, hit)
 
     def _ready(self, hit: Hit, t: str) -> None:
@@ -426,6 +428,7 @@ class FileExtractor(EventsMixin):
             return
         m = P.SGL_GRAPH_FAILED.search(t)
         if m:
+            self.votes["sglang"] += 3
             self.add_event(
                 Event("cuda_graph_capture_failed", self.name, hit.lineno, self.ev(hit).text,
                       "cuda_graph", {"cause": m.group(1)[:300]})
@@ -468,6 +471,7 @@ class FileExtractor(EventsMixin):
         for pattern, budget, workers, total in _IPC_POOL_LINES:
             m = pattern.search(t)
             if m:
+                self.votes["sglang"] += 3
                 self.put("cuda_ipc_transport", True, RUNTIME, e)
                 self.put("mm_feature_cache_mb", float(m.group(budget)), RUNTIME, e)
                 self.put("tokenizer_worker_num", int(m.group(workers)), RUNTIME, e)
@@ -475,10 +479,12 @@ class FileExtractor(EventsMixin):
                     self.put("ipc_pool_total_mib", total(m), RUNTIME, e)
                 return
         if P.IPC_AUTO.search(t):
+            self.votes["sglang"] += 3
             self.put("cuda_ipc_transport", True, RUNTIME, e)
             return
         m = P.IPC_POOL_FULL.search(t)
         if m:
+            self.votes["sglang"] += 3
             self.put("cuda_ipc_transport", True, RUNTIME, e)
             self.add_event(Event("mm_feature_pool_full", self.name, hit.lineno, e.text, None,
                                  {"tensor_mib": float(m.group(1)), "pool_mib": float(m.group(2))}))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..model import Diagnosis, Finding
 from . import Rule
-from ._common import mib
+from ._common import by_server, mib
 
 MIN_HEADROOM_MIB = 1024.0  # free memory left after capture below this leaves no room for activations
 
@@ -26,7 +26,8 @@ def check(d: Diagnosis) -> list[Finding]:
                     "pool, so the first long or image-heavy request can OOM."
                     + (f" cuda_graph_max_bs={f.cuda_graph_max_bs}." if f.cuda_graph_max_bs else "")
                 ),
-                fix="Lower --cuda-graph-max-bs or --mem-fraction-static (SGLang), --max-num-seqs / --gpu-memory-utilization (vLLM).",
+                fix=by_server(d.server, "Lower --cuda-graph-max-bs or --mem-fraction-static.",
+                              "Lower --max-num-seqs (the largest graph batch) or --gpu-memory-utilization."),
                 evidence=ev,
             )
         ]

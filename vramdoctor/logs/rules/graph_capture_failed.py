@@ -5,12 +5,12 @@ from __future__ import annotations
 from .. import patterns as P
 from ..model import Diagnosis, Finding
 from . import Rule
-from ._common import first_evidence
+from ._common import by_server, first_evidence
 
 
 def check(d: Diagnosis) -> list[Finding]:
     evs = d.events_of("cuda_graph_capture_failed")
-    if not evs:
+    if not evs or d.server != "sglang":  # SGLang's own line; it votes for SGLang
         return []
     cause = evs[0].data.get("cause", "")
     if P.CUDA_OOM.search(cause):
@@ -25,9 +25,11 @@ def check(d: Diagnosis) -> list[Finding]:
                 "--mem-fraction-static, but the cause is not an allocation failure, so that advice does "
                 "not apply; it is a model/kernel error raised while capturing."
             ),
-            fix=(
+            fix=by_server(
+                d.server,
                 "Start with --disable-cuda-graph to confirm, then fix the cause (e.g. a draft model that "
-                "does not match the target for EAGLE, an unsupported kernel); report it upstream."
+                "does not match the target for EAGLE, an unsupported kernel); report it upstream.",
+                "Start with --enforce-eager to confirm, then fix the cause; report it upstream.",
             ),
             evidence=first_evidence(evs),
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..model import Diagnosis, Finding
 from . import Rule
-from ._common import first_evidence
+from ._common import by_server, first_evidence
 
 
 def check(d: Diagnosis) -> list[Finding]:
@@ -21,10 +21,13 @@ def check(d: Diagnosis) -> list[Finding]:
                 "host memory ran low. GPU memory is not involved. Loading weights (each TP worker reads "
                 "the checkpoint), pinned CPU swap space and /dev/shm all use host RAM."
             ),
-            fix=(
+            fix=by_server(
+                d.server,
+                "Give the node/container more RAM and /dev/shm (docker --shm-size), load safetensors, or run "
+                "fewer workers per node; watch host memory with `vramdoctor soak` (it samples host RSS too).",
                 "Lower --swap-space (vLLM V0 pins it per GPU), give the node/container more RAM and "
                 "/dev/shm (docker --shm-size), load safetensors, or run fewer workers per node; watch "
-                "host memory with `vramdoctor soak` (it samples host RSS too)."
+                "host memory with `vramdoctor soak` (it samples host RSS too).",
             ),
             evidence=first_evidence(evs),
         )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ..model import Diagnosis, Finding
 from . import Rule
-from ._common import first_evidence, mib
+from ._common import by_server, first_evidence, mib
 
 
 def check(d: Diagnosis) -> list[Finding]:
@@ -37,9 +37,12 @@ def check(d: Diagnosis) -> list[Finding]:
                 + " of this GPU, so there is no KV cache at all; the server fails with 'Not enough memory' "
                 "(a speculative draft model's pool may be sized separately)." + weights
             ),
-            fix=(
+            fix=by_server(
+                d.server,
                 "Raise --mem-fraction-static if nothing else uses the GPU, spread the weights over more GPUs "
-                "(a larger --tp-size), or serve a quantized checkpoint (e.g. --quantization fp8)."
+                "(a larger --tp-size), or serve a quantized checkpoint (e.g. --quantization fp8).",
+                "Raise --gpu-memory-utilization if nothing else uses the GPU, spread the weights over more GPUs "
+                "(a larger --tensor-parallel-size), or serve a quantized checkpoint (e.g. --quantization fp8).",
             ),
             evidence=first_evidence(sgl),
         ))
@@ -55,11 +58,15 @@ def check(d: Diagnosis) -> list[Finding]:
                 "weights + peak activation + CUDA graphs already take more than the share asked for; the engine "
                 "runs beyond its budget and the headroom the share was meant to leave is gone."
             ),
-            fix=(
+            fix=by_server(
+                d.server,
+                "Raise --mem-fraction-static if the GPU is not shared, or lower what sits outside the KV cache: "
+                "--chunked-prefill-size (activations), --cuda-graph-max-bs (CUDA graphs), a quantized checkpoint "
+                "or a larger --tp-size (weights).",
                 "Raise --gpu-memory-utilization if the GPU is not shared, or lower what sits outside the KV "
                 "cache: --max-num-batched-tokens (activations), --max-num-seqs or the capture sizes (CUDA "
                 "graphs), a quantized checkpoint or a larger --tensor-parallel-size (weights); or size the cache "
-                "directly with --kv-cache-memory."
+                "directly with --kv-cache-memory.",
             ),
             evidence=first_evidence(vll),
         ))
@@ -72,7 +79,11 @@ def check(d: Diagnosis) -> list[Finding]:
                 f"--max-total-tokens={e.data['max_total_tokens']} asked for more KV tokens than the memory "
                 f"share holds; SGLang uses the profiled {e.data['profiled_tokens']} instead."
             ),
-            fix="Lower --max-total-tokens to the profiled value, or raise --mem-fraction-static if there is headroom.",
+            fix=by_server(
+                d.server,
+                "Lower --max-total-tokens to the profiled value, or raise --mem-fraction-static if there is headroom.",
+                "Raise --gpu-memory-utilization if there is headroom, or lower --max-model-len.",
+            ),
             evidence=first_evidence(capped, 1),
         ))
     return out

@@ -7,24 +7,40 @@ from . import Rule
 from ._common import first_evidence
 
 
+def _deficit(leaked: int) -> str:
+    if leaked > 0:
+        return f"{leaked} slot(s) unaccounted for"
+    if leaked < 0:
+        return f"{-leaked} slot(s) counted twice"
+    return "balanced"
+
+
 def _numbers(data: dict) -> str:
+    pools = data.get("pools") or {}
+    if pools:
+        # every pool the check printed (0.5.12+ [full]/[swa]/[mamba], hybrid full/mamba): the deficit
+        # of each is total minus every count it adds up (available, evictable, protected, held...)
+        parts = []
+        for name, p in pools.items():
+            counts = ", ".join(f"{k}={v}" for k, v in p.items() if k not in ("leaked", "leaked_pages"))
+            s = f"[{name}] {counts} -> {_deficit(p['leaked'])}"
+            if p.get("leaked_pages") not in (None, "None"):
+                s += f" (leaked pages {p['leaked_pages']})"
+            parts.append(s)
+        return "; ".join(parts)
     if "total" not in data:
         return "numbers not printed in this wording"
     s = (f"total={data['total']}, available={data['available']}, evictable={data['evictable']}, "
          f"protected={data['protected']}")
-    leaked = data["leaked"]
-    s += f" -> {leaked} slot(s) unaccounted for" if leaked >= 0 else f" -> {-leaked} slot(s) counted twice"
-    pages = (data.get("pools") or {}).get(data.get("pool"), {}).get("leaked_pages")
-    if pages and pages != "None":
-        s += f" (leaked pages {pages})"
-    return s
+    return s + f" -> {_deficit(data['leaked'])}"
 
 
 def check(d: Diagnosis) -> list[Finding]:
     evs = d.events_of("kv_leak_selfcheck")
-    if not evs:
+    if not evs or d.server != "sglang":  # SGLang's own line (it votes for SGLang)
         return []
-    double = [e for e in evs if e.data.get("double_free")]
+    double = [e for e in evs if e.data.get("double_free")
+              or any(p.get("leaked", 0) < 0 for p in (e.data.get("pools") or {}).values())]
     fatal = any("ValueError" in e.text or "Exception" in e.text for e in evs)
     pools = sorted({e.data.get("pool", "token") for e in evs})
     detail = "; ".join(f"{e.data.get('pool')}: {_numbers(e.data)}" for e in evs[:3])
@@ -36,7 +52,8 @@ def check(d: Diagnosis) -> list[Finding]:
         "scheduler unless SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE=0 (then a warning every 1000 checks)."
     )
     if double:
-        explanation += " available > total: a slot was freed twice (double free)."
+        explanation += (" A pool counts more slots than it has (available > total, or a negative deficit): a "
+                        "slot freed twice or counted in two places (double free / double count).")
     explanation += (
         " Known regressions: sglang #11970 (0.5.3.post3), #6888, #7130 (page_size > 1 with MTP/EAGLE), "
         "#6258 (PD disaggregation, DP decode side)."

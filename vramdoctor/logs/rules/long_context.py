@@ -8,7 +8,7 @@ from . import Rule
 
 def check(d: Diagnosis) -> list[Finding]:
     f = d.facts
-    if f.long_context_length is None:
+    if f.long_context_length is None or d.server != "vllm":  # vLLM's own warning; it votes for vLLM
         return []
     profiled_oom = any(e.phase in ("profiling", "mm_profiling") for e in d.events_of("cuda_oom"))
     budget = bool(d.events_of("kv_budget_error"))

@@ -9,7 +9,7 @@ from ._common import first_evidence
 
 def check(d: Diagnosis) -> list[Finding]:
     evs = d.events_of("mm_preprocess_gpu_oom")
-    if not evs:
+    if not evs or d.server != "sglang":  # SGLang's own line (it votes for SGLang)
         return []
     n = d.event_counts.get("mm_preprocess_gpu_oom", len(evs))
     return [

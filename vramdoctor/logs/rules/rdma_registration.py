@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..model import Diagnosis, Finding
 from . import Rule
-from ._common import first_evidence
+from ._common import by_server, first_evidence
 
 
 def check(d: Diagnosis) -> list[Finding]:
@@ -26,7 +26,8 @@ def check(d: Diagnosis) -> list[Finding]:
             ),
             fix=(
                 "Load nvidia_peermem (modprobe nvidia_peermem) or use dmabuf-capable drivers, check "
-                "--disaggregation-ib-device, and confirm with Mooncake's TCP protocol."
+                + by_server(d.server, "--disaggregation-ib-device", "the device names in --kv-transfer-config")
+                + ", and confirm with Mooncake's TCP protocol."
             ),
             evidence=first_evidence(evs, 2),
         )

@@ -9,7 +9,7 @@ from ._common import first_evidence
 
 def check(d: Diagnosis) -> list[Finding]:
     evs = d.events_of("req_slots_exhausted")
-    if not evs:
+    if not evs or d.server != "sglang":  # SGLang's own line (it votes for SGLang)
         return []
     return [
         Finding(

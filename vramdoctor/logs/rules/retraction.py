@@ -11,7 +11,7 @@ MANY = 20  # retraction lines before it is worth a warning
 
 def check(d: Diagnosis) -> list[Finding]:
     evs = d.events_of("retraction")
-    if not evs:
+    if not evs or d.server != "sglang":  # SGLang's own line (it votes for SGLang)
         return []
     n = d.event_counts.get("retraction", len(evs))
     reqs = sum(e.data.get("retracted_reqs", 0) for e in evs)

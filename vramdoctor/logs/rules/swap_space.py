@@ -9,7 +9,7 @@ from ._common import mib
 
 def check(d: Diagnosis) -> list[Finding]:
     f = d.facts
-    if f.swap_space_mib is None or f.host_memory_mib is None:
+    if f.swap_space_mib is None or f.host_memory_mib is None or d.server != "vllm":
         return []
     share = f.swap_space_mib / f.host_memory_mib if f.host_memory_mib else 0.0
     ev = f.evidence.get("swap_space_mib")

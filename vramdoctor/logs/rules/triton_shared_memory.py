@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..model import Diagnosis, Finding
 from . import Rule
-from ._common import first_evidence
+from ._common import by_server, first_evidence
 
 
 def check(d: Diagnosis) -> list[Finding]:
@@ -27,9 +27,12 @@ def check(d: Diagnosis) -> list[Finding]:
                 "lowering the memory fraction does not help."
                 + (f" The attention backend in use is {backend}." if backend else "")
             ),
-            fix=(
-                "Use another attention backend (SGLang --attention-backend flashinfer or fa3; vLLM "
-                "VLLM_ATTENTION_BACKEND), or a version whose Triton configs cover this GPU."
+            fix=by_server(
+                d.server,
+                "Use another attention backend (--attention-backend flashinfer or fa3), or a version whose "
+                "Triton configs cover this GPU.",
+                "Use another attention backend (VLLM_ATTENTION_BACKEND, or --attention-backend on 0.11+), or a "
+                "version whose Triton configs cover this GPU.",
             ),
             evidence=first_evidence(evs),
         )
