@@ -1,21 +1,30 @@
-"""The one HTTP boundary for scraping: URL checks, timeouts, errors that name the fix.
+"""The one HTTP boundary for scraping: URL checks, deadlines, size caps, errors that name the fix.
 
 Server /metrics and GPU exporters are all plain GETs of Prometheus text. Failures become
-`SourceUnavailable` (not answering, HTTP error) or `InputError` (a URL that cannot be
-right) with the URL's credentials removed, so no secret reaches a message.
+`SourceUnavailable` (not answering, HTTP error, too slow, too large) or `InputError` (a URL
+that cannot be right) with the URL's credentials removed, so no secret reaches a message.
+
+Every scrape is bounded in time and size: `timeout` is a TOTAL deadline for the whole
+answer (connect, headers and body; a body that trickles in a byte at a time is cut off when
+it passes), and a body over `max_bytes` (after decompression) is refused without being kept.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import requests
+import urllib3
 
 from ..errors import InputError, SourceUnavailable
 from ..redact import redact_url
 
 DEFAULT_TIMEOUT_S = 5.0
+# A big vLLM/SGLang page with every histogram is well under 2 MiB; 16 MiB is a broken server.
+DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+_CHUNK_BYTES = 64 * 1024
 
 
 def metrics_url(url: str, default_path: str = "/metrics") -> str:
@@ -42,7 +51,10 @@ def metrics_url(url: str, default_path: str = "/metrics") -> str:
 
 
 class Scraper:
-    """GETs one URL repeatedly over a kept-alive session (cheap at 1-10 Hz)."""
+    """GETs one URL repeatedly over a kept-alive session (cheap at 1-10 Hz).
+
+    `timeout` (s) bounds each whole scrape; `max_bytes` bounds each body.
+    """
 
     def __init__(
         self,
@@ -52,25 +64,38 @@ class Scraper:
         timeout: float = DEFAULT_TIMEOUT_S,
         headers: dict[str, str] | None = None,
         default_path: str = "/metrics",
+        max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         self.url = metrics_url(url, default_path)
         # The URL as it may be printed or recorded (credentials removed).
         self.shown_url = redact_url(self.url)
         self.what = what
         self.timeout = timeout
+        self.max_bytes = max_bytes
         self._session = requests.Session()
         if headers:
             self._session.headers.update(headers)
 
+    def _too_slow(self, got: int) -> SourceUnavailable:
+        return SourceUnavailable(
+            f"{self.what} at {self.shown_url} did not finish its answer within {self.timeout:g} s"
+            + (f" ({got} bytes had come)" if got else "")
+        )
+
+    def _too_large(self) -> SourceUnavailable:
+        return SourceUnavailable(
+            f"{self.what} at {self.shown_url} sent more than {self.max_bytes // 2**20} MiB: "
+            "not read (a metrics page is far smaller)"
+        )
+
     def get_text(self) -> str:
+        deadline = time.monotonic() + self.timeout
         try:
-            resp = self._session.get(self.url, timeout=self.timeout)
+            resp = self._session.get(self.url, timeout=self.timeout, stream=True)
         except requests.exceptions.InvalidURL as exc:
             raise InputError(f"not a valid URL: {self.shown_url} ({type(exc).__name__})") from None
         except requests.exceptions.Timeout:
-            raise SourceUnavailable(
-                f"{self.what} at {self.shown_url} did not answer within {self.timeout:g} s"
-            ) from None
+            raise self._too_slow(0) from None
         except requests.exceptions.ConnectionError:
             raise SourceUnavailable(
                 f"cannot connect to {self.what} at {self.shown_url}: is it running, and is the port right?"
@@ -79,20 +104,60 @@ class Scraper:
             raise SourceUnavailable(
                 f"{self.what} at {self.shown_url} failed: {type(exc).__name__}"
             ) from None
-        if resp.status_code == 404:
-            raise SourceUnavailable(
-                f"{self.what} at {self.shown_url} answered 404: wrong path, or metrics not enabled"
-                + (" (SGLang needs --enable-metrics)" if self.what.startswith("server") else "")
-            )
-        if resp.status_code in (401, 403):
-            raise SourceUnavailable(
-                f"{self.what} at {self.shown_url} refused access (HTTP {resp.status_code}): pass the API key"
-            )
-        if resp.status_code >= 400:
-            raise SourceUnavailable(f"{self.what} at {self.shown_url} answered HTTP {resp.status_code}")
-        if "charset=" not in resp.headers.get("content-type", "").lower():
-            resp.encoding = "utf-8"  # Prometheus text is UTF-8; requests would guess Latin-1
-        return resp.text
+        with resp:
+            if resp.status_code == 404:
+                raise SourceUnavailable(
+                    f"{self.what} at {self.shown_url} answered 404: wrong path, or metrics not enabled"
+                    + (" (SGLang needs --enable-metrics)" if self.what.startswith("server") else "")
+                )
+            if resp.status_code in (401, 403):
+                raise SourceUnavailable(
+                    f"{self.what} at {self.shown_url} refused access (HTTP {resp.status_code}): pass the API key"
+                )
+            if resp.status_code >= 400:
+                raise SourceUnavailable(f"{self.what} at {self.shown_url} answered HTTP {resp.status_code}")
+            body = self._read_body(resp, deadline)
+            encoding = resp.encoding if "charset=" in resp.headers.get("content-type", "").lower() else None
+        # Prometheus text is UTF-8 (requests would guess Latin-1 without a charset).
+        try:
+            return body.decode(encoding or "utf-8", errors="replace")
+        except LookupError:  # a charset Python does not know
+            return body.decode("utf-8", errors="replace")
+
+    def _read_body(self, resp: requests.Response, deadline: float) -> bytes:
+        """The body, read in chunks against the total deadline and the size cap."""
+        declared = resp.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            raise self._too_large()
+        raw = resp.raw
+        conn = getattr(raw, "connection", None)
+        sock = getattr(conn, "sock", None)
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._too_slow(size)
+            if sock is not None:
+                try:  # each read waits at most until the deadline, however the bytes trickle
+                    sock.settimeout(remaining)
+                except OSError:
+                    sock = None
+            try:
+                data = raw.read1(_CHUNK_BYTES, decode_content=True)
+            except (urllib3.exceptions.ReadTimeoutError, TimeoutError):
+                raise self._too_slow(size) from None
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                raise SourceUnavailable(
+                    f"{self.what} at {self.shown_url} broke off its answer ({type(exc).__name__})"
+                ) from None
+            if not data:  # end of the body
+                break
+            size += len(data)
+            if size > self.max_bytes:
+                raise self._too_large()
+            chunks.append(data)
+        return b"".join(chunks)
 
     def close(self) -> None:
         self._session.close()
