@@ -309,8 +309,8 @@ class EventsMixin:
             return
         text = clean(t).text
         m = P.LEAK.search(text)
-        if not m:
-            return
+        if not m or P.SOURCE_LINE.search(text):
+            return  # no wording, or the checker's own source line quoted in a traceback
         self.votes["sglang"] += 5
         wording = m.group(1)
         body = text

@@ -308,6 +308,9 @@ LEAK_PAGES = re.compile(r"leaked_(full|mamba)_pages=(\{[^}]*\}|None)")
 # SGLang 0.5.12+ invariant checker (`_check_pool_invariant`): one "[pool] total=N, available=N, evictable=N,
 # protected=N, session_held=N, uncached=N" part per pool (full, swa, mamba), joined by newlines after
 # "pool memory leak detected! "; the busy check prints one pool after "Mem Leak Detected! ".
+# A line of Python source quoted by a traceback (`assert not leak, f"Mem Leak Detected! {msg}"`),
+# not a message the server printed.
+SOURCE_LINE = re.compile(r"^\s*(?:assert |raise |msg = |f\")|\{\w+(?:=)?\}")
 LEAK_POOL = re.compile(r"\[(\w+)\]\s+((?:\w+=-?\d+(?:, )?)+)")
 LEAK_POOL_FIELD = re.compile(r"(\w+)=(-?\d+)")
 LEAK_FIELD = re.compile(

@@ -26,7 +26,8 @@ def _free_below(d: Diagnosis, e: Event) -> tuple[str, str]:
         expl = (
             f"The server refused to start: only {mib(free)} of {mib(total)} were free on {device} at start-up"
             + (f", and gpu_memory_utilization={util:g} asks for {mib(total * util)}" if util else "")
-            + f". Something else already holds about {mib(held)} of that GPU: a leftover or second server "
+            + f". Besides this process's own CUDA context (a few hundred MiB), something else holds about "
+            f"{mib(held)} of that GPU: a leftover or second server "
             "(a zombie EngineCore from an earlier run), another tenant, or another rank's CUDA context. "
             "gpu_memory_utilization is a share of the GPU's total memory, not of what is free."
         )
