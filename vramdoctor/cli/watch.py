@@ -1,0 +1,152 @@
+"""`vramdoctor watch`: passive and continuous; a rolling verdict per process and a /metrics exporter."""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from ..errors import ExitCode, InputError
+from ..model import Event
+from ..report import console
+from ..watch.runner import Watcher, WatchOptions
+from ..watch.state import WatchConfig, WatchResult
+from . import app
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*([smhd]))+\s*$")
+
+
+def parse_duration(text: str, what: str) -> float:
+    """'90', '90s', '30m', '6h', '7d', '1h30m' -> seconds. Bad input is an InputError naming `what`."""
+    value = text.strip().lower()
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    if not _DURATION.match(value):
+        raise InputError(f"{what} wants a duration like 90s, 30m, 6h or 7d, not {text!r}")
+    return sum(float(n) * _UNITS[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)\s*([smhd])", value))
+
+
+def _gpus(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"--gpus wants NVML indices like 0,1 (not {text!r})") from None
+
+
+def _event_line(ev: Event) -> str:
+    d = ev.data
+    if ev.name == "server_replaced":
+        return f"watch: {d.get('name') or 'process'} restarted: PID {d.get('old_pid')} -> {d.get('new_pid')}"
+    who = f"PID {d.get('pid')}" + (f" ({d['name']})" if d.get("name") else "")
+    return f"watch: {who} {ev.name.replace('process_', '')}"
+
+
+@app.command("watch")
+def watch_cmd(
+    server: str | None = typer.Option(None, "--server", metavar="URL",
+                                      help="The inference server (SGLang/vLLM) base URL: its /metrics is read and, on this host, its processes found."),
+    metrics: str | None = typer.Option(None, "--metrics", metavar="URL", help="The server's /metrics URL, when not SERVER/metrics."),
+    pid: list[int] = typer.Option([], "--pid", help="Also watch this process's host memory (repeat)."),
+    gpu_metrics: list[str] = typer.Option([], "--gpu-metrics", metavar="URL",
+                                          help="Read GPUs from dcgm-exporter or nvitop-exporter instead of NVML here (repeat)."),
+    gpus: str | None = typer.Option(None, "--gpus", help="Only these NVML GPU indices, e.g. 0,1."),
+    interval: str = typer.Option("5s", "--interval", help="Time between samples."),
+    window: str = typer.Option("6h", "--window", help="Length of the rolling analysis window."),
+    bucket: str = typer.Option("1m", "--bucket", help="History resolution: one bucket (min, max, mean) per this long."),
+    warmup: str = typer.Option("30m", "--warmup", help="Left out of the analysis after each process start."),
+    analyse_every: str = typer.Option("30s", "--analyse-every", help="How often the verdicts are recomputed."),
+    listen: str = typer.Option("127.0.0.1:9840", "--listen", metavar="HOST:PORT", help="Serve /metrics here (0.0.0.0:PORT to reach it from other hosts)."),
+    no_exporter: bool = typer.Option(False, "--no-exporter", help="Do not serve /metrics."),
+    out: Path | None = typer.Option(None, "--out", metavar="DIR", help="Record samples into rotating run files in DIR."),
+    rotate_mib: float = typer.Option(64.0, "--rotate-mib", help="Start a new run file past this size."),
+    keep: int = typer.Option(8, "--keep", help="Keep this many run files (oldest deleted)."),
+    duration: str | None = typer.Option(None, "--duration", help="Stop after this long (default: until Ctrl-C or SIGTERM)."),
+    json_out: bool = typer.Option(False, "--json", help="At the end, print the result as one JSON object."),
+) -> None:
+    """Watch one GPU host passively (no traffic): a rolling leak/caching verdict per process and layer, served as Prometheus /metrics.
+
+    Samples NVML per GPU and process (or --gpu-metrics exporters), host memory per process by kind, and the server's /metrics. Growth is compared only at moments of comparable work (the quietest quarter of the window, against the requests the server served), after each process's warm-up. See docs/watch.md.
+
+    Exit code (when it stops): 0 no leak, 1 a leak, 2 usage or input error.
+
+    Examples:
+
+      vramdoctor watch --server http://127.0.0.1:30000
+
+      vramdoctor watch --server http://127.0.0.1:8000 --out /var/lib/vramdoctor --listen 0.0.0.0:9840
+
+      vramdoctor watch --gpu-metrics http://gpu-host:9400/metrics --duration 1h --json
+    """
+    interval_s = parse_duration(interval, "--interval")
+    window_s = parse_duration(window, "--window")
+    bucket_s = parse_duration(bucket, "--bucket")
+    if interval_s <= 0 or bucket_s <= 0 or window_s < 2 * bucket_s:
+        raise InputError("--interval and --bucket must be positive and --window at least two buckets")
+    if rotate_mib <= 0 or keep < 1:
+        raise InputError("--rotate-mib must be positive and --keep at least 1")
+    config = WatchConfig(bucket_s=bucket_s, max_buckets=int(window_s // bucket_s),
+                         warmup_s=parse_duration(warmup, "--warmup"))
+    options = WatchOptions(
+        interval_s=interval_s, analyse_every_s=parse_duration(analyse_every, "--analyse-every"),
+        server_url=server, metrics_url=metrics, pids=list(pid), gpu_metrics=list(gpu_metrics),
+        gpus=_gpus(gpus), config=config, out_dir=out, rotate_bytes=int(rotate_mib * 1024 * 1024),
+        keep_files=keep, listen=None if no_exporter else listen,
+    )
+    stop_s = parse_duration(duration, "--duration") if duration else None
+    raise typer.Exit(run_watch(options, stop_s, json_out=json_out))
+
+
+def run_watch(options: WatchOptions, duration_s: float | None, *, json_out: bool) -> int:
+    """Run until Ctrl-C, SIGTERM or `duration_s`; print the final report; return the exit code."""
+    stop = threading.Event()
+    last_verdict: dict[str, Any] = {"v": None}
+
+    def on_result(res: WatchResult) -> None:
+        if res.verdict != last_verdict["v"]:
+            last_verdict["v"] = res.verdict
+            from ..watch.report import sentence
+
+            console.note(f"watch: {res.verdict}: {sentence(res)}")
+
+    def on_event(ev: Event) -> None:
+        console.note(_event_line(ev))
+
+    watcher = Watcher(options, on_event=on_event)
+    previous = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    status = "complete"
+    try:
+        watcher.open()
+        for note in watcher.notes:
+            console.note(f"watch: {note}")
+        if watcher.exporter is not None:
+            console.note(f"watch: serving /metrics on {watcher.exporter.url}")
+        if watcher.writer is not None:
+            console.note(f"watch: recording to {watcher.writer.path}")
+        try:
+            result = watcher.run(stop, duration_s, on_result=on_result)
+        except KeyboardInterrupt:
+            status = "interrupted"
+            console.note("watch: interrupted; the report below covers what was sampled")
+            result = watcher.analyse()
+    finally:
+        watcher.close(status)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
+    if json_out:
+        console.print_json(result.to_dict())
+    else:
+        from ..watch.report import render
+
+        render(result, console.stdout())
+    return int(ExitCode.PROBLEM if result.verdict == "LEAK" else ExitCode.OK)
