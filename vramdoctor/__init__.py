@@ -1,10 +1,103 @@
 """vramdoctor: is it a GPU-memory leak or only caching, what causes it, does the fix work.
 
-The library is usable without the CLI: `vramdoctor.sources` (NVML, exporters, server
-metrics), `vramdoctor.record` (run files), `vramdoctor.analysis` (pure functions over runs),
-`vramdoctor.logs` (diagnose), `vramdoctor.fixes` (memory fixes to import into a server).
+The library is usable without the CLI. The root re-exports the shared vocabulary; each
+subpackage holds one job and declares its own public names in ``__all__``:
+
+- ``vramdoctor.soak``: run a soak from a config object, analyse a recorded run.
+- ``vramdoctor.logs``: diagnose SGLang/vLLM logs (``vramdoctor.logs.diagnose(paths)``).
+- ``vramdoctor.fixes``: memory fixes to import into a server (request-scoped CUDA pools, CUDA
+  IPC device redirect); torch is imported on first use only.
+- ``vramdoctor.watch``, ``vramdoctor.fleet``, ``vramdoctor.attribute``, ``vramdoctor.agent``:
+  continuous watch, many hosts, attribution of growth to requests, the in-server agent.
+- ``vramdoctor.sources`` (NVML, exporters, server metrics), ``vramdoctor.record`` (run files),
+  ``vramdoctor.units`` (MiB/GiB/bytes and durations, parsing and formatting).
+
+Everything is imported on first use (``vramdoctor.soak`` after ``import vramdoctor`` works),
+so ``import vramdoctor`` stays cheap: no numpy, scipy, requests, psutil or torch.
+
+    import vramdoctor
+    run = vramdoctor.read_run("runs/soak-20261130-061200.jsonl")
+    gpu = run.of(vramdoctor.GpuSample)[-1]          # GpuSample: .gpus (GpuMemory, MiB), .processes
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 
-__all__ = ["__version__"]
+if TYPE_CHECKING:  # the lazy names below, for type checkers and IDEs
+    from .errors import ExitCode, InputError, MissingExtra, SourceUnavailable, VramdoctorError
+    from .model import (
+        Event,
+        GpuMemory,
+        GpuSample,
+        HostProcessMemory,
+        HostSample,
+        KvPoolSample,
+        MetricsSample,
+        ProcessGpuMemory,
+    )
+    from .record import Run, RunWriter, read_run
+
+# Public name -> the module that defines it (imported on first access).
+_LAZY: dict[str, str] = {
+    "ExitCode": "errors",
+    "InputError": "errors",
+    "MissingExtra": "errors",
+    "SourceUnavailable": "errors",
+    "VramdoctorError": "errors",
+    "Event": "model",
+    "GpuMemory": "model",
+    "GpuSample": "model",
+    "HostProcessMemory": "model",
+    "HostSample": "model",
+    "KvPoolSample": "model",
+    "MetricsSample": "model",
+    "ProcessGpuMemory": "model",
+    "Run": "record",
+    "RunWriter": "record",
+    "read_run": "record",
+}
+
+# Subpackages and modules reachable as attributes of the root without importing them first.
+_SUBMODULES = frozenset({
+    "abtest", "agent", "analysis", "attribute", "errors", "fixes", "fleet", "load", "logs",
+    "model", "record", "report", "soak", "sources", "units", "watch",
+})
+
+__all__ = [
+    "Event",
+    "ExitCode",
+    "GpuMemory",
+    "GpuSample",
+    "HostProcessMemory",
+    "HostSample",
+    "InputError",
+    "KvPoolSample",
+    "MetricsSample",
+    "MissingExtra",
+    "ProcessGpuMemory",
+    "Run",
+    "RunWriter",
+    "SourceUnavailable",
+    "VramdoctorError",
+    "__version__",
+    "read_run",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """PEP 562: the public names and subpackages, imported on first access."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY, *_SUBMODULES})

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+__all__ = ["ExitCode", "InputError", "MissingExtra", "SourceUnavailable", "VramdoctorError"]
+
 
 class ExitCode(IntEnum):
+    """The exit codes every command uses: 0 healthy, 1 a problem found, 2 usage or input error."""
+
     OK = 0
     PROBLEM = 1
     USAGE = 2
@@ -31,9 +35,14 @@ class SourceUnavailable(VramdoctorError):
 
 
 class MissingExtra(SourceUnavailable):
-    """A feature needs the optional GPU extra (torch, transformers)."""
+    """A feature needs an optional extra: `gpu` (torch, transformers) or `charts` (matplotlib).
 
-    def __init__(self, what: str, missing: str) -> None:
-        super().__init__(
-            f"{what} needs {missing}: pip install 'vramdoctor[gpu]' (and a CUDA GPU)"
-        )
+    The message names the install line: "vramdoctor ab-test needs torch: pip install
+    'vramdoctor[gpu]' (and a CUDA GPU)".
+    """
+
+    def __init__(self, what: str, missing: str, extra: str = "gpu") -> None:
+        self.missing = missing
+        self.extra = extra
+        hint = " (and a CUDA GPU)" if extra == "gpu" else ""
+        super().__init__(f"{what} needs {missing}: pip install 'vramdoctor[{extra}]'{hint}")

@@ -4,3 +4,6 @@ workload (seeded images) -> runner (one worker process per variant, records stre
 run file) -> analysis (pure, over the records) -> report. The IPC arm measures the CUDA IPC
 device redirect across GPUs. torch is only imported inside worker processes.
 """
+
+# A namespace of modules: import what you need from them (e.g. vramdoctor.sources.nvml).
+__all__: list[str] = []
