@@ -7,6 +7,7 @@ from typing import Any
 
 from rich.table import Table
 
+from .._optional import require
 from ..abtest.analysis import above_context_mib
 from ..units import format_count, format_mib
 from . import console
@@ -162,9 +163,10 @@ def render(result: dict[str, Any], header: dict[str, Any] | None = None) -> None
 
 
 def write_chart(result: dict[str, Any], requests: dict[str, list[dict[str, Any]]], path: Path) -> Path:
-    """PNG: memory above the CUDA context after every request, and p50 latency per variant."""
-    import matplotlib
+    """PNG: memory above the CUDA context after every request, and p50 latency per variant.
 
+    Needs matplotlib (the `charts` extra): raises MissingExtra without it."""
+    matplotlib = require("matplotlib", what="the ab-test chart (--report)", extra="charts")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
