@@ -277,6 +277,7 @@ class WatchState:
         self._kv_total: dict[str, float] = {}
         self._kv_idle_last: dict[str, float] = {}
         self._has_metrics = False
+        self._gpu_procs_seen = False
         self.samples = 0
 
     @property
@@ -372,9 +373,10 @@ class WatchState:
     def _gpu(self, s: GpuSample) -> list[Event]:
         self._first(s.wall)
         self._last_gpu = s
+        self._gpu_procs_seen = self._gpu_procs_seen or bool(s.processes)
         for g in s.gpus:
             self._gpu_free[g.index] = g.free_mib
-            if not s.processes:
+            if not self._gpu_procs_seen:  # a device-level source (dcgm-exporter): no process rows
                 self._track(SeriesKey("device", gpu=g.index), s.wall, g.used_mib, g.name)
         pids: dict[int, tuple[str | None, set[int]]] = {}
         for p in s.processes:
