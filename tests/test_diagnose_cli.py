@@ -105,3 +105,15 @@ def test_api_key_from_args_never_printed() -> None:
         assert secret[:12] not in r.stdout.decode() and secret[:12] not in r.stderr.decode()
     d = json.loads(run(fix("23"), "--json").stdout)
     assert d["facts"]["server_args"]["api_key"] == "***"
+
+
+def test_readme_quick_start_example_exits_1() -> None:
+    r = run(str(ROOT / "examples" / "logs" / "sglang_llama4-scout-vlm_tp8_prefill-oom.log"))
+    assert r.returncode == 1, r.stderr
+    assert "CRITICAL" in r.stdout.decode()
+
+
+def test_vllm_example_has_no_false_other_process_claim() -> None:
+    r = run(str(ROOT / "examples" / "logs" / "vllm_llama3.2-11b-vision-tp2_mm-profiling-oom.log"))
+    out = " ".join(r.stdout.decode().split())
+    assert r.returncode == 1 and "Another process holds" not in out

@@ -60,8 +60,11 @@ _CLICK_ERRORS = _errors("ClickException")
 _NO_ARGS = _errors("NoArgsIsHelpError")
 _ABORT = _errors("Abort")
 
+from ._help import PlainTypesGroup  # noqa: E402
+
 app = typer.Typer(
     name="vramdoctor",
+    cls=PlainTypesGroup,  # help shows INTEGER/TEXT/PATH, not Python types like <list[int]>
     help=(
         "Tell a real GPU-memory leak in an LLM/VLM inference server (SGLang, vLLM) from "
         "allocator caching, find its cause in the logs, and measure the fix on your GPU.\n\n"

@@ -166,9 +166,14 @@ class EventsMixin:
     tracebacks_read: int
     mm_evidence: Evidence | None
 
-    def ev(self, hit: Hit, text: str | None = None) -> Evidence: ...  # provided by FileExtractor
-    def put(self, name: str, value: Any, prio: float, evidence: Evidence | Hit) -> None: ...
-    def add_event(self, event: Event) -> None: ...
+    def ev(self, hit: Hit, text: str | None = None) -> Evidence:
+        raise NotImplementedError  # provided by FileExtractor
+
+    def put(self, name: str, value: Any, prio: float, evidence: Evidence | Hit) -> None:
+        raise NotImplementedError  # provided by FileExtractor
+
+    def add_event(self, event: Event) -> None:
+        raise NotImplementedError  # provided by FileExtractor
 
     def _exception(self, hit: Hit, t: str) -> None:
         if "Scheduler hit" in t or "TpModelWorkerClient hit" in t:
@@ -297,8 +302,9 @@ class EventsMixin:
             phase = "weight_load"
         if P.SAMPLER_WARMUP.search(region + "\n" + msg):
             data["sampler"] = True  # vLLM's sampler warm-up: its own message names --max-num-seqs
-        if (m := P.MM_FRAMES.search(region)) is not None:
-            data["multimodal_frames"] = True
+        if phase == "prefill" and P.MM_FRAMES.search(region):
+            data["multimodal_frames"] = True  # the vision encoder / embedding merge of a request with images
+        if (m := P.MM_MODEL_FRAMES.search(region)) is not None:
             self.mm_evidence = self.mm_evidence or Evidence(
                 self.name, hit.lineno, "traceback frame: " + m.group(0).strip()[:120])
         self.add_event(Event("cuda_oom", self.name, hit.lineno, msg[:EVIDENCE_CHARS], phase, data))

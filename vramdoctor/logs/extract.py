@@ -389,7 +389,7 @@ class FileExtractor(EventsMixin):
             if m.group(1):
                 self.put("kv_tokens", int(m.group(1)), RUNTIME, e)
             if m.group(2):
-                self.put("kv_cache_mib", round(gb(m.group(2)) + gb(m.group(3)), 1), RUNTIME, e)
+                self.put("kv_cache_mib", round((gb(m.group(2)) or 0.0) + (gb(m.group(3)) or 0.0), 1), RUNTIME, e)
             elif m.group(4):
                 self.put("kv_cache_mib", gb(m.group(4)), RUNTIME, e)
             self.stage = "pool_done"

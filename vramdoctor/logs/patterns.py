@@ -334,16 +334,18 @@ PHASE_MARKERS: tuple[tuple[str, re.Pattern[str]], ...] = (
 # warm-up (`compile_or_warm_up_model` calls them; inside `profile_run` the context marker wins).
 WARMUP_LEAF = re.compile(r"_dummy_sampler_run|_dummy_run\b|_dummy_pooler_run|warming up sampler")
 SAMPLER_WARMUP = re.compile(r"_dummy_sampler_run|warming up sampler")
-# A vision encoder or the merge of its embeddings in the frames: a multimodal request's prefill
+# A vision encoder or the merge of its embeddings in the frames: the prefill of a request with images
 # (vLLM `_merge_multimodal_embeddings` / `merge_multimodal_embeddings`, `_execute_mm_encoder`,
-# `get_multimodal_embeddings` / `embed_multimodal`, `_process_image_input`, `get_image_features`,
-# the `visual` / `vision_tower` / `vision_model` modules; SGLang `general_mm_embed_routine`,
-# `embed_mm_inputs`, `get_image_feature`).
+# `get_multimodal_embeddings` / `embed_multimodal`, `_process_image_input`, `get_image_features`, the
+# `visual` / `vision_tower` / `vision_model` modules; SGLang `embed_mm_inputs` (called only when the
+# batch has multimodal inputs), `get_image_feature`).
 MM_FRAMES = re.compile(
     r"_?merge_multimodal_embeddings|_execute_mm_encoder|get_multimodal_embeddings|embed_multimodal|_process_image_input"
-    r"|get_image_features?\b|general_mm_embed_routine|embed_mm_inputs|self\.visual\(|self\.vision_tower\(|self\.vision_model\("
-    r"|/vision_encoder|VisionTransformer|\bin (?:forward|__call__)\b.*\n\s+\S*visual"
+    r"|get_image_features?\b|embed_mm_inputs|self\.visual\(|self\.vision_tower\(|self\.vision_model\("
+    r"|/vision_encoder|VisionTransformer"
 )
+# Frames only a multimodal model runs (every request of it, images or not): the log is multimodal.
+MM_MODEL_FRAMES = re.compile(r"general_mm_embed_routine|" + MM_FRAMES.pattern)
 FORWARD_MARKERS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("decode", re.compile(r"forward_decode|ForwardMode\.DECODE|decode_wrapper|BatchDecode")),
     ("prefill", re.compile(r"forward_extend|forward_prefill|ForwardMode\.EXTEND|prefill_wrapper|BatchPrefill")),

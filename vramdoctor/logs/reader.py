@@ -47,7 +47,7 @@ def _spans_re2(buf: bytes, start: int, end: int) -> Iterator[tuple[int, int]]:
     The wrapper's Match objects cost more than the match itself on dense logs; the binding's
     Match(anchor, text, pos, endpos) returns the spans directly.
     """
-    match = _PREFILTER._regexp.Match  # type: ignore[union-attr]
+    match = _PREFILTER._regexp.Match
     unanchored = _UNANCHORED
     pos = start
     while pos <= end:
@@ -67,7 +67,7 @@ try:
     from re2 import _re2 as _binding
 
     _UNANCHORED = _binding.RE2.Anchor.UNANCHORED
-    _PREFILTER._regexp.Match  # type: ignore[union-attr]  # noqa: B018
+    _PREFILTER._regexp.Match  # noqa: B018
     _spans = _spans_re2
 except (ImportError, AttributeError):  # another RE2 binding or the stdlib fallback
     _spans = _spans_generic
@@ -134,7 +134,7 @@ def _open(path: str | Path) -> BinaryIO:
     if str(path) == STDIN:
         raw: BinaryIO = io.BufferedReader(sys.stdin.buffer.raw) if hasattr(
             sys.stdin.buffer, "raw"
-        ) else sys.stdin.buffer  # type: ignore[assignment]
+        ) else sys.stdin.buffer
     else:
         p = Path(path)
         if not p.exists():
@@ -220,7 +220,8 @@ def _read(src: BinaryIO, name: str, st: ReadStats) -> tuple[bytes, bool]:
     """
     gz = isinstance(src, gzip.GzipFile)
     step = 1 << 16 if gz else BLOCK
-    read = src.read1 if gz else src.read  # read1: one decompression step, so little is lost
+    # read1: one decompression step, so little is lost
+    read = src.read1 if isinstance(src, gzip.GzipFile) else src.read
     parts: list[bytes] = []
     got = 0
     try:

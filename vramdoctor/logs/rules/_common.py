@@ -43,13 +43,14 @@ VLLM_ONLY_FLAGS = (
 )
 
 
-def by_server(server: str | None, sglang: str, vllm: str) -> str:
-    """The server's own wording of a fix; for an unknown server both, each labelled."""
+def by_server(server: str | None, sglang: str, vllm: str, unknown: str | None = None) -> str:
+    """The server's own wording of a fix; for an unknown server `unknown` (a wording that names
+    neither server's own flags) or else both, each labelled."""
     if server == "sglang":
         return sglang
     if server == "vllm":
         return vllm
-    return f"{sglang} (SGLang); {vllm} (vLLM)"
+    return unknown if unknown is not None else f"{sglang} (SGLang); {vllm} (vLLM)"
 
 
 def fraction_flag(server: str | None) -> str:

@@ -152,7 +152,7 @@ def _figures(e: Event) -> str:
 
 def _title(phase: str | None, e: Event) -> str:
     if phase == "prefill" and e.data.get("multimodal_frames"):
-        return "in the prefill of a multimodal request (vision encoder)"
+        return "in the prefill of a multimodal request (vision encoder or merging its embeddings)"
     if phase == "warmup" and e.data.get("sampler"):
         return "during the sampler warm-up"
     return PHASE_NAMES.get(phase, str(phase))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..model import Diagnosis, Event, Finding
 from . import Rule
-from ._common import by_server, first_evidence, mib
+from ._common import by_server, first_evidence, fraction_flag, mib
 
 REASONS = {
     "no_memory_for_cache_blocks": "after weights and activations nothing is left for KV blocks",
@@ -20,7 +20,8 @@ def _free_below(d: Diagnosis, e: Event) -> tuple[str, str]:
     util = e.data.get("gpu_memory_utilization") or d.facts.gpu_memory_utilization
     device = e.data.get("device") or "the GPU"
     expl = "The server refused to start: the GPU had less free memory at start-up than the utilization asks for."
-    fix = "Find what holds the GPU (`vramdoctor census`, nvidia-smi) and stop it, or lower --gpu-memory-utilization."
+    flag = fraction_flag(d.server)
+    fix = f"Find what holds the GPU (`vramdoctor census`, nvidia-smi) and stop it, or lower {flag}."
     if free is not None and total:
         held = total - free
         expl = (
@@ -34,7 +35,7 @@ def _free_below(d: Diagnosis, e: Event) -> tuple[str, str]:
         below = int(free / total * 100) / 100  # rounded down to two decimals
         fix = (
             f"Find the process holding ~{mib(held)} on {device} (`vramdoctor census`, nvidia-smi) and stop it; "
-            f"or, to share the GPU on purpose, set --gpu-memory-utilization below free/total = "
+            f"or, to share the GPU on purpose, set {flag} below free/total = "
             f"{free / total:.3f} (e.g. {max(below - 0.01, 0.01):.2f})."
         )
     return expl, fix
