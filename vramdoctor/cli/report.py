@@ -18,7 +18,7 @@ from . import app
 
 # header "command" -> module providing report_run(run, *, json_out, report_file) -> int
 _RENDERERS = {
-    "soak": "vramdoctor.cli.soak",
+    "soak": "vramdoctor.report.soak",
     "census": "vramdoctor.cli.census",
     "ab-test": "vramdoctor.cli.abtest",
 }
@@ -31,6 +31,9 @@ def report_cmd(
     report_file: Path | None = typer.Option(
         None, "--report", help="Also write the report as FILE.html or FILE.png (where the command has charts)."
     ),
+    production_rate: float | None = typer.Option(
+        None, "--production-rate", metavar="REQ_PER_S",
+        help="soak runs: the request rate production sees; time to out of memory is then also given in hours."),
 ) -> None:
     """Re-analyse a recorded run offline and print its report.
 
@@ -41,11 +44,20 @@ def report_cmd(
       vramdoctor report run.jsonl --json | jq .verdict
 
       vramdoctor report run.jsonl --report leak.html
+
+      vramdoctor report run.jsonl --production-rate 2.5
     """
     run = read_run(run_file)
     module_name = _RENDERERS.get(run.command)
     if module_name is None:
         raise InputError(f"{run_file}: no report for runs of command {run.command!r}")
+    extra: dict[str, float] = {}
+    if production_rate is not None:
+        if run.command != "soak":
+            raise InputError("--production-rate applies to soak runs only")
+        if not (production_rate > 0 and production_rate < float("inf")):
+            raise InputError("--production-rate must be a positive number of requests per second")
+        extra["production_rate_rps"] = production_rate
     module = importlib.import_module(module_name)
-    code = module.report_run(run, json_out=json_out, report_file=report_file)
+    code = module.report_run(run, json_out=json_out, report_file=report_file, **extra)
     raise typer.Exit(code)

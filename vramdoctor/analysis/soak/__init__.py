@@ -17,8 +17,6 @@ rate), `results` (the typed results), `analyse_run` (`analyse_soak`, the entry p
 
 from __future__ import annotations
 
-# Transitional: the report side still reads the /1 result; these go when it reads /2.
-from ._legacy import SoakResult, analyse, classify_series, extract_series
 from .analyse_run import analyse_soak
 from .results import (
     CACHING,
@@ -45,8 +43,12 @@ from .results import (
     Undecided,
     Window,
 )
-from .series import Series, kv_usage
-from .stats import SeriesFit
+from .series import Series, extract_series, kv_usage
+from .stats import SeriesFit, classify_series
+
+# The names this module had before the per-layer split, kept for one release.
+analyse = analyse_soak
+SoakResult = SoakAnalysis
 
 __all__ = [
     "CACHING",

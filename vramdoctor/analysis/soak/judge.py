@@ -52,7 +52,7 @@ def _presence(s: Series, windows: list[Window], rounds: list[int], fraction: flo
     base_end = next((w.end for w in windows if w.kind == "baseline" and w.end is not None), None)
     last_idle = max((w for w in windows if w.kind == "idle" and w.end is not None and w.round in rounds),
                     key=lambda w: w.round, default=None)
-    appeared = base_end is not None and s.points[0][0] > base_end
+    appeared = base_end is not None and s.points[0][0] >= base_end
     exited = last_idle is not None and not late(s.points, last_idle, fraction)
     presence = ("transient" if appeared and exited else "appeared" if appeared
                 else "exited" if exited else "whole")

@@ -178,7 +178,7 @@ class SeriesResult:
 
     def to_dict(self) -> dict[str, Any]:
         return finite({
-            "key": self.key, "layer": self.layer, "kind": self.kind, "unit": self.unit,
+            "id": self.key, "layer": self.layer, "kind": self.kind, "unit": self.unit,
             "pid": self.pid, "gpu": self.gpu, "name": self.name, "role": self.role,
             "pool": self.pool, "baseline": self.baseline, "settled": list(self.settled),
             "last": self.last, "growth": self.growth, "noise": self.noise,

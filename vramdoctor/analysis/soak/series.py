@@ -222,7 +222,7 @@ def appeared_from_zero(values: list[tuple[float, float]], windows: list[Window],
         return baseline, levels
     first_t = values[0][0]
     base_end = next((w.end for w in windows if w.kind == "baseline" and w.end is not None), None)
-    if baseline is not None or base_end is None or first_t <= base_end:
+    if baseline is not None or base_end is None or first_t < base_end:
         return baseline, levels
     absent_until = {w.round: w.end - (w.end - w.start) * fraction / 2 for w in windows
                     if w.kind == "idle" and w.end is not None}
