@@ -259,7 +259,9 @@ def analyse(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "targets": targets,
         "ipc": ipc_rows,
         "ipc_notes": notes,
-        "problem": any(v["status"] != "ok" for v in variants),
+        # a failed variant, or an IPC arm that failed or read back wrong data
+        "problem": any(v["status"] != "ok" for v in variants)
+        or any(a["error"] or (a["consumers"] and not a["all_correct"]) for a in ipc_rows),
     }
 
 

@@ -81,6 +81,7 @@ def abtest_cmd(
     gpu: int = typer.Option(0, "--gpu", help="GPU index for the variants."),
     idle: float = typer.Option(3.0, "--idle", help="Seconds idle after the last round before 'held after idle'."),
     ipc: bool = typer.Option(True, "--ipc/--no-ipc", help="Also A/B-test the CUDA IPC device redirect (needs 2 GPUs; 1 GPU: round trip only)."),
+    ipc_gpus: int | None = typer.Option(None, "--ipc-gpus", help="GPUs for the IPC arm: producer on GPU 0, one consumer on each other (default: every visible GPU)."),
     out: Path | None = typer.Option(None, "--out", help="Results file (run-record JSONL). Default runs/ab-test-TIME.jsonl."),
     chart: Path | None = typer.Option(None, "--chart", help="Also write a PNG chart."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -112,6 +113,8 @@ def abtest_cmd(
         images_dir=str(images) if images is not None else None,
     ).validate()
     chosen = select([v.strip() for v in variants.split(",") if v.strip()] if variants else None)
+    if ipc_gpus is not None and ipc_gpus < 1:
+        raise InputError(f"--ipc-gpus {ipc_gpus}: give 1 or more GPUs (1: the same-GPU round trip only)")
     if chart is not None and chart.suffix.lower() not in (".png", ".svg"):
         raise InputError(f"--chart {chart}: use a .png or .svg file name")
     choice = resolve_model(model)
@@ -133,11 +136,12 @@ def abtest_cmd(
     }
     header = make_header(
         "ab-test", gpus=devices,
-        config={**config, "variants": [v.name for v in chosen], "ipc": ipc,
+        config={**config, "variants": [v.name for v in chosen], "ipc": ipc, "ipc_gpus": ipc_gpus,
                 "workload_text": describe(spec), "model_note": choice.note},
     )
     try:
-        run_abtest(out, header, config, chosen, ipc=ipc, gpu_count=len(devices), timeout_s=timeout)
+        run_abtest(out, header, config, chosen, ipc=ipc, gpu_count=len(devices), timeout_s=timeout,
+                   ipc_gpus=ipc_gpus)
     except KeyboardInterrupt:
         console.error("interrupted: partial results follow")
         report_run(read_run(out), json_out=json_out, report_file=chart)
@@ -149,7 +153,7 @@ def abtest_cmd(
 
 
 def run_abtest(out: Path, header: dict[str, Any], config: dict[str, Any], chosen: list[Any], *,
-               ipc: bool, gpu_count: int, timeout_s: float) -> None:
+               ipc: bool, gpu_count: int, timeout_s: float, ipc_gpus: int | None = None) -> None:
     """Run every variant (and the IPC arm), appending each record to the run file as it comes."""
     from ..abtest.ipc_arm import run_ipc_subprocess
     from ..abtest.runner import run_variants
@@ -166,7 +170,8 @@ def run_abtest(out: Path, header: dict[str, Any], config: dict[str, Any], chosen
             writer.close("failed", error="usage")
             raise VramdoctorError(first.message or "ab-test could not run")
         if ipc:
-            console.note(f"[{time.monotonic() - started:5.0f}s] IPC arm ({gpu_count} GPU(s))")
-            run_ipc_subprocess(gpu_count, writer.write)
+            n = gpu_count if ipc_gpus is None else min(gpu_count, ipc_gpus)
+            console.note(f"[{time.monotonic() - started:5.0f}s] IPC arm (up to {n} of {gpu_count} GPU(s))")
+            run_ipc_subprocess(gpu_count, writer.write, max_gpus=ipc_gpus)
         writer.close("complete", elapsed_s=round(time.monotonic() - started, 1))
     console.note(f"ab-test took {time.monotonic() - started:.0f} s")

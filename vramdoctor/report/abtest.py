@@ -86,14 +86,12 @@ def ipc_extra_line(arm: dict[str, Any]) -> str | None:
     rows = [c for c in arm["consumers"] if c.get("on_producer_gpu_mib") is not None]
     each = ", ".join(format_mib(c["on_producer_gpu_mib"], 0) for c in rows)
     total = arm.get("extra_on_producer_gpu_total_mib")
-    line = (f"{arm['mode']}: {per:.0f} MiB extra on producer GPU {arm['producer_gpu']} per consumer "
+    line = (f"{arm['mode']}: {format_mib(per, 0)} extra on producer GPU {arm['producer_gpu']} per consumer "
             f"({each}), {format_mib(total, 0)} in all over {format_count(len(rows), 'consumer(s)')}")
     if arm.get("extra_on_producer_gpu_contexts") is not None:
         line += (f" = {arm['extra_on_producer_gpu_contexts']:.1f} x a consumer's own CUDA context "
                  f"({format_mib(arm['consumer_context_mib'], 0)})")
-    good = sum(1 for c in arm["consumers"] if c["correct"])
-    verdict = "correct" if arm["all_correct"] else "WRONG"
-    return line + f"; data read back {verdict} on {good} of {format_count(len(arm['consumers']), 'consumer(s)')}"
+    return line
 
 
 def render(result: dict[str, Any], header: dict[str, Any] | None = None) -> None:
@@ -148,9 +146,12 @@ def render(result: dict[str, Any], header: dict[str, Any] | None = None) -> None
         for arm in result["ipc"]:
             extra = ipc_extra_line(arm)
             if extra is not None:
-                out.print(f"  {extra}", markup=False)
+                good = sum(1 for c in arm["consumers"] if c["correct"])
+                out.print(f"  {extra}", markup=False, soft_wrap=True)
+                out.print(f"  {arm['mode']}: data read back {'correct' if arm['all_correct'] else 'WRONG'} on {good} "
+                          f"of {format_count(len(arm['consumers']), 'consumer(s)')}", markup=False, soft_wrap=True)
             if arm.get("error") and arm["consumers"]:
-                out.print(f"  {arm['mode']}: error: {arm['error']}", markup=False)
+                out.print(f"  {arm['mode']}: error: {arm['error']}", markup=False, soft_wrap=True)
             for g in arm.get("census", []):
                 procs = ", ".join(
                     f"{p['role']} {p['pid']} {_f(p['used_mib'])} MiB" for p in g["processes"]
