@@ -19,6 +19,11 @@ Faults (docs/threat-model.md):
   `failed` (`RunWriter.close("failed", ...)`): its verdict cannot be trusted;
 - a run file that can no longer be written (full disk) does not stop sampling: the writer
   keeps records in memory (`RunWriter.read_back`).
+
+The run file stays small: a /metrics sample keeps its stable values and KV pools every time,
+but its `raw` series (everything the page had, for later study) only on the first sample of
+each source and then once every `RAW_EVERY_S`, at most `RAW_SERIES_LIMIT` series of at most
+`RAW_KEY_LIMIT` characters; what was left out is said once as a SOURCE_ERROR.
 """
 
 from __future__ import annotations
@@ -44,6 +49,9 @@ Listener = Callable[[str, Any], None]
 # Errors after which a sampler cannot be trusted to go on: the run fails.
 FATAL = (MemoryError, RecursionError)
 EXTRA = "extra"
+RAW_EVERY_S = 60.0
+RAW_SERIES_LIMIT = 2000
+RAW_KEY_LIMIT = 400
 
 
 @dataclass
@@ -89,6 +97,7 @@ class Collector:
         self._listen_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._raw_at: dict[str, float] = {}
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -101,12 +110,13 @@ class Collector:
 
     # --- one sample ------------------------------------------------------------------------
 
-    def _error(self, name: str, message: str) -> None:
+    def _error(self, name: str, message: str, *, failing: bool = True) -> None:
         message = redact_text(message)[:300]
         t, _wall = now()
         key = (name, _kind_of(message))
         with self._lock:
-            self.failures[name] = message
+            if failing:
+                self.failures[name] = message
             seen = self._errors.get(key)
             if seen is not None:
                 seen.count += 1
@@ -120,7 +130,28 @@ class Collector:
         with contextlib.suppress(ValueError, TypeError):
             self.writer.write(Event(t=t, wall=wall, name=name, data=data))
 
+    def _bound_raw(self, name: str, record: Any) -> None:
+        """Keep a metrics sample's raw series only now and then, and bounded (see module doc)."""
+        raw = getattr(record, "raw", None)
+        if not isinstance(raw, dict) or not raw:
+            return
+        t = getattr(record, "t", 0.0)
+        last = self._raw_at.get(name)
+        if last is not None and t - last < RAW_EVERY_S:
+            record.raw = {}
+            return
+        self._raw_at[name] = t
+        kept = {k: v for k, v in raw.items() if len(k) <= RAW_KEY_LIMIT}
+        if len(kept) > RAW_SERIES_LIMIT:
+            kept = dict(list(kept.items())[:RAW_SERIES_LIMIT])
+        if len(kept) < len(raw):
+            self._error(name, f"raw series limited to {len(kept)} of {len(raw)} (at most "
+                              f"{RAW_SERIES_LIMIT} series of at most {RAW_KEY_LIMIT} characters are kept)",
+                        failing=False)
+        record.raw = kept
+
     def _write(self, name: str, record: Any) -> None:
+        self._bound_raw(name, record)
         try:
             dropped = self.writer.write(record)
         except (ValueError, TypeError) as exc:  # cannot be a JSON line at all: skip it
@@ -128,7 +159,8 @@ class Collector:
             return
         if dropped:
             fields = ", ".join(sorted({re.sub(r"\[\d+\]", "[]", p) for p in dropped})[:5])
-            self._error(name, f"non-finite value (NaN or overflow) left out of the sample: {fields}")
+            self._error(name, f"non-finite value (NaN or overflow) left out of the sample: {fields}",
+                        failing=False)
         with self._lock:
             self.samples += 1
         if self._listeners:
