@@ -12,24 +12,45 @@ from typing import Any
 from typer.core import TyperGroup
 
 def _label(param: Any) -> str | None:
-    """click's name for a parameter's values (None for a flag)."""
+    """click's name for a parameter's values (None for a flag or an argument)."""
     if getattr(param, "is_flag", False) or getattr(param, "count", False):
         return None
+    if getattr(param, "param_type_name", "") == "argument":
+        return None  # its name (LOG, RUN_FILE) says it
     if param.metavar is not None:
-        return None if param.param_type_name == "argument" else str(param.metavar)
-    name = str(getattr(param.type, "name", "") or "").lower()
-    if name == "choice":
-        return "|".join(str(c) for c in getattr(param.type, "choices", ()))
-    return {"integer": "INTEGER", "float": "NUMBER", "text": "TEXT", "path": "PATH",
-            "boolean": None}.get(name, name.upper() or None)
+        return str(param.metavar)
+    desc = getattr(param, "type_descriptor", None)
+    if desc is not None and getattr(desc, "is_choice", False):
+        return "|".join(str(c) for c in getattr(desc, "choices", None) or ())
+    annotation = getattr(desc, "annotation", None)
+    args = getattr(annotation, "__args__", None)
+    if getattr(desc, "is_list", False) and args:
+        annotation = args[0]
+    if getattr(desc, "is_path", False):
+        return "PATH"
+    return {int: "INTEGER", float: "NUMBER", str: "TEXT", bool: None}.get(annotation, "VALUE")  # type: ignore[call-overload]
+
+
+def _fix(param: Any) -> Any:
+    if hasattr(param, "display_type_rich"):
+        label = _label(param)
+        param.display_type_rich = lambda ctx, label=label: label
+    return param
 
 
 def plain_types(command: Any) -> Any:
     """Make `command`'s help show click's value names instead of Python types (in place)."""
+    if getattr(command, "_vramdoctor_plain", False):
+        return command
     for param in getattr(command, "params", []):
-        if hasattr(param, "display_type_rich"):
-            label = _label(param)
-            param.display_type_rich = lambda ctx, label=label: label
+        _fix(param)
+    original = command.get_params
+
+    def get_params(ctx: Any) -> list[Any]:
+        return [_fix(p) for p in original(ctx)]  # the --help option is made here
+
+    command.get_params = get_params
+    command._vramdoctor_plain = True
     return command
 
 
