@@ -159,7 +159,9 @@ def test_healthy_remote_census_exits_0() -> None:
 
 @pytest.mark.parametrize("args, text", [
     (["census", "--context-mib", "700-300", "--gpu-exporter", "http://127.0.0.1:9"], "LOW must be below HIGH"),
-    (["census", "--gpus", "zero"], "--gpus"),
+    (["census", "--gpus", "zero"], "--gpu"),
+    (["census", "--gpu", "zero"], "--gpu"),
+    (["census", "--gpu", "-1"], "--gpu"),
     (["census", "--gpu-exporter", "gopher://x"], "scheme"),
     (["census", "--report", "census.png"], "not .png"),
 ])
@@ -170,11 +172,14 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], text: str) -> None:
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
-def test_gpu_filter_applies_to_exporter_rows(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("selection", [["--gpu", "1"], ["--gpus", "1"], ["--gpu", "1,1"]],
+                         ids=["--gpu", "old --gpus", "comma list"])
+def test_gpu_filter_applies_to_exporter_rows(selection: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with serve(metrics_only(nvitop_text("gpu-host", GPUS, PROCS))) as url:
-        code = main(["census", "--gpu-exporter", url, "--gpus", "1", "--json"])
+        code = main(["census", "--gpu-exporter", url, *selection, "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 0  # seen from GPU 1 alone, rank 1 holds memory on one GPU only
+    assert doc["schema"] == "vramdoctor.census/1"
     assert [g["index"] for g in doc["gpus"]] == [1]
     assert [(p["pid"], p["per_gpu"]) for p in doc["processes"]] == [(102, {"1": 70480.0})]
 
@@ -188,3 +193,12 @@ def test_dcgm_census_is_device_level_and_says_so(capsys: pytest.CaptureFixture[s
     assert code == 0
     assert "source dcgm" in out and "70,001" in out
     assert "device memory only" in out
+
+
+def test_gpu_selection_is_one_spelling_repeated_or_comma_separated() -> None:
+    from vramdoctor.cli.census import parse_gpu_indices
+
+    assert parse_gpu_indices(["0", "1"]) == parse_gpu_indices(["0,1"]) == parse_gpu_indices("1, 0") == [0, 1]
+    assert parse_gpu_indices([]) is None
+    help_text = run_cli("census", "--help").stdout
+    assert "--gpu " in help_text and "--gpus" not in help_text  # the old spelling still works, unlisted

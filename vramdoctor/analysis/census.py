@@ -24,6 +24,9 @@ from typing import Any
 from ..model import GpuSample
 from ..units import format_mib
 
+# The JSON of a census (`vramdoctor census --json`, the run file's result record).
+SCHEMA = "vramdoctor.census/1"
+
 CONTEXT_MIB = (300.0, 700.0)
 HELPER_MAX_MIB = 2048.0
 
@@ -109,6 +112,7 @@ class Census:
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "schema": SCHEMA,
             "source": self.source,
             "t": self.t,
             "wall": self.wall,

@@ -27,13 +27,26 @@ def _parse_range(text: str) -> tuple[float, float]:
     return lo, hi
 
 
-def _parse_gpus(text: str | None) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise InputError(f"--gpus wants NVML indices like 0,1 (not {text!r})") from None
+def parse_gpu_indices(values: list[str] | str | None, option: str = "--gpu") -> list[int] | None:
+    """GPU indices from `--gpu 0 --gpu 1`, `--gpu 0,1` or both; None when none is given.
+
+    The one spelling of GPU selection across commands: `--gpu`, repeated or comma-separated.
+    Raises InputError naming the option for anything but whole numbers >= 0.
+    """
+    items = [values] if isinstance(values, str) else list(values or [])
+    out: list[int] = []
+    for text in items:
+        for part in str(text).split(","):
+            if not part.strip():
+                continue
+            try:
+                index = int(part)
+            except ValueError:
+                raise InputError(f"{option} wants NVML GPU indices like 0 or 0,1 (not {text!r})") from None
+            if index < 0:
+                raise InputError(f"{option} wants NVML GPU indices >= 0 (not {text!r})")
+            out.append(index)
+    return sorted(set(out)) or None
 
 
 def take_sample(exporters: list[str], gpus: list[int] | None) -> tuple[GpuSample, dict[int, int], list[dict]]:
@@ -91,7 +104,9 @@ def census_cmd(
         help="Read GPUs from dcgm-exporter or nvitop-exporter on another host instead of NVML here "
         "(repeat for several hosts).",
     ),
-    gpus: str | None = typer.Option(None, "--gpus", help="Only these NVML GPU indices, e.g. 0,1."),
+    gpu: list[str] = typer.Option([], "--gpu", metavar="N",
+                                  help="Only these NVML GPU indices: --gpu 0 --gpu 1, or --gpu 0,1."),
+    gpus_alias: str | None = typer.Option(None, "--gpus", hidden=True, help="Old spelling of --gpu."),
     context_mib: str = typer.Option(
         f"{CONTEXT_MIB[0]:g}-{CONTEXT_MIB[1]:g}", "--context-mib", metavar="LOW-HIGH",
         help="What counts as a context-sized footprint, in MiB.",
@@ -116,7 +131,7 @@ def census_cmd(
       vramdoctor census --out runs/census.jsonl && vramdoctor report runs/census.jsonl
     """
     lo_hi = _parse_range(context_mib)
-    wanted = _parse_gpus(gpus)
+    wanted = parse_gpu_indices([*gpu, *([gpus_alias] if gpus_alias else [])])
     if report_file is not None:
         _report_suffix(report_file)  # refuse before measuring, not after printing
     sample, groups, devices = take_sample(gpu_exporter, wanted)
