@@ -185,6 +185,6 @@ def test_census_command_on_this_gpu_machine() -> None:
 @pytest.mark.gpu
 @needs_nvml
 def test_census_with_a_gpu_index_that_does_not_exist() -> None:
-    r = run_cli("census", "--gpus", "4096")
+    r = run_cli("census", "--gpu", "4096")
     assert r.returncode == 2
     assert "no GPU with index 4096" in r.stderr and len(r.stderr.strip().splitlines()) == 1
