@@ -14,6 +14,9 @@ from ..record import Run, RunWriter, make_header, read_run
 from ..report import console
 from . import app
 
+# The JSON of an ab-test (`vramdoctor ab-test --json`, `vramdoctor report AB.jsonl --json`).
+SCHEMA = "vramdoctor.abtest/1"
+
 
 def _records(run: Run) -> list[dict[str, Any]]:
     return [r for r in run.records if isinstance(r, dict) and str(r.get("kind", "")).startswith("abtest.")]
@@ -39,7 +42,7 @@ def report_run(run: Run, *, json_out: bool, report_file: Path | None) -> int:
         except OSError as exc:
             raise InputError(f"cannot write chart {report_file}: {exc.strerror or exc}") from None
     if json_out:
-        out = dict(result)
+        out = {"schema": SCHEMA, **result}
         out["run"] = {"path": str(run.path), "status": run.status, "config": run.header.get("config", {})}
         if report_file is not None:
             out["chart"] = str(report_file)
@@ -83,7 +86,9 @@ def abtest_cmd(
     ipc: bool = typer.Option(True, "--ipc/--no-ipc", help="Also A/B-test the CUDA IPC device redirect (needs 2 GPUs; 1 GPU: round trip only)."),
     ipc_gpus: int | None = typer.Option(None, "--ipc-gpus", help="GPUs for the IPC arm: producer on GPU 0, one consumer on each other (default: every visible GPU)."),
     out: Path | None = typer.Option(None, "--out", help="Results file (run-record JSONL). Default runs/ab-test-TIME.jsonl."),
-    chart: Path | None = typer.Option(None, "--chart", help="Also write a PNG chart."),
+    report_file: Path | None = typer.Option(None, "--report", metavar="FILE",
+                                            help="Also write the chart to FILE.png or FILE.svg (needs the charts extra)."),
+    chart: Path | None = typer.Option(None, "--chart", hidden=True, help="Old spelling of --report."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds allowed per variant."),
 ) -> None:
@@ -98,7 +103,7 @@ def abtest_cmd(
 
       vramdoctor ab-test --model Qwen/Qwen2.5-VL-7B-Instruct
 
-      vramdoctor ab-test --model /models/glm-4v --images ./samples --rounds 3 --chart ab.png
+      vramdoctor ab-test --model /models/glm-4v --images ./samples --rounds 3 --report ab.png
 
       vramdoctor ab-test --model gemma3 --variants scoped_pool,cpu --no-ipc --json
     """
@@ -115,8 +120,9 @@ def abtest_cmd(
     chosen = select([v.strip() for v in variants.split(",") if v.strip()] if variants else None)
     if ipc_gpus is not None and ipc_gpus < 1:
         raise InputError(f"--ipc-gpus {ipc_gpus}: give 1 or more GPUs (1: the same-GPU round trip only)")
+    chart = report_file or chart
     if chart is not None and chart.suffix.lower() not in (".png", ".svg"):
-        raise InputError(f"--chart {chart}: use a .png or .svg file name")
+        raise InputError(f"--report {chart}: ab-test writes its chart as .png or .svg")
     choice = resolve_model(model)
     if not torch_available():
         raise MissingExtra("vramdoctor ab-test", "torch")
