@@ -124,6 +124,7 @@ class Controller:
         now = self.clock()
         data = {"protocol": runtime.PROTOCOL, "token": self.token, "seq": int(seq),
                 "created_wall": now, "expires_wall": now + self.expires_s}
+        self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.dir / f".{runtime.TRIGGER_FILE}.{os.getpid()}.tmp"
         tmp.write_text(json.dumps(data), encoding="utf-8")
         os.replace(tmp, self.dir / runtime.TRIGGER_FILE)

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# GPU acceptance for `soak --attribute` (issue 13): fixtures for the CPU tests, the reference
+# server and `transformers serve` with the agent, soak end to end, and the overhead benchmark.
+# Run from the repository root on a CUDA host; results land in $OUT (default /tmp/out).
+#   bash scripts/gpu_attribute.sh [fixtures] [accept] [bench]
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; export OUT; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1
+steps=${*:-fixtures accept bench}
+nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv
+for step in $steps; do
+  case $step in
+  fixtures)
+    # the "server's own" code under /opt/torch/... next to the venv's torch (not a bare /torch/ match)
+    app=/opt/torch/vd_app; mkdir -p $app; cp scripts/record_attribute_fixtures.py $app/
+    fx=/tmp/fixtures; rm -rf $fx; mkdir -p $fx
+    for kind in leak caching escape; do timeout 45 python3 $app/record_attribute_fixtures.py $kind $fx >/dev/null || echo "fixture $kind failed rc=$?"; done
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 45 python3 $app/record_attribute_fixtures.py expandable $fx >/dev/null || echo "fixture expandable failed"
+    ls -la $fx ;;
+  accept)
+    timeout 270 python3 scripts/gpu_attribute.py ${ACCEPT_WHICH:-} ;;
+  bench)
+    timeout 130 python3 benchmarks/agent_overhead.py --requests 300 --json "$OUT/agent_overhead.json" ;;
+  esac
+done
+mkdir -p /tmp/fixtures; cp -r "$OUT/ref-snapshots" /tmp/fixtures/ 2>/dev/null; rm -rf "$OUT/ref-snapshots"
+tar czf "$OUT/fixtures.tar.gz" -C /tmp fixtures
+[ -d "$OUT/soak-e2e" ] && tar czf "$OUT/soak-e2e.tar.gz" -C "$OUT" soak-e2e && rm -rf "$OUT/soak-e2e"
+ls -la "$OUT"
