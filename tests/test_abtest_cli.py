@@ -38,6 +38,8 @@ def test_without_torch_one_line_and_exit_2() -> None:
         (["--model", "qwen2_vl", "--count", "0"], "--count"),
         (["--model", "qwen2_vl", "--variants", "turbo"], "unknown variant"),
         (["--model", "qwen2_vl", "--images", "/nonexistent/dir"], "not a directory"),
+        (["--model", "qwen2_vl", "--report", "ab.txt"], ".png or .svg"),
+        (["--model", "qwen2_vl", "--chart", "ab.txt"], "--report ab.txt"),  # the old spelling
     ],
 )
 def test_bad_input_one_line_exit_2(args: list[str], needle: str) -> None:
@@ -61,6 +63,7 @@ def test_report_json_is_one_object_with_the_figures(tmp_path) -> None:
     chart = tmp_path / "ab.png"
     proc = _cli("report", str(RUN), "--json", "--report", str(chart))
     data = json.loads(proc.stdout)
+    assert data["schema"] == "vramdoctor.abtest/1"
     assert {"variants", "recommendation", "targets", "ipc", "run"} <= set(data)
     assert data["run"]["status"] == "complete"
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -101,3 +104,12 @@ def test_report_of_a_one_gpu_run_says_the_ipc_arm_needs_two(tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "needs two GPUs" in proc.stdout
     assert "same-GPU round trip: data read back correct" in proc.stdout
+
+
+def test_a_schema_1_run_file_reads_with_the_new_names() -> None:
+    # The recorded H200 run predates schema 2: PyTorch's reserved memory was `reserved_mib`.
+    assert '"schema":"vramdoctor.run/1"' in RUN.read_text(encoding="utf-8").splitlines()[0].replace(" ", "")
+    data = json.loads(_cli("report", str(RUN), "--json").stdout)
+    rounds = [r for v in data["variants"] for r in v["rounds"]]
+    assert rounds and all(r["torch_reserved_mib"] is not None for r in rounds)
+    assert all("reserved_mib" not in r for r in rounds)
