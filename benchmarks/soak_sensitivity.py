@@ -12,8 +12,21 @@ CPU (default): the leak and the cache are host RAM; the RSS series carries the v
 GPU (--gpu): the server keeps --leak-kib KiB on the GPU per request (--leak-kind bytes) next to
 the real fast image processor on CUDA; NVML per process carries the verdict.
 
+--layer kv: the KV pool layer. The reference server in kv-leaking mode (SGLang's metric names)
+never returns `--kv-leak-tokens` of each request's KV tokens to a `--kv-pool-tokens` pool; a
+ladder of tokens per request (largest first) finds the smallest leak in pages per request
+that the KV layer calls LEAK, with its rate error; N plain runs with the same metrics must
+never give a KV LEAK.
+
+--layer host-arena: host RAM against glibc malloc arenas. N runs of the reference server's
+arena mode (a thread per connection, each thread's mallocs in its own arena, freed memory kept
+there) with glibc's default arena cap; every host-layer LEAK there is a false alarm (target:
+0 of 10).
+
     python benchmarks/soak_sensitivity.py                 # CPU, 4 rounds x 50 requests
     python benchmarks/soak_sensitivity.py --gpu --idle 5  # on a GPU host
+    python benchmarks/soak_sensitivity.py --layer kv --requests 30 --kv-pool-tokens 1000000
+    python benchmarks/soak_sensitivity.py --layer host-arena --caching-runs 10
 
 Prints a table and one JSON line (also written to --out/sensitivity.json when --out is given).
 """
@@ -38,6 +51,13 @@ SERVER = ROOT / "examples" / "reference_server" / "server.py"
 # The checkout's package, whether or not it is installed (the GPU machine may run it in place).
 ENV = {**os.environ, "NO_COLOR": "1", "CI": "1",
        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+SOAK_HELP = subprocess.run([sys.executable, "-m", "vramdoctor", "soak", "--help"], capture_output=True,
+                           text=True, env={**ENV, "COLUMNS": "200"}).stdout
+
+
+def layer(d: dict, name: str) -> dict:
+    """One layer of a soak --json answer (schema vramdoctor.soak/2)."""
+    return d["layers"][name]
 
 
 def start_server(mode: str, device: str, extra: list[str]) -> tuple[subprocess.Popen, str]:
@@ -62,11 +82,19 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def soak(url: str, args: argparse.Namespace, out: Path) -> tuple[dict, float]:
+def server_options() -> str:
+    """The reference server's --help: which modes and flags this checkout has."""
+    r = subprocess.run([sys.executable, str(SERVER), "--help"], capture_output=True, text=True, env=ENV)
+    return r.stdout
+
+
+def soak(url: str, args: argparse.Namespace, out: Path, extra: list[str] | None = None) -> tuple[dict, float]:
     cmd = [sys.executable, "-m", "vramdoctor", "soak", "--url", url, "--json", "--out", str(out),
            "--rounds", str(args.rounds), "--requests", str(args.requests),
            "--concurrency", str(args.concurrency), "--idle", str(args.idle),
-           "--interval", str(args.interval)]
+           "--interval", str(args.interval), *(extra or [])]
+    if "--no-adapt" in SOAK_HELP:
+        cmd.append("--no-adapt")  # a fixed number of rounds: the sensitivity at this protocol
     for size in args.image_size:
         cmd += ["--image-size", size]
     start = time.monotonic()
@@ -90,9 +118,18 @@ def main() -> int:
                    help="comma-separated leak sizes per request, KiB (default: 512 down to 8)")
     p.add_argument("--image-size", action="append", default=None)
     p.add_argument("--out", type=Path, default=None, help="keep run files and the JSON here")
+    p.add_argument("--layer", choices=["memory", "kv", "host-arena"], default="memory",
+                   help="memory: VRAM (--gpu) or host RSS leaks; kv: KV pages; host-arena: malloc arenas")
+    p.add_argument("--kv-pool-tokens", type=int, default=1_000_000, help="--layer kv: pool size in tokens")
+    p.add_argument("--kv-leak-tokens-list", default=None,
+                   help="--layer kv: comma-separated leaked tokens per request (default 64,16,8,4,2,1)")
     args = p.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # progress shows when piped to a file
     args.image_size = args.image_size or ["128x128", "256x192"]
+    if args.layer == "kv":
+        return kv_ladder(args)
+    if args.layer == "host-arena":
+        return arena_runs(args)
     device = "cuda" if args.gpu else "cpu"
     sizes = [float(x) for x in (args.sizes_kib or "512,256,128,64,32,16,8").split(",")]
     work = args.out or Path(os.environ.get("TMPDIR", "/tmp")) / f"soak-sensitivity-{os.getpid()}"
@@ -109,13 +146,14 @@ def main() -> int:
             truth = requests.get(url + "/reference/info", timeout=10).json()["leak_bytes_per_request"] / 2**20
         finally:
             stop(proc)
-        est = d["leak_mib_per_request"]
+        est = layer(d, "vram" if args.gpu else "host")["rate_mib_per_request"]
         err = None if est is None else (est - truth) / truth
         rows.append({"leak_kib": kib, "verdict": d["verdict"], "estimate_mib": est, "truth_mib": truth,
                      "rel_error": err, "wall_s": wall})
         print(f"{'leak ' + format(kib, 'g') + ' KiB/req':<22}{d['verdict']:<14}"
               f"{'-' if est is None else format(est, '.4f'):>18}{truth:>15.4f}"
               f"{'-' if err is None else format(err, '+.0%'):>8}{wall:>8.1f}")
+        d["verdict"] = layer(d, "vram" if args.gpu else "host")["verdict"]
         misses = misses + 1 if d["verdict"] != "LEAK" else 0
         if misses >= 2:
             break
@@ -159,6 +197,114 @@ def main() -> int:
     if args.out:
         (args.out / "sensitivity.json").write_text(line + "\n")
     return 0 if false_leaks == 0 else 1
+
+
+def _work(args: argparse.Namespace, name: str) -> Path:
+    work = args.out or Path(os.environ.get("TMPDIR", "/tmp")) / f"soak-{name}-{os.getpid()}"
+    work.mkdir(parents=True, exist_ok=True)
+    return work
+
+
+def _finish(args: argparse.Namespace, summary: dict) -> None:
+    line = json.dumps(summary)
+    print(line)
+    if args.out:
+        (args.out / f"sensitivity-{summary['target']}.json").write_text(line + "\n")
+
+
+def kv_ladder(args: argparse.Namespace) -> int:
+    """Smallest KV leak (pages per request) the KV layer calls LEAK; plain runs never LEAK."""
+    help_text = server_options()
+    page = 16
+    page_flag = []
+    if "--kv-page-size" in help_text:
+        page = 64
+        page_flag = ["--kv-page-size", str(page)]
+    pool_flag = "--kv-pool-tokens" if "--kv-pool-tokens" in help_text else "--kv-capacity"
+    base = ["--metrics-flavour", "sglang", pool_flag, str(args.kv_pool_tokens), *page_flag]
+    work = _work(args, "kv")
+    tokens = [float(x) for x in (args.kv_leak_tokens_list or "64,16,8,4,2,1").split(",")]
+    rows, misses = [], 0
+    print(f"{'run':<24}{'KV verdict':<14}{'tokens/req':>11}{'truth':>8}{'pages/req':>11}{'error':>8}{'wall s':>8}")
+    for tok in tokens:
+        proc, url = start_server("kv-leaking", "cpu", [*base, "--kv-leak-tokens", str(int(tok))])
+        try:
+            d, wall = soak(url, args, work / f"kv-{tok:g}.jsonl", ["--text-only"])
+        finally:
+            stop(proc)
+        kv = layer(d, "kv")
+        pool = next((p for p in kv["pools"] if p["tokens_per_request"] is not None), None)
+        est = pool["tokens_per_request"] if pool else None
+        err = None if est is None else (est - tok) / tok
+        rows.append({"leak_tokens": tok, "pages_per_request": tok / page, "verdict": kv["verdict"],
+                     "estimate_tokens": est, "rel_error": err, "wall_s": wall,
+                     "page_size_tokens": pool["page_size_tokens"] if pool else None,
+                     "page_size_assumed": pool["page_size_assumed"] if pool else None})
+        print(f"{'leak ' + format(tok, 'g') + ' tokens/req':<24}{kv['verdict']:<14}"
+              f"{'-' if est is None else format(est, '.2f'):>11}{tok:>8g}{tok / page:>11.3g}"
+              f"{'-' if err is None else format(err, '+.1%'):>8}{wall:>8.1f}")
+        misses = misses + 1 if kv["verdict"] != "LEAK" else 0
+        if misses >= 2:
+            break
+    plain = []
+    for i in range(args.caching_runs):
+        proc, url = start_server("plain", "cpu", base)
+        try:
+            d, wall = soak(url, args, work / f"kv-plain-{i}.jsonl", ["--text-only"])
+        finally:
+            stop(proc)
+        plain.append({"verdict": layer(d, "kv")["verdict"], "wall_s": wall})
+        print(f"{'plain run ' + str(i + 1):<24}{plain[-1]['verdict']:<14}{'-':>11}{'-':>8}{'-':>11}{'-':>8}{wall:>8.1f}")
+    smallest = None
+    for r in rows:
+        if r["verdict"] != "LEAK":
+            break
+        smallest = r
+    false = sum(1 for c in plain if c["verdict"] == "LEAK")
+    print(f"\nsmallest KV leak called LEAK: "
+          f"{'-' if smallest is None else format(smallest['pages_per_request'], 'g')} pages/request "
+          f"({'-' if smallest is None else format(smallest['leak_tokens'], 'g')} tokens, page {page} tokens) "
+          f"in a {args.kv_pool_tokens:,}-token pool, {args.rounds} rounds x {args.requests} requests; "
+          f"false KV LEAK in plain runs: {false}/{len(plain)}")
+    _finish(args, {"benchmark": "soak_sensitivity", "target": "kv", "rounds": args.rounds,
+                   "requests_per_round": args.requests, "pool_tokens": args.kv_pool_tokens,
+                   "page_size_tokens": page, "ladder": rows, "plain_runs": plain,
+                   "smallest_pages_per_request": None if smallest is None else smallest["pages_per_request"],
+                   "rate_error_at_smallest": None if smallest is None else smallest["rel_error"],
+                   "false_leaks": false})
+    return 0 if false == 0 and smallest is not None else 1
+
+
+def arena_runs(args: argparse.Namespace) -> int:
+    """False host-RAM LEAK rate on glibc arena growth (the reference server's arena mode)."""
+    help_text = server_options()
+    if "arena" not in help_text:
+        print("skipped: this reference server has no --mode arena (examples/reference_server)")
+        return 0
+    work = _work(args, "arena")
+    runs = []
+    print(f"{'run':<16}{'host verdict':<14}{'explanation':<18}{'RSS growth MiB':>15}{'arenas':>10}{'wall s':>8}")
+    for i in range(args.caching_runs):
+        proc, url = start_server("arena", "cpu", [])
+        try:
+            d, wall = soak(url, args, work / f"arena-{i}.jsonl")
+        finally:
+            stop(proc)
+        host = layer(d, "host")
+        p = next((x for x in host["processes"] if x["series"] == host["main_series"]), None) or {}
+        runs.append({"verdict": host["verdict"], "explanation": host["explanation"],
+                     "rss_growth_mib": p.get("rss_growth_mib"), "arenas_first": p.get("arenas_first"),
+                     "arenas_last": p.get("arenas_last"), "wall_s": wall, "vram": layer(d, "vram")["verdict"]})
+        growth = p.get("rss_growth_mib")
+        print(f"{'arena run ' + str(i + 1):<16}{host['verdict']:<14}{host['explanation']!s:<18}"
+              f"{'-' if growth is None else format(growth, '.1f'):>15}"
+              f"{str(p.get('arenas_first')) + '->' + str(p.get('arenas_last')):>10}{wall:>8.1f}")
+    false = sum(1 for r in runs if r["verdict"] == "LEAK")
+    print(f"\nfalse host-RAM LEAK on malloc arena growth: {false}/{len(runs)} "
+          f"({args.rounds} rounds x {args.requests} requests)")
+    _finish(args, {"benchmark": "soak_sensitivity", "target": "host_arena", "rounds": args.rounds,
+                   "requests_per_round": args.requests, "runs": runs, "false_leaks": false})
+    return 0 if false == 0 else 1
 
 
 if __name__ == "__main__":
