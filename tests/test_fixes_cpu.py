@@ -3,8 +3,10 @@ the buffer allocator, and the pass-through paths."""
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers_procs import NO_TORCH
@@ -146,3 +148,25 @@ def test_scoping_needs_the_live_block_check_not_just_mempool() -> None:
     assert has_mem_pool(SimpleNamespace(cuda=cuda, _C=full))
     assert not has_mem_pool(SimpleNamespace(cuda=cuda, _C=SimpleNamespace(_cuda_memoryStats=len)))
     assert not has_mem_pool(SimpleNamespace(cuda=SimpleNamespace(MemPool=object), _C=full))
+
+
+def test_the_example_without_torch_says_what_to_install_in_one_line() -> None:
+    example = Path(__file__).resolve().parents[1] / "examples" / "fixes" / "scoped_processor.py"
+    code = NO_TORCH + f"import runpy; sys.argv = [{str(example)!r}]; runpy.run_path({str(example)!r}, run_name='__main__')\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install 'vramdoctor[gpu]'" in lines[0], proc.stderr
+
+
+def test_the_example_imports_public_names_only() -> None:
+    import ast
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "fixes" / "scoped_processor.py"
+    for node in ast.walk(ast.parse(example.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("vramdoctor"):
+            module = importlib.import_module(node.module or "")
+            assert not any(part.startswith("_") for part in (node.module or "").split("."))
+            for alias in node.names:
+                assert alias.name in module.__all__, f"{node.module}.{alias.name} is not public"

@@ -3,7 +3,46 @@
 workload (seeded images) -> runner (one worker process per variant, records streamed to the
 run file) -> analysis (pure, over the records) -> report. The IPC arm measures the CUDA IPC
 device redirect across GPUs. torch is only imported inside worker processes.
+
+The public names are imported on first use (numpy, scipy and transformers load only then):
+
+    from vramdoctor.abtest import resolve_model, load_processor, make_image
+    processor, name = load_processor(resolve_model("Qwen/Qwen2.5-VL-7B-Instruct"))  # offline
+    image = make_image(448, 672, seed=0)              # HxWx3 uint8 noise, reproducible
 """
 
-# A namespace of modules: import what you need from them (e.g. vramdoctor.sources.nvml).
-__all__: list[str] = []
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .analysis import analyse
+    from .models import ModelChoice, resolve_model, supported
+    from .processor import load_processor
+    from .workload import WorkloadSpec, make_image
+
+# Public name -> its module in this package (imported on first access).
+_LAZY = {
+    "ModelChoice": "models",
+    "WorkloadSpec": "workload",
+    "analyse": "analysis",
+    "load_processor": "processor",
+    "make_image": "workload",
+    "resolve_model": "models",
+    "supported": "models",
+}
+
+__all__ = ["ModelChoice", "WorkloadSpec", "analyse", "load_processor", "make_image", "resolve_model", "supported"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

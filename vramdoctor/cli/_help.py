@@ -11,6 +11,7 @@ from typing import Any
 
 from typer.core import TyperGroup
 
+
 def _label(param: Any) -> str | None:
     """click's name for a parameter's values (None for a flag or an argument)."""
     if getattr(param, "is_flag", False) or getattr(param, "count", False):
