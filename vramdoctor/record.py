@@ -282,8 +282,9 @@ class Run:
 # binary file is refused at once), and a line longer than LINE_LIMIT_BYTES is damage.
 HEADER_LIMIT_BYTES = 64 * 1024
 LINE_LIMIT_BYTES = 64 * 1024 * 1024
-# A record this many seconds older than one before it is reported as disorder (then sorted).
-OUT_OF_ORDER_NOTE_S = 30.0
+# A record this many seconds older than one before it is reported as disorder (then sorted);
+# parallel samplers write a record up to one scrape deadline (5 s) after its time.
+OUT_OF_ORDER_NOTE_S = 10.0
 # Numbers beyond this are not measurements (MiB, seconds, tokens): the record is damaged.
 _MAX_ABS = 1e15
 
