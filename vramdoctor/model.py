@@ -19,7 +19,8 @@ MIB = 1024 * 1024
 
 # Request outcomes (soak traffic) that mean the server received the request: it may hold memory
 # for failed requests too, so leak rates are per request that reached it, not per success.
-REACHED_SERVER = frozenset({"ok", "http_error", "timeout"})
+# "aborted": a streamed request the client closed after its first chunks (--abort-fraction).
+REACHED_SERVER = frozenset({"ok", "aborted", "http_error", "timeout"})
 
 
 def now() -> tuple[float, float]:

@@ -14,8 +14,19 @@ and exposes Prometheus /metrics. `--mode` decides what happens to memory:
            outputs_to_cpu); CPU: the leaking code path with its buffer released at request end.
 - stable:  preprocessing only, on the CPU, nothing cached or kept.
 - kv-leaking: memory as in stable, but --kv-leak-tokens of each request's KV tokens are never
-           returned to the pool: KV usage at idle creeps up (publish it with --metrics-flavour
-           sglang or vllm), the signature of a KV page leak rather than an allocator leak.
+           returned to the pool (--kv-leak-on abort: only for requests the client abandons):
+           KV usage at idle creeps up (publish it with --metrics-flavour sglang or vllm), the
+           signature of a KV page leak rather than an allocator leak.
+- arena:   host-allocator caching, for real: every request is decoded on a fresh thread
+           (thread per request), glibc gives concurrent threads their own malloc arenas and
+           keeps freed memory in them. RSS rises while new arenas appear and is bounded by
+           MALLOC_ARENA_MAX (default 8 x cores); with MALLOC_ARENA_MAX=2 it stays flat.
+- pinned:  CUDA pinned host memory caching (needs torch and a CUDA GPU): each image goes
+           through a pinned host buffer; PyTorch's host allocator keeps the freed buffers
+           (RssShmem rises, then flat).
+- worker-churn: plain, plus a helper process that starts during round 1 (after
+           --churn-after requests), fails to bind the server's port and exits, as compile
+           workers and failed restarts do on real servers.
 
 The server knows exactly how many bytes it keeps per request (GET /reference/info and the
 gauge `reference_kept_bytes`): the truth a leak-rate estimate is checked against.
@@ -32,6 +43,8 @@ import io
 import json
 import os
 import signal
+import socket
+import subprocess
 import sys
 import threading
 import time
@@ -109,6 +122,15 @@ class State:
         self.pool_escapes: list[Any] = []
         self.gpu: GpuPreprocessor | None = None
         self.cpu = CpuPreprocessor()
+        self._last_data = b""
+        if args.mode == "pinned":
+            try:
+                import torch
+            except ImportError:
+                raise SystemExit("--mode pinned needs torch (pip install torch)") from None
+            if not torch.cuda.is_available():
+                raise SystemExit("--mode pinned needs a CUDA GPU (pinned host memory is CUDA's)")
+            self.torch_cpu = torch
         if self.device.startswith("cuda"):
             self.gpu = GpuPreprocessor(args.processor_dir, self.device)
         if args.mode == "fixed" and self.gpu is not None:
@@ -133,26 +155,51 @@ class State:
         self.kv_capacity = int(args.kv_capacity)
         self.kv_used = 0
         self.flavoured: list[Any] = []
+        self.m_engine_requests = None
+        self.churned = False
+        self.aborted = 0
+        self.arena_threads = 0
         if args.metrics_flavour == "sglang":
             labels = {"model_name": MODEL_ID, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"}
             names = list(labels)
+
+            def gauge(name: str, doc: str) -> Any:
+                return Gauge(name, doc, names, registry=registry).labels(**labels)
+
             self.flavoured = [
-                ("ratio", Gauge("sglang:token_usage", "The token usage.", names, registry=registry).labels(**labels)),
-                ("used", Gauge("sglang:num_used_tokens", "The number of used tokens.", names, registry=registry).labels(**labels)),
-                ("running", Gauge("sglang:num_running_reqs", "The number of running requests.", names, registry=registry).labels(**labels)),
+                ("ratio", gauge("sglang:token_usage", "The token usage.")),
+                ("used", gauge("sglang:num_used_tokens", "The number of used tokens.")),
+                ("running", gauge("sglang:num_running_reqs", "The number of running requests.")),
+                ("queued", gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")),
+                # 0.5.12+: the pool's own triple (used = total - available - evictable).
+                ("used", gauge("sglang:kv_used_tokens", "Number of actively used token slots in the KV cache pool.")),
+                ("available", gauge("sglang:kv_available_tokens", "Number of free token slots in the KV cache pool.")),
+                ("evictable", gauge("sglang:kv_evictable_tokens", "Number of evictable (radix-cached) token slots in the KV cache pool.")),
             ]
-            Gauge("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.",
-                  names, registry=registry).labels(**labels).set(self.kv_capacity)
+            gauge("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.").set(self.kv_capacity)
+            self.m_engine_requests: Any = Counter(
+                "sglang:num_requests", "Number of requests processed.", names, registry=registry).labels(**labels)
         elif args.metrics_flavour == "vllm":
             labels = {"model_name": MODEL_ID, "engine": "0"}
             names = list(labels)
             self.flavoured = [
                 ("ratio", Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", names, registry=registry).labels(**labels)),
                 ("running", Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", names, registry=registry).labels(**labels)),
+                ("queued", Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", names, registry=registry).labels(**labels)),
             ]
+            # vLLM's cache config as labels of an info gauge (value 1): the pool size in blocks.
+            block = max(1, args.kv_page_size)
+            info = {"block_size": str(block), "num_gpu_blocks": str(self.kv_capacity // block),
+                    "gpu_memory_utilization": "0.9"}
+            Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(info),
+                  registry=registry).labels(**info).set(1)
+            self.m_engine_requests = Counter("vllm:request_success", "Count of successfully processed requests.",
+                                             [*names, "finished_reason"], registry=registry).labels(
+                                                 **labels, finished_reason="length")
 
     # --- per-request work -------------------------------------------------------------------
     def handle_image(self, data: bytes) -> None:
+        self._last_data = data
         img = Image.open(io.BytesIO(data))
         img.load()
         mode = self.args.mode
@@ -166,7 +213,13 @@ class State:
         self.m_images.inc()
 
     def _cpu_image(self, img: Image.Image, data: bytes, mode: str) -> None:
-        if mode in ("plain", "leaking"):
+        if mode == "arena":
+            self._arena_image(data)
+            return
+        if mode == "pinned":
+            self._pinned_image(img)
+            return
+        if mode in ("plain", "leaking", "worker-churn"):
             key = hashlib.sha1(data).hexdigest()
             with self.lock:
                 hit = self.cache.get(key)
@@ -187,12 +240,48 @@ class State:
         else:
             self.cpu(img)
 
+    def _arena_image(self, data: bytes) -> None:
+        """Decode on a fresh thread, as a thread-per-request server does: the thread's mallocs
+        (Pillow's decode buffers, numpy's float arrays) come from the malloc arena glibc gives
+        it; the memory is freed when the thread ends but stays in that arena."""
+        def decode() -> None:
+            img = Image.open(io.BytesIO(data))
+            img.load()
+            pixels = self.cpu(img)
+            # A second, differently sized working buffer, as resize/normalise pipelines have.
+            np.resize(pixels.ravel(), pixels.size // 3 + 4096).astype(np.float64).sum()
+
+        threads = [threading.Thread(target=decode) for _ in range(self.args.arena_threads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    def _pinned_image(self, img: Image.Image) -> None:
+        """Stage the pixels through pinned host memory to the GPU, as data loaders and servers
+        do; PyTorch's host allocator caches the freed pinned block for the next request."""
+        torch = self.torch_cpu
+        pixels = torch.from_numpy(self.cpu(img))
+        staging = torch.empty(pixels.shape, dtype=pixels.dtype, pin_memory=True)
+        staging.copy_(pixels)
+        on_gpu = staging.to("cuda", non_blocking=True)
+        torch.cuda.synchronize()
+        del staging, on_gpu
+
     def _gpu_image(self, img: Image.Image, mode: str) -> None:
         torch = self.torch_mod()
         assert self.gpu is not None
-        if mode in ("stable", "kv-leaking"):
-            self.cpu(img)
+        if mode in ("stable", "kv-leaking", "arena"):
+            if mode == "arena":
+                self._arena_image(self._last_data)
+            else:
+                self.cpu(img)
             return
+        if mode == "pinned":
+            self._pinned_image(img)
+            return
+        if mode == "worker-churn":
+            mode = "plain"
         if mode == "fixed":
             with self.request_scoped_pool(self.device):
                 out = self.outputs_to_cpu(self.gpu(img))
@@ -247,7 +336,8 @@ class State:
             self.m_running.set(self.running)
             self.m_kv.set(ratio)
             for kind, gauge in self.flavoured:
-                gauge.set({"ratio": ratio, "used": self.kv_used, "running": self.running}[kind])
+                gauge.set({"ratio": ratio, "used": self.kv_used, "running": self.running, "queued": 0,
+                           "available": self.kv_capacity - self.kv_used, "evictable": 0}[kind])
 
     def torch_mod(self) -> Any:
         assert self.gpu is not None
@@ -266,6 +356,13 @@ class State:
                 self.kept.append(buf)
                 self.kept_bytes += buf.nbytes
             self.m_kept.set(self.kept_bytes)
+            churn = (self.args.mode == "worker-churn" and not self.churned
+                     and self.requests >= self.args.churn_after)
+            self.churned = self.churned or churn
+        if churn:
+            spawn_churn_worker(self.args)
+        if self.m_engine_requests is not None:
+            self.m_engine_requests.inc()
         if self.args.mode == "fixed" and self.gpu is None:
             # The leaking code path, but its buffer is released at the end of the request.
             buf = np.ones(int(self.args.leak_kib * 1024), dtype=np.uint8)
@@ -291,8 +388,34 @@ class State:
                 "cache_bytes": self.cache_bytes,
                 "kv_used_tokens": self.kv_used,
                 "kv_capacity_tokens": self.kv_capacity,
+                "kv_page_size_tokens": self.args.kv_page_size,
+                "kv_leak_tokens_per_request": self.args.kv_leak_tokens if self.args.mode == "kv-leaking" else 0,
+                "aborted": self.aborted,
+                "churned": self.churned,
                 "pid": os.getpid(),
             }
+
+
+CHURN_WORKER = """
+import socket, sys, time
+buf = bytearray(48 * 1024 * 1024)  # a worker's start-up memory, touched
+for i in range(0, len(buf), 4096):
+    buf[i] = 1
+s = socket.socket()
+try:
+    s.bind((sys.argv[1], int(sys.argv[2])))
+except OSError as exc:
+    print(f"worker: cannot bind {sys.argv[1]}:{sys.argv[2]}: {exc}", flush=True)
+time.sleep(float(sys.argv[3]))
+sys.exit(1)
+"""
+
+
+def spawn_churn_worker(args: argparse.Namespace) -> None:
+    """A helper process that appears, fails to bind the server's port and exits (reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", CHURN_WORKER, args.host, str(args.bound_port),
+                             str(args.churn_lifetime)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    threading.Thread(target=proc.wait, daemon=True).start()
 
 
 def tune_malloc() -> None:
@@ -356,6 +479,11 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 self._send(200, generate_latest(state.registry), CONTENT_TYPE_LATEST)
             elif path == "/health":
                 self._send(200, {"status": "ok"})
+            elif path == "/get_server_info" and state.args.metrics_flavour == "sglang":
+                # As SGLang's: the version and the server args soak reads (page_size).
+                self._send(200, {"version": "reference", "page_size": state.args.kv_page_size,
+                                 "max_total_num_tokens": state.kv_capacity,
+                                 "served_model_name": MODEL_ID})
             elif path == "/reference/info":
                 self._send(200, state.info())
             elif path == "/v1/models":
@@ -382,17 +510,26 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             images = _images_in(body)
             tokens = state.args.kv_tokens_per_request + 256 * len(images)
             state.running_delta(+1, tokens)
+            aborted = False
             try:
                 for data in images:
                     state.handle_image(data)
                 state.after_request()
+                if body.get("stream"):
+                    aborted = not self._stream(path, body)
+                    return
             except Exception as exc:  # a bad image must not kill the server
                 self._send(400, {"error": {"message": f"{type(exc).__name__}: {exc}"}})
                 return
             finally:
-                # kv-leaking: some of the request's KV pages are never returned to the pool.
-                kept = state.args.kv_leak_tokens if state.args.mode == "kv-leaking" else 0
+                # kv-leaking: some of the request's KV pages are never returned to the pool
+                # (--kv-leak-on abort: only when the client went away mid-stream).
+                leaks = state.args.mode == "kv-leaking" and (state.args.kv_leak_on == "every" or aborted)
+                kept = state.args.kv_leak_tokens if leaks else 0
                 state.running_delta(-1, -(tokens - kept))
+                if aborted:
+                    with state.lock:
+                        state.aborted += 1
             n = max(1, min(int(body.get("max_tokens") or 16), 256))
             text = " ".join(["ok"] * n)
             usage = {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n}
@@ -407,6 +544,44 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             self._send(200, {"id": f"ref-{created}", "object": obj, "created": created,
                              "model": MODEL_ID, "choices": [choice], "usage": usage})
 
+        def _client_gone(self) -> bool:
+            try:
+                return self.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+            except BlockingIOError:
+                return False
+            except OSError:
+                return True
+
+        def _stream(self, path: str, body: dict[str, Any]) -> bool:
+            """Server-sent events, one token a chunk; False when the client went away."""
+            n = max(1, min(int(body.get("max_tokens") or 16), 256))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            created = int(time.time())
+            try:
+                for _ in range(n):
+                    if path == "/v1/chat/completions":
+                        choice: dict[str, Any] = {"index": 0, "delta": {"content": "ok "}, "finish_reason": None}
+                        obj = "chat.completion.chunk"
+                    else:
+                        choice = {"index": 0, "text": "ok ", "finish_reason": None}
+                        obj = "text_completion"
+                    chunk = {"id": f"ref-{created}", "object": obj, "created": created,
+                             "model": MODEL_ID, "choices": [choice]}
+                    self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                    self.wfile.flush()
+                    time.sleep(state.args.stream_token_s)
+                    if self._client_gone():
+                        return False
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+            except OSError:  # broken pipe, connection reset: the client went away
+                return False
+            return True
+
     return Handler
 
 
@@ -414,7 +589,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed on stdout)")
-    p.add_argument("--mode", choices=["plain", "leaking", "fixed", "stable", "kv-leaking"], default="plain")
+    p.add_argument("--mode", choices=["plain", "leaking", "fixed", "stable", "kv-leaking", "arena",
+                                      "pinned", "worker-churn"], default="plain")
     p.add_argument("--leak-kib", type=float, default=1024.0,
                    help="KiB kept per request (CPU leak, and GPU with --leak-kind bytes)")
     p.add_argument("--leak-kind", choices=["kept", "escape", "bytes"], default="escape",
@@ -427,7 +603,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="leave glibc malloc as it is (its own caching then adds a few MiB of RSS)")
     p.add_argument("--metrics-flavour", choices=["reference", "sglang", "vllm"], default="reference",
                    help="also publish KV usage under SGLang's or vLLM's metric names")
-    p.add_argument("--kv-capacity", type=int, default=100_000, help="KV pool size in tokens")
+    p.add_argument("--kv-pool-tokens", "--kv-capacity", dest="kv_capacity", type=int, default=100_000,
+                   help="KV pool size in tokens")
+    p.add_argument("--kv-page-size", type=int, default=16,
+                   help="tokens per KV page (SGLang --page-size; vLLM block_size), published in "
+                        "/get_server_info (sglang flavour) and vllm:cache_config_info")
+    p.add_argument("--kv-leak-on", choices=["every", "abort"], default="every",
+                   help="kv-leaking: leak on every request, or only on requests the client abandons mid-stream")
+    p.add_argument("--stream-token-s", type=float, default=0.01, help="seconds between streamed tokens")
+    p.add_argument("--arena-threads", type=int, default=4,
+                   help="arena mode: decode threads started per image (each may get its own malloc arena)")
+    p.add_argument("--churn-after", type=int, default=5, help="worker-churn: requests before the helper starts")
+    p.add_argument("--churn-lifetime", type=float, default=1.5, help="worker-churn: seconds the helper lives")
     p.add_argument("--kv-tokens-per-request", type=int, default=1024, help="KV tokens a request holds")
     p.add_argument("--kv-leak-tokens", type=int, default=200,
                    help="kv-leaking: tokens of each request never returned to the KV pool")
@@ -437,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--api-key", default=os.environ.get("REFERENCE_API_KEY"),
                    help="require this bearer key (default: $REFERENCE_API_KEY; none)")
     args = p.parse_args(argv)
-    if not args.no_malloc_tuning:
+    if not args.no_malloc_tuning and args.mode != "arena":  # arena mode is glibc's defaults
         tune_malloc()
     if args.device == "auto":
         try:
@@ -451,6 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     server = ThreadingHTTPServer((args.host, args.port), make_handler(state))
     server.daemon_threads = True
     host, port = server.server_address[:2]
+    args.bound_port = port
     processor = state.gpu.name if state.gpu else "pillow-numpy (CPU)"
     print(f"reference server listening on http://{host}:{port} mode={args.mode} "
           f"device={args.device} processor={processor} pid={os.getpid()}", flush=True)

@@ -2,6 +2,9 @@
 
 A soak must survive the server it is measuring: errors, timeouts and a server that goes away
 are counted as outcomes (`ok`, `http_error`, `timeout`, `connection`, `other`), never raised.
+Streamed requests read the server-sent events to `data: [DONE]`; a request planned to abort
+closes the connection after its first chunks (`aborted`: the server got it and must release
+what it holds for it, the case real disconnect leaks need).
 The API key is sent in the Authorization header only and appears in no outcome or message.
 """
 
@@ -16,7 +19,7 @@ import requests
 from ..redact import redact_text
 from .workload import PlannedRequest
 
-OUTCOMES = ("ok", "http_error", "timeout", "connection", "other")
+OUTCOMES = ("ok", "aborted", "http_error", "timeout", "connection", "other")
 
 
 @dataclass
@@ -57,12 +60,42 @@ class LoadClient:
     def _clean(self, text: str) -> str:
         return redact_text(text, [self._api_key] if self._api_key else [])[:200]
 
+    def _read_stream(self, req: PlannedRequest, resp: requests.Response, start: float,
+                     limit: float) -> Outcome:
+        """Read SSE chunks until [DONE], the planned abort, or the deadline (raises what
+        requests raises; `send` classifies it)."""
+        chunks = 0
+        try:
+            for line in resp.iter_lines():
+                if time.monotonic() - start > limit:
+                    raise requests.Timeout()
+                if not line.startswith(b"data:"):
+                    continue
+                if line[5:].strip() == b"[DONE]":
+                    return Outcome("ok", resp.status_code, time.monotonic() - start)
+                chunks += 1
+                if req.abort_after_chunks is not None and chunks >= req.abort_after_chunks:
+                    # Close the socket itself: the server sees the client go away mid-stream.
+                    self._local.session = None
+                    return Outcome("aborted", resp.status_code, time.monotonic() - start)
+        finally:
+            resp.close()
+        if chunks and req.abort_after_chunks is None:
+            return Outcome("ok", resp.status_code, time.monotonic() - start)  # no [DONE] sent
+        return Outcome("http_error", resp.status_code, time.monotonic() - start,
+                       "stream ended before any chunk" if not chunks else
+                       "stream ended before the planned abort")
+
     def send(self, req: PlannedRequest, timeout: float | None = None) -> Outcome:
         """Send one request; `timeout` can only shorten the client's own (a --duration deadline)."""
         limit = self.timeout if timeout is None else min(self.timeout, timeout)
         start = time.monotonic()
         try:
-            resp = self._session().post(self.base_url + req.path, json=req.body, timeout=limit)
+            resp = self._session().post(self.base_url + req.path, json=req.body, timeout=limit,
+                                        stream=req.stream)
+            if req.stream and 200 <= resp.status_code < 300 and "event-stream" in resp.headers.get(
+                    "content-type", ""):
+                return self._read_stream(req, resp, start, limit)
         except requests.Timeout:
             return Outcome("timeout", None, time.monotonic() - start, f"no answer in {limit:g} s")
         except requests.ConnectionError as exc:

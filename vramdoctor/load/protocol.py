@@ -1,26 +1,35 @@
-"""The soak protocol: baseline idle, then K identical rounds each followed by an idle window.
+"""The soak protocol: baseline idle, then rounds of identical traffic each followed by an idle
+window; more rounds while a memory layer is undecided.
 
 Every phase boundary is an `Event` in the run file (baseline_start/end, round_start/end,
 idle_start/end), so the analysis finds the windows offline. Bounds always hold: `--duration`
 ends the current phase early (an idle window cut short still yields a level), `--max-requests`
-stops sending. On Ctrl-C the open window is closed with its end event before returning, so a
-partial run keeps every level it measured.
+stops sending. After the first `rounds`, `more_rounds` (the adaptive rule) is asked at the end
+of each idle window which layers are still undecided; while any is and `max_rounds` is not
+reached, another round runs (an `extra_round` event says why). Round hooks run at the end of
+every idle window (the baseline is round 0). `server_died` stops sending at once. On Ctrl-C
+the open window is closed with its end event before returning, so a partial run keeps every
+level it measured.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..model import Event, now
+from ..model import SERVER_DIED, Event, now
 from ..record import RunWriter
 from .client import LoadClient, Outcome
 from .runner import Budget, RoundResult, run_round
 from .workload import PlannedRequest
+
+# (layer, reason) pairs: what is still undecided after a round, for more rounds and the live view.
+Undecided = list[tuple[str, str]]
 
 
 @dataclass
@@ -31,6 +40,8 @@ class ProtocolConfig:
     baseline_s: float | None = None  # default: the idle window
     max_requests: int | None = None
     duration_s: float | None = None
+    max_rounds: int | None = None  # adaptive rounds stop here (None: no extra rounds)
+    abort_fraction: float = 0.0  # recorded per round
 
 
 @dataclass
@@ -40,23 +51,31 @@ class ProtocolState:
     phase: str = "starting"
     round: int = 0
     results: list[RoundResult] = field(default_factory=list)
-    stopped_by: str | None = None  # "interrupt", "max-requests", "duration", "server-gone"
+    # "interrupt", "max-requests", "duration", "server-gone", "server-died", "max-rounds"
+    stopped_by: str | None = None
     phase_ends_at: float | None = None
+    undecided: Undecided = field(default_factory=list)  # after the last idle window
+    server_died: dict[str, Any] | None = None  # the SERVER_DIED event's data
 
 
 Progress = Callable[[ProtocolState], None]
+MoreRounds = Callable[[ProtocolState], Undecided]
+IdleEnd = Callable[[int], None]
 
 
 class Protocol:
-    def __init__(self, cfg: ProtocolConfig, *, client: LoadClient, plan: list[PlannedRequest],
+    def __init__(self, cfg: ProtocolConfig, *, client: LoadClient, plan: Sequence[PlannedRequest],
                  writer: RunWriter, on_result: Callable[[PlannedRequest, Outcome], None] | None = None,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, more_rounds: MoreRounds | None = None,
+                 on_idle_end: IdleEnd | None = None) -> None:
         self.cfg = cfg
         self.client = client
         self.plan = plan
         self.writer = writer
         self.on_result = on_result
         self.progress = progress
+        self.more_rounds = more_rounds
+        self.on_idle_end = on_idle_end
         self.stop = threading.Event()
         self.state = ProtocolState()
         deadline = time.monotonic() + cfg.duration_s if cfg.duration_s else None
@@ -89,6 +108,17 @@ class Protocol:
         if self.progress is not None:
             self.progress(self.state)
 
+    def server_died(self, reason: str, **data: Any) -> None:
+        """The server is gone (connection refused, its process exited): record it once, stop
+        sending; the rest of the run carries no verdict. Thread-safe (the watcher calls it)."""
+        with self._lock:
+            if self.state.server_died is not None:
+                return
+            self.state.server_died = {"reason": reason, **data}
+            self.state.stopped_by = "server-died"
+        self._event(SERVER_DIED, reason=reason, round=self.state.round, phase=self.state.phase, **data)
+        self.stop.set()
+
     def _wait(self, seconds: float) -> None:
         """Idle for `seconds`, cut short by stop or the --duration deadline."""
         left = self.budget.seconds_left()
@@ -103,6 +133,34 @@ class Protocol:
             self._notify()
             self.stop.wait(min(0.25, remaining))  # short waits: Ctrl-C lands promptly
 
+    def _idle_end(self, rnd: int) -> None:
+        if self.on_idle_end is not None and not self.stop.is_set():
+            self.on_idle_end(rnd)
+
+    def _another_round(self, rnd: int) -> bool:
+        """Before round `rnd` beyond the planned ones: is any layer still undecided?"""
+        cfg = self.cfg
+        if cfg.max_rounds is None or self.more_rounds is None:
+            return False
+        if rnd > cfg.max_rounds:
+            if self.state.undecided:
+                self.state.stopped_by = "max-rounds"
+            return False
+        if not self.state.undecided:
+            return False
+        self._event("extra_round", round=rnd,
+                    undecided=[{"layer": layer, "reason": why} for layer, why in self.state.undecided])
+        return True
+
+    def _ask_undecided(self, rnd: int) -> None:
+        if self.more_rounds is None or self.cfg.max_rounds is None or rnd < self.cfg.rounds:
+            return
+        try:
+            self.state.undecided = list(self.more_rounds(self.state))
+        except Exception as exc:  # the analysis must not end the measurement
+            self.state.undecided = []
+            self._event("source_error", source="adaptive-rounds", error=f"{type(exc).__name__}: {exc}"[:300])
+
     def run(self) -> ProtocolState:
         """Run the protocol; KeyboardInterrupt propagates after the open window is closed."""
         cfg = self.cfg
@@ -112,8 +170,11 @@ class Protocol:
             self._notify()
             self._wait(cfg.baseline_s if cfg.baseline_s is not None else cfg.idle_s)
             self._end()
-            for rnd in range(1, cfg.rounds + 1):
-                if self.stop.is_set():
+            self._idle_end(0)
+            rnd = 0
+            while not self.stop.is_set():
+                rnd += 1
+                if rnd > cfg.rounds and not self._another_round(rnd):
                     break
                 if self.budget.exhausted():
                     self.state.stopped_by = (
@@ -129,7 +190,8 @@ class Protocol:
                 self.state.results.append(res)
                 self._end(sent=res.sent, outcomes=dict(res.outcomes),
                           complete=res.sent == len(self.plan), errors=res.errors,
-                          latency_p50_s=_p50(res.latencies))
+                          latency_p50_s=_p50(res.latencies), streamed=res.streamed,
+                          aborted=res.outcomes["aborted"], abort_fraction=cfg.abort_fraction)
                 if self.stop.is_set():
                     break
                 self.state.phase = "idle"
@@ -138,14 +200,16 @@ class Protocol:
                 self._wait(cfg.idle_s)
                 self._end()
                 if res.sent and res.outcomes["connection"] == res.sent:
-                    self.state.stopped_by = "server-gone"
-                    self._event("server_gone", round=rnd)
+                    self.server_died("connection refused", requests=res.sent)
                     break
+                self._idle_end(rnd)
+                self._ask_undecided(rnd)
             self.state.phase = "done"
             self._notify()
         except KeyboardInterrupt:
             self.stop.set()
-            self.state.stopped_by = "interrupt"
+            if self.state.stopped_by != "server-died":
+                self.state.stopped_by = "interrupt"
             if self._open is not None and self._open[0] == "round":
                 with self._lock:
                     counts = dict(self.round_outcomes)
@@ -155,7 +219,8 @@ class Protocol:
             self._event("interrupted", round=self.state.round)
             raise
         finally:
-            self._end()
+            with contextlib.suppress(Exception):
+                self._end()
         return self.state
 
 

@@ -11,7 +11,7 @@ import contextlib
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..model import REACHED_SERVER
@@ -54,6 +54,7 @@ class RoundResult:
     outcomes: Counter[str] = field(default_factory=Counter)
     latencies: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # a few distinct messages
+    streamed: int = 0  # requests sent as streams (aborted ones included)
 
     @property
     def ok(self) -> int:
@@ -66,7 +67,7 @@ class RoundResult:
 
 def run_round(
     client: LoadClient,
-    requests: list[PlannedRequest],
+    requests: Sequence[PlannedRequest],
     *,
     concurrency: int,
     budget: Budget,
@@ -94,6 +95,7 @@ def run_round(
             outcome = client.send(req, timeout=None if left is None else max(0.05, left))
             with lock:
                 result.sent += 1
+                result.streamed += int(req.stream)
                 result.outcomes[outcome.kind] += 1
                 result.latencies.append(outcome.latency_s)
                 if outcome.detail and len(result.errors) < 5 and outcome.detail not in result.errors:

@@ -145,3 +145,83 @@ def roles(found: ServerProcesses, peers: dict[int, str] | None = None) -> dict[i
     for pid in peers or {}:
         out.setdefault(pid, "gpu-peer")
     return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return psutil.pid_exists(pid)
+
+
+def port_refuses(url: str, timeout: float = 1.0) -> bool:
+    """True when a TCP connect to the URL's port is refused (nobody listens there any more);
+    False when it connects or the answer is anything else (a timeout proves nothing)."""
+    parts = urlsplit(url if "://" in url else "http://" + url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", url_port(url)), timeout=timeout):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+
+
+class ServerWatch:
+    """The server's life during a soak: which pid owns the port, which processes its tree holds.
+
+    `check()` (about once a second) returns the events to record, as (name, data) pairs with
+    the names of `vramdoctor.model`: PROCESS_APPEARED / PROCESS_EXITED for the tree (workers,
+    compile helpers, a second server that fails to bind), SERVER_REPLACED when a new pid owns
+    the port, SERVER_DIED when the port owner is gone and nothing listens (local), or the port
+    refuses connections twice in a row (a remote server). `tree` is the current pid -> name.
+    """
+
+    def __init__(self, url: str, found: ServerProcesses) -> None:
+        self.url = url
+        self.port = url_port(url)
+        self.local = found.found
+        self.remote = found.remote
+        self.roots: list[int] = list(found.root_pids)
+        self.tree: dict[int, str] = dict(found.tree)
+        self.dead = False
+        self._refused = 0
+
+    def check(self) -> list[tuple[str, dict[str, object]]]:
+        from ..model import PROCESS_APPEARED, PROCESS_EXITED, SERVER_DIED, SERVER_REPLACED
+
+        if self.dead:
+            return []
+        events: list[tuple[str, dict[str, object]]] = []
+        if not self.local:
+            self._refused = self._refused + 1 if port_refuses(self.url) else 0
+            if self._refused >= 2:
+                self.dead = True
+                events.append((SERVER_DIED, {"reason": "connection refused", "pid": None}))
+            return events
+        owners, _ = listening_pids(self.port)
+        alive_roots = [p for p in self.roots if _alive(p)]
+        if owners and set(owners) != set(self.roots):
+            gone = [p for p in self.roots if p not in owners]
+            if not alive_roots or gone:
+                events.append((SERVER_REPLACED, {"old_pid": self.roots[0] if self.roots else None,
+                                                 "new_pid": owners[0]}))
+            self.roots = owners
+        tree = process_tree(self.roots) if self.roots else {}
+        for pid, name in sorted(tree.items()):
+            if pid not in self.tree:
+                events.append((PROCESS_APPEARED, {"pid": pid, "name": name, "role": "child"}))
+        for pid, name in sorted(self.tree.items()):
+            if pid not in tree:
+                events.append((PROCESS_EXITED, {"pid": pid, "name": name}))
+        self.tree = tree
+        if not owners and not any(_alive(p) for p in self.roots):
+            self.dead = True
+            events.append((SERVER_DIED, {"reason": "process gone", "pid": self.roots[0] if self.roots else None}))
+        elif not owners:
+            self._refused = self._refused + 1 if port_refuses(self.url) else 0
+            if self._refused >= 3:  # alive but closed its port for good (a hung shutdown)
+                self.dead = True
+                events.append((SERVER_DIED, {"reason": "connection refused",
+                                             "pid": self.roots[0] if self.roots else None}))
+        return events

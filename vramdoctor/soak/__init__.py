@@ -1,0 +1,43 @@
+"""Soak as a library: run a soak from a config object, analyse a recorded run.
+
+    from vramdoctor.soak import SoakConfig, run_soak
+    outcome = run_soak(SoakConfig(url="http://127.0.0.1:30000", rounds=4, requests=30))
+    outcome.exit_code, outcome.run_path, outcome.analysis
+
+`run_soak` identifies the server, samples every memory layer it can reach (GPU by NVML or an
+exporter, host memory by kind, the server's KV pool from /metrics) into a run file, runs the
+load-then-idle protocol (more rounds while a layer is undecided), watches the server's life
+and returns a `SoakOutcome`. `analyse_soak` analyses recorded records again (pure);
+`analyse_run` does so for a `vramdoctor.record.Run`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .analyse import analyse_run, undecided_layers
+from .config import DEFAULT_MAX_ROUNDS, SoakConfig
+from .runner import RoundHook, SoakOutcome, default_run_path, run_soak
+
+
+def analyse_soak(records: list[Any], header: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+    """The per-layer soak analysis of a run's records (`vramdoctor.analysis.soak`); pure."""
+    from ..analysis import soak as mod
+
+    fn = getattr(mod, "analyse_soak", None)
+    if fn is not None:
+        return fn(records, header, **kwargs)
+    return mod.analyse(records, header=header, **kwargs)
+
+
+__all__ = [
+    "DEFAULT_MAX_ROUNDS",
+    "RoundHook",
+    "SoakConfig",
+    "SoakOutcome",
+    "analyse_run",
+    "analyse_soak",
+    "default_run_path",
+    "run_soak",
+    "undecided_layers",
+]

@@ -1,0 +1,367 @@
+"""Run a soak from a `SoakConfig`: identify the server, wire the sources into the collector
+and the run file, watch the server's life, run the protocol (with adaptive rounds), analyse.
+
+Library code: nothing is printed; what a user should know goes through `notify` (the CLI
+prints it on stderr). Ctrl-C (KeyboardInterrupt) stops sending, closes the run file as
+`interrupted` and still analyses what was measured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets as _secrets
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+from typing import Protocol as TypingProtocol
+
+from ..errors import ExitCode, InputError, SourceUnavailable
+from ..load.client import LoadClient, Outcome
+from ..load.images import PromptImage, generate_images, load_image_dir, parse_image_size
+from ..load.protocol import Protocol, ProtocolConfig, ProtocolState
+from ..load.workload import PlannedRequest, build_requests
+from ..model import SERVER_DIED, Event, GpuSample, MetricsSample, now
+from ..record import RunWriter, make_header, read_run
+from ..redact import redact_url
+from ..sources.collector import Collector
+from ..sources.discover import ServerWatch, discover_server, gpu_peers, roles
+from ..sources.host import HostSource, host_memory
+from ..sources.server_info import ServerInfo, base_url, identify
+from .analyse import analyse_run, is_leak, undecided_layers
+from .config import SoakConfig
+
+INTERRUPTED = 130
+
+
+class RoundHook(TypingProtocol):
+    """Called at the END of each idle window (round 0 = the baseline) with the round index and
+    the run directory (the run file's folder), on the protocol's thread; a hook that raises is
+    recorded as a `source_error` event and the soak goes on. E.g. allocator snapshots."""
+
+    def __call__(self, round_index: int, run_dir: Path) -> None: ...
+
+
+Notify = Callable[[str], None]
+
+
+@dataclass
+class SoakOutcome:
+    """What a soak run gave: where its data is, how it ended, and the analysis.
+
+    `status`: complete, interrupted or failed (the run file's end mark). `stopped_by`: why the
+    protocol stopped early (interrupt, duration, max-requests, max-rounds, server-died) or None.
+    `server_died`: the SERVER_DIED data (reason, pid, round) when the server died. `analysis`:
+    the soak analysis of the run file (`vramdoctor.analysis.soak`).
+    """
+
+    run_path: Path
+    status: str
+    stopped_by: str | None
+    rounds: int
+    server: ServerInfo
+    server_died: dict[str, Any] | None = None
+    undecided: list[tuple[str, str]] = field(default_factory=list)
+    production_rate_rps: float | None = None
+    notes: list[str] = field(default_factory=list)
+    analysis: Any = None
+
+    @property
+    def exit_code(self) -> int:
+        """130 interrupted; 1 when a layer leaks or the server died (a dead server is never
+        healthy); else 0."""
+        if self.status == "interrupted":
+            return INTERRUPTED
+        if self.server_died is not None or self.status == "failed":
+            return int(ExitCode.PROBLEM)
+        return int(ExitCode.PROBLEM) if self.analysis is not None and is_leak(self.analysis) else int(ExitCode.OK)
+
+
+def default_run_path(now_utc: datetime | None = None) -> Path:
+    """runs/soak-<UTC time>-<pid>-<random>.jsonl: two soaks started in the same second (one
+    script soaking several servers) never pick the same name; the file is created exclusively."""
+    stamp = (now_utc or datetime.now(timezone.utc)).strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"soak-{stamp}-{os.getpid()}-{_secrets.token_hex(3)}.jsonl"
+
+
+def prompt_images(cfg: SoakConfig) -> list[PromptImage]:
+    if cfg.text_only or cfg.api == "completions":
+        return []
+    if cfg.image_dir:
+        return load_image_dir(cfg.image_dir)
+    return generate_images([parse_image_size(s) for s in cfg.image_sizes], cfg.seed)
+
+
+def _gpu_source(cfg: SoakConfig, remote: bool) -> tuple[Any, str | None]:
+    """(source or None, note). --gpu-metrics wins; else NVML when the server is on this host."""
+    if cfg.gpu_metrics:
+        from ..sources.exporter import ExporterSource
+
+        src = ExporterSource(cfg.gpu_metrics)
+        src.sample()  # fail now, with its one line, if it is not an exporter
+        return src, None
+    if remote:
+        return None, ("server is on another host and no --gpu-metrics was given: GPU memory is "
+                      "not measured (pass --gpu-metrics http://HOST:9400/metrics)")
+    try:
+        from ..sources.nvml import NvmlSource
+
+        return NvmlSource(list(cfg.gpus) if cfg.gpus else None).open(), None
+    except SourceUnavailable as exc:
+        return None, f"no GPU memory from NVML: {exc}"
+
+
+class _Roles:
+    """pid -> role for the host sampler: the watched server tree, GPU peers, --pid extras."""
+
+    def __init__(self, watch: ServerWatch, found: Any, extra_pids: Iterable[int]) -> None:
+        self.watch = watch
+        self.found = found
+        self.extra = list(extra_pids)
+        self.peers: dict[int, str] = {}
+        self.last_gpu_sample: GpuSample | None = None
+        self._lock = threading.Lock()
+
+    def on_sample(self, _name: str, record: Any) -> None:
+        if isinstance(record, GpuSample):
+            self.last_gpu_sample = record
+
+    def __call__(self) -> dict[int, str]:
+        with self._lock:
+            self.found.root_pids = list(self.watch.roots)
+            self.found.tree = dict(self.watch.tree)
+            if self.last_gpu_sample is not None:
+                # Not found (a container behind a port forwarder): every process on the GPUs.
+                self.peers = gpu_peers(self.last_gpu_sample, self.found.tree)
+            out = roles(self.found, self.peers)
+        for pid in self.extra:
+            out.setdefault(pid, "watched")
+        return out
+
+
+class _BaselineTraffic:
+    """The server's own request counter during the baseline (before soak sends anything):
+    the production rate projections use when the user gives none."""
+
+    def __init__(self) -> None:
+        self.points: list[tuple[float, float]] = []
+        self.open = True
+
+    def on_sample(self, _name: str, record: Any) -> None:
+        if self.open and isinstance(record, MetricsSample) and record.requests_total is not None:
+            self.points.append((record.t, record.requests_total))
+
+    def rate(self) -> tuple[float | None, dict[str, Any]]:
+        self.open = False
+        if len(self.points) < 2:
+            return None, {"samples": len(self.points)}
+        (t0, n0), (t1, n1) = self.points[0], self.points[-1]
+        data = {"samples": len(self.points), "requests": n1 - n0, "seconds": t1 - t0}
+        if t1 - t0 <= 0 or n1 < n0:  # a counter reset (restart) says nothing about the rate
+            return None, data
+        rate = (n1 - n0) / (t1 - t0)
+        data["rate_rps"] = rate
+        return (rate if rate > 0 else None), data
+
+
+def run_soak(
+    config: SoakConfig,
+    *,
+    hooks: Sequence[RoundHook] = (),
+    notify: Notify | None = None,
+    progress: Callable[[ProtocolState], None] | None = None,
+    on_result: Callable[[PlannedRequest, Outcome], None] | None = None,
+    on_sample: Callable[[str, Any], None] | None = None,
+    argv: list[str] | None = None,
+    before_run: Callable[[Protocol], Any] | None = None,
+) -> SoakOutcome:
+    """Run a soak and analyse it.
+
+    Raises InputError / SourceUnavailable (one-line messages) before anything is recorded
+    when the settings or the server cannot be used. `hooks` run at the end of each idle
+    window; `notify` receives notes for the user; `progress`, `on_result` and `on_sample` feed
+    a live view; `before_run(protocol)` may return a context manager entered around the
+    protocol (the CLI's live display). KeyboardInterrupt is caught: the outcome then has
+    status "interrupted".
+    """
+    cfg = config.validate()
+    say: Notify = notify or (lambda _m: None)
+    key = cfg.resolved_api_key
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    images = prompt_images(cfg)
+    run_path = cfg.out or default_run_path()
+    if run_path.exists():
+        raise InputError(f"run file {run_path} already exists; choose another --out")
+
+    # --- what is the server (before sending anything) ---------------------------------------
+    base = base_url(cfg.url)
+    info = identify(base, headers, model=cfg.model)
+    say(f"server: {info.describe()} at {redact_url(base)}")
+    for note in info.notes:
+        say(note)
+    send_model = cfg.model or info.model or "default"
+    plan = build_requests(cfg.requests, model=send_model, images=images, max_tokens=cfg.max_tokens,
+                          text_only=cfg.text_only, api=cfg.api, stream=cfg.stream,
+                          abort_fraction=cfg.abort_fraction)
+
+    # --- sources ----------------------------------------------------------------------------
+    found = discover_server(base)
+    watch = ServerWatch(base, found)
+    roles_fn = _Roles(watch, found, cfg.pids)
+    gpu_src, gpu_note = _gpu_source(cfg, found.remote)
+    notes = [n for n in info.notes]
+    if gpu_note:
+        say(gpu_note)
+        notes.append(gpu_note)
+    if found.found:
+        say("server processes: " + ", ".join(f"{p} ({n})" for p, n in sorted(found.tree.items())))
+    elif found.reason:
+        say(f"server processes not found: {found.reason}")
+        notes.append(found.reason)
+    sources: dict[str, Any] = {}
+    if gpu_src is not None:
+        sources["gpu"] = gpu_src
+    if found.found or cfg.pids or (gpu_src is not None and not found.remote):
+        sources["host"] = HostSource(roles_fn)
+    if not sources:
+        raise SourceUnavailable(
+            "nothing to measure: no GPU source and the server's processes are not on this host; "
+            "pass --gpu-metrics http://HOST:9400/metrics (dcgm-exporter or nvitop-exporter)")
+    try:
+        from ..sources.server_metrics import ServerMetricsSource
+
+        msrc = ServerMetricsSource(base, headers=headers, page_size_tokens=info.page_size_tokens)
+        msrc.sample()
+        sources["metrics"] = msrc
+    except SourceUnavailable as exc:
+        note = f"no server /metrics ({exc}): the KV-pool layer is not measured; memory only"
+        say(note)
+        notes.append(note)
+
+    devices: list[dict[str, Any]] = []
+    if gpu_src is not None and hasattr(gpu_src, "devices"):
+        with contextlib.suppress(Exception):
+            devices = gpu_src.devices()
+    record_cfg = cfg.to_record()
+    record_cfg.update({
+        "baseline_s": cfg.baseline, "idle_s": cfg.idle_s, "model": send_model,
+        "images": [img.label for img in images], "sources": sorted(sources),
+        "server": info.to_dict(), "server_pids": found.root_pids,
+        "server_tree": {str(k): v for k, v in found.tree.items()}, "notes": notes,
+        "max_rounds": cfg.rounds_cap,
+    })
+    # Imported before the run file exists: scipy takes a second to import, and a Ctrl-C in that
+    # second must land inside the try below (partial report, run file closed), not before it.
+    from ..analysis import soak as _analysis  # noqa: F401
+
+    header = make_header("soak", argv=argv, target=base, gpus=devices, config=record_cfg,
+                         secrets=[key] if key else [])
+    writer = RunWriter(run_path, header)
+    run_dir = run_path.parent
+
+    ticks = [0]
+
+    def extra() -> list[Any]:
+        ticks[0] += 1
+        if ticks[0] % 20 != 1:
+            return []
+        mono, wall = now()
+        return [{"kind": "host_memory", "t": mono, "wall": wall, **host_memory()}]
+
+    collector = Collector(writer, sources, interval=cfg.interval_s, extra=extra)
+    collector.add_listener(roles_fn.on_sample)
+    baseline_traffic = _BaselineTraffic()
+    collector.add_listener(baseline_traffic.on_sample)
+    if on_sample is not None:
+        collector.add_listener(on_sample)
+    client = LoadClient(base, key, timeout=cfg.timeout_s)
+    proto_cfg = ProtocolConfig(rounds=cfg.rounds, concurrency=cfg.concurrency, idle_s=cfg.idle_s,
+                               baseline_s=cfg.baseline, max_requests=cfg.max_requests,
+                               duration_s=cfg.duration_s,
+                               max_rounds=cfg.rounds_cap if cfg.adapt else None,
+                               abort_fraction=cfg.abort_fraction)
+    production = [cfg.production_rate_rps]
+
+    def more_rounds(_state: ProtocolState) -> list[tuple[str, str]]:
+        run = read_run(run_path)
+        return undecided_layers(analyse_run(run, production_rate_rps=production[0]))
+
+    def on_idle_end(rnd: int) -> None:
+        if rnd == 0:
+            rate, data = baseline_traffic.rate()
+            writer.write(Event(*now(), name="baseline_traffic", data=data))
+            if production[0] is None and rate is not None:
+                production[0] = rate
+                say(f"production rate from the server's own counters during the baseline: "
+                    f"{rate * 3600:.0f} requests/hour")
+        for hook in hooks:
+            try:
+                hook(rnd, run_dir)
+            except Exception as exc:  # a hook must not end the measurement
+                writer.write(Event(*now(), name="source_error", data={
+                    "source": f"round-hook {getattr(hook, '__name__', type(hook).__name__)}",
+                    "error": f"{type(exc).__name__}: {exc}"[:300]}))
+
+    protocol = Protocol(proto_cfg, client=client, plan=plan, writer=writer, on_result=on_result,
+                        progress=progress, more_rounds=more_rounds if cfg.adapt else None,
+                        on_idle_end=on_idle_end)
+
+    stop_watch = threading.Event()
+
+    def watch_loop() -> None:
+        while not stop_watch.wait(min(1.0, max(0.2, cfg.interval_s * 2))):
+            try:
+                events = watch.check()
+            except Exception:
+                continue
+            for name, data in events:
+                if name == SERVER_DIED:
+                    protocol.server_died(str(data.get("reason")), pid=data.get("pid"))
+                else:
+                    writer.write(Event(*now(), name=name, data=dict(data)))
+
+    watcher = threading.Thread(target=watch_loop, name="vramdoctor-server-watch", daemon=True)
+    status = "complete"
+    try:
+        collector.tick()  # one sample before anything else: the first point of every series
+        collector.start()
+        watcher.start()
+        ctx = before_run(protocol) if before_run is not None else None
+        with ctx if ctx is not None else contextlib.nullcontext():
+            protocol.run()
+    except KeyboardInterrupt:
+        status = "interrupted"
+        say("interrupted: stopped sending; reporting on what was measured")
+    finally:
+        protocol.stop.set()
+        stop_watch.set()
+        collector.stop()
+        with contextlib.suppress(Exception):
+            collector.tick()
+        with contextlib.suppress(Exception):  # a death seen only now (e.g. during the last idle)
+            for name, data in watch.check():
+                if name == SERVER_DIED:
+                    protocol.server_died(str(data.get("reason")), pid=data.get("pid"))
+        stopped = protocol.state.stopped_by
+        if stopped and stopped != "interrupt":
+            writer.write(Event(*now(), name="stopped", data={"by": stopped}))
+        writer.close(status, stopped_by=stopped)
+        for src in sources.values():
+            with contextlib.suppress(Exception):
+                src.close()
+    state = protocol.state
+    if state.server_died is not None:
+        say(f"the server died ({state.server_died.get('reason')}) in round {state.round}: "
+            "no request was sent after it; the rounds it cut short carry no verdict")
+    elif state.stopped_by == "max-rounds" and state.undecided:
+        say("still undecided after --max-rounds: " + "; ".join(f"{layer}: {why}" for layer, why in state.undecided))
+    run = read_run(run_path)
+    analysis = analyse_run(run, production_rate_rps=production[0])
+    return SoakOutcome(run_path=run_path, status=run.status if run.end else status,
+                       stopped_by=state.stopped_by, rounds=len(state.results), server=info,
+                       server_died=state.server_died, undecided=list(state.undecided),
+                       production_rate_rps=production[0], notes=notes, analysis=analysis)
+
