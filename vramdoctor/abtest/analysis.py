@@ -68,14 +68,15 @@ def _variant_summary(name: str, recs: dict[str, list[dict[str, Any]]]) -> dict[s
     context = (recs.get("abtest.context") or [{}])[0]
     requests = recs.get("abtest.request", [])
     rounds = sorted(recs.get("abtest.round", []), key=lambda r: r["round"])
-    idle = (recs.get("abtest.idle") or [None])[-1]
+    idles = recs.get("abtest.idle") or []
+    idle = idles[-1] if idles else None
     errors = recs.get("abtest.error", [])
     status = end.get("status") or ("error" if errors else ("incomplete" if requests else "not run"))
     raw_context = context.get("context_mib")
     # NVML attributes memory to our PID unless the worker ran in another PID namespace; then
     # every figure falls back to PyTorch's reserved memory (the allocator's view, no context).
     nvml_ok = raw_context is not None and all(r.get("nvml_mib") is not None for r in [*requests, *rounds])
-    context_mib = float(raw_context) if nvml_ok else None
+    context_mib = float(raw_context) if nvml_ok and raw_context is not None else None
     requests_t = [r for r in requests if r.get("latency_ms") is not None]
     latencies = [float(r["latency_ms"]) for r in requests_t]
 

@@ -19,7 +19,7 @@ from typing import Any
 from .protocol import stream
 from .variants import Variant
 
-Sink = Callable[[dict[str, Any]], None]
+Sink = Callable[[dict[str, Any]], object]  # e.g. RunWriter.write (its return value is ignored)
 
 
 @dataclass
@@ -62,14 +62,16 @@ def run_one(
 ) -> VariantOutcome:
     """Run one variant to completion; records go to `sink` tagged {"variant": name}."""
     cmd = [*(command or worker_command()), json.dumps({**config, "variant": variant.to_dict()})]
-    seen = {"error": None, "done": False}
+    errors: list[str] = []
+    done = False
 
     def on_record(record: dict[str, Any]) -> None:
+        nonlocal done
         kind = record.pop("kind", "?")
         if kind == "error":
-            seen["error"] = str(record.get("message"))
+            errors.append(str(record.get("message")))
         elif kind == "done":
-            seen["done"] = True
+            done = True
         sink({"kind": f"abtest.{kind}", "variant": variant.name, **record})
 
     def on_start(pid: int) -> None:
@@ -78,8 +80,8 @@ def run_one(
 
     rc, tail, timed_out = stream(cmd, on_record, env=variant_env(variant), timeout_s=timeout_s,
                                  on_start=on_start)
-    error = seen["error"]
-    if seen["done"] and rc == 0:
+    error: str | None = errors[-1] if errors else None
+    if done and rc == 0:
         status = "ok"
     elif timed_out and error is None:
         status, error = "timeout", f"no result within {timeout_s:.0f} s"

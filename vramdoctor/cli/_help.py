@@ -29,7 +29,8 @@ def _label(param: Any) -> str | None:
         annotation = args[0]
     if getattr(desc, "is_path", False):
         return "PATH"
-    return {int: "INTEGER", float: "NUMBER", str: "TEXT", bool: None}.get(annotation, "VALUE")  # type: ignore[call-overload]
+    names: dict[Any, str | None] = {int: "INTEGER", float: "NUMBER", str: "TEXT", bool: None}
+    return names.get(annotation, "VALUE")
 
 
 def _fix(param: Any) -> Any:
