@@ -13,6 +13,7 @@ import typer
 from ..errors import ExitCode, InputError
 from ..model import Event
 from ..report import console
+from ..watch.exporter import parse_listen
 from ..watch.runner import Watcher, WatchOptions
 from ..watch.state import WatchConfig, WatchResult
 from . import app
@@ -86,6 +87,7 @@ def watch_cmd(
 
       vramdoctor watch --gpu-metrics http://gpu-host:9400/metrics --duration 1h --json
     """
+    parse_listen(listen)  # refuse a bad address before measuring anything
     interval_s = parse_duration(interval, "--interval")
     window_s = parse_duration(window, "--window")
     bucket_s = parse_duration(bucket, "--bucket")

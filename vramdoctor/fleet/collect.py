@@ -81,6 +81,7 @@ KV_QUERIES: tuple[KvQuery, ...] = (
             "vllm:num_requests_running", "vllm:num_requests_waiting"),
 )
 
+_PORT = re.compile(r":\d+$")
 _MATCH = re.compile(r'^\s*[A-Za-z_][A-Za-z0-9_]*\s*(=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*"\s*$')
 
 
@@ -109,11 +110,14 @@ def _selector(name: str, matchers: list[str]) -> str:
 
 
 def host_of(labels: dict[str, str]) -> str:
-    """dcgm-exporter `Hostname` (releases) or `hostname` (main), nvitop `hostname`, else `instance`."""
-    for key in ("Hostname", "hostname", "instance"):
+    """dcgm-exporter `Hostname` (releases) or `hostname` (main), nvitop `hostname`, else `instance` without its port."""
+    for key in ("Hostname", "hostname"):
         value = labels.get(key)
         if value:
             return value
+    instance = labels.get("instance")
+    if instance:
+        return _PORT.sub("", instance)  # the host, so several exporters of one host line up
     return "?"
 
 

@@ -76,7 +76,10 @@ def chart(row: FleetRow, directory: Path) -> Path:
     """A PNG of one series: its level, the comparable points and the fitted growth."""
     if row.t is None or row.v is None:
         raise InputError(f"no history kept for {row.key}")
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise InputError("--charts needs matplotlib: pip install 'vramdoctor[charts]'") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -118,10 +118,11 @@ class PrometheusClient:
         url = self.base + "/api/v1/label/__name__/values"
         try:
             resp = self._session.get(url, params=data, timeout=self.timeout_s)
-            body = resp.json()
         except requests.exceptions.RequestException:
             raise SourceUnavailable(f"cannot connect to Prometheus at {self.shown_url}: is it running, and is the port right?") from None
-        except ValueError:
+        try:
+            body = resp.json()
+        except ValueError:  # requests' JSONDecodeError is a ValueError
             raise SourceUnavailable(f"{self.shown_url} did not answer as a Prometheus server (no JSON from /api/v1/label/__name__/values)") from None
         if not isinstance(body, dict) or body.get("status") != "success":
             raise SourceUnavailable(f"Prometheus at {self.shown_url} could not list its metric names")
