@@ -318,6 +318,22 @@ def test_the_same_growth_with_a_flat_arena_count_is_a_host_leak() -> None:
     assert "arena count flat" in soak_json(res)["layers"]["host"]["summary"]
 
 
+def test_arenas_added_every_other_round_still_explain_the_growth() -> None:
+    recs = synth(caching(50.0), rounds=10, n=30, host_level=lambda k, f: 900.0 + 24.0 * k,
+                 host_kinds={"anon": lambda k, f: 500.0 + 24.0 * k}, arenas=lambda k, f: 2 + (k + 1) // 2)
+    assert analyse_soak(recs, {"cpu_count": 16}).layers["host"].verdict == CACHING
+
+
+def test_growth_that_goes_on_after_the_arenas_stop_appearing_is_a_leak() -> None:
+    # Arenas appear in rounds 1-3 (the first connections), then the count is flat while the
+    # heap keeps growing 24 MiB a round: that is not the arenas.
+    recs = synth(caching(50.0), rounds=8, n=30, host_level=lambda k, f: 900.0 + 24.0 * k,
+                 host_kinds={"anon": lambda k, f: 500.0 + 24.0 * k}, arenas=lambda k, f: 2 + min(k, 3))
+    res = analyse_soak(recs, {"cpu_count": 16})
+    assert res.layers["host"].verdict == LEAK
+    assert "beyond what new malloc arenas explain" in soak_json(res)["layers"]["host"]["summary"]
+
+
 def test_growth_beyond_what_new_arenas_reserve_is_a_leak() -> None:
     # 200 MiB a round with one new 64 MiB arena a round: more than the arenas can hold.
     res = analyse_soak(_arena_run(growth_per_round=200.0), {"cpu_count": 16})
@@ -420,6 +436,16 @@ def test_kv_samples_with_running_requests_are_not_settled_levels() -> None:
             r.kv[0].running_requests = 1.0
             r.kv[0].used_tokens = 5000.0
     assert analyse_soak(recs).layers["kv"].verdict == STABLE
+
+
+def test_a_kv_pool_that_is_never_idle_is_undecided_and_says_why() -> None:
+    recs = synth(flat(), kv={"full": flat(0.0)}, kv_page=64)
+    for r in recs:
+        if isinstance(r, MetricsSample):
+            r.kv[0].queued_requests = 2.0  # production traffic keeps it busy
+    res = analyse_soak(recs)
+    assert res.layers["kv"].verdict == INCONCLUSIVE
+    assert res.undecided_layers() == {"kv": "never_idle"}
 
 
 def test_ratio_only_kv_uses_the_pool_size_when_known_and_never_a_2_percent_floor() -> None:

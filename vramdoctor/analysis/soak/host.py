@@ -7,16 +7,15 @@ as new arenas appear, bounded by the arena cap. That is allocator caching, not a
 stops at the cap and vanishes with MALLOC_ARENA_MAX=2 or jemalloc. PyTorch's pinned host
 memory (CUDA host allocations) shows as RssShmem and is cached the same way as VRAM.
 
-So an RSS series that grows is explained as arena caching when every round that grew also
-gained arenas, and the anonymous growth fits in what the new arenas reserve; growth in rounds
-that gained no arena, or beyond the new arenas' reservation, stays a leak. Where the kinds or
+So an RSS series that grows is explained as arena caching when the arena count rose, the
+anonymous growth fits in what the new arenas reserve, and growth did not go on for two rounds
+after the last round that added an arena; growth with the arena count flat, or beyond the new
+arenas' reservation, stays a leak. Where the kinds or
 the arenas could not be read (another user, a container), the verdict is on RSS, with the
 missing part as a caveat.
 """
 
 from __future__ import annotations
-
-import itertools
 
 from .results import (
     C_NO_ARENAS,
@@ -54,7 +53,9 @@ def _growth(s: SeriesResult | None) -> float | None:
 
 def _arena_explains(rss: SeriesResult, anon: SeriesResult | None, arenas: SeriesResult,
                     reserved: SeriesResult | None) -> bool:
-    """Every round that grew gained arenas, and the growth fits in the new arenas' reserve."""
+    """Growth that new malloc arenas explain: the arena count rose, the (anonymous) growth
+    fits in what the arenas reserve, and it did not go on for two rounds after the last round
+    that added an arena (growth with the arena count flat is not the arenas)."""
     grow = anon if anon is not None and anon.settled_rounds >= 2 else rss
     g = _pairs(grow)
     a = _pairs(arenas)
@@ -69,12 +70,14 @@ def _arena_explains(rss: SeriesResult, anon: SeriesResult | None, arenas: Series
     if a1 <= a0 or g1 - g0 <= 0:
         return False
     h = grow.threshold or rss.threshold
-    for (ga, aa, _), (gb, ab, _) in itertools.pairwise(rows):
-        if gb - ga > h and ab <= aa:
-            return False  # it grew in a round that gained no arena: not the arenas
-    if r0 is not None and r1 is not None:
-        return g1 - g0 <= (r1 - r0) + h
-    return False
+    last_rise = max(i for i in range(1, len(rows)) if rows[i][1] > rows[i - 1][1]) if any(
+        rows[i][1] > rows[i - 1][1] for i in range(1, len(rows))) else 0
+    grew_after = sum(1 for i in range(last_rise + 1, len(rows)) if rows[i][0] - rows[i - 1][0] > h)
+    if grew_after >= 2:
+        return False  # kept growing for rounds after glibc stopped adding arenas
+    if r0 is None or r1 is None:
+        return False
+    return g1 - g0 <= (r1 - r0) + h
 
 
 def host_layer(series: list[SeriesResult], life: int, available_mib: float | None,

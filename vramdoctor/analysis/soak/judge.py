@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .results import R_TRANSIENT, SeriesResult, Thresholds, Window
+from .results import KV, R_NEVER_IDLE, R_NO_LEVEL, R_TRANSIENT, SeriesResult, Thresholds, Window
 from .series import Series, appeared_from_zero, late, settled_levels
 from .stats import SeriesFit, classify_series
 
@@ -80,6 +80,9 @@ def judge(s: Series, windows: list[Window], lr: LifeRounds, th: Thresholds) -> S
         settled[i] = v
     decides = True
     reason = fit.reason
+    if s.layer == KV and reason == R_NO_LEVEL and any(
+            late(s.points, w, frac) for w in windows if w.kind == "idle" and w.round in lr.rounds):
+        reason = R_NEVER_IDLE  # samples at idle, but every one with requests running or queued
     if s.kind in PROCESS_KINDS and present < 2:
         decides = False
         reason = R_TRANSIENT

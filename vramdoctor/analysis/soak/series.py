@@ -15,6 +15,7 @@ Values that are not finite (NaN from a broken exporter, inf) are skipped, never 
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -188,11 +189,13 @@ def extract_series(records: list[Any]) -> dict[str, Series]:
 
 
 def late(values: list[tuple[float, float]], w: Window, fraction: float) -> list[float]:
-    """Samples of the last `fraction` of a closed window."""
+    """Samples of the last `fraction` of a closed window (`values` in time order)."""
     if w.end is None:
         return []
     start = w.end - (w.end - w.start) * fraction
-    return [v for t, v in values if start <= t <= w.end]
+    lo = bisect.bisect_left(values, (start, -math.inf))
+    hi = bisect.bisect_right(values, (w.end, math.inf))
+    return [v for _, v in values[lo:hi]]
 
 
 def settled_levels(
