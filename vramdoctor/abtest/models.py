@@ -81,8 +81,9 @@ def _model_type_of(directory: Path) -> str | None:
             data = json.loads(f.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):
             continue
-        if isinstance(data, dict) and isinstance(data.get("model_type"), str):
-            return data["model_type"]
+        model_type = data.get("model_type") if isinstance(data, dict) else None
+        if isinstance(model_type, str):
+            return model_type
     return None
 
 

@@ -29,10 +29,12 @@ def fast_class_name(model_type: str) -> str | None:
     if entry is None:
         return None
     if isinstance(entry, dict):  # transformers 5.x: {"torchvision": ..., "pil": ...}
-        return entry.get("torchvision")
-    if isinstance(entry, (tuple, list)) and len(entry) > 1:  # 4.x: (slow, fast)
-        return entry[1]
-    return None
+        name = entry.get("torchvision")
+    elif isinstance(entry, (tuple, list)) and len(entry) > 1:  # 4.x: (slow, fast)
+        name = entry[1]
+    else:
+        name = None
+    return name if isinstance(name, str) else None
 
 
 def load_processor(choice: ModelChoice) -> tuple[Any, str]:

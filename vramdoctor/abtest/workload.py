@@ -61,8 +61,10 @@ def _sides(rng: np.random.Generator, spec: WorkloadSpec, n: int) -> np.ndarray:
         return np.full(n, spec.max_side, dtype=np.int64)
     if spec.distribution == "loguniform":
         lo, hi = np.log(spec.min_side), np.log(spec.max_side)
-        return np.exp(rng.uniform(lo, hi, n)).round().astype(np.int64)
-    return rng.integers(spec.min_side, spec.max_side + 1, n)
+        sides: np.ndarray = np.exp(rng.uniform(lo, hi, n)).round().astype(np.int64)
+    else:
+        sides = rng.integers(spec.min_side, spec.max_side + 1, n)
+    return sides
 
 
 def image_sizes(spec: WorkloadSpec) -> list[list[tuple[int, int]]]:

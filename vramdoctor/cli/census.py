@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -49,7 +50,7 @@ def parse_gpu_indices(values: list[str] | str | None, option: str = "--gpu") -> 
     return sorted(set(out)) or None
 
 
-def take_sample(exporters: list[str], gpus: list[int] | None) -> tuple[GpuSample, dict[int, int], list[dict]]:
+def take_sample(exporters: list[str], gpus: list[int] | None) -> tuple[GpuSample, dict[int, int], list[dict[str, Any]]]:
     """One GPU sample from NVML here or from the exporters, plus server groups where visible."""
     if exporters:
         from ..sources.exporter import ExporterSource

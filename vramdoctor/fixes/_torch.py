@@ -18,7 +18,8 @@ def load_torch(what: str = "vramdoctor.fixes") -> ModuleType:
         import torch
     except ImportError:
         raise MissingExtra(what, "torch") from None
-    return torch
+    module: ModuleType = torch
+    return module
 
 
 def torch_available() -> bool:
