@@ -126,6 +126,19 @@ def _usage_message(exc: BaseException) -> str:
     return message + where
 
 
+def _learn_secrets(args: list[str]) -> None:
+    """Register the secrets of this invocation before anything is printed: values of secret
+    flags and URL credentials on the command line, and values of secret-named environment
+    variables (OPENAI_API_KEY, HF_TOKEN, ...) long enough to be keys. A server that echoes one
+    back (a model id, an error body) then shows it masked."""
+    from ..redact import redact_argv, register_secret, secret_name
+
+    redact_argv(args)
+    for name, value in os.environ.items():
+        if secret_name(name) and len(value) >= 8 and not value.isdigit() and "/" not in value:
+            register_secret(value)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the app and turns expected errors into one line and exit code 2.
 
@@ -133,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     `{"schema": "vramdoctor.error/1", "error": ..., "exit_code": 2}` on stdout.
     """
     args = list(sys.argv[1:] if argv is None else argv)
+    _learn_secrets(args)
     if _signal.getsignal(_signal.SIGINT) is _early_interrupt:
         with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
             _signal.signal(_signal.SIGINT, _signal.default_int_handler)

@@ -6,17 +6,18 @@ import re
 import signal
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from ..errors import ExitCode, InputError
 from ..model import Event
 from ..report import console
-from ..watch.exporter import parse_listen
-from ..watch.runner import Watcher, WatchOptions
-from ..watch.state import WatchConfig, WatchResult
 from . import app
+
+if TYPE_CHECKING:  # imported where used: `vramdoctor --help` loads no numpy/scipy/psutil
+    from ..watch.runner import WatchOptions
+    from ..watch.state import WatchResult
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*([smhd]))+\s*$")
@@ -87,6 +88,10 @@ def watch_cmd(
 
       vramdoctor watch --gpu-metrics http://gpu-host:9400/metrics --duration 1h --json
     """
+    from ..watch.exporter import parse_listen
+    from ..watch.runner import WatchOptions
+    from ..watch.state import WatchConfig
+
     parse_listen(listen)  # refuse a bad address before measuring anything
     interval_s = parse_duration(interval, "--interval")
     window_s = parse_duration(window, "--window")
@@ -109,6 +114,8 @@ def watch_cmd(
 
 def run_watch(options: WatchOptions, duration_s: float | None, *, json_out: bool) -> int:
     """Run until Ctrl-C, SIGTERM or `duration_s`; print the final report; return the exit code."""
+    from ..watch.runner import Watcher
+
     stop = threading.Event()
     last_verdict: dict[str, Any] = {"v": None}
 

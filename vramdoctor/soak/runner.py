@@ -26,7 +26,7 @@ from ..load.protocol import Protocol, ProtocolConfig, ProtocolState
 from ..load.workload import PlannedRequest, build_requests
 from ..model import SERVER_DIED, Event, GpuSample, MetricsSample, now
 from ..record import RunWriter, make_header, read_run
-from ..redact import redact_url
+from ..redact import redact_url, register_secret
 from ..sources.collector import Collector
 from ..sources.discover import ServerWatch, discover_server, gpu_peers, roles
 from ..sources.host import HostSource, host_memory
@@ -190,6 +190,7 @@ def run_soak(
     cfg = config.validate()
     say: Notify = notify or (lambda _m: None)
     key = cfg.resolved_api_key
+    register_secret(key)  # masked wherever it comes back (a model id, an error body)
     headers = {"Authorization": f"Bearer {key}"} if key else None
     images = prompt_images(cfg)
     run_path = cfg.out or default_run_path()
