@@ -14,7 +14,7 @@ from fixtures.fleet.histories import T0, History, Proc, records
 from vramdoctor.model import PROCESS_APPEARED, PROCESS_EXITED, SERVER_REPLACED
 from vramdoctor.record import RunWriter, make_header, read_run
 from vramdoctor.watch import LEAK, STABLE, WatchConfig, WatchState, classify, replay
-from vramdoctor.watch.trend import CACHING, INCONCLUSIVE, low_envelope
+from vramdoctor.watch.trend import CACHING, INCONCLUSIVE, low_envelope, low_envelope_arrays
 
 
 def _run(h: History, at_hours: list[float], config: WatchConfig | None = None,
@@ -187,3 +187,12 @@ def test_classify_refuses_to_call_too_few_points_and_the_low_envelope_takes_bloc
     assert classify([]).level is None
     env = low_envelope([(0, 5.0), (10, 3.0), (61, 9.0), (100, 7.0), (130, 8.0)], 60)
     assert env == [(10, 3.0), (100, 7.0), (130, 8.0)]
+
+
+def test_the_vectorised_low_envelope_matches_the_plain_one() -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    t = np.sort(rng.random(3000) * 20_000)
+    v = np.round(rng.random(3000) * 40)  # ties inside blocks: the first minimum wins in both
+    assert low_envelope_arrays(t, v, 60.0) == low_envelope(list(zip(t.tolist(), v.tolist(), strict=True)), 60.0)

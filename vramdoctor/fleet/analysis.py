@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..watch.trend import LEAK, VERDICT_RANK, Trend, TrendThresholds, classify, low_envelope
+from ..watch.trend import LEAK, VERDICT_RANK, Trend, TrendThresholds, classify, low_envelope_arrays
 
 __all__ = ["SCHEMA", "FleetConfig", "FleetResult", "FleetRow", "FleetSeries", "analyse", "analyse_series", "segments"]
 
@@ -216,7 +216,7 @@ def analyse_series(s: FleetSeries, *, range_start: float, step_s: float, free: f
         at, av = pt[keep], pv[keep]
     else:
         at, av = pt, pv
-    env = low_envelope(list(zip(at.tolist(), av.tolist(), strict=True)), config.block_s) if len(at) else []
+    env = low_envelope_arrays(at, av, config.block_s)
     trend = classify(env, x_unit="s", thresholds=th)
     per_hour = trend.slope * 3600.0 if trend.slope is not None else None
     ci = (trend.slope_ci[0] * 3600.0, trend.slope_ci[1] * 3600.0) if trend.slope_ci else None

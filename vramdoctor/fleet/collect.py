@@ -191,17 +191,14 @@ def collect(client: PrometheusClient, *, start: float, end: float, step_s: float
         if fam.name not in present or fam.name in skip:
             continue
         found_any = True
-        rows = client.query_range(f"min_over_time({_selector(fam.name, matchers)}[{step}])", start, end, step_s)
-        mapped = to_series(fam, rows, virtual_gpus=virtual_gpus)
-        if fam.layer == "free":
-            for s in mapped:
-                ok = np.isfinite(s.v)
-                if s.gpu is not None and ok.any():
-                    free[(s.host, s.gpu)] = float(s.v[ok][-1])
-                    if s.uuid:
-                        free[(s.host, s.uuid)] = float(s.v[ok][-1])
+        if fam.layer == "free":  # only the latest value matters: one instant query at the end
+            for lab, value in client.query(f"last_over_time({_selector(fam.name, matchers)}[1h])", at=end):
+                gpu = _gpu(lab)
+                if gpu is not None and np.isfinite(value):
+                    free[(host_of(lab), gpu)] = value * fam.scale
             continue
-        series.extend(mapped)
+        rows = client.query_range(f"min_over_time({_selector(fam.name, matchers)}[{step}])", start, end, step_s)
+        series.extend(to_series(fam, rows, virtual_gpus=virtual_gpus))
     for q in KV_QUERIES:
         used = next((u for u in q.used if u in present), None)
         if used is None:

@@ -14,8 +14,10 @@ removed (`SourceUnavailable`, `InputError`).
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +62,7 @@ class PrometheusClient:
     timeout_s: float = 60.0
     headers: dict[str, str] | None = None
     max_points: int = 10_000
+    parallel: int = 3  # chunks asked at once
     stats: list[QueryStats] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -71,12 +74,28 @@ class PrometheusClient:
         self.shown_url = redact_url(self.base)
         if not 2 <= self.max_points <= MAX_POINTS_PER_SERIES:
             raise InputError(f"max_points must be 2..{MAX_POINTS_PER_SERIES}")
-        self._session = requests.Session()
-        if self.headers:
-            self._session.headers.update(self.headers)
+        self._local = threading.local()
+        self._sessions: list[requests.Session] = []
+        self._lock = threading.Lock()
+
+    @property
+    def _session(self) -> requests.Session:
+        """One kept-alive session per thread (chunks are fetched in parallel)."""
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = requests.Session()
+            if self.headers:
+                session.headers.update(self.headers)
+            self._local.session = session
+            with self._lock:
+                self._sessions.append(session)
+        return session
 
     def close(self) -> None:
-        self._session.close()
+        with self._lock:
+            for session in self._sessions:
+                session.close()
+            self._sessions.clear()
 
     def __enter__(self) -> PrometheusClient:
         return self
@@ -150,26 +169,37 @@ class PrometheusClient:
             raise InputError("a range query needs step > 0 and end >= start")
         stats = QueryStats(query=query)
         t0 = time.perf_counter()
-        parts: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], list[np.ndarray], list[np.ndarray]]] = {}
-        for chunk_start, chunk_end in chunk_bounds(start, end, step_s, self.max_points):
+        bounds = chunk_bounds(start, end, step_s, self.max_points)
+
+        def fetch(bound: tuple[float, float]) -> list[tuple[dict[str, str], np.ndarray, np.ndarray]]:
             result = self._post("/api/v1/query_range", {
-                "query": query, "start": _ts(chunk_start), "end": _ts(chunk_end), "step": _ts(step_s),
+                "query": query, "start": _ts(bound[0]), "end": _ts(bound[1]), "step": _ts(step_s),
             })
-            stats.chunks += 1
             if not result or result.get("resultType") != "matrix":
                 raise SourceUnavailable(f"Prometheus at {self.shown_url} answered a range query without a matrix")
+            got = []
             for item in result.get("result") or []:
-                labels = dict(item.get("metric") or {})
                 values = item.get("values") or []
-                if not values:
-                    continue
-                t = np.fromiter((p[0] for p in values), dtype=float, count=len(values))
-                v = np.array([p[1] for p in values], dtype=float)  # "NaN", "+Inf" parse as floats
-                key = tuple(sorted(labels.items()))
-                entry = parts.setdefault(key, (labels, [], []))
+                if values:
+                    t = np.fromiter((p[0] for p in values), dtype=float, count=len(values))
+                    v = np.array([p[1] for p in values], dtype=float)  # "NaN", "+Inf" parse as floats
+                    got.append((dict(item.get("metric") or {}), t, v))
+            return got
+
+        # Chunks in parallel: Prometheus evaluates the next while this process parses the last.
+        if len(bounds) == 1:
+            pieces = [fetch(bounds[0])]
+        else:
+            with ThreadPoolExecutor(max_workers=min(self.parallel, len(bounds))) as pool:
+                pieces = list(pool.map(fetch, bounds))
+        parts: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], list[np.ndarray], list[np.ndarray]]] = {}
+        for got in pieces:  # in time order
+            stats.chunks += 1
+            for labels, t, v in got:
+                entry = parts.setdefault(tuple(sorted(labels.items())), (labels, [], []))
                 entry[1].append(t)
                 entry[2].append(v)
-                stats.points += len(values)
+                stats.points += len(t)
         out = [RangeSeries(labels, np.concatenate(ts), np.concatenate(vs)) for labels, ts, vs in parts.values()]
         stats.series = len(out)
         stats.seconds = time.perf_counter() - t0

@@ -38,6 +38,7 @@ __all__ = [
     "TrendThresholds",
     "classify",
     "low_envelope",
+    "low_envelope_arrays",
 ]
 
 LEAK = "LEAK"
@@ -193,3 +194,20 @@ def low_envelope(
     if best is not None:
         out.append(best)
     return out
+
+
+def low_envelope_arrays(t: np.ndarray, v: np.ndarray, block: float) -> list[tuple[float, float]]:
+    """`low_envelope` over numpy arrays (t sorted, finite): the same points, vectorised for days of data."""
+    if block <= 0:
+        raise ValueError("block must be positive")
+    if len(t) == 0:
+        return []
+    keys = np.floor(t / block)
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    mins = np.minimum.reduceat(v, starts)
+    # x of each block's first minimum: the first index in the block where v equals its minimum
+    block_of = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(t)]))
+    is_min = v == mins[block_of]
+    first = np.full(len(starts), len(t))
+    np.minimum.at(first, block_of[is_min], np.flatnonzero(is_min))
+    return list(zip(t[first].tolist(), mins.tolist(), strict=True))
