@@ -26,7 +26,7 @@ import numpy as np
 import requests
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from vramdoctor.fleet import run_fleet  # noqa: E402
+from vramdoctor.fleet import run_fleet
 
 STEP_S = 15.0
 HOSTS, GPUS = 13, 8  # 104 GPU series
