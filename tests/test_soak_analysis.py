@@ -282,6 +282,23 @@ def test_a_process_that_exits_in_round_one_does_not_decide(with_events: bool) ->
     assert res.undecided == []
 
 
+def test_workers_that_pile_up_each_flat_are_a_device_leak() -> None:
+    # A server that starts a new 500 MiB worker every round and never stops the old ones: each
+    # process is a flat step, the GPU's total grows every round with the requests.
+    recs = synth(caching(140.0), rounds=5)
+    starts = sorted(r.t for r in recs if isinstance(r, Event) and r.name == "round_start")
+    for r in recs:
+        if isinstance(r, GpuSample):
+            for i, t in enumerate(starts):
+                if r.t >= t + 1.0:
+                    r.processes.append(ProcessGpuMemory(7000 + i, 0, 500.0, name="worker"))
+                    r.gpus[0].used_mib += 500.0
+    res = analyse_soak(recs)
+    vram = res.layers["vram"]
+    assert vram.verdict == LEAK and vram.culprit is not None and vram.culprit.series == "gpu0"
+    assert vram.rate_per_request == pytest.approx(10.0, rel=0.05)
+
+
 # --- issue 10 item 1: glibc malloc arenas are host-allocator caching, not a leak --------------
 
 def _arena_run(rounds: int = 10, *, arenas_rise: bool = True, growth_per_round: float = 24.0) -> list[object]:

@@ -95,7 +95,7 @@ def memory_chart(panels: Sequence[Panel], spans: Sequence[Span], title: str, *,
         ax.set_title(panel.title, fontsize=9, loc="left")
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7, loc="upper left", framealpha=0.8)
+            ax.legend(fontsize=7, loc="best", framealpha=0.8)
     if len(time_axes) > 1:
         for ax in time_axes[1:]:
             ax.sharex(time_axes[0])
@@ -126,10 +126,9 @@ def _fit_panel(ax: Axes, fit: LeakFit) -> None:
                 "--", color="#b00020", label="projection at this rate")
     if fit.capacity_level is not None and math.isfinite(fit.capacity_level):
         ax.axhline(fit.capacity_level, color="#555555", ls=":", label=f"capacity ({fit.unit})")
-        if full_at is not None and x_max > x_end:
-            ax.set_xscale("symlog", linthresh=max(1.0, x_end))
+    ax.set_xlim(0.0, max(1.0, x_max) * 1.03)
     ax.set_xlabel("requests that reached the server")
     ax.set_ylabel(fit.unit)
     ax.set_title(f"{fit.label}: settled level against requests", fontsize=9, loc="left")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", framealpha=0.8)
+    ax.legend(fontsize=7, loc="best", framealpha=0.8)

@@ -123,7 +123,6 @@ def label(s: SeriesResult) -> str:
     who = f"pid {s.pid} {s.name or ''}".strip()
     return {
         "gpu": f"GPU {s.gpu} (device)",
-        "gpu_other": f"GPU {s.gpu} (outside listed processes)",
         "gpu_process": f"GPU {s.gpu} {who}",
         "rss": f"RSS {who}",
         "rss_anon": f"RssAnon {who}",
@@ -844,7 +843,7 @@ def _fits(a: SoakAnalysis) -> list[LeakFit]:
         if p is not None and _ok(p.capacity_left) and s.last is not None:
             assert p.capacity_left is not None
             cap = s.last + p.capacity_left
-        out.append(LeakFit(f"{LAYER_NAMES[name]} {label(s)}", s.unit, pts, s.slope_per_request, intercept, cap))
+        out.append(LeakFit(label(s) if s.kind == "kv" else f"{LAYER_NAMES[name]} {label(s)}", s.unit, pts, s.slope_per_request, intercept, cap))
     return out
 
 

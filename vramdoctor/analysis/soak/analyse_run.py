@@ -38,7 +38,7 @@ from .results import (
     SoakAnalysis,
     Thresholds,
 )
-from .series import extract_series, kv_pool_mib
+from .series import extract_series, kv_pool_mib, without
 from .verdict import baseline_request_rate, overall_verdict, undecided
 from .vram import vram_layer
 
@@ -107,7 +107,13 @@ def analyse_soak(
             cum.append(total)
         lr = LifeRounds(life.index, run_rounds, [r.round for r in life_rounds], cum, life.index == 0)
         keys = _series_of_life(raw, life.index, lives)
-        judged = [judge(raw[k], windows, lr, th) for k in keys]
+        judged = [judge(raw[k], windows, lr, th) for k in keys if raw[k].kind != "gpu"]
+        # Devices are judged without the processes that exited: a worker that started and
+        # failed, or one whose own series already carries its verdict. One that appeared and
+        # is still there stays in: its memory is real and the next rounds tell what it does.
+        passing = {s.pid for s in judged if s.kind == "gpu_process" and s.pid is not None
+                   and s.presence in ("exited", "transient")}
+        judged += [judge(without(raw[k], passing), windows, lr, th) for k in keys if raw[k].kind == "gpu"]
         layers = {
             VRAM: vram_layer(judged, recs, life.index),
             KV: kv_layer(judged, raw, life.index, pool_mib, th),

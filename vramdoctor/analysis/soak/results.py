@@ -142,14 +142,14 @@ class ProcessChange:
 class SeriesResult:
     """One memory series judged over the settled level after each round.
 
-    `key` names it: "gpu0" (device), "gpu0/pid42" (a process on a GPU), "gpu0/other" (device
-    memory no listed process accounts for), "rss/pid42" (host RSS), "rss_anon/pid42",
-    "rss_shmem/pid42", "rss_file/pid42", "arenas/pid42" (count), "kv/full" (a KV pool).
+    `key` names it: "gpu0" (device), "gpu0/pid42" (a process on a GPU), "rss/pid42" (host
+    RSS), "rss_anon/pid42", "rss_shmem/pid42", "rss_file/pid42", "arenas/pid42" (count),
+    "arena_mib/pid42", "dev_shm", "kv/full" (a KV pool).
     """
 
     key: str
     layer: str  # "vram", "kv", "host"
-    kind: str  # gpu, gpu_other, gpu_process, rss, rss_anon, rss_file, rss_shmem, arenas, kv, dev_shm
+    kind: str  # gpu, gpu_process, rss, rss_anon, rss_file, rss_shmem, arenas, kv, dev_shm
     unit: str  # "MiB", "tokens", "ratio", "arenas"
     pid: int | None = None
     gpu: int | None = None

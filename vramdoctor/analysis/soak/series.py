@@ -1,8 +1,8 @@
 """Memory series from a run's samples, and their settled level after each round.
 
 One series per thing that can hold memory, keyed so the reports can name it:
-- VRAM: each GPU (`gpu0`), each process on each GPU (`gpu0/pid42`), and, where processes are
-  listed, the device memory no listed process accounts for (`gpu0/other`);
+- VRAM: each GPU (`gpu0`, with each sample's per-process parts, so the processes that only
+  came and went can be taken out of it) and each process on each GPU (`gpu0/pid42`);
 - host RAM: each server process's RSS (`rss/pid42`) and its kinds (`rss_anon/`, `rss_file/`,
   `rss_shmem/`), its glibc malloc arenas (`arenas/`, a count; `arena_mib/`, reserved MiB),
   and `/dev/shm` (`dev_shm`);
@@ -16,6 +16,7 @@ Values that are not finite (NaN from a broken exporter, inf) are skipped, never 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -57,6 +58,8 @@ class Series:
     bytes_per_token: float | None = None
     source: str | None = None
     idle_verified: bool = True  # KV: running/queued gauges were there to check idleness
+    # Device series: MiB of each listed process in each sample (aligned with `points`).
+    parts: list[dict[int, float]] | None = None
 
     @property
     def levels_from(self) -> list[tuple[float, float]]:
@@ -112,24 +115,23 @@ def extract_series(records: list[Any]) -> dict[str, Series]:
 
     for r in records:
         if isinstance(r, GpuSample):
-            per_gpu: dict[int, float] = defaultdict(float)
-            listed: set[int] = set()
+            per_gpu: dict[int, dict[int, float]] = defaultdict(dict)
             for p in r.processes:
                 if not _ok(p.used_mib):
                     continue
-                listed.add(p.gpu)
-                per_gpu[p.gpu] += float(p.used_mib)  # type: ignore[arg-type]
+                used = float(p.used_mib)  # type: ignore[arg-type]
+                per_gpu[p.gpu][p.pid] = per_gpu[p.gpu].get(p.pid, 0.0) + used
                 s = get(f"gpu{p.gpu}/pid{p.pid}", VRAM, "gpu_process", "MiB", pid=p.pid, gpu=p.gpu)
                 s.name = s.name or p.name
-                s.points.append((r.t, float(p.used_mib)))  # type: ignore[arg-type]
+                s.points.append((r.t, used))
             for g in r.gpus:
                 if not _ok(g.used_mib):
                     continue
-                get(f"gpu{g.index}", VRAM, "gpu", "MiB", gpu=g.index, name=g.name).points.append(
-                    (r.t, float(g.used_mib)))
-                if g.index in listed:
-                    get(f"gpu{g.index}/other", VRAM, "gpu_other", "MiB", gpu=g.index).points.append(
-                        (r.t, float(g.used_mib) - per_gpu[g.index]))
+                s = get(f"gpu{g.index}", VRAM, "gpu", "MiB", gpu=g.index, name=g.name)
+                s.points.append((r.t, float(g.used_mib)))
+                if s.parts is None:
+                    s.parts = []
+                s.parts.append(per_gpu.get(g.index, {}))
         elif isinstance(r, HostSample):
             for hp in r.processes:
                 ids = {"pid": hp.pid, "name": hp.name, "role": hp.role}
@@ -186,6 +188,16 @@ def extract_series(records: list[Any]) -> dict[str, Series]:
     if "kv_usage" in out and any(k.startswith("kv/") for k in out):
         del out["kv_usage"]
     return out
+
+
+def without(s: Series, pids: set[int]) -> Series:
+    """A device series with the memory of `pids` taken out of every sample (processes that
+    only came and went: their footprint is reported, it does not decide the device)."""
+    if not pids or s.parts is None:
+        return s
+    pts = [(t, v - sum(mib for pid, mib in part.items() if pid in pids))
+           for (t, v), part in zip(s.points, s.parts, strict=True)]
+    return dataclasses.replace(s, points=pts)
 
 
 def late(values: list[tuple[float, float]], w: Window, fraction: float) -> list[float]:

@@ -1,12 +1,12 @@
 """The VRAM layer: each GPU and each process on it, as the driver charges memory (NVML).
 
 PyTorch's caching allocator keeps freed blocks, so VRAM that rises in the first rounds and
-stays is caching; VRAM that grows every round with the requests is a leak. Where the source
-lists processes (NVML, nvitop-exporter), the processes decide, plus the device memory no
-listed process accounts for (`gpu0/other`); the device total is then evidence only (its
-steps are the processes' steps). Where it does not (dcgm-exporter), the device total decides.
-A process present for fewer than two settled rounds (a worker that started and exited, a
-compile helper) is reported and never decides.
+stays is caching; VRAM that grows every round with the requests is a leak. Each process on
+each GPU decides (NVML, nvitop-exporter), and so does each GPU's total (the only series a
+dcgm-exporter gives; with processes listed it also catches what no single process shows, e.g.
+workers that pile up, each flat on its own). A process present for fewer than two settled
+rounds (a worker that started and exited, a compile helper) is reported and never decides;
+the memory of processes that exited is taken out of their GPU's total before it is judged.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def main_series(series: list[SeriesResult], verdict: str) -> SeriesResult | None
         return abs(s.growth or 0.0)
 
     # A process names a culprit better than a device total.
-    pref = {"gpu_process": 0, "gpu_other": 1, "gpu": 2}
+    pref = {"gpu_process": 0, "gpu": 1}
     return min(cands, key=lambda s: (pref.get(s.kind, 3), -size(s)))
 
 
@@ -90,10 +90,6 @@ def vram_layer(series: list[SeriesResult], records: list[Any], life: int) -> Lay
     mine = [s for s in series if s.layer == VRAM]
     if not mine:
         return LayerResult(VRAM, NOT_MEASURED, R_NO_LEVEL, "MiB", life=life)
-    with_procs = {s.gpu for s in mine if s.kind == "gpu_process"}
-    for s in mine:
-        if s.kind == "gpu" and s.gpu in with_procs:
-            s.decides = False  # its processes and gpuN/other decide
     deciding = [s for s in mine if s.decides]
     strays = stray_contexts(mine)
     verdict = worst(deciding)
@@ -123,5 +119,5 @@ def vram_layer(series: list[SeriesResult], records: list[Any], life: int) -> Lay
 
 
 def _order(s: SeriesResult) -> tuple[int, float, str]:
-    order = {"gpu": 0, "gpu_other": 1, "gpu_process": 2}
+    order = {"gpu": 0, "gpu_process": 1}
     return (order.get(s.kind, 3), -(s.growth or 0.0), s.key)
