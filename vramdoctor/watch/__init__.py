@@ -11,10 +11,37 @@ The rolling analysis (`WatchState`, `classify`) is pure and replays recorded run
 
 from __future__ import annotations
 
-from .exporter import EXPORTED_METRICS, SamplerHealth, WatchCollector, serve
-from .runner import Watcher, WatchOptions
-from .state import SCHEMA, SeriesVerdict, WatchConfig, WatchResult, WatchState, replay
-from .trend import CACHING, INCONCLUSIVE, LEAK, STABLE, Trend, TrendThresholds, classify
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the lazy names below, for type checkers
+    from .exporter import EXPORTED_METRICS, SamplerHealth, WatchCollector, serve
+    from .runner import Watcher, WatchOptions
+    from .state import SCHEMA, SeriesVerdict, WatchConfig, WatchResult, WatchState, replay
+    from .trend import CACHING, INCONCLUSIVE, LEAK, STABLE, Trend, TrendThresholds, classify
+
+# Public name -> the module that defines it (imported on first access).
+_LAZY = {
+    "EXPORTED_METRICS": ".exporter",
+    "SamplerHealth": ".exporter",
+    "WatchCollector": ".exporter",
+    "serve": ".exporter",
+    "Watcher": ".runner",
+    "WatchOptions": ".runner",
+    "SCHEMA": ".state",
+    "SeriesVerdict": ".state",
+    "WatchConfig": ".state",
+    "WatchResult": ".state",
+    "WatchState": ".state",
+    "replay": ".state",
+    "CACHING": ".trend",
+    "INCONCLUSIVE": ".trend",
+    "LEAK": ".trend",
+    "STABLE": ".trend",
+    "Trend": ".trend",
+    "TrendThresholds": ".trend",
+    "classify": ".trend",
+}
 
 __all__ = [
     "CACHING",
@@ -37,3 +64,16 @@ __all__ = [
     "replay",
     "serve",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """PEP 562: public names imported on first use, so importing the package (or the CLI) stays light."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
