@@ -14,10 +14,18 @@ vramdoctor's own process: where the agent is (`agent_path`, `pth_line`) and how 
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from .control import AgentInfo, Controller, SnapshotFile, list_agents
 from .pythonpath import vramdoctor_agent as runtime
+
+if TYPE_CHECKING:  # the lazy names below, for type checkers
+    from .control import AgentInfo, Controller, SnapshotFile, list_agents
+
+# Public name -> the module that defines it (imported on first access: control brings psutil,
+# which `vramdoctor --help` and `vramdoctor agent-path` do not need).
+_LAZY = {"AgentInfo": ".control", "Controller": ".control", "SnapshotFile": ".control", "list_agents": ".control"}
 
 __all__ = [
     "AgentInfo",
@@ -39,3 +47,16 @@ def pth_line() -> str:
     """The content of a `vramdoctor-agent.pth` file for a site-packages directory: adds the agent's
     directory to sys.path and boots it (a no-op unless VRAMDOCTOR_AGENT_DIR is set)."""
     return f"{agent_path()}\nimport vramdoctor_agent; vramdoctor_agent.boot()\n"
+
+
+def __getattr__(name: str) -> Any:
+    """PEP 562: the names of the control side imported on first use, so importing the package (or the CLI) stays light."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -13,11 +13,18 @@ and returns a `SoakOutcome`. `analyse_soak` analyses recorded records again (pur
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from .analyse import analyse_run, undecided_layers
 from .config import DEFAULT_MAX_ROUNDS, SoakConfig
-from .runner import RoundHook, SoakOutcome, default_run_path, run_soak
+
+if TYPE_CHECKING:  # the lazy names below, for type checkers
+    from .runner import RoundHook, SoakOutcome, default_run_path, run_soak
+
+# Public name -> the module that defines it (imported on first access: the runner brings
+# requests, numpy and PIL, which `vramdoctor --help` and the analysis do not need).
+_LAZY = {"RoundHook": ".runner", "SoakOutcome": ".runner", "default_run_path": ".runner", "run_soak": ".runner"}
 
 
 def analyse_soak(records: list[Any], header: dict[str, Any] | None = None, **kwargs: Any) -> Any:
@@ -41,3 +48,16 @@ __all__ = [
     "run_soak",
     "undecided_layers",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """PEP 562: the names of the runner imported on first use, so importing the package (or the CLI) stays light."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
