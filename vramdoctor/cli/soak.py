@@ -20,7 +20,6 @@ from ..record import Run, read_run
 from ..report import console
 from ..soak.analyse import is_leak
 from ..soak.config import DEFAULT_MAX_ROUNDS, DEFAULT_SIZES, MIN_GROWTH_MIB, SoakConfig
-from ..soak.runner import INTERRUPTED, run_soak
 from . import app
 
 __all__ = ["MIN_GROWTH_MIB", "report_run", "soak_cmd"]
@@ -197,6 +196,8 @@ def soak_cmd(
     def on_sample(name: str, record: Any) -> None:
         if live_box:
             live_box[0].on_sample(name, record)
+
+    from ..soak.runner import INTERRUPTED, run_soak  # here: it brings requests, numpy, PIL, psutil
 
     plain = _plain_progress(cfg.requests, cfg.rounds)
     hooks = _attribute_hooks(attribute, cfg)  # soak --attribute (vramdoctor.attribute.hooks)
