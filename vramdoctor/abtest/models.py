@@ -114,6 +114,7 @@ def family_of(name: str) -> str | None:
 
 
 def supported() -> str:
+    """The model families ab-test can load offline, comma-separated ("qwen2_vl, qwen2_5_vl, ...")."""
     return ", ".join(FAMILIES)
 
 
