@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 
-from ..sources.prometheus import PrometheusClient
 from .analysis import SCHEMA, FleetConfig, FleetResult, FleetRow, FleetSeries, analyse
 from .collect import FAMILIES, KV_QUERIES, collect, metric_names_used
 
@@ -38,6 +37,8 @@ def run_fleet(
     headers: dict[str, str] | None = None, timeout_s: float = 60.0,
 ) -> FleetResult:
     """Query `days` of history ending at `end` (default now) and analyse every series."""
+    from ..sources.prometheus import PrometheusClient  # here: it brings requests and numpy
+
     end = time.time() if end is None else end
     start = end - days * 86400.0
     with PrometheusClient(prometheus_url, headers=headers, timeout_s=timeout_s) as client:

@@ -86,4 +86,5 @@ def load_image_dir(path: Path, limit: int = 64) -> list[PromptImage]:
 
 
 def data_url(image: PromptImage) -> str:
+    """The image as a `data:` URL (base64), the form OpenAI-compatible chat requests carry."""
     return f"data:{image.mime};base64," + base64.b64encode(image.data).decode("ascii")
