@@ -58,8 +58,8 @@ class HostShmPayload:
     """CUDA IPC's shape with files in `root` (see the module docstring).
 
     fail: consumer GPU -> "prepare" (raises creating its context), "open" (raises opening the
-    handle), "crash" (exits with 139 while opening, saying nothing, like a segfault) or
-    "bad-data" (reads back a wrong checksum). Consumer g waits g x open_delay_s before opening,
+    handle), "crash" (exits with 139 while opening, saying nothing, like a segfault), "hang"
+    (never returns from opening) or "bad-data" (reads back a wrong checksum). Consumer g waits g x open_delay_s before opening,
     so they open at different times."""
 
     root: str
@@ -94,6 +94,8 @@ class HostShmPayload:
             raise RuntimeError("cudaIpcOpenMemHandle: invalid argument")
         if how == "crash":
             os._exit(139)
+        if how == "hang":
+            time.sleep(3600)
         held = [_map(message["path"], message["size"], create=False)]
         if not redirect:  # torch's way: the handle is opened on the producer's device
             held.append(self._context(producer_gpu))
@@ -245,6 +247,14 @@ def test_a_consumer_that_dies_silently_is_named_by_its_exit_code_without_waiting
                    payload=HostShmPayload(root, fail={3: "crash"}))
     assert time.monotonic() - started < 30
     assert rec["error"] == "consumer on GPU 3: exited with code 139 before 'opened'"
+    assert _no_children_left()
+
+
+def test_a_consumer_that_hangs_is_named_at_the_timeout_and_killed(tmp_path) -> None:
+    root = str(tmp_path)
+    rec = run_mode(False, 0, [1, 2], host_census(root, 3), 8, payload=HostShmPayload(root, fail={2: "hang"}))
+    assert rec["error"] == "consumer on GPU 2: did not report 'opened' within 8 s"
+    assert rec["consumers"][0]["slice_correct"] and rec["consumers"][0]["error"] is None
     assert _no_children_left()
 
 

@@ -354,13 +354,9 @@ def run_mode(
         for m in opened:  # a consumer whose hold ran out let go before stop was set
             if not m.events.get("released", {}).get("on_stop", True) and m.error is None:
                 m.error = "stopped holding the shared memory before the census ended"
-        producer_stop.set()
-        for m in [*consumers, producer]:
-            if m.proc.pid is not None:
-                m.proc.join(timeout=10)
-                if m.proc.is_alive():
-                    m.proc.kill()
-                    m.proc.join()
+        _end(consumers)
+        producer_stop.set()  # only now: the consumers mapped the producer's memory
+        _end([producer])
         for q in [status_q, *inboxes]:
             q.cancel_join_thread()
     opened_census = result.get("census_opened") or {}
@@ -385,6 +381,16 @@ def run_mode(
         problems.append(f"census {result['census_error']}")
     result["error"] = "; ".join(problems) or None
     return result
+
+
+def _end(members: list[_Member], grace_s: float = 10.0) -> None:
+    """Join each started child; kill one still alive after grace_s."""
+    for m in members:
+        if m.proc.pid is not None:
+            m.proc.join(timeout=grace_s)
+            if m.proc.is_alive():
+                m.proc.kill()
+                m.proc.join()
 
 
 def _take_census(census: Census, result: dict[str, Any], key: str) -> bool:
