@@ -14,7 +14,11 @@ Two mixes of real lines:
   corpus:            the 26 excerpts repeated as they are: every line an error, traceback or
                      startup line (worst case for the pipeline).
 
-Usage: python benchmarks/diagnose_throughput.py [--size-mib 1024] [--mix serving|corpus|both]
+With --baseline DIR (a directory holding an older `vramdoctor` package, e.g. from
+`git archive <commit> vramdoctor | tar -x -C DIR`), that code runs on the same file in the same
+run, so a change is measured side by side, not against a figure from another day.
+
+Usage: python benchmarks/diagnose_throughput.py [--size-mib 1024] [--mix serving|corpus|both] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -96,12 +100,14 @@ def run_grep(path: Path) -> tuple[float, int]:
     return time.perf_counter() - t0, int(r.stdout.strip() or 0)
 
 
-def run_pipeline(path: Path) -> dict:
-    r = subprocess.run([*one_core(), sys.executable, "-c", CHILD, str(path)], capture_output=True, check=True)
+def run_pipeline(path: Path, code: Path = ROOT) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    r = subprocess.run([*one_core(), sys.executable, "-c", CHILD, str(path)], capture_output=True, check=True,
+                       env=env, cwd=tempfile.gettempdir())
     return json.loads(r.stdout)
 
 
-def measure(mix: str, size: int, tmp: Path) -> dict:
+def measure(mix: str, size: int, tmp: Path, baseline: Path | None = None) -> dict:
     big = tmp / f"{mix}.log"
     small = tmp / f"{mix}-small.log"
     build(big, size, mix)
@@ -109,11 +115,19 @@ def measure(mix: str, size: int, tmp: Path) -> dict:
     mb = size / 1e6
     run_grep(big)  # warm the page cache for both tools alike
     g_s, g_lines = run_grep(big)
-    p = run_pipeline(big)
+    extra = {}
+    if baseline is None:
+        p = run_pipeline(big)
+    else:  # interleaved, best of two each: load on a shared machine drifts during the run
+        runs = [(run_pipeline(big, baseline), run_pipeline(big)) for _ in range(2)]
+        b = min((r[0] for r in runs), key=lambda x: x["wall_s"])
+        p = min((r[1] for r in runs), key=lambda x: x["wall_s"])
+        extra = {"baseline_mb_s": round(mb / b["wall_s"], 1), "baseline_cpu_s": round(b["cpu_s"], 2),
+                 "speed_vs_baseline": round(b["wall_s"] / p["wall_s"], 2)}
     ps = run_pipeline(small)
     os.remove(big)
     os.remove(small)
-    return {
+    return {**extra,
         "mix": mix,
         "size_mib": size >> 20,
         "grep_mb_s": round(mb / g_s, 1),
@@ -131,16 +145,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--mix", choices=("serving", "corpus", "both"), default="both")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="directory with an older vramdoctor package to time on the same file")
     ns = ap.parse_args()
     mixes = ("serving", "corpus") if ns.mix == "both" else (ns.mix,)
     results = []
     with tempfile.TemporaryDirectory(prefix="vramdoctor-bench-") as tmp:
         for mix in mixes:
-            results.append(measure(mix, ns.size_mib << 20, Path(tmp)))
+            results.append(measure(mix, ns.size_mib << 20, Path(tmp), ns.baseline))
     print(f"{'mix':8} {'size':>6} {'grep MB/s':>10} {'diagnose MB/s':>14} {'ratio':>6} {'peak RSS':>9} {'RSS 1/8':>8}")
     for r in results:
         print(f"{r['mix']:8} {r['size_mib']:>5}M {r['grep_mb_s']:>10} {r['diagnose_mb_s']:>14} {r['ratio']:>6} "
               f"{r['peak_rss_mib']:>8}M {r['peak_rss_mib_eighth_size']:>7}M")
+        if "baseline_mb_s" in r:
+            print(f"{'':8} baseline {r['baseline_mb_s']} MB/s (best of two, interleaved), this code "
+                  f"{r['diagnose_mb_s']} MB/s: {r['speed_vs_baseline']}x")
     print(json.dumps({"benchmark": "diagnose_throughput", "one_core": bool(one_core()), "results": results}))
     return 0
 

@@ -125,6 +125,15 @@ def test_desired_utilization_line_and_negative_kv_budget(tmp_path: Path, templat
     assert not healthy.findings
 
 
+def test_negative_available_kv_cache_memory(tmp_path: Path) -> None:
+    # vLLM V1 gpu_worker "Available KV cache memory: %.2f GiB" (negative when the share is used up)
+    d = run(tmp_path, "(EngineCore pid=187) INFO 05-01 19:17:45 [gpu_worker.py:440] Available KV cache memory: "
+                      "-3.31 GiB\n")
+    assert d.server == "vllm" and d.facts.kv_cache_mib is None
+    f = finding(d, "kv-budget-shortfall")
+    assert "-3.31 GiB" in f.explanation and f.severity == "warning"
+
+
 def test_cuda_graph_profiling_line_gives_the_configured_utilization(tmp_path: Path) -> None:
     # vLLM 0.21+: the first value is the configured one, the second the derived equivalent
     d = run(tmp_path, (

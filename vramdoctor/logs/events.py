@@ -202,36 +202,51 @@ class EventsMixin:
         A traceback printed earlier (a warning a minute before, another rank's error) is not this
         error's: its last frame must be within FRAME_GAP_LINES lines of the error.
         """
-        before = hit.before(48 << 10)
-        i = before.rfind(P.TRACEBACK)
-        if i < 0:
+        region = hit.since_last(P.TRACEBACK_BYTES, 48 << 10)
+        if not region:
             return ""
-        region = before[i:]
         last_frame = region.rfind('File "')
         tail = region[last_frame:] if last_frame >= 0 else region
         if tail.count("\n") > FRAME_GAP_LINES:
             return ""
         return region
 
-    def _phase(self, region: str, line: str) -> str | None:
-        """The phase the traceback's frames show (None when they do not tell)."""
-        text = region + "\n" + line
-        best: tuple[int, str] | None = None
+    @staticmethod
+    def _markers(text: str) -> dict[str, int]:
+        """Last position of each phase marker in the frames. Each marker has its own regex (one
+        alternation of all of them is slower in Python's engine); the weak and multimodal ones run
+        only when a cheap substring says they can match."""
+        last: dict[str, int] = {}
         for name, rx in P.PHASE_MARKERS:
             for m in rx.finditer(text):
-                if best is None or m.start() >= best[0]:
-                    best = (m.start(), name)
-        if best is not None:
-            return best[1]
-        if P.WARMUP_LEAF.search(text):
+                last[name] = m.start()
+        if "sampler" in text and (m := P.SAMPLER_WARMUP.search(text)):
+            last["sampler"] = m.start()
+        if "_dummy" in text and (m := P.WARMUP_LEAF.search(text)):
+            last["warmup_leaf"] = m.start()
+        if any(k in text for k in P.MM_HINTS):
+            if m := P.MM_FRAMES.search(text):
+                last["mm"] = m.start()
+            elif "general_mm_embed_routine" in text:
+                last["mm_model"] = text.index("general_mm_embed_routine")
+        if not any(name in last for name in P.CONTEXT_PHASES):
+            for name, rx in P.FORWARD_MARKERS:
+                for m in rx.finditer(text):
+                    last[name] = m.start()
+        return last
+
+    @staticmethod
+    def _phase(marks: dict[str, int]) -> str | None:
+        """The phase the traceback's frames show (None when they do not tell)."""
+        context = [(pos, name) for name, pos in marks.items() if name in P.CONTEXT_PHASES]
+        if context:
+            return max(context)[1]  # the innermost context frame
+        if "warmup_leaf" in marks or "sampler" in marks:
             return "warmup"
-        if P.MM_FRAMES.search(text):
+        if "mm" in marks:
             return "prefill"  # the vision encoder or the merge of its output: a multimodal prefill
-        for name, rx in P.FORWARD_MARKERS:
-            for m in rx.finditer(text):
-                if best is None or m.start() >= best[0]:
-                    best = (m.start(), name)
-        return None if best is None else best[1]
+        forward = [(pos, name) for name, pos in marks.items() if name in ("decode", "prefill")]
+        return max(forward)[1] if forward else None
 
     def _message(self, hit: Hit, text: str) -> str:
         """The error message plus its terminal-wrapped tail (up to 3 lines).
@@ -297,14 +312,15 @@ class EventsMixin:
             data["reserved_unallocated_mib"] = size_mib(m.group(1))
         if m := P.OOM_ALLOCATED.search(msg):
             data["allocated_mib"] = size_mib(m.group(1))
-        phase = self._phase(region, msg)
+        marks = self._markers(region + "\n" + msg)
+        phase = self._phase(marks)
         if P.VLLM_NOT_ENOUGH_LOAD.search(text):
             phase = "weight_load"
-        if P.SAMPLER_WARMUP.search(region + "\n" + msg):
+        if "sampler" in marks:
             data["sampler"] = True  # vLLM's sampler warm-up: its own message names --max-num-seqs
-        if phase == "prefill" and P.MM_FRAMES.search(region):
+        if phase == "prefill" and "mm" in marks:
             data["multimodal_frames"] = True  # the vision encoder / embedding merge of a request with images
-        if (m := P.MM_MODEL_FRAMES.search(region)) is not None:
+        if ("mm" in marks or "mm_model" in marks) and (m := P.MM_MODEL_FRAMES.search(region)) is not None:
             self.mm_evidence = self.mm_evidence or Evidence(
                 self.name, hit.lineno, "traceback frame: " + m.group(0).strip()[:120])
         self.add_event(Event("cuda_oom", self.name, hit.lineno, msg[:EVIDENCE_CHARS], phase, data))
@@ -336,9 +352,11 @@ class EventsMixin:
         # 0.5.12+: one "[pool] total=..., available=..., ..." part per pool; each pool's deficit is
         # total minus every count the checker adds (available, evictable, protected, session_held,
         # uncached and any other held count a fork prints).
-        tagged = {name: {k: int(v) for k, v in P.LEAK_POOL_FIELD.findall(part)}
-                  for name, part in P.LEAK_POOL.findall(body)}
-        tagged = {name: f for name, f in tagged.items() if "total" in f and "available" in f}
+        tagged: dict[str, dict[str, int]] = {}
+        if "] total=" in body:
+            tagged = {name: {k: int(v) for k, v in P.LEAK_POOL_FIELD.findall(part)}
+                      for name, part in P.LEAK_POOL.findall(body)}
+            tagged = {name: f for name, f in tagged.items() if "total" in f and "available" in f}
         if wording.startswith("req_to_token"):
             pool = "req"
         elif "Mem Leak Detected" in wording:

@@ -400,7 +400,15 @@ class FileExtractor(EventsMixin):
             return
         m = P.VLLM_KV_MEM.search(t) or P.VLLM_KV_RESERVED.search(t)
         if m:
-            self.put("kv_cache_mib", gb(m.group(1)), RUNTIME, hit)
+            mib = gb(m.group(1))
+            if mib is not None and mib < 0:
+                # vLLM V1 gpu_worker "Available KV cache memory: -3.31 GiB": the share is used up before
+                # the KV cache (it then refuses with "No available memory for the cache blocks")
+                self.votes["vllm"] += 3
+                self.add_event(Event("kv_budget_negative", self.name, hit.lineno, self.ev(hit).text, "kv_cache_alloc",
+                                     {"reason": "vllm_available_kv_negative", "kv_cache_memory_mib": mib}))
+                return
+            self.put("kv_cache_mib", mib, RUNTIME, hit)
 
     def _sgl_summary(self, hit: Hit, t: str) -> None:
         m = P.SGL_SUMMARY.search(t)

@@ -67,9 +67,10 @@ def clean(line: str) -> Clean:
     ranks: tuple[tuple[str, int], ...] = ()
     m = P.PROC.match(s)
     if m:
-        if "pid=" in m.group() and P.VLLM_PROC.match(m.group()):
+        tag = m.group()
+        if ("_" in tag or "rank=" in tag) and P.VLLM_PROC.match(tag):
             # vLLM's process tag: Worker_DP1_TP3 -> DP 1, TP 3; VllmWorker rank=N -> world rank N
-            ranks = tuple((k, int(v)) if k else ("WORLD", int(w)) for k, v, w in P.VLLM_PROC_RANKS.findall(m.group()))
+            ranks = tuple((k, int(v)) if k else ("WORLD", int(w)) for k, v, w in P.VLLM_PROC_RANKS.findall(tag))
         s = s[m.end() :]
     m = P.RANKTAG.match(s)
     if m:

@@ -98,6 +98,13 @@ class Hit:
             lo = self._start if nl < 0 else nl + 1
         return self._buf[lo : self._start].decode("utf-8", "replace")
 
+    def since_last(self, marker: bytes, max_bytes: int = HISTORY) -> str:
+        """Text from the last `marker` before this line (within `max_bytes`), "" when there is none:
+        only that part is decoded (a traceback's header, for its frames)."""
+        lo = max(0, self._start - max_bytes)
+        i = self._buf.rfind(marker, lo, self._start)
+        return "" if i < 0 else self._buf[i : self._start].decode("utf-8", "replace")
+
     def after(self, max_lines: int) -> list[str]:
         """Up to `max_lines` raw lines after this one (fewer at the end of the buffer)."""
         out: list[str] = []

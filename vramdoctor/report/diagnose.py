@@ -81,9 +81,16 @@ def facts_table(d: Diagnosis, single: bool = False) -> Table:
     f = d.facts
     for name, label in _SHOW_FACTS:
         v = getattr(f, name)
+        if name == "tp_size" and v is None and f.tp_size_at_least is not None:
+            # only some ranks printed: a lower bound, said as one
+            t.add_row(label, f"at least {f.tp_size_at_least}", _where(f.evidence.get("tp_size_at_least"), single))
+            continue
         if v is None:
             continue
-        t.add_row(label, _fmt(name, v), _where(f.evidence.get(name), single))
+        shown = _fmt(name, v)
+        if name == "tp_size" and f.tp_size_is_lower_bound:
+            shown = f"at least {v} (from the rank tags seen)"
+        t.add_row(label, shown, _where(f.evidence.get(name), single))
     return t
 
 
@@ -95,7 +102,7 @@ def _loc(e: Evidence, single: bool) -> str:
 def _where(e: Evidence | None, single: bool) -> str:
     if e is None:
         return ""
-    return _loc(e, single) if e.line else e.text[:60]
+    return _loc(e, single) if e.line else e.text[:100]
 
 
 def _evidence_text(e: Evidence, single: bool) -> Text:

@@ -20,7 +20,7 @@ def version_tuple(v: str | None) -> tuple[int, ...] | None:
 def mib(v: float | None) -> str:
     if v is None:
         return "?"
-    return f"{v / 1024:.2f} GiB" if v >= 1024 else f"{v:.0f} MiB"
+    return f"{v / 1024:.2f} GiB" if abs(v) >= 1024 else f"{v:.0f} MiB"
 
 
 def first_evidence(events: list[Event], n: int = 3) -> list[Evidence]:

@@ -22,7 +22,7 @@ def check(d: Diagnosis) -> list[Finding]:
     out: list[Finding] = []
     neg = d.events_of("kv_budget_negative")
     sgl = [e for e in neg if e.data.get("reason") == "sglang_profiled_tokens_negative"]
-    vll = [e for e in neg if e.data.get("reason") == "vllm_kv_cache_memory_negative"]
+    vll = [e for e in neg if e.data.get("reason") in ("vllm_kv_cache_memory_negative", "vllm_available_kv_negative")]
     if sgl:
         e = sgl[0]
         frac = d.facts.mem_fraction_static
@@ -49,15 +49,19 @@ def check(d: Diagnosis) -> list[Finding]:
     if vll:
         e = vll[0]
         kv = e.data.get("kv_cache_memory_mib")
-        util = e.data.get("gpu_memory_utilization")
+        util = e.data.get("gpu_memory_utilization") or d.facts.gpu_memory_utilization
+        share = f"gpu_memory_utilization={util:g}" if util else "the configured gpu_memory_utilization"
+        if e.data.get("reason") == "vllm_available_kv_negative":
+            expl = (f"vLLM profiled the memory left for the KV cache at {share}: {mib(kv)} (negative). Weights + peak "
+                    "activation + CUDA graphs already take more than the share asked for, so no KV cache fits.")
+        else:
+            expl = (f"vLLM measured its real use after start-up: at {share} ({mib(e.data.get('requested_mib'))}) "
+                    f"the KV cache that would fit is {mib(kv)} (negative), so weights + peak activation + CUDA "
+                    "graphs already take more than the share asked for; the engine runs beyond its budget and "
+                    "the headroom the share was meant to leave is gone.")
         out.append(Finding(
             RULE.id, "warning", "Weights, activations and CUDA graphs exceed the configured GPU share",
-            explanation=(
-                f"vLLM measured its real use after start-up: at gpu_memory_utilization={util:g} "
-                f"({mib(e.data.get('requested_mib'))}) the KV cache that would fit is {mib(kv)} (negative), so "
-                "weights + peak activation + CUDA graphs already take more than the share asked for; the engine "
-                "runs beyond its budget and the headroom the share was meant to leave is gone."
-            ),
+            explanation=expl,
             fix=by_server(
                 d.server,
                 "Raise --mem-fraction-static if the GPU is not shared, or lower what sits outside the KV cache: "
@@ -96,7 +100,7 @@ RULE = Rule(
     fires_when=(
         "SGLang 'max_total_tokens=N is larger than the profiled value M' (critical when M <= 0: the weights leave "
         "no memory for the KV cache; info otherwise); vLLM 'Desired GPU memory utilization is (U, R GiB) ... "
-        "--kv-cache-memory=N' with N < 0 (warning)"
+        "--kv-cache-memory=N' with N < 0, or 'Available KV cache memory: -X GiB' (warning)"
     ),
     fix=(
         "SGLang: --mem-fraction-static, a larger --tp-size, quantisation; vLLM: --gpu-memory-utilization, fewer "
