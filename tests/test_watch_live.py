@@ -212,3 +212,26 @@ def test_watch_bad_input_is_one_line_and_exit_2(args, message) -> None:
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_ctrl_c_gives_the_report_and_keeps_the_data(server, tmp_path) -> None:
+    import signal
+
+    proc, url = server("leak")
+    out = tmp_path / "runs"
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "vramdoctor", "watch", "--server", url, "--pid", str(proc.pid), "--interval", "0.1s",
+         "--bucket", "0.2s", "--window", "20s", "--warmup", "0s", "--no-exporter", "--out", str(out), "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not list(out.glob("watch-*.jsonl")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    cli.send_signal(signal.SIGINT)
+    stdout, stderr = cli.communicate(timeout=30)
+    assert cli.returncode in (0, 1), stderr
+    assert "Traceback" not in stderr and "interrupted" in stderr
+    assert json.loads(stdout)["schema"] == "vramdoctor.watch/1"
+    (part,) = out.glob("watch-*.jsonl")
+    run = read_run(part)
+    assert run.status == "interrupted" and len(run.records) > 10
