@@ -240,18 +240,29 @@ def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
 
 
 def _redact(d: Diagnosis, secrets: set[str]) -> None:
-    """Blank secrets (API keys from argument dumps, bearer tokens, sk-... keys) in every text."""
+    """Blank secrets (API keys from argument dumps, bearer tokens, sk-... keys) in every text.
+
+    vramdoctor.redact.redact_text does the work; a text repeated (the same OOM message on every
+    rank, in an event and a finding's evidence) is redacted once.
+    """
+    done: dict[str, str] = {}
+
+    def red(text: str) -> str:
+        r = done.get(text)
+        if r is None:
+            r = done[text] = redact_text(text, secrets)
+        return r
 
     def ev(e: Evidence | None) -> Evidence | None:
-        return None if e is None else Evidence(e.file, e.line, redact_text(e.text, secrets))
+        return None if e is None else Evidence(e.file, e.line, red(e.text))
 
     d.facts.evidence = {k: ev(v) for k, v in d.facts.evidence.items()}  # type: ignore[misc]
     d.version_evidence = ev(d.version_evidence)
     for e in d.events:
-        e.text = redact_text(e.text, secrets)
+        e.text = red(e.text)
     for f in d.findings:
         f.evidence = [ev(x) for x in f.evidence]  # type: ignore[misc]
-        f.explanation = redact_text(f.explanation, secrets)
-        f.fix = redact_text(f.fix, secrets)
+        f.explanation = red(f.explanation)
+        f.fix = red(f.fix)
     if d.facts.model:
-        d.facts.model = redact_text(d.facts.model, secrets)
+        d.facts.model = red(d.facts.model)
