@@ -241,3 +241,39 @@ def test_a_full_disk_keeps_every_sample_in_memory_and_says_the_file_is_incomplet
     assert any("incomplete" in p for p in out["problems"])
     on_disk = read_run(path)
     assert len(on_disk.records) < 400 and on_disk.status == "truncated"
+
+
+# --- end to end: a soak whose run file hits a full disk still gives its verdict -------------
+
+def _file_limit(limit_bytes: int) -> Callable[[], None]:
+    def apply() -> None:
+        import resource
+        import signal
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG on write, as ENOSPC on a full disk
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+    return apply
+
+
+def test_soak_on_a_full_disk_analyses_what_is_in_memory_and_says_the_file_is_incomplete(tmp_path: Path) -> None:
+    from helpers_procs import RefServer
+
+    srv = RefServer("leaking", "--leak-kib", "1024")
+    try:
+        out = tmp_path / "run.jsonl"
+        env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "VRAMDOCTOR_API_KEY")}
+        r = subprocess.run(
+            [sys.executable, "-m", "vramdoctor", "soak", "--url", srv.url, "--out", str(out), "--rounds", "4",
+             "--no-adapt", "--requests", "20", "--concurrency", "4", "--idle", "1", "--interval", "0.1",
+             "--image-size", "64x64", "--json"],
+            capture_output=True, text=True, timeout=180, env={**env, "NO_COLOR": "1"}, cwd=tmp_path,
+            preexec_fn=_file_limit(24_000))
+    finally:
+        srv.stop()
+    assert r.returncode == 1, r.stderr  # LEAK, from memory: was a traceback or a verdict on a stub
+    d = json.loads(r.stdout)
+    assert d["verdict"] == "LEAK"
+    assert any("incomplete" in n for n in d["notes"]), d["notes"]
+    assert out.stat().st_size <= 24_000
+    assert read_run(out).status == "truncated"

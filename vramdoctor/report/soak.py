@@ -954,8 +954,10 @@ def report_run(run: Run, *, json_out: bool, report_file: Path | None, run_path: 
     result = analysis if analysis is not None else analyse_soak(
         run.records, run.header, production_rate_rps=production_rate_rps,
         raw_host=run.raw("host_memory"), status=run.status, th=th)
+    extra = list(run.problems)  # the run file's own damage: bad lines, disorder, a full disk
     if run.torn_tail:
-        result.notes.append("the run file's last line was torn (the writer was killed); it was skipped")
+        extra.append("the run file's last line was torn (the writer was killed); it was skipped")
+    result.notes.extend(n for n in extra if n not in result.notes)
     if report_file is not None:
         try:
             write_report_file(result, report_file, target=run.header.get("target"))

@@ -50,11 +50,24 @@ def analyse_run(run: Run, *, production_rate_rps: float | None = None,
             from ..analysis.soak import Thresholds
 
             kwargs["th"] = Thresholds(min_growth_mib=float(growth))
-        return fn(run.records, run.header, **kwargs)
+        return _with_run_problems(fn(run.records, run.header, **kwargs), run)
     from ..analysis.soak import Thresholds
 
     th = Thresholds(min_growth_mib=float(growth if isinstance(growth, (int, float)) else 2.0))
-    return fn(run.records, header=run.header, raw_host=run.raw("host_memory"), status=run.status, th=th)
+    return _with_run_problems(
+        fn(run.records, header=run.header, raw_host=run.raw("host_memory"), status=run.status, th=th), run)
+
+
+def _with_run_problems(analysis: Any, run: Run) -> Any:
+    """The run file's own damage (bad lines, disorder, a file the disk could not hold, a torn
+    last line) as notes of the analysis, so every report says what was not analysed."""
+    notes = getattr(analysis, "notes", None)
+    if isinstance(notes, list):
+        extra = list(run.problems)
+        if run.torn_tail:
+            extra.append("the run file's last line was torn (the writer was killed); it was skipped")
+        notes.extend(n for n in extra if n not in notes)
+    return analysis
 
 
 def undecided_layers(analysis: Any) -> list[tuple[str, str]]:

@@ -25,7 +25,7 @@ from ..load.images import PromptImage, generate_images, load_image_dir, parse_im
 from ..load.protocol import Protocol, ProtocolConfig, ProtocolState
 from ..load.workload import PlannedRequest, build_requests
 from ..model import SERVER_DIED, Event, GpuSample, MetricsSample, now
-from ..record import RunWriter, make_header, read_run
+from ..record import RunWriter, make_header
 from ..redact import redact_url, register_secret
 from ..sources.collector import Collector
 from ..sources.discover import ServerWatch, discover_server, gpu_peers, roles
@@ -287,7 +287,7 @@ def run_soak(
     production = [cfg.production_rate_rps]
 
     def more_rounds(_state: ProtocolState) -> list[tuple[str, str]]:
-        run = read_run(run_path)
+        run = writer.read_back()  # the file, plus memory when the disk filled
         return undecided_layers(analyse_run(run, production_rate_rps=production[0]))
 
     def on_idle_end(rnd: int) -> None:
@@ -310,6 +310,8 @@ def run_soak(
                         progress=progress, more_rounds=more_rounds if cfg.adapt else None,
                         on_idle_end=on_idle_end)
 
+    # A sampler that dies (COLLECTOR_FAILED) ends the traffic: the rest could not be measured.
+    collector.on_failure = lambda _reason: protocol.stop.set()
     stop_watch = threading.Event()
 
     def watch_loop() -> None:
@@ -349,7 +351,10 @@ def run_soak(
         stopped = protocol.state.stopped_by
         if stopped and stopped != "interrupt":
             writer.write(Event(*now(), name="stopped", data={"by": stopped}))
-        writer.close(status, stopped_by=stopped)
+        if collector.failed and status == "complete":
+            status = "failed"  # exit code non-zero; the report says sampling stopped and why
+        writer.close(status, stopped_by=stopped,
+                     **({"error": collector.failed} if collector.failed else {}))
         for src in sources.values():
             with contextlib.suppress(Exception):
                 src.close()
@@ -359,7 +364,7 @@ def run_soak(
             "no request was sent after it; the rounds it cut short carry no verdict")
     elif state.stopped_by == "max-rounds" and state.undecided:
         say("still undecided after --max-rounds: " + "; ".join(f"{layer}: {why}" for layer, why in state.undecided))
-    run = read_run(run_path)
+    run = writer.read_back()  # the file, plus what only memory holds if the disk filled
     analysis = analyse_run(run, production_rate_rps=production[0])
     return SoakOutcome(run_path=run_path, status=run.status if run.end else status,
                        stopped_by=state.stopped_by, rounds=len(state.results), server=info,
