@@ -275,6 +275,9 @@ def run_tserve(results: dict) -> None:
     hf = WORK / "hf-cache"
     (hf / "hub").mkdir(parents=True, exist_ok=True)
     env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(hf), "HF_HUB_CACHE": str(hf / "hub")}
+    serve_site = os.environ.get("ATTR_SERVE_SITE")  # fastapi/uvicorn/openai wheels (transformers[serving])
+    if serve_site:
+        env["PYTHONPATH"] = f"{agent_path()}{os.pathsep}{serve_site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     target = "transformers.cli.serving.chat_completion:ChatCompletionHandler._build_generation_config"
     servers = {
         "tserve": Server("tserve", [exe, "serve", str(model_dir), "--device", TSERVE_DEVICE, "--port", "18011",
@@ -363,10 +366,11 @@ def main() -> int:
     (OUT / "attribute_gpu.json").write_text(json.dumps(results, indent=1, default=str))
     keep = OUT / "ref-snapshots"
     keep.mkdir(exist_ok=True)
-    # a real server's snapshot series (small) for the CPU tests: the 1 MiB-per-request leak
-    for proc in (results.get("ref-bytes") or {}).get("processes", []):
-        for f in proc.get("snapshot_files", []):
-            shutil.copy(f, keep / ("ref-bytes-" + Path(f).name))
+    # real servers' snapshot series (small) for the CPU tests
+    for name in ("ref-bytes", "ref-escape", "tserve-leak"):
+        for proc in (results.get(name) or {}).get("processes", []):
+            for f in proc.get("snapshot_files", []):
+                shutil.copy(f, keep / (f"{name}-" + Path(f).name))
     return 0
 
 

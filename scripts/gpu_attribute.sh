@@ -12,6 +12,10 @@ else
   export PYTHONPATH=$PWD
 fi
 export PYTHONUNBUFFERED=1
+if ls .whl-serve/*.whl >/dev/null 2>&1; then  # transformers[serving] deps, only for `transformers serve`
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-serve .whl-serve/*.whl
+  export ATTR_SERVE_SITE=/tmp/site-serve
+fi
 steps=${*:-fixtures accept bench}
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv
 for step in $steps; do
@@ -27,6 +31,8 @@ for step in $steps; do
     timeout 270 python3 scripts/gpu_attribute.py ${ACCEPT_WHICH:-} ;;
   bench)
     timeout 130 python3 benchmarks/agent_overhead.py --requests 300 --json "$OUT/agent_overhead.json" ;;
+  micro)
+    timeout 100 python3 benchmarks/agent_overhead.py --micro-only --json "$OUT/agent_micro.json" ;;
   esac
 done
 mkdir -p /tmp/fixtures; cp -r "$OUT/ref-snapshots" /tmp/fixtures/ 2>/dev/null; rm -rf "$OUT/ref-snapshots"

@@ -127,7 +127,7 @@ def _nvml_at(samples: Sequence[GpuSample], pid: int, wall: float) -> float | Non
     """The process's NVML usage (bytes, all GPUs) in the last sample at or before `wall`."""
     best: GpuSample | None = None
     for s in samples:
-        if s.wall <= wall + 0.25 and any(p.pid == pid for p in s.processes):
+        if s.wall <= wall and any(p.pid == pid for p in s.processes):
             best = s
     if best is None:
         return None
