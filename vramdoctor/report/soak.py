@@ -101,8 +101,14 @@ def value(v: float | None, unit: str, *, signed: bool = False) -> str:
         return format_mib(v, 0 if abs(v) >= 100 else 1, signed=signed)
     if unit == "ratio":
         return ("+" if signed and v > 0 else "") + format_percent(v, 2) + " of the pool"
-    text = format_count(round(v, 1), unit)
+    text = count(round(v, 1), unit[:-1], unit) if unit.endswith("s") else format_count(round(v, 1), unit)
     return ("+" + text) if signed and v > 0 else text
+
+
+def count(n: float | None, singular: str, plural: str | None = None) -> str:
+    """A count with its unit in the right number: "1 page", "4 pages", "0.5 pages"."""
+    word = singular if n == 1 else (plural or singular + "s")
+    return format_count(n, word)
 
 
 def rate(v: float | None, unit: str) -> str:
@@ -168,7 +174,7 @@ def series_reason(s: SeriesResult) -> str:
         return "flat, but only 1 round settled: 2 rounds are needed to call it stable"
     if r == "too_few_rounds":
         return (f"rose {value(s.growth, u, signed=True)} but only "
-                f"{format_count(s.settled_rounds, 'rounds')} settled: caching and a leak look the "
+                f"{count(s.settled_rounds, 'round')} settled: caching and a leak look the "
                 "same until round 3")
     if r == "still_changing":
         incs = ", ".join(value(d, u, signed=True) for d in s.increments)
@@ -176,7 +182,7 @@ def series_reason(s: SeriesResult) -> str:
     if r == "transient":
         what = {"appeared": "appeared during the run", "exited": "exited during the run",
                 "transient": "appeared and exited during the run"}.get(s.presence, "came and went")
-        return (f"{what}, present for {format_count(s.settled_rounds, 'settled rounds')}: "
+        return (f"{what}, present for {count(s.settled_rounds, 'settled round')}: "
                 "reported, never decides")
     if r == "never_idle":
         return "never idle (requests running or queued in every idle window)"
@@ -229,11 +235,11 @@ def _who(lay: LayerResult) -> str:
 
 
 def _arena_text(p: HostProcessResult, cpus: int | None) -> str:
-    bound = (f"MALLOC_ARENA_MAX, by default 8 x {format_count(cpus, 'cores')} = "
-             f"{format_count(p.arena_bound, 'arenas')}" if p.arena_bound and cpus
+    bound = (f"MALLOC_ARENA_MAX, by default 8 x {count(cpus, 'core')} = "
+             f"{count(p.arena_bound, 'arena')}" if p.arena_bound and cpus
              else "MALLOC_ARENA_MAX (by default 8 x the cores)")
-    return (f"glibc created new malloc arenas ({format_count(p.arenas_first, 'arenas')} -> "
-            f"{format_count(p.arenas_last, 'arenas')}, {size(p.arena_reserved_growth_mib, signed=True)} "
+    return (f"glibc created new malloc arenas ({count(p.arenas_first, 'arena')} -> "
+            f"{count(p.arenas_last, 'arena')}, {size(p.arena_reserved_growth_mib, signed=True)} "
             f"reserved) and keeps freed heap in them: host-allocator caching, bounded by {bound}, "
             "not a leak; to confirm, restart the server with MALLOC_ARENA_MAX=2 (or jemalloc): "
             "the growth should stop")
@@ -289,7 +295,7 @@ def _leak_sentence(lay: LayerResult, a: SoakAnalysis) -> str:
     if lay.layer == KV:
         pool = next((p for p in lay.kv_pools if p.series == lay.main_series), None)
         if pool is not None and pool.unit == "tokens":
-            pages = (f"{format_count(round(pool.pages_per_request or 0.0, 2), 'pages')} of "
+            pages = (f"{count(round(pool.pages_per_request or 0.0, 2), 'page')} of "
                      f"{format_count(pool.page_size_tokens, 'tokens')}"
                      + (" (page size assumed)" if pool.page_size_assumed else ""))
             mib = f", {size(pool.mib_per_request)}" if _ok(pool.mib_per_request) else ""
@@ -334,7 +340,7 @@ def _short(lay: LayerResult) -> str:
             pool = next((p for p in lay.kv_pools if p.series == lay.main_series), None)
             if pool is not None and pool.unit == "tokens":
                 return (f"the KV pool leaks {rate(pool.tokens_per_request, 'tokens')} "
-                        f"({format_count(round(pool.pages_per_request or 0.0, 2), 'pages')}) per request")
+                        f"({count(round(pool.pages_per_request or 0.0, 2), 'page')}) per request")
         return f"{name} leaks {rate(lay.rate_per_request, lay.unit)} per request ({_who(lay)})"
     if lay.verdict == CACHING:
         growth = value(s.growth, s.unit, signed=True) if s is not None else ""
@@ -779,7 +785,8 @@ def render(a: SoakAnalysis, console: Console) -> None:
             for s in _shown_series(a.layers[name], 6):
                 verdict = s.verdict if s.decides else "(evidence)"
                 t.add_row(label(s), Text(verdict, style=VERDICT_STYLE.get(s.verdict, "") if s.decides else "dim"),
-                          _levels_text(s), rate(s.slope_per_request, s.unit) if s.verdict == LEAK else "-")
+                          _levels_text(s),
+                          rate(s.slope_per_request, s.unit) if s.verdict == LEAK and s.kind != "arenas" else "-")
         reqs = ", ".join(f"{r.sent}" + (f" ({r.errors} failed)" if r.errors else "") for r in a.rounds)
         t.add_row("requests per round", "", reqs, "", style="dim")
         console.print(t)
