@@ -224,6 +224,7 @@ class _Member:
     proc: Any
     events: dict[str, dict[str, Any]] = field(default_factory=dict)
     error: str | None = None
+    hung: bool = False  # said nothing within the timeout: it will not answer `stop` either
 
     @property
     def name(self) -> str:
@@ -271,6 +272,7 @@ class _Status:
             if left <= 0:
                 for m in pending:
                     m.error = f"did not report '{event}' within {timeout_s:g} s"
+                    m.hung = True
                 break
             self.drain(min(0.2, left))
             for m in pending:
@@ -384,10 +386,10 @@ def run_mode(
 
 
 def _end(members: list[_Member], grace_s: float = 10.0) -> None:
-    """Join each started child; kill one still alive after grace_s."""
+    """Join each started child; kill one still alive after grace_s (1 s if it hung)."""
     for m in members:
         if m.proc.pid is not None:
-            m.proc.join(timeout=grace_s)
+            m.proc.join(timeout=1.0 if m.hung else grace_s)
             if m.proc.is_alive():
                 m.proc.kill()
                 m.proc.join()
