@@ -56,6 +56,7 @@ def write_history(path: Path, end: float, days: float) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--repeat", type=int, default=1, help="run each row this many times (the best is shown)")
     args = ap.parse_args()
     if not shutil.which("prometheus") or not shutil.which("promtool"):
         sys.exit("needs prometheus and promtool (apt-get install prometheus)")
@@ -91,13 +92,18 @@ def main() -> None:
             print(f"cpu cores: {os.cpu_count()}")
             print(f"{'series':>7} {'days':>5} {'step':>6} {'points':>11} {'query s':>8} {'total s':>8} {'leaks':>6}")
             host_sets = {13: r"h00[0-1]", 26: r"h00[0-3]", 52: r"h00[0-6]", 104: r"h0.*"}
-            runs = [(104, days, 15.0), (52, days, 15.0), (26, days, 15.0), (104, days / 2, 15.0), (104, 1.0, 15.0),
-                    (104, days, 300.0), (52, days, 300.0)]
+            runs = [(104, days, 300.0), (52, days, 300.0), (26, days, 300.0), (104, days / 2, 300.0),
+                    (104, 1.0, 300.0), (104, days, 60.0),
+                    (104, days, 15.0), (52, days, 15.0), (26, days, 15.0), (104, days / 2, 15.0), (104, 1.0, 15.0)]
             for n_series, d, step in runs:
                 regex = host_sets[n_series]
-                start = time.perf_counter()
-                res = run_fleet(url, days=d, end=end, step_s=step, matchers=[f'Hostname=~"{regex}"'])
-                total = time.perf_counter() - start
+                best = None
+                for _ in range(args.repeat):
+                    start = time.perf_counter()
+                    res = run_fleet(url, days=d, end=end, step_s=step, matchers=[f'Hostname=~"{regex}"'])
+                    total = time.perf_counter() - start
+                    best = total if best is None else min(best, total)
+                total = best or 0.0
                 q = sum(x["seconds"] for x in res.queries)
                 pts = sum(x["points"] for x in res.queries)
                 print(f"{len(res.rows):>7} {d:>5g} {step:>5g}s {pts:>11,} {q:>8.2f} {total:>8.2f} {len(res.leaks):>6}")

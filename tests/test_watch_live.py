@@ -235,3 +235,24 @@ def test_ctrl_c_gives_the_report_and_keeps_the_data(server, tmp_path) -> None:
     (part,) = out.glob("watch-*.jsonl")
     run = read_run(part)
     assert run.status == "interrupted" and len(run.records) > 10
+
+
+def test_report_re_analyses_a_recorded_watch_part(tmp_path) -> None:
+    import sys as _sys
+
+    _sys.path.insert(0, str(Path(__file__).parent))
+    from fixtures.fleet.histories import History, Proc, records
+
+    from vramdoctor.record import RunWriter, make_header
+
+    h = History(hours=8, step_s=30, procs=[Proc(pid=100, name="p", leak_mib_per_request=0.03, leak_from_h=2.0)])
+    path = tmp_path / "watch-part.jsonl"
+    with RunWriter(path, make_header("watch", argv=["vramdoctor", "watch"],
+                                     config={"bucket_s": 60.0, "max_buckets": 360, "warmup_s": 1800.0})) as w:
+        for r in records(h):
+            w.write(r)
+    done = subprocess.run([sys.executable, "-m", "vramdoctor", "report", str(path), "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["schema"] == "vramdoctor.watch/1" and doc["culprit"]["pid"] == 100

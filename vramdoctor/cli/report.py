@@ -21,6 +21,7 @@ _RENDERERS = {
     "soak": "vramdoctor.report.soak",
     "census": "vramdoctor.cli.census",
     "ab-test": "vramdoctor.cli.abtest",
+    "watch": "vramdoctor.cli.watch",
 }
 
 

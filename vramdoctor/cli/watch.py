@@ -16,6 +16,7 @@ from ..report import console
 from . import app
 
 if TYPE_CHECKING:  # imported where used: `vramdoctor --help` loads no numpy/scipy/psutil
+    from ..record import Run
     from ..watch.runner import WatchOptions
     from ..watch.state import WatchResult
 
@@ -152,6 +153,30 @@ def run_watch(options: WatchOptions, duration_s: float | None, *, json_out: bool
         watcher.close(status)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, previous)
+    if json_out:
+        console.print_json(result.to_dict())
+    else:
+        from ..watch.report import render
+
+        render(result, console.stdout())
+    return int(ExitCode.PROBLEM if result.verdict == "LEAK" else ExitCode.OK)
+
+
+def report_run(run: Run, *, json_out: bool, report_file: Path | None) -> int:
+    """Re-run the rolling analysis over a recorded watch run file (one rotated part at a time)."""
+    from ..watch.state import WatchConfig, replay
+
+    if report_file is not None:
+        raise InputError("watch reports have no file form: use --json, or the exporter's metrics")
+    config = run.header.get("config") or {}
+    try:
+        wc = WatchConfig(bucket_s=float(config.get("bucket_s", 60.0)), max_buckets=int(config.get("max_buckets", 360)),
+                         warmup_s=float(config.get("warmup_s", 1800.0)))
+    except (TypeError, ValueError):
+        raise InputError(f"{run.path}: damaged watch settings in the header") from None
+    if not run.records:
+        raise InputError(f"{run.path}: the watch run holds no sample ({run.status})")
+    result = replay(run.records, wc)
     if json_out:
         console.print_json(result.to_dict())
     else:
