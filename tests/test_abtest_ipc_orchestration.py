@@ -207,14 +207,19 @@ ARM_SCRIPT = textwrap.dedent(
 )
 
 
-def test_line_protocol_to_run_file_to_report(tmp_path) -> None:
-    """The arm as its own process, streamed over `@@VD` lines into a run file, then
-    `vramdoctor report` as a table and as --json, with the per-consumer figures."""
+def _arm_script(tmp_path: Path) -> list[str]:
     script = tmp_path / "arm.py"
     script.write_text(ARM_SCRIPT.format(tests=str(Path(__file__).parent), root=str(tmp_path)))
+    return [sys.executable, str(script)]
+
+
+def test_line_protocol_to_run_file_to_report(tmp_path, monkeypatch) -> None:
+    """The arm as its own process (5 GPUs, --ipc-gpus 4), streamed over `@@VD` lines into a run
+    file, then `vramdoctor report` as a table and as --json, with the per-consumer figures."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     path = tmp_path / "run.jsonl"
     with RunWriter(path, make_header("ab-test", config={"gpu": 0})) as writer:
-        rc = run_ipc_subprocess(4, writer.write, command=[sys.executable, str(script)], timeout_s=120)
+        rc = run_ipc_subprocess(5, writer.write, command=_arm_script(tmp_path), max_gpus=4, timeout_s=120)
         writer.close("complete")
     assert rc == 0
     proc = run_cli("report", str(path), "--json")
@@ -224,11 +229,20 @@ def test_line_protocol_to_run_file_to_report(tmp_path) -> None:
     assert arms["no-redirect"]["extra_on_producer_gpu_contexts"] == pytest.approx(3.0)
     assert arms["redirect"]["extra_on_producer_gpu_total_mib"] == 0
     assert [c["gpu"] for c in arms["redirect"]["consumers"]] == [1, 2, 3]
+    assert {a["gpu_count"] for a in arms.values()} == {4}
     text = run_cli("report", str(path), env={"NO_COLOR": "1"}).stdout
     assert ("no-redirect: 4 MiB extra on producer GPU 0 per consumer (4 MiB, 4 MiB, 4 MiB), 12 MiB in all "
             "over 3 consumer(s) = 3.0 x a consumer's own CUDA context (4 MiB)\n"
             "  no-redirect: data read back correct on 3 of 3 consumer(s)") in text
     assert "redirect: 0 MiB extra on producer GPU 0 per consumer (0 MiB, 0 MiB, 0 MiB), 0 MiB in all" in text
+
+
+def test_the_arm_process_uses_the_gpus_cuda_visible_devices_leaves_it(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    records: list[dict] = []
+    assert run_ipc_subprocess(5, records.append, command=_arm_script(tmp_path), timeout_s=120) == 0
+    assert [(r["mode"], r["consumer_gpus"], r["visible_gpu_count"]) for r in records] == [
+        ("no-redirect", [1], 2), ("redirect", [1], 2)]
 
 
 def test_a_crashed_arm_process_leaves_one_failed_record(tmp_path) -> None:
