@@ -199,3 +199,20 @@ def test_terminal_chart_marks_rounds_and_idle_on_the_time_axis() -> None:
     text = _text(res)
     assert "b baseline, 1-9 load round, . idle" in text
     assert "GPU 0 pid 4242 python3: 600 MiB to" in text  # each line's range, with its unit
+
+
+@pytest.mark.parametrize("big", [1e300, 1.7e308])
+def test_huge_values_reach_neither_stderr_nor_a_crash(big: float) -> None:
+    # A broken exporter reporting values near the float limit: numpy/scipy/matplotlib would
+    # print overflow warnings on stderr; the analysis and every report stay quiet and finite.
+    import warnings
+
+    from vramdoctor.report.soak import chart_png, soak_json
+
+    recs = synth(lambda k, f: big * (k + f), host_level=lambda k, f: big * k, kv={"full": lambda k, f: big * k})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = analyse_soak(recs)
+        json.dumps(soak_json(res), allow_nan=False)
+        _text(res, width=80)
+        assert chart_png(res, "t")[:4] == b"\x89PNG"

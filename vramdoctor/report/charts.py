@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import io
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from .._optional import require
 
@@ -63,13 +66,26 @@ class LeakFit:
 _COLOURS = {"load": "#f4a261", "idle": "#a8dadc", "baseline": "#e9ecef"}
 
 
+# Larger values are not memory but a broken source (a MiB or token count of 1e15 is an
+# exabyte): they are left out of the picture rather than squashing every real line.
+_PLAUSIBLE = 1e15
+
+
 def _finite(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    return [(x, y) for x, y in points if math.isfinite(x) and math.isfinite(y)]
+    return [(x, y) for x, y in points
+            if math.isfinite(x) and math.isfinite(y) and abs(x) < _PLAUSIBLE and abs(y) < _PLAUSIBLE]
 
 
 def memory_chart(panels: Sequence[Panel], spans: Sequence[Span], title: str, *,
                  fits: Sequence[LeakFit] = (), width: float = 10.0, dpi: int = 110) -> bytes:
     """The figure described in the module docstring, as PNG bytes."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return _chart(panels, spans, title, fits, width, dpi)
+
+
+def _chart(panels: Sequence[Panel], spans: Sequence[Span], title: str, fits: Sequence[LeakFit],
+           width: float, dpi: int) -> bytes:
     panels = [p for p in panels if any(_finite(line.points) for line in p.lines)] or [Panel("memory", "MiB")]
     n = len(panels) + len(fits)
     Figure = require("matplotlib.figure", what="a chart (--report .png/.html)", extra="charts").Figure
@@ -116,7 +132,11 @@ def _fit_panel(ax: Axes, fit: LeakFit) -> None:
     ax.plot(xs, [p[1] for p in pts], "o", ms=5, label="settled level after each round")
     x_end = max(xs, default=0.0)
     full_at = None
-    if fit.capacity_level is not None and fit.slope > 0 and math.isfinite(fit.capacity_level):
+    if not pts or not all(math.isfinite(v) and abs(v) < _PLAUSIBLE for v in (fit.slope, fit.intercept)):
+        ax.set_axis_off()
+        return
+    if fit.capacity_level is not None and fit.slope > 0 and math.isfinite(fit.capacity_level) \
+            and abs(fit.capacity_level) < _PLAUSIBLE:
         full_at = (fit.capacity_level - fit.intercept) / fit.slope
     x_max = full_at if full_at is not None and math.isfinite(full_at) and full_at > x_end else x_end
     ax.plot([0.0, x_end], [fit.intercept, fit.intercept + fit.slope * x_end], "-", color="#b00020",
@@ -124,7 +144,7 @@ def _fit_panel(ax: Axes, fit: LeakFit) -> None:
     if full_at is not None and x_max > x_end:
         ax.plot([x_end, x_max], [fit.intercept + fit.slope * x_end, fit.intercept + fit.slope * x_max],
                 "--", color="#b00020", label="projection at this rate")
-    if fit.capacity_level is not None and math.isfinite(fit.capacity_level):
+    if full_at is not None and fit.capacity_level is not None:
         ax.axhline(fit.capacity_level, color="#555555", ls=":", label=f"capacity ({fit.unit})")
     ax.set_xlim(0.0, max(1.0, x_max) * 1.03)
     ax.set_xlabel("requests that reached the server")

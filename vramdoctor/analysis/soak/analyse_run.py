@@ -10,7 +10,10 @@ overall rule.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
+
+import numpy as np
 
 from ...model import COLLECTOR_FAILED, SERVER_DIED, SERVER_REPLACED, SOURCE_ERROR, Event
 from .host import host_layer
@@ -80,8 +83,17 @@ def analyse_soak(
     `production_rate_rps` the request rate production sees (hours to OOM are given only at
     it, or at the server's own counter rate measured in the baseline window); `raw_host` the
     run's `host_memory` records (available host RAM); `status` the run's end status. Returns
-    a `SoakAnalysis`; never raises on odd values (NaN, missing windows, no rounds).
+    a `SoakAnalysis`; never raises on odd values (NaN, missing windows, no rounds), and never
+    lets numpy or scipy print a warning (values near the float limit overflow to inf quietly).
     """
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return _analyse(records, header, production_rate_rps, raw_host, status, th, cpu_count)
+
+
+def _analyse(records: list[Any], header: dict[str, Any] | None, production_rate_rps: float | None,
+             raw_host: list[dict[str, Any]] | None, status: str, th: Thresholds | None,
+             cpu_count: int | None) -> SoakAnalysis:
     th = th or Thresholds()
     recs = sorted((r for r in records if _t(r) != math.inf), key=_t)
     events = [r for r in recs if isinstance(r, Event)]
