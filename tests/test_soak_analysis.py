@@ -380,6 +380,21 @@ def test_pinned_host_memory_that_levels_off_is_named() -> None:
     assert "pinned host memory" in soak_json(res)["layers"]["host"]["summary"]
 
 
+def test_rss_growing_in_mapped_files_only_is_not_a_leak_but_heap_growth_is() -> None:
+    # Weights mmapped from safetensors paged in as requests touch them: RssFile grows, the
+    # heap does not.
+    def run(anon: Level, file_: Level) -> object:
+        return analyse_soak(synth(caching(140.0), host_level=lambda k, f: 900.0 + anon(k, f) + file_(k, f),
+                                  host_kinds={"anon": lambda k, f: 500.0 + anon(k, f),
+                                              "file": lambda k, f: 350.0 + file_(k, f), "shmem": flat(50.0)},
+                                  arenas=lambda k, f: 2))
+    res = run(flat(), lambda k, f: 40.0 * k)
+    assert res.layers["host"].verdict == CACHING and res.layers["host"].explanation == "file_backed"
+    assert "RssFile" in soak_json(res)["layers"]["host"]["summary"]
+    res = run(lambda k, f: 40.0 * k, flat())
+    assert res.layers["host"].verdict == LEAK
+
+
 def test_big_process_rss_jitter_is_not_a_leak_but_a_big_rss_leak_is() -> None:
     steps = [0.0, 0.0, 4.0, 7.5, 13.0]
     r = analyse_soak(synth(flat(), host_level=lambda k, f: 4096.0 + steps[min(int(k + f), 4)]))

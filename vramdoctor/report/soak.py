@@ -44,6 +44,7 @@ from ..analysis.soak.results import (
     SCHEMA,
     STABLE,
     VRAM,
+    X_FILE_BACKED,
     X_KV_RESIDUE,
     X_MALLOC_ARENAS,
     X_PINNED,
@@ -265,6 +266,11 @@ def layer_sentence(lay: LayerResult, a: SoakAnalysis) -> str:
         if proc is not None and proc.explanation == X_MALLOC_ARENAS:
             return (f"{name}: CACHING: RSS of pid {proc.pid} ({proc.name or '?'}) grew "
                     f"{size(proc.rss_growth_mib, signed=True)}: {_arena_text(proc, a.cpu_count)}.")
+        if proc is not None and proc.explanation == X_FILE_BACKED:
+            return (f"{name}: CACHING: RSS of pid {proc.pid} ({proc.name or '?'}) grew "
+                    f"{size(proc.file_growth_mib, signed=True)} in RssFile while its heap (RssAnon) did "
+                    "not: mapped files (weights, libraries) paged in as requests touch them, bounded "
+                    "by the files' size and reclaimable by the kernel, not a leak.")
         if proc is not None and proc.explanation == X_PINNED:
             return (f"{name}: CACHING: RSS of pid {proc.pid} ({proc.name or '?'}) grew "
                     f"{size(proc.shmem_growth_mib, signed=True)} in RssShmem and levelled off: CUDA "

@@ -5,7 +5,9 @@ MALLOC_ARENA_MAX, 8 x cores by default on 64-bit), reserves arena heaps in 64 Mi
 keeps freed memory in them: a thread-per-connection server's RSS then grows round after round
 as new arenas appear, bounded by the arena cap. That is allocator caching, not a leak; it
 stops at the cap and vanishes with MALLOC_ARENA_MAX=2 or jemalloc. PyTorch's pinned host
-memory (CUDA host allocations) shows as RssShmem and is cached the same way as VRAM.
+memory (CUDA host allocations) shows as RssShmem and is cached the same way as VRAM. RSS that
+grows in RssFile only (mapped weights and libraries paged in as requests touch them) is
+bounded by the files and reclaimable: not a leak either.
 
 So an RSS series that grows is explained as arena caching when the arena count rose, the
 anonymous growth fits in what the new arenas reserve, and growth did not go on for two rounds
@@ -28,6 +30,7 @@ from .results import (
     R_NO_LEVEL,
     R_STILL_CHANGING,
     R_TRANSIENT,
+    X_FILE_BACKED,
     X_MALLOC_ARENAS,
     X_PINNED,
     Culprit,
@@ -110,10 +113,16 @@ def host_layer(series: list[SeriesResult], life: int, available_mib: float | Non
                                    ("shmem", _growth(shmem))) if g is not None}
         growth_kind = max(kinds, key=lambda k: kinds[k]) if kinds and max(kinds.values()) > 0 else None
         explanation = None
-        if rss.decides and (rss.verdict == LEAK or (rss.verdict == INCONCLUSIVE and rss.reason == R_STILL_CHANGING)) \
-                and arenas is not None and growth_kind in (None, "anon") \
+        growing = rss.decides and (rss.verdict == LEAK or (rss.verdict == INCONCLUSIVE and rss.reason == R_STILL_CHANGING))
+        if growing and arenas is not None and growth_kind in (None, "anon") \
                 and _arena_explains(rss, anon, arenas, reserved):
             explanation = X_MALLOC_ARENAS
+            rss.verdict = CACHING
+        elif growing and growth_kind == "file" and anon is not None and anon.verdict != LEAK \
+                and (shmem is None or shmem.verdict != LEAK):
+            # Mapped files (weights, libraries) paged in as requests touch them: bounded by the
+            # files' size and reclaimable by the kernel; the heap did not grow.
+            explanation = X_FILE_BACKED
             rss.verdict = CACHING
         elif rss.verdict == CACHING and growth_kind == "shmem":
             explanation = X_PINNED

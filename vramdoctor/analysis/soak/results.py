@@ -56,6 +56,7 @@ U_NO_TRAFFIC = R_NO_TRAFFIC
 # Explanations of growth that is not a leak (LayerResult.explanation, SeriesResult.explanation).
 X_MALLOC_ARENAS = "malloc_arenas"  # host: new glibc arenas keep freed heap (allocator caching)
 X_PINNED = "pinned_host_memory"  # host: RssShmem levels off: PyTorch's pinned host cache
+X_FILE_BACKED = "file_backed"  # host: the growth is RssFile (mapped files paged in), anon flat
 X_KV_RESIDUE = "kv_idle_residue"  # KV: used tokens at idle, flat: held, not growing
 X_STRAY_CONTEXT = "stray_context"  # VRAM: a context-sized footprint on another GPU
 
@@ -267,7 +268,7 @@ class HostProcessResult:
     arena_reserved_growth_mib: float | None
     arena_bound: int | None  # MALLOC_ARENA_MAX in effect by default (8 x cores), if cores known
     growth_kind: str | None  # "anon", "file", "shmem": which kind grew most
-    explanation: str | None  # X_MALLOC_ARENAS, X_PINNED
+    explanation: str | None  # X_MALLOC_ARENAS, X_PINNED, X_FILE_BACKED
     missing: list[str] = field(default_factory=list)  # C_NO_KINDS, C_NO_ARENAS
     series: str = ""
 
