@@ -118,10 +118,11 @@ def _rows_by_key(doc: dict) -> dict[str, dict]:
     return out
 
 
-def test_fleet_finds_every_known_leak_at_its_rate_and_calls_nothing_else_a_leak(prom) -> None:
+def test_fleet_finds_every_known_leak_at_its_rate_and_calls_nothing_else_a_leak(prom, tmp_path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "vramdoctor", "fleet", "--prometheus", prom["url"], "--since", "3d",
-         "--until", str(prom["end"]), "--match", 'job!="watch"', "--match", 'job!="dcgm-live"', "--json"],
+         "--until", str(prom["end"]), "--match", 'job!="watch"', "--match", 'job!="dcgm-live"', "--json",
+         "--charts", str(tmp_path / "charts")],
         capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr  # leaks found
     doc = json.loads(done.stdout)
@@ -145,6 +146,9 @@ def test_fleet_finds_every_known_leak_at_its_rate_and_calls_nothing_else_a_leak(
     assert (first["host"], first["pid"]) == ("gpu-c", 4242)
     assert first["hours_to_oom"] == pytest.approx(first["free"] / first["growth_per_hour"], rel=1e-6)
     assert first["hours_to_oom"] < rows["gpu-a/device/gpu=0"]["hours_to_oom"]
+    # a chart per culprit
+    assert len(doc["charts"]) == len(leaks)
+    assert all(Path(p).stat().st_size > 10_000 and Path(p).read_bytes()[:4] == b"\x89PNG" for p in doc["charts"])
 
 
 def test_long_ranges_are_chunked_under_the_points_limit(prom) -> None:

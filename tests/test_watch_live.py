@@ -256,3 +256,45 @@ def test_report_re_analyses_a_recorded_watch_part(tmp_path) -> None:
     assert done.returncode == 1, done.stderr
     doc = json.loads(done.stdout)
     assert doc["schema"] == "vramdoctor.watch/1" and doc["culprit"]["pid"] == 100
+
+
+def test_watch_reads_gpu_processes_from_an_exporter_and_flags_a_stray_context() -> None:
+    """No NVML here: --gpu-metrics from a loopback nvitop-exporter. PID 4242 grows 3 MiB a scrape on
+    GPU 0 and holds a 520 MiB CUDA context on GPU 1 (a TP rank's IPC context on the producer's GPU)."""
+    from helpers_sources import nvitop_text, serve
+
+    scrapes = [0]
+
+    def respond(path: str) -> tuple[int, str, str]:
+        scrapes[0] += 1
+        n = scrapes[0]
+        gpus = [{"index": i, "name": "NVIDIA H200", "uuid": f"GPU-{i}", "total": 143771, "used": 60000 + 3 * n,
+                 "free": 83771 - 3 * n} for i in (0, 1)]
+        procs = [{"index": 0, "pid": 4242, "username": "svc", "mib": 40000 + 3 * n,
+                  "command": f"python3 -m sglang.launch_server --api-key {SECRET}"},
+                 {"index": 1, "pid": 4242, "username": "svc", "mib": 520, "command": "python3"},
+                 {"index": 1, "pid": 5151, "username": "svc", "mib": 50000, "command": "python3"}]
+        return 200, "text/plain; version=0.0.4", nvitop_text("gpu-host", gpus, procs)
+
+    with serve(respond) as url:
+        w = Watcher(WatchOptions(interval_s=0.03, analyse_every_s=3600, gpu_metrics=[url + "/metrics"],
+                                 config=_config(), listen="127.0.0.1:0")).open()
+        try:
+            for _ in range(60):
+                w.tick()
+                time.sleep(0.02)
+            res = w.analyse()
+            text = requests.get(w.exporter.url, timeout=5).text
+        finally:
+            w.close()
+    vram = next(s for s in res.series if s.layer == "vram" and s.pid == 4242 and s.gpu == 0)
+    assert vram.verdict == LEAK and vram.mode == "time"
+    assert vram.growth_per_hour and vram.growth_per_hour > 0
+    assert vram.hours_to_oom is not None
+    assert [(f["code"], f["pid"], f["gpu"]) for f in res.strays] == [("stray_context", 4242, 1)]
+    strays = [s for f in text_string_to_metric_families(text) if f.name == "vramdoctor_stray_context_bytes"
+              for s in f.samples]
+    assert [(s.labels["gpu"], s.labels["pid"], s.labels["flag"], s.value) for s in strays] == [
+        ("1", "4242", "stray_context", 520 * 2**20)]
+    assert SECRET not in text and "sglang.launch_server" not in text
+    assert "no server /metrics read" in " ".join(res.notes)
