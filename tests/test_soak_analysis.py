@@ -628,6 +628,18 @@ def test_json_is_schema_2_with_three_layers_and_finite() -> None:
     assert any(s["id"] == "kv/full" and s["unit"] == "tokens" for s in d["series"])
 
 
+def test_planned_aborts_are_traffic_not_errors() -> None:
+    recs = synth(leak(3.0))
+    for r in recs:
+        if isinstance(r, Event) and r.name == "round_end":
+            r.data["outcomes"] = {"ok": 40, "aborted": 10}
+            r.data["aborted"], r.data["streamed"] = 10, 10
+    res = analyse_soak(recs)
+    assert [(x.ok, x.errors, x.reached, x.aborted) for x in res.rounds] == [(50, 0, 50, 10)] * 4
+    assert res.layers["vram"].rate_per_request == pytest.approx(3.0, rel=0.02)
+    assert any("abandoned by the client" in n for n in soak_json(res)["notes"])
+
+
 def test_no_request_succeeded_is_inconclusive_not_stable() -> None:
     recs = synth(flat())
     for r in recs:

@@ -68,13 +68,16 @@ def rounds_from_events(events: list[Event]) -> list[RoundInfo]:
             outcomes = ev.data.get("outcomes") or {}
             kinds = {str(k): _int(v) for k, v in outcomes.items()} if isinstance(outcomes, dict) else {}
             sent = _int(ev.data.get("sent", sum(kinds.values())))
-            ok = kinds.get("ok", 0)
+            # A planned abort (the client closes the stream after the first tokens) is traffic
+            # the server served, not an error: it counts with the successes.
+            n_aborted = kinds.get("aborted", 0)
+            ok = kinds.get("ok", 0) + n_aborted
             reached = sum(kinds.get(k, 0) for k in REACHED_SERVER)
             streamed = ev.data.get("streamed")
             aborted = ev.data.get("aborted", kinds.get("aborted"))
             rounds[rnd] = RoundInfo(
-                rnd, sent, ok, sent - ok, reached,
-                {k: v for k, v in kinds.items() if k != "ok" and v},
+                rnd, sent, ok, max(0, sent - ok), reached,
+                {k: v for k, v in kinds.items() if k not in ("ok", "aborted") and v},
                 ev.t - starts[rnd] if rnd in starts else None,
                 bool(ev.data.get("complete", True)),
                 [str(m) for m in ev.data.get("errors") or []],

@@ -101,7 +101,7 @@ class RoundInfo:
 
     round: int
     sent: int
-    ok: int
+    ok: int  # answered, or aborted by the client as planned
     errors: int
     reached: int  # requests that reached the server (model.REACHED_SERVER)
     error_kinds: dict[str, int]
