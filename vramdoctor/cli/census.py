@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 
 from ..analysis.census import CONTEXT_MIB, Census, census
 from ..errors import ExitCode, InputError
@@ -84,8 +83,8 @@ def _emit(result: Census, *, json_out: bool, report_file: Path | None) -> int:
     else:
         render(result, console.stdout())
     if report_file is not None:
-        rec = Console(record=True, width=140, color_system=None if suffix == ".txt" else "truecolor",
-                      file=io.StringIO())
+        rec = console.make_console(record=True, width=140,  # redacted and escaped like the terminal
+                                   color_system=None if suffix == ".txt" else "truecolor", file=io.StringIO())
         render(result, rec)
         try:
             if suffix == ".txt":
