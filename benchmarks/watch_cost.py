@@ -122,10 +122,13 @@ def memory_week() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--run-s", type=float, default=120.0)
+    ap.add_argument("--only", choices=("cpu", "memory"), help="run one part")
     args = ap.parse_args()
     print(f"cpu cores: {os.cpu_count()}, load average: {os.getloadavg()[0]:.1f}")
-    cpu_cost(args.run_s)
-    memory_week()
+    if args.only != "memory":
+        cpu_cost(args.run_s)
+    if args.only != "cpu":
+        memory_week()
 
 
 if __name__ == "__main__":

@@ -431,6 +431,13 @@ class WatchState:
             tr.series.drop_before(start)
             if not len(tr.series):
                 del self._tracks[key]
+        # per-PID bookkeeping only for PIDs still alive or still in a series: PIDs churn for weeks
+        keep = set().union(*self._present.values()) if self._present else set()
+        keep |= {k.pid for k in self._tracks if k.pid is not None}
+        keep |= {pid for _, pid, _, _ in self._exited}
+        for table in (self._names, self._gpus_of, self._start_walls):
+            for pid in [p for p in table if p not in keep]:
+                del table[pid]
 
     def _requests_at(self) -> dict[int, float]:
         return {b.key: b.vlast for b in self._requests}
