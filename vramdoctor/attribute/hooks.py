@@ -166,7 +166,7 @@ class SglangHook:
             m = _SGLANG_FILE.search(p.name)
             rank = int(m.group(1)) if m else 0
             name = f"{round_index:04d}-sglang-TP{rank}"
-            shutil.copy2(p, self.dest / f"{name}.pickle")
+            shutil.move(str(p), self.dest / f"{name}.pickle")
             (self.dest / f"{name}.json").write_text(json.dumps({
                 "seq": round_index, "process": f"sglang-TP{rank}", "label": f"SGLang scheduler TP {rank}",
                 "pid": None, "host": self.host, "wall": wall, "source": "sglang",
@@ -189,6 +189,9 @@ class SglangHook:
                 for p in self._stop(0):
                     with contextlib.suppress(OSError):
                         p.unlink()
+        if self.raw == self.dest / "sglang-output":
+            with contextlib.suppress(OSError):
+                self.raw.rmdir()  # ours, and empty once every dump was moved or dropped
         with contextlib.suppress(OSError):
             self._save()
 
