@@ -251,7 +251,7 @@ def layer_sentence(lay: LayerResult, a: SoakAnalysis) -> str:
     name = LAYER_NAMES[lay.layer]
     s = _main(lay)
     if lay.verdict == NOT_MEASURED:
-        why = {VRAM: "no GPU source (NVML or --gpu-metrics)",
+        why = {VRAM: "no GPU source: NVML on the server's host, or --gpu-metrics",
                KV: "the server exports no KV gauge; SGLang needs --enable-metrics",
                HOST: "the server's processes are not visible from here"}[lay.layer]
         return f"{name}: not measured ({why})."
@@ -287,8 +287,15 @@ def layer_sentence(lay: LayerResult, a: SoakAnalysis) -> str:
         return f"{name}: STABLE: no series moved beyond {thr} across {_rounds_text(a)} of identical traffic."
     growth = value(s.growth, s.unit, signed=True) if s is not None else "-"
     where = label(s) if s is not None else name
+    why = "memory kept for reuse, not a leak"
+    if lay.layer == HOST:
+        proc = next((p for p in lay.host_processes if p.series == lay.main_series), None)
+        if proc is not None and proc.arenas_first is not None and proc.arenas_last is not None \
+                and proc.arenas_last > proc.arenas_first:
+            why = (f"glibc's malloc arenas ({count(proc.arenas_first, 'arena')} -> "
+                   f"{count(proc.arenas_last, 'arena')}) keep freed heap: host-allocator caching, not a leak")
     return (f"{name}: CACHING: {where} rose {growth} and then stayed flat across {_rounds_text(a)} of "
-            "identical traffic: memory kept for reuse, not a leak.")
+            f"identical traffic: {why}.")
 
 
 def _leak_sentence(lay: LayerResult, a: SoakAnalysis) -> str:
@@ -366,9 +373,11 @@ def headline(a: SoakAnalysis) -> str:
         first = f" (first error: {a.first_error})" if a.first_error else ""
         return f"INCONCLUSIVE: no request succeeded, so memory was never exercised{first}."
     parts = [_short(a.layers[VRAM])]
+    vram_measured = a.layers[VRAM].verdict != NOT_MEASURED
     for name in (KV, HOST):
         lay = a.layers.get(name)
-        if lay is not None and lay.verdict in (LEAK, INCONCLUSIVE):
+        if lay is not None and (lay.verdict in (LEAK, INCONCLUSIVE)
+                                or (not vram_measured and lay.verdict != NOT_MEASURED)):
             parts.append(_short(lay))
     died = ""
     if a.server_died:
