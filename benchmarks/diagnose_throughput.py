@@ -118,12 +118,17 @@ def measure(mix: str, size: int, tmp: Path, baseline: Path | None = None) -> dic
     extra = {}
     if baseline is None:
         p = run_pipeline(big)
-    else:  # interleaved, best of two each: load on a shared machine drifts during the run
-        runs = [(run_pipeline(big, baseline), run_pipeline(big)) for _ in range(2)]
+    else:  # interleaved, best of three each: load on a shared machine drifts during the run
+        runs = [(run_pipeline(big, baseline), run_pipeline(big)) for _ in range(3)]
         b = min((r[0] for r in runs), key=lambda x: x["wall_s"])
         p = min((r[1] for r in runs), key=lambda x: x["wall_s"])
-        extra = {"baseline_mb_s": round(mb / b["wall_s"], 1), "baseline_cpu_s": round(b["cpu_s"], 2),
-                 "speed_vs_baseline": round(b["wall_s"] / p["wall_s"], 2)}
+        b_cpu = min(r[0]["cpu_s"] for r in runs)
+        p_cpu = min(r[1]["cpu_s"] for r in runs)
+        p = {**p, "cpu_s": p_cpu}
+        # CPU time is the steadier figure when other work shares the core
+        extra = {"baseline_mb_s": round(mb / b["wall_s"], 1), "baseline_cpu_s": round(b_cpu, 3),
+                 "speed_vs_baseline": round(b["wall_s"] / p["wall_s"], 2),
+                 "cpu_speed_vs_baseline": round(b_cpu / p_cpu, 3)}
     ps = run_pipeline(small)
     os.remove(big)
     os.remove(small)
@@ -133,7 +138,7 @@ def measure(mix: str, size: int, tmp: Path, baseline: Path | None = None) -> dic
         "grep_mb_s": round(mb / g_s, 1),
         "grep_matching_lines": g_lines,
         "diagnose_mb_s": round(mb / p["wall_s"], 1),
-        "diagnose_cpu_s": round(p["cpu_s"], 2),
+        "diagnose_cpu_s": round(p["cpu_s"], 3),
         "ratio": round((mb / p["wall_s"]) / (mb / g_s), 2),
         "peak_rss_mib": round(p["peak_rss_mib"], 1),
         "peak_rss_mib_eighth_size": round(ps["peak_rss_mib"], 1),
@@ -158,8 +163,9 @@ def main() -> int:
         print(f"{r['mix']:8} {r['size_mib']:>5}M {r['grep_mb_s']:>10} {r['diagnose_mb_s']:>14} {r['ratio']:>6} "
               f"{r['peak_rss_mib']:>8}M {r['peak_rss_mib_eighth_size']:>7}M")
         if "baseline_mb_s" in r:
-            print(f"{'':8} baseline {r['baseline_mb_s']} MB/s (best of two, interleaved), this code "
-                  f"{r['diagnose_mb_s']} MB/s: {r['speed_vs_baseline']}x")
+            print(f"{'':8} baseline {r['baseline_mb_s']} MB/s, {r['baseline_cpu_s']} s CPU (best of three, "
+                  f"interleaved); this code {r['diagnose_mb_s']} MB/s, {r['diagnose_cpu_s']} s CPU: "
+                  f"{r['speed_vs_baseline']}x wall, {r['cpu_speed_vs_baseline']}x CPU")
     print(json.dumps({"benchmark": "diagnose_throughput", "one_core": bool(one_core()), "results": results}))
     return 0
 

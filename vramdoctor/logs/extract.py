@@ -39,6 +39,10 @@ SECRET_ARG = re.compile(r"^(?:\w+_)?(?:api_key|token|password|passwd|secret|secr
 MAX_DUMP_CHARS = 2 << 20  # an argument dump longer than this is parsed as far as it goes
 MAX_DUMPS = 8  # argument dumps parsed per file
 
+# Argument dumps and vLLM's engine-config line: long lines that name memory settings
+# (gpu_memory_utilization=, mem_fraction_static=) but never report a memory event.
+DUMP_MARKS = ("server_args=ServerArgs(", "server_args={", "non-default args: {", "args: Namespace(", " with config: ")
+
 # Facts whose later value wins at equal priority (the last runtime line is the one in force).
 LAST_WINS = {"attention_backend"}
 
@@ -559,8 +563,8 @@ def dispatch(t: str) -> tuple[Step, ...]:
     if "eak d" in t or "eak D" in t:
         steps.append(X._leak)
     if ("emory" in t or "out of resource" in t or "max seq len" in t or "profiled value" in t
-            or "OUT_OF_MEMORY" in t or "ALLOC_FAILED" in t):
-        steps.append(X._memory)
+            or "OUT_OF_MEMORY" in t or "ALLOC_FAILED" in t) and not any(d in t for d in DUMP_MARKS):
+        steps.append(X._memory)  # (an argument dump or engine config names memory settings, no event)
     return tuple(steps)
 
 
