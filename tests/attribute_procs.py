@@ -56,7 +56,7 @@ def agent_env(agent_dir: Path, *, fake_torch: bool = True, **extra: str) -> dict
     """The environment of a server started with the agent (and the fake torch when asked)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VRAMDOCTOR_AGENT", "FAKE_TORCH"))}
     parts = [str(agent_path())] + ([str(FAKE_TORCH)] if fake_torch else [])
-    env["PYTHONPATH"] = os.pathsep.join(parts + [env["PYTHONPATH"]] if env.get("PYTHONPATH") else parts)
+    env["PYTHONPATH"] = os.pathsep.join([*parts, env["PYTHONPATH"]] if env.get("PYTHONPATH") else parts)
     env["VRAMDOCTOR_AGENT_DIR"] = str(agent_dir)
     env["VRAMDOCTOR_AGENT_POLL_S"] = "0.05"
     env.update(extra)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import requests
-
 from attribute_procs import FIXTURES, agent_env, agent_server
+
 from vramdoctor.agent import Controller, agent_path, list_agents, pth_line
 from vramdoctor.attribute import load_snapshot, summarise
 
@@ -130,7 +130,7 @@ def test_a_snapshot_that_raises_one_line_and_the_server_keeps_serving(tmp_path: 
     try:
         post(srv.port)
         assert wait_for(lambda: armed(agent_dir))
-        files, missing = Controller(agent_dir).snapshot(1, timeout_s=2)
+        files, _missing = Controller(agent_dir).snapshot(1, timeout_s=2)
         assert files == []
         assert wait_for(lambda: any("standing down" in ln for ln in agent_lines(srv.text())))
         post(srv.port, 5)

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 from helpers_procs import run_cli
+
 from vramdoctor.agent import agent_path
 
 FIX = Path(__file__).parent / "fixtures" / "attribute"

@@ -9,12 +9,17 @@ from pathlib import Path
 
 import pytest
 import requests
-
 from attribute_procs import FIXTURES, Proc
-from vramdoctor.attribute.hooks import SGLANG_NOT_COVERED, SglangHook, build_hook, parse_attribute_option
+from helpers_procs import run_cli
+
+from vramdoctor.attribute.hooks import (
+    SGLANG_NOT_COVERED,
+    SglangHook,
+    build_hook,
+    parse_attribute_option,
+)
 from vramdoctor.attribute.snapshots import attribute_run
 from vramdoctor.errors import InputError, SourceUnavailable
-from helpers_procs import run_cli
 
 
 @pytest.fixture
