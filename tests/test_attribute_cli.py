@@ -81,6 +81,9 @@ def test_report_reruns_the_recorded_soak_attribution(tmp_path: Path) -> None:
     split = p["split"]
     assert split["nvml_growth_bytes"] == split["reserved_growth_bytes"] == split["growing_stacks_bytes"]
     assert split["outside_allocator_bytes"] == 0
+    # the other servers on that GPU (the acceptance ran them side by side) had no agent snapshots
+    (gap,) = att["not_covered"]
+    assert gap.startswith("GPU processes without snapshots") and "pid 991 (transformers)" in gap
     text = run_cli("report", str(FIX / "soak_run" / "run.jsonl")).stdout
     assert "server.py:351 after_request" in text and "outside the PyTorch allocator" in text
     # the same run without its snapshots: no attribution section

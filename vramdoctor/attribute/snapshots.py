@@ -186,9 +186,16 @@ def attribute_run(records: Sequence[Any], snap_dir: Path, *, th: Thresholds | No
                                        label=group[0].label, pid=group[0].pid, th=th))
         except SnapshotError as exc:
             notes.append(f"{group[0].label}: {exc}")
+    not_covered = list(coverage.get("not_covered", []))
+    if "sglang" not in sources:  # agent snapshots carry pids: name the GPU processes without any
+        seen = {m.pid for m in metas if m.pid is not None}
+        on_gpu = {p.pid: p.name for g in gpu for p in g.processes if p.pid not in seen}
+        if on_gpu:
+            not_covered.append("GPU processes without snapshots (started without the agent, or "
+                               "another server): " + ", ".join(f"pid {pid} ({name or '?'})"
+                                                              for pid, name in sorted(on_gpu.items())))
     return AttributionReport(processes, source="/".join(sorted(sources)) or str(coverage.get("source", "agent")),
-                             covered=list(coverage.get("covered", [])),
-                             not_covered=list(coverage.get("not_covered", [])),
+                             covered=list(coverage.get("covered", [])), not_covered=not_covered,
                              notes=list(coverage.get("notes", [])) + notes)
 
 
