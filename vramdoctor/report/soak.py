@@ -988,7 +988,7 @@ def report_run(run: Run, *, json_out: bool, report_file: Path | None, run_path: 
             report_file = None
     if json_out:
         d = soak_json(result)
-        d["run_file"] = str(run_path) if run_path else None
+        d["run_file"] = str(run_path or run.path)  # the file the report was made from
         d["report_file"] = str(report_file) if report_file else None
         d["attribution"] = run_attribution_json(run)  # soak --attribute (vramdoctor.attribute)
         console.print_json(d)
