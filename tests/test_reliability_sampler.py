@@ -121,6 +121,12 @@ def test_a_non_finite_label_is_skipped_once_and_sampling_goes_on(tmp_path: Path,
     assert errors[0].data["source"] == "metrics" and "non-finite" in errors[0].data["error"]
     repeated = [e for e in events(writer.path, SOURCE_ERROR) if e.data.get("repeated")]
     assert repeated and repeated[0].data["count"] == len(samples)
+    # The report says what was dropped and why, with the count.
+    r = subprocess.run([sys.executable, "-m", "vramdoctor", "report", str(writer.path)], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"})
+    assert r.returncode in (0, 1), r.stderr
+    assert "non-finite value (NaN or overflow) left out of the sample" in r.stdout
+    assert f"({len(samples)} times)" in r.stdout
 
 
 # --- kind 2: a slow source delays nobody but itself ------------------------------------------

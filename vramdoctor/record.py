@@ -277,6 +277,28 @@ class Run:
         """Records of a kind this module has no type for (e.g. 'result', 'request')."""
         return [r for r in self.records if isinstance(r, dict) and r.get("kind") == kind]
 
+    def dropped(self, limit: int = 8) -> list[str]:
+        """What the sampler left out and why, one sentence per kind of source error (from the
+        SOURCE_ERROR events), with how often it happened."""
+        from .model import SOURCE_ERROR, Event
+
+        counts: dict[tuple[str, str], int] = {}
+        for rec in self.records:
+            if not isinstance(rec, Event) or not isinstance(rec.data, dict):
+                continue
+            if rec.name == SOURCE_ERROR:
+                key = (str(rec.data.get("source", "?")), str(rec.data.get("error", "?")))
+                count = rec.data.get("count")
+                if rec.data.get("repeated") and isinstance(count, int):
+                    counts[key] = max(counts.get(key, 1), count)
+                else:
+                    counts.setdefault(key, 1)
+        out = [f"{source}: {error}" + (f" ({count} times)" if count > 1 else "")
+               for (source, error), count in counts.items()]
+        if len(out) > limit:
+            out = [*out[:limit], f"and {len(out) - limit} more kinds of source errors (see the run file)"]
+        return out
+
 
 # Reading is bounded: the header must be in the first HEADER_LIMIT_BYTES (so /dev/zero or a
 # binary file is refused at once), and a line longer than LINE_LIMIT_BYTES is damage.

@@ -459,11 +459,19 @@ def notes(a: SoakAnalysis) -> list[str]:
     if cut:
         out.append("rounds without a verdict (cut by the server's death or replacement): "
                    + ", ".join(str(c) for c in cut))
+    changes: dict[int, list[Any]] = {}
     for c in a.process_changes:
-        what = {"appeared": "appeared", "exited": "exited", "transient": "appeared and exited"}.get(c.change, c.change)
-        when = f" in round {c.round}" if c.round else ""
-        gpu = f" on GPU {c.gpu}" if c.gpu is not None else ""
-        out.append(f"pid {c.pid} ({c.name or '?'}){gpu} {what}{when}: reported, judged only if it "
+        changes.setdefault(c.pid, []).append(c)
+    for pid, cs in changes.items():
+        kinds = {c.change for c in cs}
+        what = "appeared and exited" if "transient" in kinds or {"appeared", "exited"} <= kinds \
+            else "appeared" if "appeared" in kinds else "exited"
+        rounds = sorted({c.round for c in cs if c.round})
+        when = (" in round " + " and ".join(str(r) for r in rounds)) if rounds else ""
+        first = cs[0]
+        gpu = next((f" on GPU {c.gpu}" for c in cs if c.gpu is not None), "")
+        name = next((c.name for c in cs if c.name), None) or first.name
+        out.append(f"pid {pid} ({name or '?'}){gpu} {what}{when}: reported, judged only if it "
                    "stayed for 2 settled rounds")
     vram = a.layers.get(VRAM)
     if vram is not None:
@@ -977,6 +985,7 @@ def report_run(run: Run, *, json_out: bool, report_file: Path | None, run_path: 
         run.records, run.header, production_rate_rps=production_rate_rps,
         raw_host=run.raw("host_memory"), status=run.status, th=th)
     extra = list(run.problems)  # the run file's own damage: bad lines, disorder, a full disk
+    extra += run.dropped()  # what the sampler left out and why (source errors, their counts)
     if run.torn_tail:
         extra.append("the run file's last line was torn (the writer was killed); it was skipped")
     result.notes.extend(n for n in extra if n not in result.notes)
