@@ -277,8 +277,7 @@ def test_a_process_that_exits_in_round_one_does_not_decide(with_events: bool) ->
         assert not s.decides and s.reason == "transient" and s.presence == "transient"
     assert any(c.pid == 999 for c in res.process_changes)
     d = soak_json(res)
-    assert any("pid 999" in n and "appeared and exited" in n for n in d["notes"]) or \
-        any("pid 999" in n for n in d["notes"])
+    assert any("pid 999" in n and "appeared and exited in round 1" in n for n in d["notes"])
     assert res.undecided == []
 
 
