@@ -89,8 +89,13 @@ def _root(
     version: bool = typer.Option(
         False, "--version", "-V", callback=_version, is_eager=True, help="Print the version and exit."
     ),
+    no_color: bool = typer.Option(
+        False, "--no-color", help="No colour in any command's output (same as NO_COLOR=1; output is plain when piped)."
+    ),
 ) -> None:
     """vramdoctor: is it a leak or only caching, what causes it, does the fix work."""
+    if no_color:  # the one colour switch: every console reads NO_COLOR (vramdoctor.report.console)
+        os.environ["NO_COLOR"] = "1"
 
 
 # Register the commands (each module adds itself to `app`).
