@@ -22,6 +22,7 @@ from .kv import kv_layer
 from .protocol import (
     lives_from_events,
     process_changes_from_events,
+    round_at,
     rounds_from_events,
     windows_from_events,
 )
@@ -40,6 +41,7 @@ from .results import (
     SeriesResult,
     SoakAnalysis,
     Thresholds,
+    Window,
 )
 from .series import extract_series, kv_pool_mib, without
 from .verdict import baseline_request_rate, overall_verdict, undecided
@@ -173,7 +175,7 @@ def _analyse(records: list[Any], header: dict[str, Any] | None, production_rate_
     collector_failed = next((str(e.data.get("error") or "collector failed") for e in events
                              if e.name == COLLECTOR_FAILED), None)
     first_error = next((m for r in rounds for m in r.messages), None)
-    changes += _series_changes(all_series, changes)
+    changes += _series_changes(all_series, changes, windows)
     return SoakAnalysis(
         verdict=verdict, layers=layers, rounds=rounds, windows=windows, lives=lives,
         series=all_series, process_changes=changes, undecided=open_layers, status=status,
@@ -216,7 +218,8 @@ def _merge(per_life: list[dict[str, LayerResult]]) -> dict[str, LayerResult]:
     return out
 
 
-def _series_changes(series: list[SeriesResult], known: list[ProcessChange]) -> list[ProcessChange]:
+def _series_changes(series: list[SeriesResult], known: list[ProcessChange],
+                    windows: list[Window]) -> list[ProcessChange]:
     """Processes the samples show coming or going that no event reported."""
     seen = {(c.pid, c.change) for c in known}
     out: list[ProcessChange] = []
@@ -226,6 +229,7 @@ def _series_changes(series: list[SeriesResult], known: list[ProcessChange]) -> l
         if (s.pid, s.presence) in seen or (s.presence == "transient" and (s.pid, "appeared") in seen):
             continue
         seen.add((s.pid, s.presence))
-        out.append(ProcessChange(s.pid, s.presence, None, None, name=s.name, gpu=s.gpu,
-                                 settled_rounds=s.settled_rounds))
+        t = s.last_t if s.presence == "exited" else s.first_t
+        out.append(ProcessChange(s.pid, s.presence, t, None if t is None else round_at(windows, t),
+                                 name=s.name, gpu=s.gpu, settled_rounds=s.settled_rounds))
     return out

@@ -95,4 +95,5 @@ def judge(s: Series, windows: list[Window], lr: LifeRounds, th: Thresholds) -> S
         increments=fit.increments, verdict=fit.verdict, reason=reason,
         creep_floor_per_request=fit.creep_floor_per_request, settled_rounds=present,
         presence=presence, decides=decides, life=lr.life,
+        first_t=s.points[0][0] if s.points else None, last_t=s.points[-1][0] if s.points else None,
     )

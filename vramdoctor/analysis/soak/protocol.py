@@ -152,8 +152,10 @@ def process_changes_from_events(events: list[Event], windows: list[Window]) -> l
 
 
 def round_at(windows: list[Window], t: float) -> int | None:
-    """The round whose load or idle window contains `t` (0 in the baseline), else None."""
+    """The round whose load or idle window contains `t` (0 in the baseline), else None; at a
+    boundary (one window's end is the next one's start) the later window."""
+    found = None
     for w in windows:
         if w.start <= t and (w.end is None or t <= w.end):
-            return w.round
-    return None
+            found = w.round
+    return found

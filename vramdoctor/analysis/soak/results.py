@@ -176,6 +176,8 @@ class SeriesResult:
     decides: bool = True  # False: evidence only (a transient, a device total with processes)
     explanation: str | None = None  # X_* code when growth is explained as caching
     life: int = 0
+    first_t: float | None = None  # first and last sample (monotonic s)
+    last_t: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return finite({
