@@ -134,6 +134,19 @@ def test_negative_available_kv_cache_memory(tmp_path: Path) -> None:
     assert "-3.31 GiB" in f.explanation and f.severity == "warning"
 
 
+def test_vllm_memory_profiling_debug_lines(tmp_path: Path) -> None:
+    # vllm/utils memory profiling result and v1 gpu_worker's requested-memory line (DEBUG level)
+    d = run(tmp_path, (
+        "(EngineCore_DP0 pid=9) DEBUG 02-03 04:41:31 [v1/worker/gpu_worker.py:387] Initial free memory: 47.03 GiB; "
+        "Requested memory: 0.90 (util), 42.64 GiB\n"
+        "(EngineCore_DP0 pid=9) DEBUG 02-03 04:41:31 [v1/worker/gpu_worker.py:399] Memory profiling takes 24.71 "
+        "seconds. Total non KV cache memory: 16.70GiB; torch peak memory increase: 1.40GiB; non-torch forward "
+        "increase memory: 0.24GiB; weights memory: 15.27GiB.\n"
+    ))
+    assert d.server == "vllm" and d.facts.gpu_memory_utilization == 0.9
+    assert d.facts.weights_mib == round(15.27 * 1024, 1)
+
+
 def test_cuda_graph_profiling_line_gives_the_configured_utilization(tmp_path: Path) -> None:
     # vLLM 0.21+: the first value is the configured one, the second the derived equivalent
     d = run(tmp_path, (

@@ -170,6 +170,10 @@ class FileExtractor(EventsMixin):
         if m:
             self.put("weights_mib", gb(m.group(1)), RUNTIME, hit)
             self.stage = "profiling"
+        m = P.VLLM_REQUESTED.search(t)
+        if m:
+            self.votes["vllm"] += 3
+            self.put("gpu_memory_utilization", float(m.group(1)), RUNTIME, hit)
 
     def _architecture(self, hit: Hit, t: str) -> None:
         m = P.VLLM_ARCH.search(t) or P.VLLM_ARCH_V1.search(t)
@@ -546,7 +550,7 @@ def dispatch(t: str) -> tuple[Step, ...]:
         steps.append(X._blocks)
     if "max_total_num_tokens" in t:
         steps.append(X._sgl_summary)
-    if "weights t" in t or "loading took" in t:
+    if "weights t" in t or "loading took" in t or "weights memory:" in t or "Requested memory:" in t:
         steps.append(X._weights)
     if "rchitecture" in t or "V1 Engine" in t:
         steps.append(X._architecture)

@@ -173,7 +173,15 @@ VLLM_ARCH_V1 = re.compile(r"\['(\w+)'\] is not supported by the V1 Engine")
 VLLM_LOAD_MODEL = re.compile(r"Starting to load model (\S+?)\.\.\.")
 VLLM_MM_PROFILE = re.compile(r"Starting profile run for multi-modal models")
 # vLLM memory figures
-VLLM_WEIGHTS = re.compile(r"(?:Loading model weights took|Model loading took|model weights take) ([\d.]+) ?(GiB|GB)")
+# vLLM weights: "Loading model weights took X GB" (V0), "Model loading took X GiB" (V1), "model weights
+# take X GiB" (0.6-0.8 profiling summary), vllm/utils memory profiling result (0.9+, DEBUG): "Memory
+# profiling takes F seconds. Total non KV cache memory: XGiB; torch peak memory increase: XGiB; ...
+# weights memory: XGiB."
+VLLM_WEIGHTS = re.compile(
+    r"(?:Loading model weights took|Model loading took|model weights take|; weights memory:) ([\d.]+) ?(GiB|GB)"
+)
+# vLLM V1 gpu_worker (DEBUG): "Initial free memory: F GiB; Requested memory: U (util), R GiB"
+VLLM_REQUESTED = re.compile(r"Requested memory: ([\d.]+) \(util\), ([\d.]+) ?GiB")
 VLLM_BLOCKS = re.compile(r"# (?:GPU|cuda) blocks: (\d+)(?:, # CPU blocks: (\d+))?")
 VLLM_KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 VLLM_KV_MEM = re.compile(r"Available KV cache memory: (-?[\d.]+) GiB")  # negative when nothing is left
