@@ -102,8 +102,10 @@ def main() -> None:
                     start = time.perf_counter()
                     res = run_fleet(url, days=d, end=end, step_s=step, matchers=[f'Hostname=~"{regex}"'])
                     total = time.perf_counter() - start
-                    best = total if best is None else min(best, total)
-                total = best or 0.0
+                    if best is None or total < best[0]:
+                        best = (total, res)
+                assert best is not None
+                total, res = best
                 q = sum(x["seconds"] for x in res.queries)
                 pts = sum(x["points"] for x in res.queries)
                 print(f"{len(res.rows):>7} {d:>5g} {step:>5g}s {pts:>11,} {q:>8.2f} {total:>8.2f} {len(res.leaks):>6}")

@@ -146,6 +146,8 @@ def test_fleet_finds_every_known_leak_at_its_rate_and_calls_nothing_else_a_leak(
     assert (first["host"], first["pid"]) == ("gpu-c", 4242)
     assert first["hours_to_oom"] == pytest.approx(first["free"] / first["growth_per_hour"], rel=1e-6)
     assert first["hours_to_oom"] < rows["gpu-a/device/gpu=0"]["hours_to_oom"]
+    kv = rows["srv-a:30000/kv"]  # free tokens = sglang:max_total_num_tokens - held at idle
+    assert kv["hours_to_oom"] == pytest.approx((500_000 - kv["level"]) / kv["growth_per_hour"], rel=1e-6)
     # a chart per culprit
     assert len(doc["charts"]) == len(leaks)
     assert all(Path(p).stat().st_size > 10_000 and Path(p).read_bytes()[:4] == b"\x89PNG" for p in doc["charts"])

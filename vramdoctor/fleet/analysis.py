@@ -243,7 +243,7 @@ def rank_key(r: FleetRow) -> tuple[float, float, float, str]:
 
 def analyse(series: list[FleetSeries], *, start: float, end: float, step_s: float,
             free: dict[tuple[str, str], float] | None = None, config: FleetConfig | None = None) -> FleetResult:
-    """Every series' row, ranked. `free` maps (host, gpu) -> free MiB now (GPU layers only)."""
+    """Every series' row, ranked. `free`: (host, gpu) -> free MiB now; (instance, "kv") -> free KV now."""
     config = config or FleetConfig()
     free = free or {}
     rows = []
@@ -251,6 +251,8 @@ def analyse(series: list[FleetSeries], *, start: float, end: float, step_s: floa
         f = None
         if s.layer in ("device", "vram", "pod") and s.gpu is not None:
             f = free.get((s.host, s.gpu))
+        elif s.layer == "kv":
+            f = free.get((s.host, "kv"))
         rows.append(analyse_series(s, range_start=start, step_s=step_s, free=f, config=config))
     rows.sort(key=rank_key)
     return FleetResult(start=start, end=end, step_s=step_s, config=config, rows=rows)

@@ -72,13 +72,14 @@ class KvQuery:
     used: tuple[str, ...]  # first present wins
     running: str
     queued: str
+    capacity: str | None  # the pool's size in the same unit (None: a 0..1 ratio)
 
 
 KV_QUERIES: tuple[KvQuery, ...] = (
     KvQuery("sglang", "tokens", ("sglang:num_used_tokens", "sglang:kv_used_tokens"),
-            "sglang:num_running_reqs", "sglang:num_queue_reqs"),
+            "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:max_total_num_tokens"),
     KvQuery("vllm", "ratio", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-            "vllm:num_requests_running", "vllm:num_requests_waiting"),
+            "vllm:num_requests_running", "vllm:num_requests_waiting", None),
 )
 
 _PORT = re.compile(r":\d+$")
@@ -91,6 +92,8 @@ def metric_names_used() -> set[str]:
     for q in KV_QUERIES:
         names.update(q.used)
         names.update((q.running, q.queued))
+        if q.capacity:
+            names.add(q.capacity)
     return names
 
 
@@ -210,9 +213,19 @@ def collect(client: PrometheusClient, *, start: float, end: float, step_s: float
         sel = lambda n: _selector(n, matchers)  # noqa: E731
         query = (f"max by (instance) ({sel(used)}) unless on (instance) "
                  f"(sum by (instance) ({sel(q.running)}) + sum by (instance) ({sel(q.queued)}) > 0)")
-        for r in client.query_range(query, start, end, step_s):
-            series.append(FleetSeries(host=r.labels.get("instance", "?"), layer="kv", unit=q.unit,
-                                      source=q.source, t=r.t, v=r.v))
+        kv_rows = client.query_range(query, start, end, step_s)
+        capacity: dict[str, float] = {}
+        if q.capacity is None:
+            capacity = {r.labels.get("instance", "?"): 1.0 for r in kv_rows}  # a 0..1 ratio: the pool is 1
+        elif q.capacity in present:
+            capacity = {lab.get("instance", "?"): v for lab, v in client.query(
+                f"max by (instance) (last_over_time({sel(q.capacity)}[1h]))", at=end)}
+        for r in kv_rows:
+            inst = r.labels.get("instance", "?")
+            series.append(FleetSeries(host=inst, layer="kv", unit=q.unit, source=q.source, t=r.t, v=r.v))
+            ok = np.isfinite(r.v)
+            if inst in capacity and ok.any():
+                free[(inst, "kv")] = capacity[inst] - float(r.v[ok][-1])
     if not found_any:
         notes.append("Prometheus holds none of the memory metrics fleet reads (dcgm-exporter DCGM_FI_DEV_FB_USED, "
                      "nvitop-exporter process_gpu_memory_MiB, nvidia_gpu_exporter "
