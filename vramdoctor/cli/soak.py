@@ -127,7 +127,7 @@ def soak_cmd(
         None, "--production-rate",
         help="Your production request rate (requests/s) for time-to-OOM in hours (default: the "
         "server's own request counters during the baseline, when they show traffic)."),
-    out: Path | None = typer.Option(None, "--out", help="Run file (default: runs/soak-<UTC time>-<pid>-<random>.jsonl)."),
+    out: Path | None = typer.Option(None, "--out", help="Run file (default: runs/soak-UTCTIME-PID-RANDOM.jsonl)."),
     report_file: Path | None = typer.Option(None, "--report", help="Also write FILE.html or FILE.png."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     max_requests: int | None = typer.Option(None, "--max-requests", help="Never send more requests than this in total."),
