@@ -185,3 +185,77 @@ def test_utf8_label_values_without_a_charset_header() -> None:
     with serve(lambda path: (200, "text/plain", text)) as url, ServerMetricsSource(url) as src:
         s = src.sample()
     assert s.raw == {'sglang:token_usage{model_name="Qwen/通义千问-VL",tp_rank="0"}': 0.5}
+
+
+# --- KV pools in tokens and request counters ------------------------------------------------------
+
+SGLANG_0523_HYBRID = """\
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0"} 0.4
+sglang:num_used_tokens{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0"} 1920
+sglang:max_total_num_tokens{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0"} 200000
+sglang:kv_used_tokens{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0"} 1920
+sglang:kv_available_tokens{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0"} 190000
+sglang:kv_evictable_tokens{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0"} 8080
+sglang:swa_used_tokens{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0"} 64
+sglang:swa_available_tokens{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0"} 49936
+sglang:swa_evictable_tokens{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0"} 0
+sglang:mamba_used_tokens{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0"} 0
+sglang:mamba_available_tokens{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0"} 0
+sglang:mamba_evictable_tokens{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0"} 0
+sglang:kv_cache_memory_usage_gb{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0"} 12.5
+sglang:num_running_reqs{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0"} 0
+sglang:num_queue_reqs{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0"} 0
+# TYPE sglang:num_requests counter
+sglang:num_requests_total{model_name="m"} 1234
+"""
+
+
+def test_sglang_pools_in_tokens_full_and_swa_with_evictable_beside_used() -> None:
+    s = scrape(SGLANG_0523_HYBRID, page_size_tokens=64)
+    pools = {p.pool: p for p in s.kv}
+    assert set(pools) == {"full", "swa"}  # the mamba gauges are all 0: a pool this model lacks
+    full = pools["full"]
+    assert (full.used_tokens, full.total_tokens, full.evictable_tokens) == (1920, 200000, 8080)
+    assert full.source == "sglang:kv_used_tokens" and full.page_size_tokens == 64
+    assert (full.running_requests, full.queued_requests) == (0, 0)
+    assert full.bytes_per_token == pytest.approx(12.5 * 2**30 / 200000)
+    assert pools["swa"].used_tokens == 64 and pools["swa"].total_tokens == 50000
+    assert s.requests_total == 1234
+
+
+def test_sglang_older_pools_fall_back_to_num_used_tokens_then_ratio() -> None:
+    s = scrape(sglang_text(version="0.5.9", token_usage=0.25, used_tokens=5000))
+    assert [(p.pool, p.used_tokens, p.source) for p in s.kv] == [("full", 5000, "sglang:num_used_tokens")]
+    ratio_only = "\n".join(line for line in sglang_text(version="0.5.9", token_usage=0.25).splitlines()
+                           if "num_used_tokens" not in line) + "\n"
+    s = scrape(ratio_only)
+    assert s.kv[0].used_tokens == pytest.approx(0.25 * 200000)
+    assert s.kv[0].source == "sglang:token_usage*max_total_num_tokens"
+
+
+VLLM_V1 = """\
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{model_name="m",engine="0"} 0.01
+vllm:kv_cache_usage_perc{model_name="m",engine="1"} 0.02
+vllm:cache_config_info{block_size="16",num_gpu_blocks="5000",gpu_memory_utilization="0.9",engine="0"} 1
+vllm:num_requests_running{model_name="m",engine="0"} 0
+vllm:num_requests_waiting{model_name="m",engine="0"} 0
+# TYPE vllm:request_success counter
+vllm:request_success_total{model_name="m",engine="0",finished_reason="stop"} 90
+vllm:request_success_total{model_name="m",engine="0",finished_reason="length"} 9
+vllm:request_success_total{model_name="m",engine="1",finished_reason="abort"} 1
+"""
+
+
+def test_vllm_usage_times_the_pool_size_from_cache_config_labels_per_engine() -> None:
+    s = scrape(VLLM_V1)
+    (pool,) = s.kv
+    assert pool.pool == "kv" and pool.page_size_tokens == 16
+    assert pool.total_tokens == 2 * 5000 * 16
+    assert pool.used_tokens == pytest.approx((0.01 + 0.02) * 5000 * 16)
+    assert s.requests_total == 100
+    # A non-finite pool size in the labels is no pool size (the ratio stays in values).
+    bad = VLLM_V1.replace('num_gpu_blocks="5000"', 'num_gpu_blocks="nan"')
+    s = scrape(bad)
+    assert s.kv == [] and s.values["kv_usage_ratio"] == pytest.approx(0.02)

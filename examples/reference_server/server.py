@@ -486,6 +486,9 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                                  "served_model_name": MODEL_ID})
             elif path == "/reference/info":
                 self._send(200, state.info())
+            elif path == "/v1/models" and state.args.models_status != 200:
+                # As `transformers serve` on a host without a Hugging Face cache directory.
+                self._send(state.args.models_status, {"error": {"message": "no model list here"}})
             elif path == "/v1/models":
                 if self._authorised():
                     self._send(200, {"object": "list", "data": [
@@ -613,6 +616,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stream-token-s", type=float, default=0.01, help="seconds between streamed tokens")
     p.add_argument("--arena-threads", type=int, default=4,
                    help="arena mode: decode threads started per image (each may get its own malloc arena)")
+    p.add_argument("--models-status", type=int, default=200,
+                   help="answer GET /v1/models with this HTTP status (500: as transformers serve without an HF cache)")
     p.add_argument("--churn-after", type=int, default=5, help="worker-churn: requests before the helper starts")
     p.add_argument("--churn-lifetime", type=float, default=1.5, help="worker-churn: seconds the helper lives")
     p.add_argument("--kv-tokens-per-request", type=int, default=1024, help="KV tokens a request holds")

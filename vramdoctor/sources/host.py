@@ -62,36 +62,34 @@ def _maps_lines(text: str) -> Iterable[tuple[int, int, str, str]]:
 def malloc_heaps(maps_text: str, heap_bytes: int = HEAP_MAX_BYTES) -> MallocHeaps:
     """Count glibc arena heaps in the text of `/proc/PID/maps`.
 
-    A heap is a run of adjacent anonymous private mappings (no path) that starts at an address
-    aligned to `heap_bytes`, is read-write first (then optionally PROT_NONE) and spans exactly
-    `heap_bytes`. Thread stacks (8 MiB plus a guard page), Python's small-object arenas and
-    large malloc blocks (mmap'd one by one, page aligned, any size) do not have that shape.
+    A heap is the address range [B - 64 MiB, B) for a 64 MiB-aligned B, mapped anonymous and
+    private: read-write from its start, then PROT_NONE (`---p`) up to B. The kernel merges
+    adjacent mappings with the same flags, so the read-write part may be joined to an
+    anonymous mapping before it and the PROT_NONE tail to one after it (a thread stack's guard
+    page): only the aligned end inside the tail and a read-write mapping reaching back to the
+    heap's start are required. A heap grown to the full 64 MiB (no tail) is counted when it
+    is one read-write mapping of exactly that size at an aligned address. Thread stacks (a
+    4 KiB guard below 8 MiB of stack), Python's arenas and large malloc blocks (mmap'd one by
+    one, page aligned, any size) do not have that shape.
     """
-    rows = list(_maps_lines(maps_text))
+    rows = [r for r in _maps_lines(maps_text)]
     heaps = writable = 0
-    i = 0
-    while i < len(rows):
-        lo, hi, perms, path = rows[i]
-        if path or lo % heap_bytes or not perms.startswith("rw") or not perms.endswith("p"):
-            i += 1
+    for k, (lo, hi, perms, path) in enumerate(rows):
+        if path or not perms.endswith("p"):
             continue
-        end, rw, j = hi, hi - lo, i + 1
-        while end - lo < heap_bytes and j < len(rows):
-            lo2, hi2, perms2, path2 = rows[j]
-            if lo2 != end or path2 or not perms2.endswith("p"):
-                break
-            if perms2.startswith("rw") and rw == end - lo:
-                rw += hi2 - lo2  # a heap grown in steps can show as two rw mappings
-            elif not perms2.startswith("---"):
-                break
-            end = hi2
-            j += 1
-        if end - lo == heap_bytes:
-            heaps += 1
-            writable += rw
-            i = j
-        else:
-            i += 1
+        if perms.startswith("---") and k > 0:
+            plo, phi, pperms, ppath = rows[k - 1]
+            if ppath or phi != lo or not pperms.startswith("rw") or not pperms.endswith("p"):
+                continue
+            end = (lo // heap_bytes + 1) * heap_bytes  # the first aligned address after the rw part
+            if end <= hi and end - heap_bytes >= plo:
+                heaps += 1
+                writable += lo - (end - heap_bytes)
+        elif perms.startswith("rw") and lo % heap_bytes == 0 and hi - lo == heap_bytes:
+            nxt = rows[k + 1] if k + 1 < len(rows) else None
+            if nxt is None or nxt[0] != hi or not nxt[2].startswith("---"):
+                heaps += 1
+                writable += heap_bytes
     return MallocHeaps(heaps, heaps * heap_bytes, writable)
 
 
