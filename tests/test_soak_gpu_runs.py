@@ -92,3 +92,10 @@ def test_recorded_gpu_report_fits_80_columns_when_piped(tmp_path: Path) -> None:
         assert "…" not in r.stdout
         assert max(len(line) for line in r.stdout.splitlines()) <= 80
         assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("rate", ["-1", "0", "inf", "nan"])
+def test_a_bad_production_rate_is_a_usage_error(rate: str, capsys) -> None:
+    code = main(["report", str(RUNS / "h200-leaking.jsonl"), "--production-rate", rate])
+    assert code == 2
+    assert "--production-rate" in capsys.readouterr().err
