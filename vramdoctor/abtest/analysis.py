@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from ..model import MIB
+from ..units import MIB, format_mib
 
 # A variant "grows" when its memory rises by more than this per round after the first.
 GROWTH_TOLERANCE_MIB = 8.0
@@ -141,7 +141,7 @@ def _recommend(variants: list[dict[str, Any]], noise_pct: float | None = None) -
     best = min(pool, key=lambda v: (round(v["held_after_idle_mib"] / 8), v["p50_ms"] or 0.0))
     over = best["overhead_pct"]
     reason = (
-        f"holds {best['held_after_idle_mib']:.0f} MiB above its CUDA context after idle, "
+        f"holds {format_mib(best['held_after_idle_mib'], 0)} above its CUDA context after idle, "
         f"bounded across rounds, p50 {best['p50_ms']:.2f} ms"
         + (f" ({over:+.1f}% vs baseline)" if over is not None else "")
     )

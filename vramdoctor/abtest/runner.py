@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..units import format_duration
 from .protocol import stream
 from .variants import Variant
 
@@ -84,7 +85,7 @@ def run_one(
     if done and rc == 0:
         status = "ok"
     elif timed_out and error is None:
-        status, error = "timeout", f"no result within {timeout_s:.0f} s"
+        status, error = "timeout", f"no result within {format_duration(timeout_s)}"
     elif error is not None:
         status = "error"
     else:

@@ -12,6 +12,7 @@ import typer
 from ..errors import ExitCode, InputError, MissingExtra, SourceUnavailable, VramdoctorError
 from ..record import Run, RunWriter, make_header, read_run
 from ..report import console
+from ..units import format_duration
 from . import app
 
 # The JSON of an ab-test (`vramdoctor ab-test --json`, `vramdoctor report AB.jsonl --json`).
@@ -180,4 +181,4 @@ def run_abtest(out: Path, header: dict[str, Any], config: dict[str, Any], chosen
             console.note(f"[{time.monotonic() - started:5.0f}s] IPC arm (up to {n} of {gpu_count} GPU(s))")
             run_ipc_subprocess(gpu_count, writer.write, max_gpus=ipc_gpus)
         writer.close("complete", elapsed_s=round(time.monotonic() - started, 1))
-    console.note(f"ab-test took {time.monotonic() - started:.0f} s")
+    console.note(f"ab-test took {format_duration(time.monotonic() - started)}")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..model import MIB
+from ..units import format_bytes
 from ._torch import load_torch
 from .ipc import CudaIpcHandle, open_cuda_tensor, share_cuda_tensor
 
@@ -113,8 +114,8 @@ class FeatureBufferPool:
             if not self._warned:
                 self._warned = True
                 warnings.warn(
-                    f"the pooled GPU feature buffer has no free chunk for a {nbytes / MIB:.2f} MiB "
-                    f"tensor (buffer {self.capacity / MIB:.0f} MiB per worker); sending it through "
+                    f"the pooled GPU feature buffer has no free chunk for a {format_bytes(nbytes)} "
+                    f"tensor (buffer {format_bytes(self.capacity)} per worker); sending it through "
                     "CPU instead. Raise the total budget or lower the worker count.",
                     PoolFullWarning,
                     stacklevel=2,

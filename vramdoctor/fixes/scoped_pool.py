@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..model import MIB
+from ..units import MIB, format_bytes
 from ._torch import cuda_usable, has_mem_pool, load_torch
 
 log = logging.getLogger("vramdoctor.fixes")
@@ -160,11 +160,11 @@ def release_parked(*, force: bool = True) -> int:
 
 def _warn_once(nbytes: int) -> None:
     if _state.warned:
-        log.info("request_scoped_pool: %.1f MiB escaped the scope", nbytes / MIB)
+        log.info("request_scoped_pool: %s escaped the scope", format_bytes(nbytes))
         return
     _state.warned = True
     message = (
-        f"{nbytes / MIB:.1f} MiB of GPU tensors allocated inside request_scoped_pool() are still "
+        f"{format_bytes(nbytes)} of GPU tensors allocated inside request_scoped_pool() are still "
         "referenced after the block ended; vramdoctor releases that pool's segments once they "
         "are freed (otherwise it would leak). Fix: move the outputs to CPU inside the block "
         "(vramdoctor.fixes.outputs_to_cpu) or drop the references before it ends. "
