@@ -20,7 +20,14 @@ from pathlib import Path
 import pytest
 
 from vramdoctor.errors import SourceUnavailable
-from vramdoctor.model import COLLECTOR_FAILED, SOURCE_ERROR, Event, HostSample, MetricsSample
+from vramdoctor.model import (
+    COLLECTOR_FAILED,
+    SOURCE_ERROR,
+    SOURCE_ERROR_COUNT,
+    Event,
+    HostSample,
+    MetricsSample,
+)
 from vramdoctor.record import RunWriter, make_header, read_run
 from vramdoctor.sources.collector import Collector
 from vramdoctor.sources.host import HostSource
@@ -116,10 +123,10 @@ def test_a_non_finite_label_is_skipped_once_and_sampling_goes_on(tmp_path: Path,
     assert len(samples) >= 5, "sampling stopped after the bad value"
     assert all(s.values.get("running_requests") == 0.0 for s in samples)
     assert collector.failed is None
-    errors = [e for e in events(writer.path, SOURCE_ERROR) if not e.data.get("repeated")]
+    errors = events(writer.path, SOURCE_ERROR)
     assert len(errors) == 1, errors  # once, not once per sample
     assert errors[0].data["source"] == "metrics" and "non-finite" in errors[0].data["error"]
-    repeated = [e for e in events(writer.path, SOURCE_ERROR) if e.data.get("repeated")]
+    repeated = events(writer.path, SOURCE_ERROR_COUNT)
     assert repeated and repeated[0].data["count"] == len(samples)
     # The report says what was dropped and why, with the count.
     r = subprocess.run([sys.executable, "-m", "vramdoctor", "report", str(writer.path)], capture_output=True,

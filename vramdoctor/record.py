@@ -279,17 +279,17 @@ class Run:
 
     def dropped(self, limit: int = 8) -> list[str]:
         """What the sampler left out and why, one sentence per kind of source error (from the
-        SOURCE_ERROR events), with how often it happened."""
-        from .model import SOURCE_ERROR, Event
+        SOURCE_ERROR and SOURCE_ERROR_COUNT events), with how often it happened."""
+        from .model import SOURCE_ERROR, SOURCE_ERROR_COUNT, Event
 
         counts: dict[tuple[str, str], int] = {}
         for rec in self.records:
             if not isinstance(rec, Event) or not isinstance(rec.data, dict):
                 continue
-            if rec.name == SOURCE_ERROR:
+            if rec.name in (SOURCE_ERROR, SOURCE_ERROR_COUNT):
                 key = (str(rec.data.get("source", "?")), str(rec.data.get("error", "?")))
                 count = rec.data.get("count")
-                if rec.data.get("repeated") and isinstance(count, int):
+                if rec.name == SOURCE_ERROR_COUNT and isinstance(count, int):
                     counts[key] = max(counts.get(key, 1), count)
                 else:
                     counts.setdefault(key, 1)

@@ -12,8 +12,8 @@ Faults (docs/threat-model.md):
   `vramdoctor.sources.http`); the others keep their interval;
 - a failing source, or a record that cannot be written as it is (a NaN label, an overflowing
   value: those values are left out and the rest is written), is recorded ONCE per kind of
-  error as a `SOURCE_ERROR` event, counted, and sampling goes on; `stop()` adds one event per
-  kind that repeated, with its count;
+  error as a `SOURCE_ERROR` event, counted, and sampling goes on; `stop()` adds one
+  `SOURCE_ERROR_COUNT` event per kind that repeated, with its count;
 - an error that stops sampling (MemoryError, RecursionError, a bug in a sampler) is recorded
   as `COLLECTOR_FAILED`; `failed` says why, every sampler stops, and the run must end as
   `failed` (`RunWriter.close("failed", ...)`): its verdict cannot be trusted;
@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..model import COLLECTOR_FAILED, SOURCE_ERROR, Event, now
+from ..model import COLLECTOR_FAILED, SOURCE_ERROR, SOURCE_ERROR_COUNT, Event, now
 from ..record import RunWriter
 from ..redact import redact_text
 
@@ -270,9 +270,9 @@ class Collector:
         self._threads = []
         for err in self.source_errors:
             if err.count > 1:
-                self._write_event(SOURCE_ERROR, {
+                self._write_event(SOURCE_ERROR_COUNT, {
                     "source": err.source, "error": err.error, "count": err.count,
-                    "first_t": err.first_t, "last_t": err.last_t, "repeated": True})
+                    "first_t": err.first_t, "last_t": err.last_t})
 
     @property
     def running(self) -> bool:
