@@ -60,10 +60,10 @@ def layer(d: dict, name: str) -> dict:
     return d["layers"][name]
 
 
-def start_server(mode: str, device: str, extra: list[str]) -> tuple[subprocess.Popen, str]:
+def start_server(mode: str, device: str, extra: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, str(SERVER), "--port", "0", "--mode", mode,
                              "--device", device, *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**ENV, **(env or {})})
     assert proc.stdout is not None
     line = proc.stdout.readline()
     m = re.search(r"listening on (http://\S+)", line)
@@ -120,6 +120,9 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=None, help="keep run files and the JSON here")
     p.add_argument("--layer", choices=["memory", "kv", "host-arena"], default="memory",
                    help="memory: VRAM (--gpu) or host RSS leaks; kv: KV pages; host-arena: malloc arenas")
+    p.add_argument("--malloc-arena-max", type=int, default=None,
+                   help="--layer host-arena: MALLOC_ARENA_MAX for the server (e.g. 128 = glibc's default "
+                        "on a 16-core host), so arenas keep appearing for many rounds as they did there")
     p.add_argument("--kv-pool-tokens", type=int, default=1_000_000, help="--layer kv: pool size in tokens")
     p.add_argument("--kv-leak-tokens-list", default=None,
                    help="--layer kv: comma-separated leaked tokens per request (default 64,16,8,4,2,1)")
@@ -285,7 +288,8 @@ def arena_runs(args: argparse.Namespace) -> int:
     runs = []
     print(f"{'run':<16}{'host verdict':<14}{'explanation':<18}{'RSS growth MiB':>15}{'arenas':>10}{'wall s':>8}")
     for i in range(args.caching_runs):
-        proc, url = start_server("arena", "cpu", [])
+        env = {"MALLOC_ARENA_MAX": str(args.malloc_arena_max)} if args.malloc_arena_max else None
+        proc, url = start_server("arena", "cpu", [], env)
         try:
             d, wall = soak(url, args, work / f"arena-{i}.jsonl")
         finally:
@@ -303,6 +307,7 @@ def arena_runs(args: argparse.Namespace) -> int:
     print(f"\nfalse host-RAM LEAK on malloc arena growth: {false}/{len(runs)} "
           f"({args.rounds} rounds x {args.requests} requests)")
     _finish(args, {"benchmark": "soak_sensitivity", "target": "host_arena", "rounds": args.rounds,
+                   "malloc_arena_max": args.malloc_arena_max, "cpu_count": os.cpu_count(),
                    "requests_per_round": args.requests, "runs": runs, "false_leaks": false})
     return 0 if false == 0 else 1
 
