@@ -56,6 +56,7 @@ def truth(kind: str) -> dict:
     ("/usr/lib/python3/dist-packages/six.py", ("package", "six")),
     ("/usr/local/lib/python3.11/dist-packages/sglang/srt/managers/scheduler.py", ("package", "sglang")),
     ("<frozen importlib._bootstrap>", ("stdlib", None)),
+    ("/tmp/torchinductor_root/ab/cabxyz.py", ("torch", "torch")),
     ("/x/vramdoctor/agent/pythonpath/vramdoctor_agent.py", ("agent", None)),
 ])
 def test_frame_origin_matches_package_roots_not_substrings(path: str, origin: tuple) -> None:

@@ -61,6 +61,8 @@ _TORCH_PACKAGES = frozenset({"torch", "torchvision", "torchaudio", "triton", "fu
 _PACKAGE_RE = re.compile(r"/(?:site|dist)-packages/([^/]+?)(?:\.py)?(?:/|$)")
 # The standard library: `.../lib/python3.X/<not site-packages>` (CPython, venv base, uv, conda).
 _STDLIB_RE = re.compile(r"/lib(?:64)?/python3(?:\.\d+)?t?/(?!(?:site|dist)-packages/)")
+# Code PyTorch generates at run time (torch.compile's Inductor, Triton's kernel cache).
+_GENERATED_RE = re.compile(r"/torchinductor_[^/]*/|/\.triton/cache/")
 # vramdoctor's own agent (its test-only leak hook allocates from a callback inside the target).
 _AGENT_FILE = "vramdoctor_agent.py"
 _MAX_CHAIN = 8
@@ -113,7 +115,7 @@ class Stack:
 def frame_origin(filename: str) -> tuple[str, str | None]:
     """(origin, package) of a frame's file.
 
-    origin: "torch" (PyTorch and its own packages), "stdlib", "agent" (vramdoctor's agent),
+    origin: "torch" (PyTorch, its own packages, code torch.compile generated), "stdlib", "agent" (vramdoctor's agent),
     "package" (another installed package, named), "code" (anything else: the server's own code,
     an editable install). Matches package roots, not substrings: `/opt/torch/.venv/app.py` is code.
     """
@@ -122,6 +124,8 @@ def frame_origin(filename: str) -> tuple[str, str | None]:
         return "stdlib", None
     if path.endswith("/" + _AGENT_FILE) or path == _AGENT_FILE:
         return "agent", None
+    if _GENERATED_RE.search(path):  # code torch.compile / Triton generated: PyTorch's, not the server's
+        return "torch", "torch"
     found = list(_PACKAGE_RE.finditer(path))
     if found:
         package = found[-1].group(1)
