@@ -120,9 +120,9 @@ def render(result: dict[str, Any], header: dict[str, Any] | None = None) -> None
     if ctx:
         bare = ctx[0].get("bare_context_mib")
         out.print(
-            f"CUDA context: {ctx[0]['context_mib']:.0f} MiB after a warm-up request with caches emptied "
-            f"(kernels loaded; {bare:.0f} MiB before any kernel ran). 'NVML' columns are above it."
-            if bare else f"CUDA context: {ctx[0]['context_mib']:.0f} MiB.",
+            f"CUDA context: {format_mib(ctx[0]['context_mib'], 0)} after a warm-up request with caches emptied "
+            f"(kernels loaded; {format_mib(bare, 0)} before any kernel ran). 'NVML' columns are above it."
+            if bare else f"CUDA context: {format_mib(ctx[0]['context_mib'], 0)}.",
             markup=False,
         )
     noise = result.get("latency_noise_pct")
@@ -154,9 +154,9 @@ def render(result: dict[str, Any], header: dict[str, Any] | None = None) -> None
                 out.print(f"  {arm['mode']}: error: {arm['error']}", markup=False, soft_wrap=True)
             for g in arm.get("census", []):
                 procs = ", ".join(
-                    f"{p['role']} {p['pid']} {_f(p['used_mib'])} MiB" for p in g["processes"]
+                    f"{p['role']} {p['pid']} {format_mib(p['used_mib'], 0)}" for p in g["processes"]
                 ) or "no process"
-                out.print(f"    census GPU {g['gpu']}: {_f(g['used_mib'])} MiB used; {procs}", markup=False)
+                out.print(f"    census GPU {g['gpu']}: {format_mib(g['used_mib'], 0)} used; {procs}", markup=False)
             if arm.get("mode") == "same-gpu" and not arm.get("error"):
                 out.print(f"  same-GPU round trip: data read back {'correct' if arm['all_correct'] else 'WRONG'}", markup=False)
     for note in result.get("ipc_notes", []):
