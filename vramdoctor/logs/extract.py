@@ -136,7 +136,8 @@ class FileExtractor(EventsMixin):
     def feed(self, hit: Hit) -> None:
         """Run, in order, the handlers whose gates the line passes (see `dispatch`)."""
         t = hit.text
-        for step in dispatch(t):
+        # the memo called directly for short lines (dispatch's wrapper does the same, one frame more)
+        for step in (_dispatch_memo(t) if len(t) <= CACHE_LINE_CHARS else dispatch(t)):
             step(self, hit, t)
 
     def _rank_tags(self, hit: Hit, t: str) -> None:
@@ -570,6 +571,9 @@ def dispatch(t: str) -> tuple[Step, ...]:
             or "OUT_OF_MEMORY" in t or "ALLOC_FAILED" in t) and not any(d in t for d in DUMP_MARKS):
         steps.append(X._memory)  # (an argument dump or engine config names memory settings, no event)
     return tuple(steps)
+
+
+_dispatch_memo: Callable[[str], tuple[Step, ...]] = dispatch.cached  # type: ignore[attr-defined]
 
 
 @short_line_memo(maxsize=64)

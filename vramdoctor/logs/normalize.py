@@ -50,6 +50,7 @@ def short_line_memo(maxsize: int = CACHE_LINES) -> Callable[[Callable[[str], T]]
         def call(line: str) -> T:
             return cached(line) if len(line) <= CACHE_LINE_CHARS else fn(line)
 
+        call.cached = cached  # type: ignore[attr-defined]  # for hot loops that check the length themselves
         return call
 
     return wrap

@@ -325,10 +325,27 @@ def _emit(buf: bytes, start: int, end: int, pos: list[int], st: ReadStats) -> It
     n = 0
     count = buf.count
     try:
+        if _spans is _spans_re2:  # the RE2 matcher called here directly: no generator per line
+            match = _PREFILTER._regexp.Match
+            unanchored = _UNANCHORED
+            q = start
+            while q <= end:
+                s, e = match(unanchored, buf, q, end)[0]
+                if s < 0:
+                    break
+                q = e + 1  # step past the newline that ends this line
+                raw = buf[s:e]
+                if b'File "' in raw:
+                    continue  # a traceback frame: read through lookback when an error needs it
+                line += count(b"\n", p, s)
+                p = s
+                n += 1
+                yield Hit(line + 1, raw.decode("utf-8", "replace"), buf, s, e)
+            return
         for s, e in _spans(buf, start, end):
             raw = buf[s:e]
             if b'File "' in raw:
-                continue  # a traceback frame: read through lookback when an error needs it
+                continue
             line += count(b"\n", p, s)
             p = s
             n += 1
