@@ -18,11 +18,10 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 from ...model import GpuSample, HostSample, KvPoolSample, MetricsSample
 from .results import HOST, KV, VRAM, Window
@@ -220,10 +219,10 @@ def settled_levels(
         if w.kind == "baseline":
             xs = late(values, w, max(fraction, 0.8))
             if xs:
-                baseline = float(np.median(xs))
+                baseline = float(statistics.median(xs))
         elif w.kind == "idle" and w.round in rounds:
             by_round[w.round] = late(values, w, fraction)
-    levels = [float(np.median(by_round[r])) if by_round.get(r) else None for r in rounds]
+    levels = [float(statistics.median(by_round[r])) if by_round.get(r) else None for r in rounds]
     samples = [by_round.get(r, []) for r in rounds]
     return baseline, levels, samples
 

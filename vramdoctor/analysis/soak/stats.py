@@ -16,6 +16,7 @@ larger than both the series' floor (its resolution) and the noise inside the idl
 from __future__ import annotations
 
 import itertools
+import statistics
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -59,10 +60,14 @@ class SeriesFit:
 
 def noise_of(groups: list[list[float]]) -> float:
     """Pooled robust spread of samples around their own window's median (MAD x 1.4826)."""
-    resid = [x - float(np.median(g)) for g in groups if len(g) >= 3 for x in g]
+    resid: list[float] = []
+    for g in groups:
+        if len(g) >= 3:
+            mid = statistics.median(g)
+            resid += [abs(x - mid) for x in g]
     if len(resid) < 3:
         return 0.0
-    return float(1.4826 * np.median(np.abs(resid)))
+    return float(1.4826 * statistics.median(resid))
 
 
 def classify_series(
