@@ -290,3 +290,26 @@ def test_soak_on_a_full_disk_analyses_what_is_in_memory_and_says_the_file_is_inc
     assert any("incomplete" in n for n in d["notes"]), d["notes"]
     assert out.stat().st_size <= 24_000
     assert read_run(out).status == "truncated"
+
+
+def test_exporters_of_several_hosts_are_scraped_at_once(tmp_path: Path) -> None:
+    from helpers_sources import nvitop_text
+
+    from vramdoctor.sources.exporter import ExporterSource
+
+    def slow_page(host: str) -> Handler:
+        body = nvitop_text(host, [{"index": 0, "name": "H100", "uuid": f"GPU-{host}", "total": 81559.0,
+                                   "used": 1000.0, "free": 80559.0}], []).encode()
+
+        def handle(req: BaseHTTPRequestHandler) -> None:
+            time.sleep(1.0)  # a slow host, inside the deadline
+            send(req, body)
+        return handle
+
+    with http_server(slow_page("a")) as a, http_server(slow_page("b")) as b:
+        with ExporterSource([a + "/metrics", b + "/metrics"], timeout=5) as src:
+            started = time.monotonic()
+            sample = src.sample()
+            elapsed = time.monotonic() - started
+    assert sorted(g.host for g in sample.gpus) == ["a", "b"]
+    assert elapsed < 1.9, elapsed  # one after the other took 2 s: one slow host delayed the next

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import shlex
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,8 +186,12 @@ class ExporterSource:
             Scraper(u, what="GPU exporter", timeout=timeout, headers=headers) for u in urls
         ]
         self.name = "exporter"
+        self._pool: ThreadPoolExecutor | None = None
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
         for s in self._scrapers:
             s.close()
 
@@ -202,13 +207,24 @@ class ExporterSource:
             for g in self.sample().gpus
         ]
 
+    def _texts(self) -> list[str]:
+        """Every exporter's page; several hosts are scraped at once, so one slow host costs
+        one deadline, not one per host. The first failure is raised."""
+        if len(self._scrapers) == 1:
+            return [self._scrapers[0].get_text()]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=min(len(self._scrapers), 16),
+                                            thread_name_prefix="vramdoctor-exporter")
+        futures = [self._pool.submit(s.get_text) for s in self._scrapers]
+        return [f.result() for f in futures]
+
     def sample(self) -> GpuSample:
         t, wall = now()
         gpus: list[GpuMemory] = []
         procs: list[ProcessGpuMemory] = []
         flavours: list[str] = []
-        for scraper in self._scrapers:
-            families = parse_exposition(scraper.get_text(), what="GPU exporter", shown_url=scraper.shown_url)
+        for scraper, text in zip(self._scrapers, self._texts(), strict=True):
+            families = parse_exposition(text, what="GPU exporter", shown_url=scraper.shown_url)
             flavour = flavour_of(families)
             before = len(gpus)
             if flavour == "dcgm":
