@@ -306,10 +306,10 @@ def test_exporters_of_several_hosts_are_scraped_at_once(tmp_path: Path) -> None:
             send(req, body)
         return handle
 
-    with http_server(slow_page("a")) as a, http_server(slow_page("b")) as b:
-        with ExporterSource([a + "/metrics", b + "/metrics"], timeout=5) as src:
-            started = time.monotonic()
-            sample = src.sample()
-            elapsed = time.monotonic() - started
+    with http_server(slow_page("a")) as a, http_server(slow_page("b")) as b, \
+            ExporterSource([a + "/metrics", b + "/metrics"], timeout=5) as src:
+        started = time.monotonic()
+        sample = src.sample()
+        elapsed = time.monotonic() - started
     assert sorted(g.host for g in sample.gpus) == ["a", "b"]
     assert elapsed < 1.9, elapsed  # one after the other took 2 s: one slow host delayed the next
