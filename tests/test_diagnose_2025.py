@@ -454,3 +454,20 @@ def test_real_multi_pool_excerpts() -> None:
     d = diagnose([next(extra.glob("08_*.log"))])  # sglang#27789: busy SWA check counting one page twice
     assert [x.data["leaked"] for x in d.events_of("kv_leak_selfcheck")] == [-256]
     assert "256 slot(s) counted twice" in finding(d, "sglang-kv-selfcheck-leak").explanation
+
+
+def test_real_own_rank_and_sampler_excerpts() -> None:
+    extra = ROOT / "tests" / "fixtures" / "logs" / "extra"
+    d = diagnose([next(extra.glob("13_*.log"))])  # vllm#15105: the kind-8 example, GPU 1
+    f = finding(d, "cuda-oom")
+    assert "Another process" not in f.explanation and "failing rank itself" in f.explanation
+    d = diagnose([next(extra.glob("14_*.log"))])  # vllm#17939: sampler warm-up, ranks 0-1
+    assert "--max-num-seqs" in finding(d, "cuda-oom").fix and d.facts.tp_size_is_lower_bound is True
+    d = diagnose([next(extra.glob("15_*.log"))])  # vllm#14452: ranks 0, 2, 7 only
+    assert (d.facts.tp_size, d.facts.tp_size_at_least) == (None, 8)
+
+
+def test_enginecore_numbered_tag_of_vllm_0_10(tmp_path: Path) -> None:
+    lines = [f"(EngineCore_0 pid=2739080) INFO 09-08 19:01:0{i} [core.py:700] step {i}" for i in range(3)]
+    d = run(tmp_path, "\n".join(lines) + "\n")
+    assert d.server == "vllm" and d.files[0].recognised

@@ -77,16 +77,17 @@ JOURNALD = re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d (?:\S+ )?[\w.@/-]+
 PROC = re.compile(r"^\((?:VllmWorker(?:Process)?|EngineCore\w*|APIServer|Worker\w*|\w+)[^)]*pid=\d+\)\s*")
 # vLLM's own process tags (vllm/v1/executor/multiproc_executor.py `setup_proc_title_and_log_prefix`,
 # vllm/utils `decorate_logs`): "(APIServer pid=P)", "(EngineCore pid=P)", "(EngineCore_DP0 pid=P)",
-# "(Worker pid=P)", "(Worker_DP1_PP0_PCP0_TP3_DCP0_EP1 pid=P)" (0.10.2+: Worker[_DPn][_PPn][_PCPn]
-# [_TPn][_DCPn][_EPn]); 0.8-0.10: "(VllmWorker rank=N pid=P)"; V0: "(VllmWorkerProcess pid=P)".
+# "(EngineCore_0 pid=P)" (0.10), "(Worker pid=P)", "(Worker_DP1_PP0_PCP0_TP3_DCP0_EP1 pid=P)" (0.10.2+:
+# Worker[_DPn][_PPn][_PCPn][_TPn][_DCPn][_EPn]); 0.8-0.10: "(VllmWorker rank=N pid=P)"; V0:
+# "(VllmWorkerProcess pid=P)".
 VLLM_PROC = re.compile(
-    r"^\((?:APIServer|EngineCore(?:_DP\d+)?|Worker(?:_[A-Z]+\d+)*|VllmWorker(?: rank=\d+)?|VllmWorkerProcess) pid=\d+\)"
+    r"^\((?:APIServer|EngineCore(?:_DP\d+|_\d+)?|Worker(?:_[A-Z]+\d+)*|VllmWorker(?: rank=\d+)?|VllmWorkerProcess) pid=\d+\)"
 )
 # Sniffed in the first MiB (bytes): a vLLM process tag followed by vLLM's logger prefix
 # ("INFO 05-02 08:11:40 [file.py:N]" from 0.8, "INFO 05-02 08:11:40 file.py:N]" before), and SGLang's
 # prefix with rank tags ("[2025-09-14 03:22:10 DP0 TP0] ", sglang/srt/utils `configure_logger`).
 VLLM_PREFIX_SNIFF = re.compile(
-    rb"\((?:APIServer|EngineCore(?:_DP\d+)?|Worker(?:_[A-Z]+\d+)*|VllmWorker(?: rank=\d+)?|VllmWorkerProcess) pid=\d+\)"
+    rb"\((?:APIServer|EngineCore(?:_DP\d+|_\d+)?|Worker(?:_[A-Z]+\d+)*|VllmWorker(?: rank=\d+)?|VllmWorkerProcess) pid=\d+\)"
     rb" (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d"
 )
 SGL_PREFIX_SNIFF = re.compile(rb"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?(?: (?:DP|TP|EP|PP)\d+)+\] ")
