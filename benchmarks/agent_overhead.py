@@ -51,6 +51,34 @@ print(json.dumps(res))
 """
 
 
+LONG = r"""
+import json, os, resource, sys, time, torch
+toggle = sys.argv[1] == "toggle"
+torch.cuda.init()
+def rss_mib():
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+keep = [torch.empty(1 << 20, device="cuda") for _ in range(50)]
+torch.cuda.memory._record_memory_history(enabled="state", context="state", stacks="python")
+rows = []
+for i in range(6):
+    t0 = time.perf_counter()
+    for _ in range(100000):
+        t = torch.empty(4096, device="cuda"); del t
+    loop_s = time.perf_counter() - t0
+    if toggle:
+        torch.cuda.memory._record_memory_history(enabled=None)
+        torch.cuda.memory._record_memory_history(enabled="state", context="state", stacks="python")
+    t0 = time.perf_counter(); torch.cuda.memory._snapshot(); snap_ms = (time.perf_counter() - t0) * 1e3
+    t0 = time.perf_counter(); torch.cuda.memory._snapshot(); snap2_ms = (time.perf_counter() - t0) * 1e3
+    rows.append({"allocs": (i + 1) * 100000, "alloc_free_us": loop_s * 10, "snapshot_ms": snap_ms,
+                 "snapshot_again_ms": snap2_ms, "rss_mib": rss_mib()})
+print(json.dumps(rows))
+"""
+
+
 def _png(w: int, h: int, seed: int) -> str:
     import numpy as np
     from PIL import Image
@@ -75,7 +103,19 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--micro-only", action="store_true", help="Only the in-process allocation/snapshot costs.")
+    p.add_argument("--long", action="store_true",
+                   help="600,000 allocations under the agent's history: snapshot time and host RSS as they go "
+                        "(armed once, and re-armed after every 100,000)")
     args = p.parse_args()
+    if args.long:
+        res = {}
+        for mode in ("once", "toggle"):
+            out = subprocess.run([sys.executable, "-c", LONG, mode], capture_output=True, text=True, timeout=300)
+            res[mode] = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else out.stderr[-2000:]
+        print(json.dumps(res, indent=1))
+        if args.json:
+            args.json.write_text(json.dumps(res, indent=1))
+        return 0
     if args.micro_only:
         out = subprocess.run([sys.executable, "-c", MICRO], capture_output=True, text=True, timeout=300)
         print(out.stdout + out.stderr[-2000:])

@@ -305,20 +305,21 @@ def run_tserve(results: dict) -> None:
         s.stop()
 
 
-def run_soak_e2e(results: dict) -> None:
-    """`vramdoctor soak --attribute DIR` end to end on the 1 MiB-per-request leak, then `report`."""
-    srv = ref_server("soak-e2e", 18020, ["--mode", "leaking", "--leak-kind", "bytes", "--leak-kib", "1024",
-                                         "--device", "cuda"])
-    run_dir = OUT / "soak-e2e"
+def run_soak_e2e(results: dict, name: str = "soak-e2e", srv: Server | None = None, model: str = "vramdoctor-reference",
+                 extra: tuple[str, ...] = ()) -> None:
+    """`vramdoctor soak --attribute DIR` end to end (default: the 1 MiB-per-request leak), then `report`."""
+    srv = srv or ref_server(name, 18020, ["--mode", "leaking", "--leak-kind", "bytes", "--leak-kib", "1024",
+                                          "--device", "cuda"])
+    run_dir = OUT / name
     run_dir.mkdir(parents=True, exist_ok=True)
 
     def job() -> dict:
         srv.start()
-        srv.wait_ready("vramdoctor-reference")
+        srv.wait_ready(model, small=bool(extra))
         env = {k: v for k, v in os.environ.items() if k not in ("VRAMDOCTOR_AGENT_DIR",)}
         cmd = [sys.executable, "-m", "vramdoctor", "soak", "--url", srv.url(), "--rounds", "3", "--no-adapt",
                "--requests", "30", "--idle", "4", "--attribute", str(srv.agent_dir),
-               "--out", str(run_dir / "run.jsonl"), "--json"]
+               "--out", str(run_dir / "run.jsonl"), "--json", *extra]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=str(REPO), env=env)
         rep = subprocess.run([sys.executable, "-m", "vramdoctor", "report", str(run_dir / "run.jsonl")],
                              capture_output=True, text=True, timeout=120, cwd=str(REPO), env=env)
@@ -332,10 +333,11 @@ def run_soak_e2e(results: dict) -> None:
         return {"cmd": " ".join(cmd), "rc": p.returncode, "report_rc": rep.returncode,
                 "attribution": attribution, "stderr_tail": p.stderr[-1500:],
                 "report_tail": (rep.stdout + rep.stderr)[-2500:],
-                "truth": requests.get(srv.url() + "/reference/info", timeout=10).json()}
+                "verdict": (json.loads(p.stdout).get("verdict") if p.stdout.strip().startswith("{") else None),
+                "truth": requests.get(srv.url() + "/reference/info", timeout=10).json() if not extra else None}
 
     try:
-        scenario("soak-e2e", job, results)
+        scenario(name, job, results)
     finally:
         srv.stop()
 
@@ -359,6 +361,23 @@ def main() -> int:
         run_torch_cpu(results)
     if "soak" in which:
         run_soak_e2e(results)
+    if "soak-tserve" in which:  # soak --attribute on transformers serve with the test-only leak
+        model_dir = WORK / "tinyvlm-soak"
+        subprocess.run([sys.executable, str(REPO / "scripts/make_tiny_vlm.py"), str(model_dir)], check=True,
+                       capture_output=True, timeout=180)
+        exe = shutil.which("transformers") or str(Path(sys.executable).parent / "transformers")
+        hf = WORK / "hf-cache-soak"
+        (hf / "hub").mkdir(parents=True, exist_ok=True)
+        target = "transformers.cli.serving.chat_completion:ChatCompletionHandler._build_generation_config"
+        env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(hf), "HF_HUB_CACHE": str(hf / "hub"),
+               "VRAMDOCTOR_AGENT_TEST_LEAK": f"{target}:512"}
+        serve_site = os.environ.get("ATTR_SERVE_SITE")
+        if serve_site:
+            env["PYTHONPATH"] = f"{agent_path()}{os.pathsep}{serve_site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+        srv = Server("soak-tserve", [exe, "serve", str(model_dir), "--device", TSERVE_DEVICE, "--port", "18021",
+                                     "--host", "127.0.0.1"], 18021, env)
+        run_soak_e2e(results, "soak-tserve", srv, str(model_dir),
+                     ("--model", str(model_dir), "--image-size", "64x64", "--max-tokens", "4", "--concurrency", "2"))
     for t in (t_ref, t_ts):
         if t:
             t.join()

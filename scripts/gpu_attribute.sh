@@ -31,11 +31,13 @@ for step in $steps; do
     timeout 270 python3 scripts/gpu_attribute.py ${ACCEPT_WHICH:-} ;;
   bench)
     timeout 130 python3 benchmarks/agent_overhead.py --requests 300 --json "$OUT/agent_overhead.json" ;;
+  long)
+    timeout 200 python3 benchmarks/agent_overhead.py --long --json "$OUT/agent_long.json" ;;
   micro)
     timeout 100 python3 benchmarks/agent_overhead.py --micro-only --json "$OUT/agent_micro.json" ;;
   esac
 done
 mkdir -p /tmp/fixtures; cp -r "$OUT/ref-snapshots" /tmp/fixtures/ 2>/dev/null; rm -rf "$OUT/ref-snapshots"
 tar czf "$OUT/fixtures.tar.gz" -C /tmp fixtures
-[ -d "$OUT/soak-e2e" ] && tar czf "$OUT/soak-e2e.tar.gz" -C "$OUT" soak-e2e && rm -rf "$OUT/soak-e2e"
+for d in soak-e2e soak-tserve; do [ -d "$OUT/$d" ] && tar czf "$OUT/$d.tar.gz" -C "$OUT" $d && rm -rf "$OUT/$d"; done
 ls -la "$OUT"

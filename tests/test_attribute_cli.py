@@ -117,3 +117,20 @@ def test_recorded_snapshots_hold_no_tensor_contents() -> None:
 
     for p in sorted(GPU.glob("*.pickle")):
         walk(load_snapshot(p))
+
+
+def test_report_of_a_soak_on_transformers_serve_names_the_injected_function() -> None:
+    """`vramdoctor soak --attribute` on `transformers serve` (a server vramdoctor does not own),
+    recorded on the H200 with the agent's test-only leak of 512 KiB per return from
+    ChatCompletionHandler._build_generation_config."""
+    r = run_cli("report", str(FIX / "soak_run_tserve" / "run.jsonl"), "--json")
+    d = json.loads(r.stdout)
+    assert d["verdict"] == "LEAK" and r.returncode == 1
+    (p,) = d["attribution"]["processes"]
+    (g,) = p["growing"]
+    frames = g["stack"]["frames"]
+    assert frames[0]["function"] == "_build_generation_config"
+    assert frames[0]["filename"].endswith("site-packages/transformers/cli/serving/chat_completion.py")
+    assert frames[-1]["filename"].endswith("fastapi/routing.py")  # up to the first other package
+    assert g["bytes_per_request"] == 512 * 1024
+    assert p["split"]["explained_fraction"] == 1.0
