@@ -120,7 +120,11 @@ def _other_process(e: Event) -> str | None:
     return None
 
 
-def _budget(f: Facts) -> str:
+# vLLM's own names for the facts read from its max_num_seqs / tensor_parallel_size arguments
+_VLLM_NAMES = {"max_running_requests": "max_num_seqs", "tp_size": "tensor_parallel_size"}
+
+
+def _budget(f: Facts, server: str | None) -> str:
     parts = []
     for name in (
         "mem_fraction_static", "gpu_memory_utilization", "max_total_tokens", "cuda_graph_max_bs",
@@ -128,7 +132,10 @@ def _budget(f: Facts) -> str:
     ):
         v = getattr(f, name)
         if v is not None:
-            parts.append(f"{name}={v}")
+            label = _VLLM_NAMES.get(name, name) if server == "vllm" else name
+            if name == "tp_size" and f.tp_size_is_lower_bound:
+                v = f"{v} (at least; from rank tags)"
+            parts.append(f"{label}={v}")
     return ", ".join(parts) if parts else "not shown in the log"
 
 
@@ -174,7 +181,7 @@ def check(d: Diagnosis) -> list[Finding]:
         where = _title(phase, first)
         expl = (
             f"CUDA out of memory {where} ({len(group)} of {total} OOM line(s)); "
-            f"{_figures(first)}. Budget settings in the log: {_budget(d.facts)}."
+            f"{_figures(first)}. Budget settings in the log: {_budget(d.facts, d.server)}."
         )
         reserved = first.data.get("reserved_unallocated_mib")
         if reserved and reserved > 1024:
