@@ -263,3 +263,73 @@ def test_library_run_soak_calls_round_hooks_at_the_end_of_each_idle_window(serve
     assert outcome.analysis.verdict == "STABLE"
     errors = [e for e in read_run(run).records if isinstance(e, Event) and e.name == "source_error"]
     assert any("a hook that fails" in e.data["error"] for e in errors)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_new_process_owning_the_port_is_a_replaced_server(server_factory, tmp_path) -> None:
+    """Issue 10 item 1: the server restarts between rounds (a new pid on the same port): the
+    run records SERVER_REPLACED with both pids, keeps measuring the new one, and never calls
+    the death of the first life a pass."""
+    port = str(_free_port())
+    first = server_factory("stable", "--port", port)
+    run = tmp_path / "run.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vramdoctor", "soak", "--url", first.url, "--out", str(run), "--rounds", "3",
+         "--no-adapt", "--requests", "6", "--idle", "2", "--interval", "0.1", "--text-only", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (run.exists() and '"round_end"' in run.read_text()):
+        time.sleep(0.05)
+    first.stop()
+    second = server_factory("stable", "--port", port)
+    out, err = proc.communicate(timeout=90)
+    assert "Traceback" not in err
+    events = [e for e in read_run(run).records if isinstance(e, Event)]
+    replaced = [e for e in events if e.name == "server_replaced"]
+    assert replaced and replaced[0].data == {"old_pid": first.pid, "new_pid": second.pid}
+    assert second.info()["requests"] > 0  # the soak went on against the new life
+    assert proc.returncode in (0, 1)
+
+
+def test_the_servers_own_request_counter_in_the_baseline_is_the_production_rate(server_factory, tmp_path) -> None:
+    """Issue 10 item 5: traffic the server already has (here 10 requests/s from another client)
+    is read from its request counter during the baseline, before soak sends anything, and
+    becomes the rate hours to OOM are projected at."""
+    import threading
+
+    import requests
+
+    srv = server_factory("stable", "--metrics-flavour", "sglang")
+    stop = threading.Event()
+
+    def production() -> None:
+        body = {"model": "vramdoctor-reference", "prompt": "hi", "max_tokens": 1}
+        while not stop.wait(0.1):
+            requests.post(srv.url + "/v1/completions", json=body, timeout=5)
+
+    t = threading.Thread(target=production, daemon=True)
+    t.start()
+    run = tmp_path / "run.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vramdoctor", "soak", "--url", srv.url, "--out", str(run), "--rounds", "1",
+         "--no-adapt", "--requests", "4", "--baseline", "3", "--idle", "0.5", "--interval", "0.2",
+         "--text-only", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (run.exists() and '"baseline_end"' in run.read_text()):
+        time.sleep(0.05)
+    stop.set()
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 0, err
+    assert "production rate from the server's own counters" in err
+    ev = next(e for e in read_run(run).records if isinstance(e, Event) and e.name == "baseline_traffic")
+    assert ev.data["rate_rps"] == pytest.approx(10, rel=0.35)
+    d = json.loads(out)
+    assert d["production_rate_rps"] == pytest.approx(ev.data["rate_rps"])

@@ -181,7 +181,14 @@ def soak_cmd(
 
         live = LiveView(console.stderr(), cfg.rounds, len(protocol.plan))
         live_box.append(live)
-        protocol.on_result = live.on_result
+        previous = protocol.on_result
+
+        def on_result(req: Any, outcome: Any) -> None:
+            if previous is not None:
+                previous(req, outcome)
+            live.on_result(req, outcome)
+
+        protocol.on_result = on_result
         return live
 
     def progress(state: Any) -> None:

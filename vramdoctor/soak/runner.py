@@ -306,7 +306,14 @@ def run_soak(
                     "source": f"round-hook {getattr(hook, '__name__', type(hook).__name__)}",
                     "error": f"{type(exc).__name__}: {exc}"[:300]}))
 
-    protocol = Protocol(proto_cfg, client=client, plan=plan, writer=writer, on_result=on_result,
+    def on_request(req: PlannedRequest, outcome: Outcome) -> None:
+        if outcome.kind == "connection":
+            for _name, data in watch.connection_failed():
+                protocol.server_died(str(data.get("reason")), pid=data.get("pid"))
+        if on_result is not None:
+            on_result(req, outcome)
+
+    protocol = Protocol(proto_cfg, client=client, plan=plan, writer=writer, on_result=on_request,
                         progress=progress, more_rounds=more_rounds if cfg.adapt else None,
                         on_idle_end=on_idle_end)
 

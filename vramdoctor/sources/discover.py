@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -173,41 +175,61 @@ class ServerWatch:
     `check()` (about once a second) returns the events to record, as (name, data) pairs with
     the names of `vramdoctor.model`: PROCESS_APPEARED / PROCESS_EXITED for the tree (workers,
     compile helpers, a second server that fails to bind), SERVER_REPLACED when a new pid owns
-    the port, SERVER_DIED when the port owner is gone and nothing listens (local), or the port
-    refuses connections twice in a row (a remote server). `tree` is the current pid -> name.
+    the port, SERVER_DIED when the port owner is gone and nothing has listened for `grace_s`
+    (a restart that comes back within it is a replacement), or a remote port refuses
+    connections twice in a row. `connection_failed()` is called when a request could not
+    connect: a refused port then means death at once (the traffic itself proves it). `tree`
+    is the current pid -> name. Thread-safe.
     """
 
-    def __init__(self, url: str, found: ServerProcesses) -> None:
+    def __init__(self, url: str, found: ServerProcesses, grace_s: float = 3.0) -> None:
         self.url = url
         self.port = url_port(url)
         self.local = found.found
         self.remote = found.remote
         self.roots: list[int] = list(found.root_pids)
         self.tree: dict[int, str] = dict(found.tree)
+        self.grace_s = grace_s
         self.dead = False
         self._refused = 0
+        self._gone_at: float | None = None
+        self._probed_at = -1e9
+        self._lock = threading.Lock()
+
+    def _died(self, reason: str) -> list[tuple[str, dict[str, object]]]:
+        from ..model import SERVER_DIED
+
+        self.dead = True
+        return [(SERVER_DIED, {"reason": reason, "pid": self.roots[0] if self.roots else None})]
+
+    def connection_failed(self) -> list[tuple[str, dict[str, object]]]:
+        """A request could not connect: probe the port (at most twice a second)."""
+        with self._lock:
+            if self.dead or time.monotonic() - self._probed_at < 0.5:
+                return []
+            self._probed_at = time.monotonic()
+            return self._died("connection refused") if port_refuses(self.url) else []
 
     def check(self) -> list[tuple[str, dict[str, object]]]:
-        from ..model import PROCESS_APPEARED, PROCESS_EXITED, SERVER_DIED, SERVER_REPLACED
+        with self._lock:
+            return [] if self.dead else self._check()
 
-        if self.dead:
-            return []
+    def _check(self) -> list[tuple[str, dict[str, object]]]:
+        from ..model import PROCESS_APPEARED, PROCESS_EXITED, SERVER_REPLACED
+
         events: list[tuple[str, dict[str, object]]] = []
         if not self.local:
             self._refused = self._refused + 1 if port_refuses(self.url) else 0
-            if self._refused >= 2:
-                self.dead = True
-                events.append((SERVER_DIED, {"reason": "connection refused", "pid": None}))
-            return events
+            return self._died("connection refused") if self._refused >= 2 else events
         owners, _ = listening_pids(self.port)
-        alive_roots = [p for p in self.roots if _alive(p)]
         if owners and set(owners) != set(self.roots):
-            gone = [p for p in self.roots if p not in owners]
-            if not alive_roots or gone:
+            if not any(_alive(p) for p in self.roots) or any(p not in owners for p in self.roots):
                 events.append((SERVER_REPLACED, {"old_pid": self.roots[0] if self.roots else None,
                                                  "new_pid": owners[0]}))
             self.roots = owners
-        tree = process_tree(self.roots) if self.roots else {}
+        if owners:
+            self._gone_at = None
+        tree = process_tree(self.roots) if owners else {}
         for pid, name in sorted(tree.items()):
             if pid not in self.tree:
                 events.append((PROCESS_APPEARED, {"pid": pid, "name": name, "role": "child"}))
@@ -215,13 +237,10 @@ class ServerWatch:
             if pid not in tree:
                 events.append((PROCESS_EXITED, {"pid": pid, "name": name}))
         self.tree = tree
-        if not owners and not any(_alive(p) for p in self.roots):
-            self.dead = True
-            events.append((SERVER_DIED, {"reason": "process gone", "pid": self.roots[0] if self.roots else None}))
-        elif not owners:
-            self._refused = self._refused + 1 if port_refuses(self.url) else 0
-            if self._refused >= 3:  # alive but closed its port for good (a hung shutdown)
-                self.dead = True
-                events.append((SERVER_DIED, {"reason": "connection refused",
-                                             "pid": self.roots[0] if self.roots else None}))
+        if not owners:
+            now_s = time.monotonic()
+            self._gone_at = self._gone_at if self._gone_at is not None else now_s
+            if now_s - self._gone_at >= self.grace_s:
+                alive = any(_alive(p) for p in self.roots)
+                events += self._died("connection refused" if alive else "process gone")
         return events
