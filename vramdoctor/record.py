@@ -28,6 +28,8 @@ from .errors import InputError
 from .model import SAMPLE_TYPES, now
 from .redact import redact_argv, redact_obj, redact_url
 
+__all__ = ["HEADER_LIMIT_BYTES", "LINE_LIMIT_BYTES", "OUT_OF_ORDER_NOTE_S", "SCHEMA", "BadRecord", "Run", "RunWriter", "drop_non_finite", "dumps", "make_header", "read_run", "to_plain", "upgrade_v1"]
+
 SCHEMA = "vramdoctor.run/2"
 _SUPPORTED_MAJOR = SCHEMA.rsplit("/", 1)[1]
 # Older run files this reader still reads; each record of one is upgraded on the way in.

@@ -29,6 +29,8 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+__all__ = ["REDACTED", "escape_control", "forget_secrets", "redact_argv", "redact_obj", "redact_text", "redact_url", "register_secret", "safe_text", "secret_name"]
+
 REDACTED = "***"
 
 # Words that make a flag, variable, JSON key or URL parameter name secret when they are one of

@@ -40,6 +40,8 @@ from ..model import COLLECTOR_FAILED, SOURCE_ERROR, SOURCE_ERROR_COUNT, Event, n
 from ..record import RunWriter
 from ..redact import redact_text
 
+__all__ = ["EXTRA", "FATAL", "RAW_EVERY_S", "RAW_KEY_LIMIT", "RAW_SERIES_LIMIT", "Collector", "Listener", "Source", "SourceErrorCount"]
+
 
 class Source(Protocol):
     def sample(self) -> Any: ...

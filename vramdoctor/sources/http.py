@@ -21,6 +21,8 @@ import urllib3
 from ..errors import InputError, SourceUnavailable
 from ..redact import redact_url
 
+__all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_TIMEOUT_S", "Scraper", "metrics_url", "parse_exposition"]
+
 DEFAULT_TIMEOUT_S = 5.0
 # A big vLLM/SGLang page with every histogram is well under 2 MiB; 16 MiB is a broken server.
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
