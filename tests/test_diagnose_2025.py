@@ -81,6 +81,7 @@ SGL_TAG = "[2026-03-01 10:00:00 TP1] "
         "NCCL WARN Cuda failure 'out of memory'",  # NCCL <= 2.18
         "NCCL WARN Cuda failure 2 'out of memory'",  # NCCL 2.19+ prints the code
         "RuntimeError: CUDA error: cudaErrorMemoryAllocation",
+        "Failed: Cuda error /workspace/csrc/custom_all_reduce.cuh:307 'out of memory'",  # vLLM CUDACHECK
     ],
 )
 def test_runtime_oom_wordings(tmp_path: Path, prefix: str, server: str, message: str) -> None:

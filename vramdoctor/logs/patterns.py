@@ -232,12 +232,13 @@ IPC_POOL_FULL = re.compile(
 # (triton/backends/nvidia/driver.c), the CUDA driver API "CUDA_ERROR_OUT_OF_MEMORY" / torch's "CUDA driver
 # error: out of memory", cuBLAS "CUBLAS_STATUS_ALLOC_FAILED", cuDNN "CUDNN_STATUS_ALLOC_FAILED", NCCL's
 # "Cuda failure 'out of memory'" / "Cuda failure 2 'out of memory'" (NCCL WARN, DistBackendError "Last
-# error:"), vLLM's CuMemAllocator "CUDA Error: out of memory at .../cumem_allocator.cpp".
+# error:"), the CUDACHECK macro of vLLM's custom all-reduce "Failed: Cuda error <file>:<line> 'out of
+# memory'", vLLM's CuMemAllocator "CUDA Error: out of memory at .../cumem_allocator.cpp".
 CUDA_OOM = re.compile(
     r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError: CUDA|torch\.(?:cuda\.)?OutOfMemoryError"
     r"|failed with error out of memory|cudaErrorMemoryAllocation|Triton Error \[CUDA\]: out of memory"
     r"|CUDA_ERROR_OUT_OF_MEMORY|CUDA driver error: out of memory|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED"
-    r"|Cuda failure (?:\d+ )?'out of memory'",
+    r"|'out of memory'",  # cudaGetErrorString quoted: NCCL "Cuda failure 2 'out of memory'", CUDACHECK
     re.IGNORECASE,
 )
 OOM_ALLOCATED = re.compile(r"Of the allocated memory ([\d.]+ [KMGT]?i?B) is allocated by PyTorch")

@@ -233,7 +233,8 @@ RULE = Rule(
     fires_when=(
         "torch.OutOfMemoryError / 'CUDA out of memory' / 'CUDA error: out of memory' (any case, incl. "
         "flashinfer's 'CUDA Error: out of memory (2)'), Triton 'Triton Error [CUDA]: out of memory', "
-        "CUDA_ERROR_OUT_OF_MEMORY, CUBLAS/CUDNN_STATUS_ALLOC_FAILED, NCCL \"Cuda failure 'out of memory'\"; "
+        "CUDA_ERROR_OUT_OF_MEMORY, CUBLAS/CUDNN_STATUS_ALLOC_FAILED, a quoted 'out of memory' (NCCL \"Cuda failure "
+        "'out of memory'\", CUDACHECK); "
         "phase from the error's own traceback frames only (weight load, KV allocation, CUDA graph capture, "
         "profiling, warm-up incl. the sampler warm-up, prefill incl. a multimodal request's vision encoder, "
         "decode), else unknown"
