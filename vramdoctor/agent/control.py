@@ -13,6 +13,7 @@ import json
 import os
 import secrets
 import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -125,8 +126,9 @@ class Controller:
         data = {"protocol": runtime.PROTOCOL, "token": self.token, "seq": int(seq),
                 "created_wall": now, "expires_wall": now + self.expires_s}
         self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.dir / f".{runtime.TRIGGER_FILE}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(data), encoding="utf-8")
+        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".vd-", suffix=".tmp")  # never through a planted link
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(data))
         os.replace(tmp, self.dir / runtime.TRIGGER_FILE)
 
     def _meta_paths(self, seq: int) -> dict[tuple[str, int], Path]:

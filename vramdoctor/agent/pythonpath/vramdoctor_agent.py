@@ -42,6 +42,7 @@ import pickle
 import re
 import socket
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
@@ -104,6 +105,20 @@ def _after_fork() -> None:
 
 class _StandDown(Exception):
     pass
+
+
+def _write_atomic(path: str, payload: bytes) -> None:
+    """Write via a new temporary file in the same directory, then rename: readers never see half a
+    file, and a name planted in a shared directory (a symlink) is never written through."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".vd-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _imported_torch() -> Any:
@@ -187,10 +202,7 @@ class Agent:
 
     def _write_json(self, path: str, data: dict[str, Any]) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{self.pid}.tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(data, fh)
-        os.replace(tmp, path)
+        _write_atomic(path, json.dumps(data).encode("utf-8"))
 
     def _identity(self) -> dict[str, Any]:
         argv0 = sys.argv[0] if getattr(sys, "argv", None) else ""
@@ -266,10 +278,7 @@ class Agent:
         base = os.path.join(out, f"{seq:04d}-{self.host}-{self.pid}")
         try:
             os.makedirs(out, exist_ok=True)
-            tmp = f"{base}.pickle.tmp"
-            with open(tmp, "wb") as fh:
-                pickle.dump(snap, fh, protocol=4)
-            os.replace(tmp, f"{base}.pickle")
+            _write_atomic(f"{base}.pickle", pickle.dumps(snap, protocol=4))
             self._write_json(f"{base}.json", {**self._identity(), "token": token, "seq": seq,
                                               "wall": wall, "snapshot_s": took,
                                               "write_s": time.perf_counter() - t0 - took})
