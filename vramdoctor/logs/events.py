@@ -1,7 +1,7 @@
 """Events read off a log: CUDA OOMs with their phase and figures, KV self-check leaks, and the
 memory errors that are not CUDA OOMs (KV budget, retraction, Triton shared memory, host OOM...).
 
-A mixin of `FileExtractor` (extract.py): it shares the extractor's state (facts, stage, caps)
+A mixin of `FileExtractor` (extract.py): it shares the extractor's state (facts, votes, caps)
 and is fed the lines whose anchors can start an event. The phase of an OOM comes from the
 traceback that ends at it (innermost context marker wins); without one it is unknown (None), never
 guessed from the startup lines printed before it.
@@ -159,7 +159,6 @@ class EventsMixin:
     """Failure handlers of FileExtractor; see the module docstring."""
 
     name: str
-    stage: str | None
     event_counts: dict[str, int]
     votes: dict[str, int]
     model_files: set[str]

@@ -82,7 +82,6 @@ class FileExtractor(EventsMixin):
     votes: dict[str, int] = field(default_factory=lambda: {"sglang": 0, "vllm": 0})
     version: tuple[str, Evidence] | None = None
     ranks: dict[str, set[int]] = field(default_factory=dict)
-    stage: str | None = None
     model_files: set[str] = field(default_factory=set)
     slow_processor: Evidence | None = None
     fast_only_processor: Evidence | None = None
@@ -164,13 +163,11 @@ class FileExtractor(EventsMixin):
         if m:
             self.put("gpu_blocks", int(m.group(1)), RUNTIME, hit)
             self.votes["vllm"] += 2
-            self.stage = "kv_cache_alloc"
 
     def _weights(self, hit: Hit, t: str) -> None:
         m = P.VLLM_WEIGHTS.search(t)
         if m:
             self.put("weights_mib", gb(m.group(1)), RUNTIME, hit)
-            self.stage = "profiling"
         m = P.VLLM_REQUESTED.search(t)
         if m:
             self.votes["vllm"] += 3
@@ -186,7 +183,6 @@ class FileExtractor(EventsMixin):
         if m:
             self.put("model", m.group(1), INFERRED + 1, hit)
             self.votes["vllm"] += 3
-            self.stage = "weight_load"
 
     def _swap(self, hit: Hit, t: str) -> None:
         m = P.VLLM_SWAP.search(t)
@@ -202,7 +198,6 @@ class FileExtractor(EventsMixin):
             self.put("long_context_length", int(m.group(1)), RUNTIME, hit)
 
     def _ready(self, hit: Hit, t: str) -> None:
-        self.stage = "serving"
         self.votes["sglang"] += 5
 
     # -- arguments ---------------------------------------------------------------------
@@ -345,7 +340,6 @@ class FileExtractor(EventsMixin):
             self.put("gpu_memory_utilization", float(cfg["gpu_memory_utilization"]), RUNTIME, e)
         if cfg.get("enforce_eager") in ("True", "False"):
             self.put("disable_cuda_graph", cfg["enforce_eager"] == "True", RUNTIME, e)
-        self.stage = self.stage or "weight_load"
 
     def _versions(self, hit: Hit, t: str) -> None:
         m = P.VLLM_VERSION.search(t)
@@ -379,7 +373,6 @@ class FileExtractor(EventsMixin):
             elif "avail_before_load_mib" in self.facts:
                 before = self.facts["avail_before_load_mib"][1]
                 self.put("weights_mib", round(before - gb(m.group(2)), 1), INFERRED, e)
-            self.stage = "kv_cache_alloc"
             return
         m = P.SGL_LOAD_BEGIN.search(t)
         if m:
@@ -389,7 +382,6 @@ class FileExtractor(EventsMixin):
             mr = P.OLD_SGL.match(strip_noise(t))
             if mr and mr.group().startswith("Rank "):
                 self.ranks.setdefault("TP", set()).add(int(mr.group().split()[1].rstrip(":")))
-            self.stage = "weight_load"
 
     def _kv(self, hit: Hit, t: str) -> None:
         m = P.SGL_KV.search(t)
@@ -401,7 +393,6 @@ class FileExtractor(EventsMixin):
                 self.put("kv_cache_mib", round((gb(m.group(2)) or 0.0) + (gb(m.group(3)) or 0.0), 1), RUNTIME, e)
             elif m.group(4):
                 self.put("kv_cache_mib", gb(m.group(4)), RUNTIME, e)
-            self.stage = "pool_done"
             return
         m = P.VLLM_KV_TOKENS.search(t)
         if m:
@@ -437,11 +428,6 @@ class FileExtractor(EventsMixin):
             if m.group(2):
                 self.put("cuda_graph_mib", gb(m.group(2)), RUNTIME, e)
                 self.put("avail_after_graph_mib", gb(m.group(3)), RUNTIME, e)
-            self.stage = "graph_done"
-            return
-        m = P.SGL_GRAPH_BEGIN.search(t)
-        if m:
-            self.stage = "cuda_graph"
             return
         m = P.SGL_GRAPH_FAILED.search(t)
         if m:
@@ -454,10 +440,6 @@ class FileExtractor(EventsMixin):
         m = P.VLLM_GRAPH_DONE.search(t)
         if m:
             self.put("cuda_graph_mib", gb(m.group(1)), RUNTIME, hit)
-            self.stage = "graph_done"
-            return
-        if P.VLLM_GRAPH_BEGIN.search(t):
-            self.stage = "cuda_graph"
 
     def _backend(self, hit: Hit, t: str) -> None:
         s = clean(t).text
@@ -481,7 +463,6 @@ class FileExtractor(EventsMixin):
             return
         if P.VLLM_MM_PROFILE.search(t):
             self.mm_evidence = self.mm_evidence or self.ev(hit)
-            self.stage = "profiling"
 
     def _ipc(self, hit: Hit, t: str) -> None:
         e = self.ev(hit)

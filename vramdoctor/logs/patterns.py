@@ -144,7 +144,6 @@ SGL_KV = re.compile(
     r"KV Cache is allocated\.(?: dtype: [\w.]+,)?(?: #tokens: (\d+),)? (?:K size: ([\d.]+) GB, V size: ([\d.]+) GB|KV size: ([\d.]+) GB)"
 )
 SGL_POOL_END = re.compile(r"Memory pool end\. avail mem=([\d.]+) GB")
-SGL_GRAPH_BEGIN = re.compile(r"Capture (?:\w+ )*(?:cuda|CUDA|piecewise CUDA) graph begin\.(?:.*avail mem=([\d.]+) GB)?")
 SGL_GRAPH_END = re.compile(
     r"Capture (?:\w+ )*(?:cuda|CUDA|piecewise CUDA) graph end\. Time elapsed: ([\d.]+) s\.?(?: mem usage=(-?[\d.]+) GB\. avail mem=([\d.]+) GB)?"
 )
@@ -191,7 +190,6 @@ VLLM_BUDGET = re.compile(
 )
 VLLM_KV_RESERVED = re.compile(r"the rest of the memory reserved for KV Cache is ([\d.]+) ?GiB")
 VLLM_GRAPH_DONE = re.compile(r"Graph capturing finished in [\d.]+ secs?, took ([\d.]+) GiB")
-VLLM_GRAPH_BEGIN = re.compile(r"Capturing (?:CUDA graphs|cudagraphs|the model for CUDA graphs)")
 
 # vLLM (0.1+): "Possibly too large swap space. %.2f GiB out of the %.2f GiB total CPU memory is
 # allocated for the swap space." (a ValueError "Too large swap space. ..." above 70%)
