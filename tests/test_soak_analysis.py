@@ -435,6 +435,17 @@ def test_one_page_per_request_in_a_million_token_pool_is_found_in_four_rounds() 
     assert kv.rate_per_request == pytest.approx(64.0, rel=0.10)
 
 
+def test_kv_creep_under_a_page_per_round_is_still_a_leak_when_every_round_adds() -> None:
+    # 2 tokens per request x 30 requests: 60 tokens a round, under one 64-token page, but an
+    # exact count that rises every round with nothing running.
+    res = analyse_soak(synth(flat(), n=30, kv={"full": lambda k, f: 60.0 * k}, kv_total=1_000_000.0, kv_page=64))
+    assert res.layers["kv"].verdict == LEAK
+    assert res.layers["kv"].rate_per_request == pytest.approx(2.0, rel=0.01)
+    # A residue that appears once and stays is not.
+    res = analyse_soak(synth(flat(), n=30, kv={"full": lambda k, f: 60.0 * min(k, 1)}, kv_page=64))
+    assert res.layers["kv"].verdict == STABLE
+
+
 def test_kv_page_size_unknown_assumes_16_tokens_and_says_so() -> None:
     res = analyse_soak(synth(flat(), n=30, kv={"kv": lambda k, f: 64.0 * 30 * k}, kv_total=1_000_000.0, kv_page=None))
     kv = res.layers["kv"]

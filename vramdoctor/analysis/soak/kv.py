@@ -20,6 +20,7 @@ from .results import (
     KV,
     LEAK,
     NOT_MEASURED,
+    R_GREW_EVERY_ROUND,
     R_NO_LEVEL,
     STABLE,
     X_KV_RESIDUE,
@@ -34,6 +35,20 @@ from .series import Series
 from .vram import worst
 
 
+def _exact_creep(s: SeriesResult) -> None:
+    """Used tokens at idle are an exact count with no noise, and nothing is cached in them (a
+    radix-cached prefix is evictable, not used): residue that rises in every round, by more
+    than one page over the rounds after the first, is a leak even when each round adds less
+    than a page (2 tokens per request x 30 requests: 60 tokens a round)."""
+    if s.verdict not in (CACHING, STABLE) or s.unit != "tokens" or s.noise > 0:
+        return
+    incs = s.increments
+    if len(incs) < 2 or not all(d > 0 for d in incs) or s.slope_ci is None or s.slope_ci[0] <= 0:
+        return
+    if sum(incs) >= s.threshold:
+        s.verdict, s.reason, s.creep_floor_per_request = LEAK, R_GREW_EVERY_ROUND, None
+
+
 def kv_layer(series: list[SeriesResult], raw: dict[str, Series], life: int,
              pool_mib: float | None, th: Thresholds) -> LayerResult:
     """The KV verdict of one life from its judged pool series (tokens, or a ratio)."""
@@ -43,6 +58,7 @@ def kv_layer(series: list[SeriesResult], raw: dict[str, Series], life: int,
     pools: list[KvPoolResult] = []
     caveats: list[str] = []
     for s in mine:
+        _exact_creep(s)
         src = raw[s.key]
         page_assumed = not src.page_size_tokens
         page = src.page_size_tokens or th.default_page_tokens
