@@ -289,7 +289,7 @@ def test_a_new_process_owning_the_port_is_a_replaced_server(server_factory, tmp_
         time.sleep(0.05)
     first.stop()
     second = server_factory("stable", "--port", port)
-    out, err = proc.communicate(timeout=90)
+    _out, err = proc.communicate(timeout=90)
     assert "Traceback" not in err
     events = [e for e in read_run(run).records if isinstance(e, Event)]
     replaced = [e for e in events if e.name == "server_replaced"]
