@@ -148,6 +148,9 @@ def test_reference_server_pool_escape_is_the_image_processor_called_from_the_ser
     sp = pa.split
     assert sp is not None and sp.slack_private_pool_bytes > 0
     assert summarise(series("ref-escape")[-1]).private_pools > 100
+    # the whole per-request cost: live output plus the orphaned pool segment around it
+    # (the reference server counted 17,845,331 bytes kept per request)
+    assert sp.requests == 120 and sp.growth_per_request_bytes == pytest.approx(17_845_331, rel=0.01)
 
 
 def test_transformers_serve_injected_leak_is_the_target_function() -> None:

@@ -297,6 +297,13 @@ class NvmlSplit:
     slack_private_pool_bytes: int
     nvml_growth_bytes: float | None = None
     outside_allocator_bytes: float | None = None
+    requests: int | None = None  # served between from_snapshot and to_snapshot, when known
+
+    @property
+    def growth_per_request_bytes(self) -> float | None:
+        """NVML growth (reserved growth without NVML) per request over the split's span."""
+        whole = self.nvml_growth_bytes if self.nvml_growth_bytes is not None else self.reserved_growth_bytes
+        return whole / self.requests if self.requests else None
 
     @property
     def explained_fraction(self) -> float | None:
@@ -315,6 +322,7 @@ class NvmlSplit:
                 "slack_private_pool_bytes": self.slack_private_pool_bytes,
                 "nvml_growth_bytes": self.nvml_growth_bytes,
                 "outside_allocator_bytes": self.outside_allocator_bytes,
+                "requests": self.requests, "growth_per_request_bytes": self.growth_per_request_bytes,
                 "explained_fraction": self.explained_fraction}
 
 
@@ -416,7 +424,8 @@ def attribute(snapshots: Sequence[Mapping[str, Any]], *, requests: Sequence[int 
         slack_default_bytes=(last.slack_bytes - last.private_pool_slack_bytes)
         - (first.slack_bytes - first.private_pool_slack_bytes),
         slack_private_pool_bytes=last.private_pool_slack_bytes - first.private_pool_slack_bytes,
-        nvml_growth_bytes=nvml_growth, outside_allocator_bytes=outside)
+        nvml_growth_bytes=nvml_growth, outside_allocator_bytes=outside,
+        requests=sum(r for r in reqs[a:] if r) if all(r for r in reqs[a:]) else None)
     no_frames = last.live_by_stack.get(Stack("no-frames"), 0)
     if no_frames:
         notes.append(f"{format_bytes(no_frames)} live in blocks without a stack (allocated before history "

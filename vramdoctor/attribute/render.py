@@ -19,10 +19,12 @@ def _split_lines(split: NvmlSplit) -> list[str]:
     span = f"between snapshots {split.from_snapshot + 1} and {split.to_snapshot + 1}"
     whole = split.nvml_growth_bytes
     lines = []
+    rate = split.growth_per_request_bytes
+    per = f" ({format_bytes(rate, signed=True)} per request)" if rate is not None else ""
     if whole is not None:
-        lines.append(f"NVML growth {format_bytes(whole, signed=True)} {span}:")
+        lines.append(f"NVML growth {format_bytes(whole, signed=True)}{per} {span}:")
     else:
-        lines.append(f"PyTorch reserved growth {format_bytes(split.reserved_growth_bytes, signed=True)} {span} "
+        lines.append(f"PyTorch reserved growth {format_bytes(split.reserved_growth_bytes, signed=True)}{per} {span} "
                      "(no NVML figures: memory outside the allocator not measured):")
 
     def share(n: float) -> str:

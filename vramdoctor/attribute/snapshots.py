@@ -212,7 +212,7 @@ def attribute_files(paths: Sequence[Path], *, requests: Sequence[int] | None = N
             reqs = list(requests)
         else:
             raise InputError(f"--requests: give one count, or one per interval ({len(paths) - 1}), not {len(requests)}")
-    label = ", ".join(p.name for p in paths[:3]) + (" ..." if len(paths) > 3 else "")
+    label = f"{paths[0].name} .. {paths[-1].name} ({len(paths)} snapshots)"
     try:
         proc = attribute(snaps, requests=reqs, label=label, th=th)
     except SnapshotError as exc:
