@@ -83,6 +83,8 @@ def boot() -> None:
     if not directory:
         return
     try:
+        if not os.path.isabs(directory):  # children that chdir elsewhere must find the same directory
+            directory = os.environ[ENV_DIR] = os.path.abspath(directory)
         with _lock:
             if _started_pid == os.getpid():
                 return
