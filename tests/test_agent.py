@@ -277,3 +277,15 @@ def test_agent_path_holds_the_loader() -> None:
     assert (agent_path() / "sitecustomize.py").is_file()
     assert (agent_path() / "vramdoctor_agent.py").is_file()
     assert FIXTURES.is_dir()
+
+
+def test_a_relative_directory_is_the_same_for_children_that_change_directory(tmp_path: Path) -> None:
+    code = ("import os, subprocess, sys, time, torch; torch.cuda.init(); os.chdir('/'); "
+            "subprocess.run([sys.executable, '-c', 'import time, torch; torch.cuda.init(); time.sleep(1.5)']); "
+            "time.sleep(0.3)")
+    env = agent_env(Path("agent"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert len(list_agents(tmp_path / "agent")) == 2, out.stderr
+    assert not Path("/agent").exists()
