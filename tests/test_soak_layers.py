@@ -333,3 +333,29 @@ def test_the_servers_own_request_counter_in_the_baseline_is_the_production_rate(
     assert ev.data["rate_rps"] == pytest.approx(10, rel=0.35)
     d = json.loads(out)
     assert d["production_rate_rps"] == pytest.approx(ev.data["rate_rps"])
+
+
+def test_pinned_host_memory_is_caching_in_rss_shmem_or_the_mode_refuses_in_one_line(tmp_path) -> None:
+    """Pinned host memory cached by PyTorch shows in RssShmem and levels off (CACHING, not LEAK).
+    Without torch or a CUDA GPU the mode cannot exist: the server says so in one line."""
+    from helpers_procs import SERVER
+
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                           capture_output=True, text=True, timeout=120)
+    if probe.stdout.strip() != "True":
+        r = subprocess.run([sys.executable, str(SERVER), "--port", "0", "--mode", "pinned", "--device", "cpu"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0
+        assert "--mode pinned needs" in r.stderr and "Traceback" not in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+        return
+    srv = RefServer("pinned")
+    try:
+        r = soak(srv.url, tmp_path, "--rounds", "4", "--max-rounds", "6", *FAST, "--json")
+        assert r.returncode == 0, r.stderr
+        host = json.loads(r.stdout)["layers"]["host"]
+        assert host["verdict"] == "CACHING", host["summary"]
+        proc = next(p for p in host["processes"] if p["pid"] == srv.pid)
+        assert proc["shmem_growth_mib"] > 0
+    finally:
+        srv.stop()
