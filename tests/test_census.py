@@ -196,7 +196,7 @@ def test_dcgm_census_is_device_level_and_says_so(capsys: pytest.CaptureFixture[s
 
 
 def test_gpu_selection_is_one_spelling_repeated_or_comma_separated() -> None:
-    from vramdoctor.cli.census import parse_gpu_indices
+    from vramdoctor.cli._options import parse_gpu_indices
 
     assert parse_gpu_indices(["0", "1"]) == parse_gpu_indices(["0,1"]) == parse_gpu_indices("1, 0") == [0, 1]
     assert parse_gpu_indices([]) is None

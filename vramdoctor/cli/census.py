@@ -15,6 +15,7 @@ from ..record import Run, RunWriter, make_header
 from ..report import console
 from ..report.census import render
 from . import app
+from ._options import GPU_HELP, parse_gpu_indices
 
 
 def _parse_range(text: str) -> tuple[float, float]:
@@ -25,28 +26,6 @@ def _parse_range(text: str) -> tuple[float, float]:
     if not 0 <= lo < hi:
         raise InputError(f"--context-mib: LOW must be below HIGH, got {text!r}")
     return lo, hi
-
-
-def parse_gpu_indices(values: list[str] | str | None, option: str = "--gpu") -> list[int] | None:
-    """GPU indices from `--gpu 0 --gpu 1`, `--gpu 0,1` or both; None when none is given.
-
-    The one spelling of GPU selection across commands: `--gpu`, repeated or comma-separated.
-    Raises InputError naming the option for anything but whole numbers >= 0.
-    """
-    items = [values] if isinstance(values, str) else list(values or [])
-    out: list[int] = []
-    for text in items:
-        for part in str(text).split(","):
-            if not part.strip():
-                continue
-            try:
-                index = int(part)
-            except ValueError:
-                raise InputError(f"{option} wants NVML GPU indices like 0 or 0,1 (not {text!r})") from None
-            if index < 0:
-                raise InputError(f"{option} wants NVML GPU indices >= 0 (not {text!r})")
-            out.append(index)
-    return sorted(set(out)) or None
 
 
 def take_sample(exporters: list[str], gpus: list[int] | None) -> tuple[GpuSample, dict[int, int], list[dict[str, Any]]]:
@@ -104,8 +83,7 @@ def census_cmd(
         help="Read GPUs from dcgm-exporter or nvitop-exporter on another host instead of NVML here "
         "(repeat for several hosts).",
     ),
-    gpu: list[str] = typer.Option([], "--gpu", metavar="N",
-                                  help="Only these NVML GPU indices: --gpu 0 --gpu 1, or --gpu 0,1."),
+    gpu: list[str] = typer.Option([], "--gpu", metavar="N", help=GPU_HELP),
     gpus_alias: str | None = typer.Option(None, "--gpus", hidden=True, help="Old spelling of --gpu."),
     context_mib: str = typer.Option(
         f"{CONTEXT_MIB[0]:g}-{CONTEXT_MIB[1]:g}", "--context-mib", metavar="LOW-HIGH",

@@ -21,6 +21,7 @@ from ..report import console
 from ..soak.analyse import is_leak
 from ..soak.config import DEFAULT_MAX_ROUNDS, DEFAULT_SIZES, MIN_GROWTH_MIB, SoakConfig
 from . import app
+from ._options import GPU_HELP, parse_gpu_indices
 
 __all__ = ["MIN_GROWTH_MIB", "report_run", "soak_cmd"]
 
@@ -98,7 +99,7 @@ def soak_cmd(
     gpu_metrics: str | None = typer.Option(
         None, "--gpu-metrics", "--gpu-exporter",
         help="dcgm-exporter or nvitop-exporter URL when the server's GPUs are on another host."),
-    gpus: list[int] | None = typer.Option(None, "--gpu", help="Only these GPU indices (NVML). Repeatable."),
+    gpus: list[str] | None = typer.Option(None, "--gpu", metavar="N", help=GPU_HELP),
     rounds: int = typer.Option(4, "--rounds", help="Rounds of identical traffic (at least)."),
     max_rounds: int | None = typer.Option(
         None, "--max-rounds",
@@ -167,7 +168,7 @@ def soak_cmd(
         api=api, model=model, max_tokens=max_tokens, seed=seed, stream=stream,
         abort_fraction=abort_fraction, out=out, max_requests=max_requests, duration_s=duration,
         api_key=api_key, interval_s=interval, timeout_s=timeout, min_growth_mib=min_growth_mib,
-        gpu_metrics=gpu_metrics, gpus=tuple(gpus) if gpus else None, pids=tuple(pids or ()),
+        gpu_metrics=gpu_metrics, gpus=tuple(parse_gpu_indices(gpus) or ()) or None, pids=tuple(pids or ()),
         production_rate_rps=production_rate,
     ).validate()
     _check_report_suffix(report_file)

@@ -14,6 +14,7 @@ from ..errors import ExitCode, InputError
 from ..model import Event
 from ..report import console
 from . import app
+from ._options import GPU_HELP, parse_gpu_indices
 
 if TYPE_CHECKING:  # imported where used: `vramdoctor --help` loads no numpy/scipy/psutil
     from ..record import Run
@@ -36,13 +37,8 @@ def parse_duration(text: str, what: str) -> float:
     return sum(float(n) * _UNITS[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)\s*([smhd])", value))
 
 
-def _gpus(text: str | None) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise InputError(f"--gpus wants NVML indices like 0,1 (not {text!r})") from None
+def _gpus(gpu: list[str], alias: str | None) -> list[int] | None:
+    return parse_gpu_indices([*gpu, *([alias] if alias else [])])
 
 
 def _event_line(ev: Event) -> str:
@@ -61,7 +57,8 @@ def watch_cmd(
     pid: list[int] = typer.Option([], "--pid", help="Also watch this process's host memory (repeat)."),
     gpu_metrics: list[str] = typer.Option([], "--gpu-metrics", metavar="URL",
                                           help="Read GPUs from dcgm-exporter or nvitop-exporter instead of NVML here (repeat)."),
-    gpus: str | None = typer.Option(None, "--gpus", help="Only these NVML GPU indices, e.g. 0,1."),
+    gpu: list[str] = typer.Option([], "--gpu", metavar="N", help=GPU_HELP),
+    gpus: str | None = typer.Option(None, "--gpus", hidden=True, help="Old spelling of --gpu."),
     interval: str = typer.Option("5s", "--interval", help="Time between samples."),
     window: str = typer.Option("6h", "--window", help="Length of the rolling analysis window."),
     bucket: str = typer.Option("1m", "--bucket", help="History resolution: one bucket (min, max, mean) per this long."),
@@ -106,7 +103,7 @@ def watch_cmd(
     options = WatchOptions(
         interval_s=interval_s, analyse_every_s=parse_duration(analyse_every, "--analyse-every"),
         server_url=server, metrics_url=metrics, pids=list(pid), gpu_metrics=list(gpu_metrics),
-        gpus=_gpus(gpus), config=config, out_dir=out, rotate_bytes=int(rotate_mib * 1024 * 1024),
+        gpus=_gpus(gpu, gpus), config=config, out_dir=out, rotate_bytes=int(rotate_mib * 1024 * 1024),
         keep_files=keep, listen=None if no_exporter else listen,
     )
     stop_s = parse_duration(duration, "--duration") if duration else None
