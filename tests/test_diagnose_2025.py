@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from vramdoctor.logs import Diagnosis, diagnose
-from vramdoctor.logs.model import Event, Facts
+from vramdoctor.logs.model import Facts, LogEvent
 from vramdoctor.logs.rules import all_rules, evaluate
 from vramdoctor.logs.rules._common import SGLANG_ONLY_FLAGS, VLLM_ONLY_FLAGS
 
@@ -421,7 +421,7 @@ EVENTS: list[tuple[str, str | None, dict]] = [
 
 def _diagnosis(server: str | None, kind: str, phase: str | None, data: dict) -> Diagnosis:
     n = 25 if kind == "retraction" else 1
-    events = [Event(kind, "server.log", i + 1, f"{kind} line", phase, dict(data)) for i in range(n)]
+    events = [LogEvent(kind, "server.log", i + 1, f"{kind} line", phase, dict(data)) for i in range(n)]
     return Diagnosis([], server, None, Facts(**FACTS), events, {kind: n})
 
 

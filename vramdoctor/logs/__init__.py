@@ -7,6 +7,6 @@ Pipeline: `reader` (streaming, prefiltered) -> `extract` (facts, events per file
 from __future__ import annotations
 
 from .diagnose import diagnose
-from .model import SCHEMA, Diagnosis, Event, Evidence, Facts, Finding
+from .model import SCHEMA, Diagnosis, Evidence, Facts, Finding, LogEvent
 
-__all__ = ["SCHEMA", "Diagnosis", "Event", "Evidence", "Facts", "Finding", "diagnose"]
+__all__ = ["SCHEMA", "Diagnosis", "Evidence", "Facts", "Finding", "LogEvent", "diagnose"]

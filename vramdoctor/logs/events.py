@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import patterns as P
-from .model import EVIDENCE_CHARS, INFERRED, MAX_EVENTS_PER_KIND, RUNTIME, Event, Evidence
+from .model import EVIDENCE_CHARS, INFERRED, MAX_EVENTS_PER_KIND, RUNTIME, Evidence, LogEvent
 from .normalize import clean, is_continuation, short_line_memo, strip_noise
 from .reader import Hit
 
@@ -41,7 +41,7 @@ def size_mib(text: str) -> float | None:
     return None if scale is None else round(v * scale, 2)
 
 
-def gb(text: str | None) -> float | None:
+def gib_text_to_mib(text: str | None) -> float | None:
     """'2.25' GB (GiB in the servers' logs) -> MiB."""
     return None if text is None else round(float(text) * GIB, 1)
 
@@ -67,23 +67,23 @@ def memory_plan(t: str) -> tuple[Any, ...] | None:
     sglang, vllm = (("sglang", 3),), (("vllm", 3),)
     if "Memory pool end" in text:
         m = P.SGL_POOL_END.search(text)
-        return ("facts", (("avail_after_pool_mib", gb(m.group(1))),), sglang) if m else None
+        return ("facts", (("avail_after_pool_mib", gib_text_to_mib(m.group(1))),), sglang) if m else None
     if "total_gpu_memory" in text:
         m = P.VLLM_BUDGET.search(text)
         if not m:
             return None
-        return ("facts", (("total_gpu_mib", gb(m.group(1))), ("gpu_memory_utilization", float(m.group(2)))), vllm)
+        return ("facts", (("total_gpu_mib", gib_text_to_mib(m.group(1))), ("gpu_memory_utilization", float(m.group(2)))), vllm)
     if "Desired GPU memory" in text and (m := P.VLLM_DESIRED.search(text)):
         # vLLM 0.11+ after start-up: the configured share and, in the same line, the KV cache size
         # that would fit it (negative when weights + activations + graphs already exceed it).
         facts: list[tuple[str, Any]] = [("gpu_memory_utilization", float(m.group(1)))]
         if fm := P.VLLM_FREE_STARTUP.search(text):
-            facts.append(("total_gpu_mib", gb(fm.group(2))))
+            facts.append(("total_gpu_mib", gib_text_to_mib(fm.group(2))))
         if (k := P.VLLM_KV_SUGGEST.search(text)) and int(k.group(1)) < 0:
             return ("event", "kv_budget_negative", "startup",
                     {"reason": "vllm_kv_cache_memory_negative", "kv_cache_memory_bytes": int(k.group(1)),
                      "kv_cache_memory_mib": round(int(k.group(1)) / 1048576, 1),
-                     "gpu_memory_utilization": float(m.group(1)), "requested_mib": gb(m.group(2))},
+                     "gpu_memory_utilization": float(m.group(1)), "requested_mib": gib_text_to_mib(m.group(2))},
                     vllm, text, tuple(facts))
         return ("facts", tuple(facts), vllm)
     if "gpu-memory-utilization=" in text:
@@ -111,7 +111,7 @@ def memory_plan(t: str) -> tuple[Any, ...] | None:
     elif m := P.VLLM_MAX_SEQ.search(text):
         kind, phase = "kv_budget_error", "kv_cache_alloc"
         data = {"reason": "max_seq_len_exceeds_kv_cache", "max_seq_len": int(m.group(1)),
-                "needed_mib": gb(m.group(2)), "available_mib": gb(m.group(3))}
+                "needed_mib": gib_text_to_mib(m.group(2)), "available_mib": gib_text_to_mib(m.group(3))}
         votes = vllm
     elif m := P.VLLM_MAX_SEQ_V0.search(text):
         kind, phase = "kv_budget_error", "kv_cache_alloc"
@@ -120,11 +120,11 @@ def memory_plan(t: str) -> tuple[Any, ...] | None:
         votes = vllm
     elif m := P.VLLM_FREE_LT.search(text):
         kind, phase = "kv_budget_error", "startup"
-        free, total = gb(m.group(2)), gb(m.group(3))
+        free, total = gib_text_to_mib(m.group(2)), gib_text_to_mib(m.group(3))
         data = {"reason": "free_memory_below_utilization", "free_mib": free, "total_mib": total,
                 "device": m.group(1)}
         if m.group(4):
-            data.update(gpu_memory_utilization=float(m.group(4)), requested_mib=gb(m.group(5)))
+            data.update(gpu_memory_utilization=float(m.group(4)), requested_mib=gib_text_to_mib(m.group(5)))
         votes = (("vllm", 5),)
         facts_: list[tuple[str, Any]] = [("total_gpu_mib", total)]
         if m.group(4):
@@ -171,7 +171,7 @@ class EventsMixin:
     def put(self, name: str, value: Any, prio: float, evidence: Evidence | Hit) -> None:
         raise NotImplementedError  # provided by FileExtractor
 
-    def add_event(self, event: Event) -> None:
+    def add_event(self, event: LogEvent) -> None:
         raise NotImplementedError  # provided by FileExtractor
 
     def _exception(self, hit: Hit, t: str) -> None:
@@ -282,7 +282,7 @@ class EventsMixin:
             if n >= MAX_EVENTS_PER_KIND:
                 self.event_counts[kind] = n + 1  # counted; the first ones carry the detail
                 return
-            self.add_event(Event(kind, self.name, hit.lineno, self._message(hit, text)[:EVIDENCE_CHARS],
+            self.add_event(LogEvent(kind, self.name, hit.lineno, self._message(hit, text)[:EVIDENCE_CHARS],
                                  phase, dict(data)))
 
     def _oom(self, hit: Hit, text: str) -> None:
@@ -322,7 +322,7 @@ class EventsMixin:
         if ("mm" in marks or "mm_model" in marks) and (m := P.MM_MODEL_FRAMES.search(region)) is not None:
             self.mm_evidence = self.mm_evidence or Evidence(
                 self.name, hit.lineno, "traceback frame: " + m.group(0).strip()[:120])
-        self.add_event(Event("cuda_oom", self.name, hit.lineno, msg[:EVIDENCE_CHARS], phase, data))
+        self.add_event(LogEvent("cuda_oom", self.name, hit.lineno, msg[:EVIDENCE_CHARS], phase, data))
 
     def _leak(self, hit: Hit, t: str) -> None:
         if self.event_counts.get("kv_leak_selfcheck", 0) >= MAX_EVENTS_PER_KIND and P.LEAK.search(t):
@@ -399,4 +399,4 @@ class EventsMixin:
         if total is not None and avail is not None:
             data.update(total=total, available=avail, evictable=evict, protected=prot,
                         leaked=total - avail - evict - prot - held, double_free=avail > total)
-        self.add_event(Event("kv_leak_selfcheck", self.name, hit.lineno, body[:EVIDENCE_CHARS], None, data))
+        self.add_event(LogEvent("kv_leak_selfcheck", self.name, hit.lineno, body[:EVIDENCE_CHARS], None, data))

@@ -19,7 +19,7 @@ from ..redact import REDACTED, redact_text
 from . import patterns as P
 from .args import balanced_end, parse_dump
 from .cmdline import LAUNCH, parse_command
-from .events import EventsMixin, gb
+from .events import EventsMixin, gib_text_to_mib
 from .model import (
     ARGS,
     CMDLINE,
@@ -28,8 +28,8 @@ from .model import (
     INFERRED,
     MAX_EVENTS_PER_KIND,
     RUNTIME,
-    Event,
     Evidence,
+    LogEvent,
 )
 from .normalize import CACHE_LINE_CHARS, CACHE_LINES, clean, short_line_memo, strip_noise
 from .reader import Hit
@@ -77,7 +77,7 @@ class FileExtractor(EventsMixin):
 
     name: str
     facts: dict[str, tuple[float, Any, Evidence]] = field(default_factory=dict)
-    events: list[Event] = field(default_factory=list)
+    events: list[LogEvent] = field(default_factory=list)
     event_counts: dict[str, int] = field(default_factory=dict)
     votes: dict[str, int] = field(default_factory=lambda: {"sglang": 0, "vllm": 0})
     version: tuple[str, Evidence] | None = None
@@ -125,7 +125,7 @@ class FileExtractor(EventsMixin):
             ev = self.ev(evidence) if isinstance(evidence, Hit) else evidence
             self.facts[name] = (prio, value, ev)
 
-    def add_event(self, event: Event) -> None:
+    def add_event(self, event: LogEvent) -> None:
         n = self.event_counts.get(event.kind, 0)
         self.event_counts[event.kind] = n + 1
         if n < MAX_EVENTS_PER_KIND:
@@ -167,7 +167,7 @@ class FileExtractor(EventsMixin):
     def _weights(self, hit: Hit, t: str) -> None:
         m = P.VLLM_WEIGHTS.search(t)
         if m:
-            self.put("weights_mib", gb(m.group(1)), RUNTIME, hit)
+            self.put("weights_mib", gib_text_to_mib(m.group(1)), RUNTIME, hit)
         m = P.VLLM_REQUESTED.search(t)
         if m:
             self.votes["vllm"] += 3
@@ -188,8 +188,8 @@ class FileExtractor(EventsMixin):
         m = P.VLLM_SWAP.search(t)
         if m:
             self.votes["vllm"] += 3
-            self.put("swap_space_mib", gb(m.group(1)), RUNTIME, hit)
-            self.put("host_memory_mib", gb(m.group(2)), RUNTIME, hit)
+            self.put("swap_space_mib", gib_text_to_mib(m.group(1)), RUNTIME, hit)
+            self.put("host_memory_mib", gib_text_to_mib(m.group(2)), RUNTIME, hit)
 
     def _long_context(self, hit: Hit, t: str) -> None:
         m = P.VLLM_LONG_CTX.search(t)
@@ -367,18 +367,18 @@ class FileExtractor(EventsMixin):
             e = hit
             self.votes["sglang"] += 5
             self.put("architecture", m.group(1), RUNTIME, e)
-            self.put("avail_after_load_mib", gb(m.group(2)), RUNTIME, e)
+            self.put("avail_after_load_mib", gib_text_to_mib(m.group(2)), RUNTIME, e)
             if m.group(3):
-                self.put("weights_mib", gb(m.group(3)), RUNTIME, e)
+                self.put("weights_mib", gib_text_to_mib(m.group(3)), RUNTIME, e)
             elif "avail_before_load_mib" in self.facts:
                 before = self.facts["avail_before_load_mib"][1]
-                self.put("weights_mib", round(before - gb(m.group(2)), 1), INFERRED, e)
+                self.put("weights_mib", round(before - gib_text_to_mib(m.group(2)), 1), INFERRED, e)
             return
         m = P.SGL_LOAD_BEGIN.search(t)
         if m:
             self.votes["sglang"] += 3
             if m.group(1):
-                self.put("avail_before_load_mib", gb(m.group(1)), RUNTIME, hit)
+                self.put("avail_before_load_mib", gib_text_to_mib(m.group(1)), RUNTIME, hit)
             mr = P.OLD_SGL.match(strip_noise(t))
             if mr and mr.group().startswith("Rank "):
                 self.ranks.setdefault("TP", set()).add(int(mr.group().split()[1].rstrip(":")))
@@ -390,9 +390,9 @@ class FileExtractor(EventsMixin):
             if m.group(1):
                 self.put("kv_tokens", int(m.group(1)), RUNTIME, e)
             if m.group(2):
-                self.put("kv_cache_mib", round((gb(m.group(2)) or 0.0) + (gb(m.group(3)) or 0.0), 1), RUNTIME, e)
+                self.put("kv_cache_mib", round((gib_text_to_mib(m.group(2)) or 0.0) + (gib_text_to_mib(m.group(3)) or 0.0), 1), RUNTIME, e)
             elif m.group(4):
-                self.put("kv_cache_mib", gb(m.group(4)), RUNTIME, e)
+                self.put("kv_cache_mib", gib_text_to_mib(m.group(4)), RUNTIME, e)
             return
         m = P.VLLM_KV_TOKENS.search(t)
         if m:
@@ -400,12 +400,12 @@ class FileExtractor(EventsMixin):
             return
         m = P.VLLM_KV_MEM.search(t) or P.VLLM_KV_RESERVED.search(t)
         if m:
-            mib = gb(m.group(1))
+            mib = gib_text_to_mib(m.group(1))
             if mib is not None and mib < 0:
                 # vLLM V1 gpu_worker "Available KV cache memory: -3.31 GiB": the share is used up before
                 # the KV cache (it then refuses with "No available memory for the cache blocks")
                 self.votes["vllm"] += 3
-                self.add_event(Event("kv_budget_negative", self.name, hit.lineno, self.ev(hit).text, "kv_cache_alloc",
+                self.add_event(LogEvent("kv_budget_negative", self.name, hit.lineno, self.ev(hit).text, "kv_cache_alloc",
                                      {"reason": "vllm_available_kv_negative", "kv_cache_memory_mib": mib}))
                 return
             self.put("kv_cache_mib", mib, RUNTIME, hit)
@@ -426,20 +426,20 @@ class FileExtractor(EventsMixin):
         if m:
             e = hit
             if m.group(2):
-                self.put("cuda_graph_mib", gb(m.group(2)), RUNTIME, e)
-                self.put("avail_after_graph_mib", gb(m.group(3)), RUNTIME, e)
+                self.put("cuda_graph_mib", gib_text_to_mib(m.group(2)), RUNTIME, e)
+                self.put("avail_after_graph_mib", gib_text_to_mib(m.group(3)), RUNTIME, e)
             return
         m = P.SGL_GRAPH_FAILED.search(t)
         if m:
             self.votes["sglang"] += 3
             self.add_event(
-                Event("cuda_graph_capture_failed", self.name, hit.lineno, self.ev(hit).text,
+                LogEvent("cuda_graph_capture_failed", self.name, hit.lineno, self.ev(hit).text,
                       "cuda_graph", {"cause": m.group(1)[:300]})
             )
             return
         m = P.VLLM_GRAPH_DONE.search(t)
         if m:
-            self.put("cuda_graph_mib", gb(m.group(1)), RUNTIME, hit)
+            self.put("cuda_graph_mib", gib_text_to_mib(m.group(1)), RUNTIME, hit)
 
     def _backend(self, hit: Hit, t: str) -> None:
         s = clean(t).text
@@ -484,7 +484,7 @@ class FileExtractor(EventsMixin):
         if m:
             self.votes["sglang"] += 3
             self.put("cuda_ipc_transport", True, RUNTIME, e)
-            self.add_event(Event("mm_feature_pool_full", self.name, hit.lineno, e.text, None,
+            self.add_event(LogEvent("mm_feature_pool_full", self.name, hit.lineno, e.text, None,
                                  {"tensor_mib": float(m.group(1)), "pool_mib": float(m.group(2))}))
 
     # -- failures ----------------------------------------------------------------------

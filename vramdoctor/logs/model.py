@@ -31,8 +31,10 @@ class Evidence:
 
 
 @dataclass
-class Event:
-    """One thing that happened: a CUDA OOM, a KV self-check failure, a retraction..."""
+class LogEvent:
+    """One thing a server log says happened: a CUDA OOM, a KV self-check failure, a retraction...
+
+    (Not `vramdoctor.model.Event`, the protocol mark in a run file.)"""
 
     kind: str
     file: str
@@ -161,12 +163,12 @@ class Diagnosis:
     server: str | None
     version: str | None
     facts: Facts
-    events: list[Event]
+    events: list[LogEvent]
     event_counts: dict[str, int]
     findings: list[Finding] = field(default_factory=list)
     version_evidence: Evidence | None = None
 
-    def events_of(self, *kinds: str) -> list[Event]:
+    def events_of(self, *kinds: str) -> list[LogEvent]:
         return [e for e in self.events if e.kind in kinds]
 
     def to_json(self) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ..model import Event, Evidence
+from ..model import Evidence, LogEvent
 
 
 def version_tuple(v: str | None) -> tuple[int, ...] | None:
@@ -23,7 +23,7 @@ def mib(v: float | None) -> str:
     return f"{v / 1024:.2f} GiB" if abs(v) >= 1024 else f"{v:.0f} MiB"
 
 
-def first_evidence(events: list[Event], n: int = 3) -> list[Evidence]:
+def first_evidence(events: list[LogEvent], n: int = 3) -> list[Evidence]:
     return [e.evidence for e in events[:n]]
 
 

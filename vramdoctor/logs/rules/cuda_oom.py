@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..model import Diagnosis, Event, Facts, Finding
+from ..model import Diagnosis, Facts, Finding, LogEvent
 from . import Rule
 from ._common import by_server, first_evidence, fraction_flag, mib
 
@@ -21,7 +21,7 @@ PHASE_NAMES = {
 }
 
 
-def _fix(phase: str | None, server: str | None, e: Event) -> str:
+def _fix(phase: str | None, server: str | None, e: LogEvent) -> str:
     """The fix for an OOM in this phase, in the server's own flags (both, labelled, when unknown)."""
     frac = fraction_flag(server)
     if phase == "weight_load":
@@ -94,7 +94,7 @@ def _fix(phase: str | None, server: str | None, e: Event) -> str:
     return f"Lower {frac} to leave headroom and check the settings listed; the traceback does not show the phase."
 
 
-def _other_process(e: Event) -> str | None:
+def _other_process(e: LogEvent) -> str | None:
     """Why this OOM message shows memory of a process other than the failing one, or None.
 
     torch lists every process NVML reports on the failing GPU: itself as "this process has X" when
@@ -139,7 +139,7 @@ def _budget(f: Facts, server: str | None) -> str:
     return ", ".join(parts) if parts else "not shown in the log"
 
 
-def _figures(e: Event) -> str:
+def _figures(e: LogEvent) -> str:
     d = e.data
     bits = []
     if "requested_mib" in d:
@@ -157,7 +157,7 @@ def _figures(e: Event) -> str:
     return "; ".join(bits) if bits else "figures cut off in the log"
 
 
-def _title(phase: str | None, e: Event) -> str:
+def _title(phase: str | None, e: LogEvent) -> str:
     if phase == "prefill" and e.data.get("multimodal_frames"):
         return "in the prefill of a multimodal request (vision encoder or merging its embeddings)"
     if phase == "warmup" and e.data.get("sampler"):
@@ -169,7 +169,7 @@ def check(d: Diagnosis) -> list[Finding]:
     evs = d.events_of("cuda_oom")
     if not evs:
         return []
-    by_phase: dict[str | None, list[Event]] = {}
+    by_phase: dict[str | None, list[LogEvent]] = {}
     for e in evs:
         by_phase.setdefault(e.phase, []).append(e)
     if len(by_phase) > 1:

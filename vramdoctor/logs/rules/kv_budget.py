@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..model import Diagnosis, Event, Finding
+from ..model import Diagnosis, Finding, LogEvent
 from . import Rule
 from ._common import by_server, first_evidence, fraction_flag, mib
 
@@ -14,7 +14,7 @@ REASONS = {
 }
 
 
-def _free_below(d: Diagnosis, e: Event) -> tuple[str, str]:
+def _free_below(d: Diagnosis, e: LogEvent) -> tuple[str, str]:
     """vLLM's start-up check: free/total memory and the share asked for -> what holds the rest."""
     free, total = e.data.get("free_mib"), e.data.get("total_mib")
     util = e.data.get("gpu_memory_utilization") or d.facts.gpu_memory_utilization
