@@ -648,7 +648,9 @@ def test_planned_aborts_are_traffic_not_errors() -> None:
     res = analyse_soak(recs)
     assert [(x.ok, x.errors, x.reached, x.aborted) for x in res.rounds] == [(50, 0, 50, 10)] * 4
     assert res.layers["vram"].rate_per_request == pytest.approx(3.0, rel=0.02)
-    assert any("abandoned by the client" in n for n in soak_json(res)["notes"])
+    d = soak_json(res)
+    assert any("abandoned by the client" in n for n in d["notes"])
+    assert "--abort-fraction 0" in d["suggestion"]
 
 
 def test_no_request_succeeded_is_inconclusive_not_stable() -> None:

@@ -422,6 +422,13 @@ def suggestion(a: SoakAnalysis) -> str | None:
         return ("fix the traffic first: check --model (the server's model id), --api-key, --api, "
                 "and that the server accepts images (or use --text-only)")
     if not a.undecided:
+        aborted = sum(r.aborted or 0 for r in a.rounds)
+        if aborted and a.verdict == LEAK:
+            # Every round has the same share of aborts, so the rate alone cannot say which
+            # requests leak: a second soak without aborts can.
+            return ("some requests in every round were abandoned mid-stream: soak again with "
+                    "--abort-fraction 0; if the leak goes away, the requests the client abandons "
+                    "cause it (memory or KV pages not released after a disconnect)")
         return None
     n = len(a.rounds)
     per = max((r.sent for r in a.rounds), default=0)
