@@ -982,6 +982,8 @@ def report_run(run: Run, *, json_out: bool, report_file: Path | None, run_path: 
     from ..attribute.render import render_run_attribution, run_attribution_json
     from . import console
 
+    if report_file is not None and report_file.suffix.lower() not in (".png", ".html", ".htm"):
+        raise InputError(f"--report {report_file}: use a .html or .png file name")  # before any work
     cfg = run.header.get("config") or {}
     min_growth = cfg.get("min_growth_mib", 2.0)
     th = Thresholds(min_growth_mib=float(min_growth) if _ok(min_growth) else 2.0)
