@@ -107,12 +107,12 @@ def test_soak_negative_min_growth_is_a_usage_error(tmp_path) -> None:
 def test_a_single_settled_level_without_baseline_is_not_stable() -> None:
     # --idle shorter than --interval: only round 1's idle window caught a sample.
     alone = classify_series(None, [45.7, None, None], [2.0, 4.0, 6.0], [[45.7], [], []], floor=2.0)
-    assert alone["verdict"] == INCONCLUSIVE
+    assert alone.verdict == INCONCLUSIVE
     # Even with a baseline, one flat round is too little to call it stable; two are enough.
     with_base = classify_series(45.6, [45.7, None, None], [2.0, 4.0, 6.0], [[45.7], [], []], floor=2.0)
-    assert with_base["verdict"] == INCONCLUSIVE
+    assert with_base.verdict == INCONCLUSIVE
     two = classify_series(45.6, [45.7, 45.7, None], [2.0, 4.0, 6.0], [[45.7], [45.7], []], floor=2.0)
-    assert two["verdict"] == STABLE
+    assert two.verdict == STABLE
 
 
 # --- Ctrl-C in the second after the run file is created (scipy import): no report, no end ----
@@ -181,7 +181,7 @@ def test_html_answers_to_completions_are_errors_not_a_stable_verdict(loopback, t
     d = json.loads(r.stdout)
     assert d["verdict"] == INCONCLUSIVE
     assert all(rd["ok"] == 0 and rd["errors"] == 2 for rd in d["rounds"])
-    assert "choices" in d["sentence"]
+    assert "choices" in d["headline"]
 
 
 def test_https_to_a_plain_http_port_says_so(loopback, tmp_path) -> None:
