@@ -37,13 +37,14 @@ from .results import (
     R_SERVER_DIED,
     VRAM,
     LayerResult,
+    Life,
     ProcessChange,
     SeriesResult,
     SoakAnalysis,
     Thresholds,
     Window,
 )
-from .series import extract_series, kv_pool_mib, without
+from .series import Series, extract_series, kv_pool_mib, without
 from .verdict import baseline_request_rate, overall_verdict, undecided
 from .vram import vram_layer
 
@@ -189,7 +190,7 @@ def _analyse(records: list[Any], header: dict[str, Any] | None, production_rate_
     )
 
 
-def _series_of_life(raw: dict[str, Any], life: int, lives: list[Any]) -> list[str]:
+def _series_of_life(raw: dict[str, Series], life: int, lives: list[Life]) -> list[str]:
     """Series that have samples inside the life (all of them when the run has one life)."""
     if len(lives) == 1:
         return list(raw)
