@@ -20,8 +20,9 @@ def _early_interrupt(_signum: int, _frame: object) -> None:
 
 
 # Installed before the imports below (typer, rich and the command modules take a few tenths
-# of a second): a Ctrl-C in that time must not print a traceback. main() restores Python's
-# handler before any command runs, so commands see KeyboardInterrupt as usual.
+# of a second): a Ctrl-C in that time must not print a traceback. Python's handler is back
+# at the end of this module (a program importing vramdoctor.cli keeps its own Ctrl-C), so
+# commands see KeyboardInterrupt as usual.
 if __name__ != "__main__" and _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:
     _signal.signal(_signal.SIGINT, _early_interrupt)
 
@@ -152,9 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = list(sys.argv[1:] if argv is None else argv)
     _learn_secrets(args)
-    if _signal.getsignal(_signal.SIGINT) is _early_interrupt:
-        with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
-            _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+    _restore_interrupt()
     try:
         code = app(args=args, prog_name="vramdoctor", standalone_mode=False)
     except _NO_ARGS as exc:
@@ -196,3 +195,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def run() -> None:
     sys.exit(main())
+
+
+def _restore_interrupt() -> None:
+    if _signal.getsignal(_signal.SIGINT) is _early_interrupt:
+        with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
+            _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+
+
+_restore_interrupt()
