@@ -154,5 +154,7 @@ def test_ctrl_c_while_starting_prints_no_traceback(tmp_path: Path) -> None:
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
         _out, err = proc.communicate(timeout=60)
+        if "init_import_site" in err:  # still inside Python's own start-up, before any of our code
+            continue
         assert "Traceback" not in err, (delay, err)
         assert proc.returncode in (0, 130), (delay, proc.returncode, err)
