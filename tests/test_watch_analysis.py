@@ -95,7 +95,7 @@ def test_a_process_that_exits_leaves_the_live_verdict_and_says_so() -> None:
     gone = _series(r, "vram", 400)
     assert not gone.alive and gone.hours_to_oom is None
     assert gone.verdict == LEAK  # it was leaking until it died: kept in the JSON
-    assert r.verdict == STABLE  # the live processes decide the overall verdict
+    assert r.verdict == STABLE and r.culprit is None  # the live processes decide the overall verdict
 
 
 def test_memory_that_follows_the_load_is_stable_at_comparable_moments_but_a_naive_fit_calls_it_growth() -> None:

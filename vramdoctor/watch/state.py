@@ -180,7 +180,7 @@ class WatchResult:
 
     @property
     def culprit(self) -> SeriesVerdict | None:
-        leaks = [s for s in self.series if s.verdict == LEAK]
+        leaks = [s for s in self.series if s.verdict == LEAK and s.alive]
         if not leaks:
             return None
         return min(leaks, key=lambda s: (s.hours_to_oom if s.hours_to_oom is not None else math.inf,
