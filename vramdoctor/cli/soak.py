@@ -73,14 +73,6 @@ def _emit(result: Any, *, json_out: bool, report_file: Path | None, target: str 
     return int(ExitCode.OK)
 
 
-def _renders(result: Any) -> bool:
-    """Whether the report side renders this analysis object (its type, by name)."""
-    from ..report import soak as rep
-
-    wanted = str(getattr(rep.render, "__annotations__", {}).get("result", ""))
-    return type(result).__name__ in wanted or not wanted
-
-
 def report_run(run: Run, *, json_out: bool, report_file: Path | None, run_path: Path | None = None,
                analysis: Any = None) -> int:
     """A soak run's analysis and report from its run file: at the end of `soak` (which passes

@@ -20,21 +20,22 @@ from .analyse import analyse_run, undecided_layers
 from .config import DEFAULT_MAX_ROUNDS, SoakConfig
 
 if TYPE_CHECKING:  # the lazy names below, for type checkers
+    from ..analysis.soak import SoakAnalysis
     from .runner import RoundHook, SoakOutcome, default_run_path, run_soak
+
+
+def analyse_soak(records: list[Any], header: dict[str, Any] | None = None, **kwargs: Any) -> SoakAnalysis:
+    """The per-layer soak analysis of a run's records (`vramdoctor.analysis.soak.analyse_soak`:
+    pure; keyword arguments production_rate_rps, raw_host, status, th). Imported on use, so
+    `import vramdoctor.soak` does not pay for scipy."""
+    from ..analysis.soak import analyse_soak as analyse
+
+    return analyse(records, header, **kwargs)
+
 
 # Public name -> the module that defines it (imported on first access: the runner brings
 # requests, numpy and PIL, which `vramdoctor --help` and the analysis do not need).
 _LAZY = {"RoundHook": ".runner", "SoakOutcome": ".runner", "default_run_path": ".runner", "run_soak": ".runner"}
-
-
-def analyse_soak(records: list[Any], header: dict[str, Any] | None = None, **kwargs: Any) -> Any:
-    """The per-layer soak analysis of a run's records (`vramdoctor.analysis.soak`); pure."""
-    from ..analysis import soak as mod
-
-    fn = getattr(mod, "analyse_soak", None)
-    if fn is not None:
-        return fn(records, header, **kwargs)
-    return mod.analyse(records, header=header, **kwargs)
 
 
 __all__ = [

@@ -18,6 +18,7 @@ from ..errors import InputError
 DEFAULT_SIZES = ("448x448", "896x672")
 MIN_GROWTH_MIB = 2.0  # NVML/DCGM report whole MiB; the allocator rounds to 2 MiB blocks
 DEFAULT_MAX_ROUNDS = 12
+INTERRUPTED = 130  # exit code of a soak stopped by Ctrl-C or SIGTERM
 # Bounds that keep one option from asking for unbounded work (issue 11 kind 6).
 MAX_REQUESTS_PER_ROUND = 10**9
 MAX_ROUNDS = 10_000

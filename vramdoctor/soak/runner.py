@@ -32,9 +32,7 @@ from ..sources.discover import ServerWatch, discover_server, gpu_peers, roles
 from ..sources.host import HostSource, host_memory
 from ..sources.server_info import ServerInfo, base_url, identify
 from .analyse import analyse_run, is_leak, undecided_layers
-from .config import SoakConfig
-
-INTERRUPTED = 130
+from .config import INTERRUPTED, SoakConfig
 
 
 class RoundHook(TypingProtocol):
@@ -112,6 +110,20 @@ def _gpu_source(cfg: SoakConfig, remote: bool) -> tuple[Any, str | None]:
         return NvmlSource(list(cfg.gpus) if cfg.gpus else None).open(), None
     except SourceUnavailable as exc:
         return None, f"no GPU memory from NVML: {exc}"
+
+
+def _malloc_arena_max(pids: list[int]) -> int | None:
+    """MALLOC_ARENA_MAX from the server's environment (None when unset or unreadable)."""
+    import psutil
+
+    for pid in pids:
+        try:
+            value = psutil.Process(pid).environ().get("MALLOC_ARENA_MAX")
+        except (psutil.Error, OSError):
+            continue
+        if value and value.strip().isdigit():
+            return int(value.strip())
+    return None
 
 
 class _Roles:
@@ -253,6 +265,10 @@ def run_soak(
         "server": info.to_dict(), "server_pids": found.root_pids,
         "server_tree": {str(k): v for k, v in found.tree.items()}, "notes": notes,
         "max_rounds": cfg.rounds_cap,
+        # glibc's arena cap is 8 x cores unless MALLOC_ARENA_MAX says otherwise (the host
+        # layer's bound on arena growth): this host's cores, the server's own setting.
+        "cpu_count": os.cpu_count() if not found.remote else None,
+        "server_malloc_arena_max": _malloc_arena_max(found.root_pids),
     })
     # Imported before the run file exists: scipy takes a second to import, and a Ctrl-C in that
     # second must land inside the try below (partial report, run file closed), not before it.
