@@ -238,7 +238,8 @@ def run_soak(
     if gpu_src is not None:
         sources["gpu"] = gpu_src
     if found.found or cfg.pids or (gpu_src is not None and not found.remote):
-        sources["host"] = HostSource(roles_fn)
+        # /proc/PID/maps of a large server has thousands of lines; arenas change slowly: every ~2 s.
+        sources["host"] = HostSource(roles_fn, maps_every=max(1, round(2.0 / cfg.interval_s)))
     if not sources:
         raise SourceUnavailable(
             "nothing to measure: no GPU source and the server's processes are not on this host; "
