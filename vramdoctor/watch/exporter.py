@@ -12,12 +12,15 @@ Memory is exported in bytes (MiB x 2**20); the KV layer in tokens.
 from __future__ import annotations
 
 import math
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -215,15 +218,36 @@ class ExporterServer:
         self._thread.join(5)
 
 
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
 def serve(collector: Collector, listen: str = "127.0.0.1:9840") -> ExporterServer:
-    """Serve `collector` on its own registry at http://HOST:PORT/metrics (a daemon thread)."""
+    """Serve `collector` on its own registry at http://HOST:PORT/metrics (a daemon thread).
+
+    prometheus-client's WSGI app (exposition, content negotiation, gzip) on the standard
+    library's threading WSGI server: the same on every prometheus-client release pyproject allows.
+    """
     host, port = parse_listen(listen)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
+    server_class = _Server6 if ":" in host else _Server
     try:
-        server, thread = start_http_server(port, addr=host, registry=registry)
-    except OSError as exc:
-        raise InputError(f"--listen {listen}: cannot serve there ({exc.strerror or exc})") from None
+        server = make_server(host, port, make_wsgi_app(registry), server_class, handler_class=_QuietHandler)
+    except (OSError, socket.gaierror) as exc:
+        raise InputError(f"--listen {listen}: cannot serve there ({getattr(exc, 'strerror', None) or exc})") from None
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                              name="vramdoctor-exporter", daemon=True)
+    thread.start()
     bound = server.server_address[1]
     shown = f"[{host}]" if ":" in host else host
     return ExporterServer(url=f"http://{shown}:{bound}/metrics", _server=server, _thread=thread)

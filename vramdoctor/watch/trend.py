@@ -131,8 +131,9 @@ def classify(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         tau_res = kendalltau(x, y)
-    tau = float(tau_res.statistic) if np.isfinite(tau_res.statistic) else 0.0
-    p = float(tau_res.pvalue) if np.isfinite(tau_res.pvalue) else 1.0
+    # indexed, not .statistic: scipy 1.9 (the floor) names it .correlation
+    tau = float(tau_res[0]) if np.isfinite(tau_res[0]) else 0.0
+    p = float(tau_res[1]) if np.isfinite(tau_res[1]) else 1.0
     mid = x[0] + span / 2
     late = x >= mid
     late_slope, late_lo, _ = _theil(x[late], y[late])
@@ -140,7 +141,7 @@ def classify(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         late_tau = kendalltau(x[late], y[late]) if late.sum() >= 3 else None
-    late_p = float(late_tau.pvalue) if late_tau is not None and np.isfinite(late_tau.pvalue) else 1.0
+    late_p = float(late_tau[1]) if late_tau is not None and np.isfinite(late_tau[1]) else 1.0
     q = max(n // 4, 2)
     rise = float(np.median(y[-q:]) - np.median(y[:q]))
     noise = _jitter(y)
