@@ -10,6 +10,7 @@ secret.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -66,10 +67,24 @@ def exporter_page() -> str:
                                     f"--auth-token {FLAG} --hf-token={FLAG} SOME_KEY={ENV_KEY}"}])
 
 
+def _searchable(blob: bytes) -> bytes:
+    """What text a reader can see: a PNG's text chunks, not its compressed pixels; an HTML page
+    without its embedded images' base64 (a 3-character key turns up there by chance)."""
+    if blob.startswith(b"\x89PNG\r\n\x1a\n"):
+        chunks, at = [], 8
+        while at + 8 <= len(blob):
+            size, kind = int.from_bytes(blob[at:at + 4], "big"), blob[at + 4:at + 8]
+            if kind in (b"tEXt", b"iTXt", b"zTXt"):
+                chunks.append(blob[at + 8:at + 8 + size])
+            at += 12 + size
+        return b"\n".join(chunks)
+    return re.sub(rb"data:image/[a-z+]+;base64,[A-Za-z0-9+/=]+", b"data:image", blob)
+
+
 def check(outputs: dict[str, bytes | str]) -> None:
     assert outputs
     for where, data in outputs.items():
-        blob = data if isinstance(data, bytes) else data.encode()
+        blob = _searchable(data if isinstance(data, bytes) else data.encode())
         for secret in SECRETS:
             assert secret.encode() not in blob, f"{secret!r} leaked into {where}"
 
