@@ -28,8 +28,15 @@ def analyse_run(run: Run, *, production_rate_rps: float | None = None,
         production_rate_rps = float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
     growth = min_growth_mib if min_growth_mib is not None else cfg.get("min_growth_mib")
     th = Thresholds(min_growth_mib=float(growth)) if isinstance(growth, (int, float)) else Thresholds()
-    return analyse_soak(run.records, run.header, production_rate_rps=production_rate_rps,
-                        raw_host=run.raw("host_memory"), status=run.status, th=th)
+    analysis = analyse_soak(run.records, run.header, production_rate_rps=production_rate_rps,
+                            raw_host=run.raw("host_memory"), status=run.status, th=th)
+    # The run file's own damage (bad lines, disorder, a file the disk could not hold, a torn
+    # last line) and what the sampler left out: notes, so every report says what was not analysed.
+    extra = [*run.problems, *run.dropped()]
+    if run.torn_tail:
+        extra.append("the run file's last line was torn (the writer was killed); it was skipped")
+    analysis.notes.extend(n for n in extra if n not in analysis.notes)
+    return analysis
 
 
 def undecided_layers(analysis: Any) -> list[tuple[str, str]]:

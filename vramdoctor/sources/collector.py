@@ -200,18 +200,32 @@ class Collector:
         for record in records:
             self._write(EXTRA, record)
 
+    def _steps(self) -> list[tuple[str, Callable[[], None]]]:
+        steps: list[tuple[str, Callable[[], None]]] = [
+            (name, (lambda n=name, s=source: self.sample_source(n, s)))  # type: ignore[misc]
+            for name, source in self.sources.items()
+        ]
+        if self.extra is not None:
+            steps.append((EXTRA, self.sample_extra))
+        return steps
+
+    def _guarded(self, name: str, step: Callable[[], None]) -> None:
+        try:
+            step()
+        except BaseException as exc:  # FATAL and bugs: the run fails, said once
+            self._fail(name, exc)
+
     def tick(self) -> None:
-        """Sample every source once on this thread (the first and the last point of a run)."""
+        """Sample every source once, all at the same time, and return when all are done (the
+        first and the last point of a run): a slow source delays the others here neither."""
         if self.failed:
             return
-        try:
-            for name, source in self.sources.items():
-                self.sample_source(name, source)
-            self.sample_extra()
-        except BaseException as exc:  # FATAL and bugs: the run fails, said once
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            self._fail("tick", exc)
+        threads = [threading.Thread(target=self._guarded, args=(name, step), daemon=True,
+                                    name=f"vramdoctor-tick-{name}") for name, step in self._steps()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
 
     # --- threads ---------------------------------------------------------------------------
 
@@ -245,13 +259,7 @@ class Collector:
         if self._threads:
             return self
         self._stop.clear()
-        steps: list[tuple[str, Callable[[], None]]] = [
-            (name, (lambda n=name, s=source: self.sample_source(n, s)))  # type: ignore[misc]
-            for name, source in self.sources.items()
-        ]
-        if self.extra is not None:
-            steps.append((EXTRA, self.sample_extra))
-        for name, step in steps:
+        for name, step in self._steps():
             thread = threading.Thread(target=self._loop, args=(name, step),
                                       name=f"vramdoctor-sampler-{name}", daemon=True)
             try:
