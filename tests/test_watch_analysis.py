@@ -196,3 +196,21 @@ def test_the_vectorised_low_envelope_matches_the_plain_one() -> None:
     t = np.sort(rng.random(3000) * 20_000)
     v = np.round(rng.random(3000) * 40)  # ties inside blocks: the first minimum wins in both
     assert low_envelope_arrays(t, v, 60.0) == low_envelope(list(zip(t.tolist(), v.tolist(), strict=True)), 60.0)
+
+
+def test_a_device_level_source_gives_a_device_series_with_its_time_to_oom() -> None:
+    # dcgm-exporter: no process rows, only the GPU's used/free. The server leaks 0.02 MiB a request.
+    h = History(hours=8, step_s=15, procs=[Proc(pid=100, name="p", leak_mib_per_request=0.02)])
+    state = WatchState()
+    for r in records(h):
+        if r.kind == "gpu":
+            r.processes = []
+            r.source = "dcgm"
+        if r.kind != "host":
+            state.ingest(r)
+    res = state.analyse(r.wall)
+    (dev,) = [s for s in res.series if s.layer == "device"]
+    assert not [s for s in res.series if s.layer == "vram"]
+    assert dev.verdict == LEAK and dev.gpu == 0 and dev.mode == "quiet"
+    assert dev.growth_per_request == pytest.approx(0.02, rel=0.15)
+    assert dev.hours_to_oom == pytest.approx(res.gpus[0]["free_mib"] / dev.growth_per_hour, rel=1e-6)
