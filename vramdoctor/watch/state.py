@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from scipy.stats import kendalltau
 
 from ..analysis.census import census
 from ..model import (
@@ -48,7 +50,7 @@ from ..model import (
     HostSample,
     MetricsSample,
 )
-from .series import BucketSeries
+from .series import Bucket, BucketSeries
 from .trend import INCONCLUSIVE, LEAK, VERDICT_RANK, Trend, TrendThresholds, classify
 
 __all__ = [
@@ -517,11 +519,17 @@ class WatchState:
                 [(b.key * c.bucket_s, b.vmin) for b in buckets]
             x_unit = "request" if len(xs) >= th.min_points else "s"
         elif xs:
+            per_inflight = self._per_inflight(buckets)
+            if per_inflight is not None:  # memory follows the requests in flight: take that out
+                low = {b.key: b.vmin for b in self._inflight}
+                xs = [(k, r, y - per_inflight * low[k]) for k, r, y in xs if k in low]
             q = [(r, y) for k, r, y in xs if quiet is not None and k in quiet]
             if len(q) >= th.min_points:
                 mode, points = "quiet", q
             else:
                 mode, points = "per-request", [(r, y) for _, r, y in xs]
+            if per_inflight is not None:
+                mode += ", load-adjusted"
             x_unit = "request"
         else:
             points = [(b.key * c.bucket_s, b.vmin) for b in buckets]
@@ -554,6 +562,34 @@ class WatchState:
             growth_per_hour_ci=ci, hours_to_oom=hours if alive else None, free=free,
             warmup_until=warm_until, floor_level=last.vmin if last else None, trend=trend,
         )
+
+    def _per_inflight(self, buckets: list[Bucket]) -> float | None:
+        """MiB per request in flight, when a series' level follows the in-flight count.
+
+        Measured inside each bucket (a minute: no leak moves a level that fast): the rise from a
+        bucket's minimum to its maximum against the rise of its in-flight count. Only when the
+        two go together (Kendall tau > 0, p < 0.01 over at least 20 buckets) is it used, to
+        subtract the activations of the requests still in flight at a bucket's quietest moment.
+        A caching allocator's level (NVML under PyTorch) does not follow the load: then None.
+        """
+        infl = {b.key: b for b in self._inflight}
+        d_mem, d_req = [], []
+        for b in buckets:
+            ib = infl.get(b.key)
+            if ib is None or ib.n < 2 or b.n < 2 or ib.vmax <= ib.vmin:
+                continue
+            d_mem.append(b.vmax - b.vmin)
+            d_req.append(ib.vmax - ib.vmin)
+        if len(d_req) < 20:
+            return None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            res = kendalltau(d_req, d_mem)
+        tau, p = float(res[0]), float(res[1])
+        if not (math.isfinite(tau) and tau > 0 and p < 0.01):
+            return None
+        ratio = float(np.median(np.array(d_mem) / np.array(d_req)))
+        return ratio if ratio > 0 else None
 
     def _free(self, key: SeriesKey) -> float | None:
         if key.layer in ("vram", "device") and key.gpu is not None:
