@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,23 @@ def test_soak_attribute_sglang_end_to_end(sglang: Proc, tmp_path: Path) -> None:
     # offline: `vramdoctor report` re-runs the diff from the run directory
     rep = run_cli("report", str(out))
     assert "SGLang scheduler TP 0: memory held by a stack that grows every round" in rep.stdout
+
+
+def test_an_sglang_without_the_mem_activity_is_given_up_after_one_round(tmp_path: Path) -> None:
+    p = Proc([sys.executable, str(FIXTURES / "fake_sglang.py"), "--fixtures", str(FIXTURES / "gpu"),
+              "--series", "leak", "--no-mem"], env={"PATH": "/usr/bin:/bin"}, log=tmp_path / "old.log")
+    p.wait_port()
+    try:
+        hook = SglangHook(p.url(), tmp_path / "dest", file_wait_s=1.0)
+        (tmp_path / "dest").mkdir()
+        t0 = time.monotonic()
+        for rnd in range(4):
+            hook(rnd, tmp_path)
+        hook.close()
+        assert time.monotonic() - t0 < 10  # one wait, not one per round
+        assert not calls(p)["in_progress"]
+        cov = json.loads((tmp_path / "dest" / "collection.json").read_text())
+        assert cov["covered"] == [] and "gave up" in cov["notes"][0]
+        assert len([c for c in calls(p)["calls"] if c["path"] == "/stop_profile"]) == 1
+    finally:
+        p.stop()

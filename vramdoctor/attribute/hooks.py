@@ -109,13 +109,16 @@ class SglangHook:
     """Round hook for SGLang's own memory profiler (scheduler processes only)."""
 
     def __init__(self, base_url: str, dest: Path, *, output_dir: Path | None = None,
-                 headers: dict[str, str] | None = None, timeout_s: float = 60.0) -> None:
+                 headers: dict[str, str] | None = None, timeout_s: float = 60.0,
+                 file_wait_s: float = 15.0) -> None:
         self.base = base_url.rstrip("/")
         self.dest = dest
         self.raw = output_dir or (dest / "sglang-output")
         self.headers = headers or {}
         self.timeout_s = timeout_s
+        self.file_wait_s = file_wait_s
         self.started = False
+        self.given_up = False
         self.seen: set[str] = set()
         self.covered: set[str] = set()
         self.notes: list[str] = []
@@ -147,7 +150,7 @@ class SglangHook:
     def _stop(self, expect: int) -> list[Path]:
         self._post("/stop_profile")
         self.started = False
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + (self.file_wait_s if expect else 2.0)
         files = self._new_files()
         while len(files) < max(1, expect) and time.monotonic() < deadline:
             time.sleep(0.2)  # older SGLang answers before the schedulers have written the file
@@ -157,10 +160,12 @@ class SglangHook:
         return files
 
     def __call__(self, round_index: int, run_dir: Path | None = None) -> None:
+        if self.given_up:
+            return
         if not self.started:
             self.start()
             return
-        files = self._stop(len(self.covered))
+        files = self._stop(max(1, len(self.covered)))
         wall = time.time()
         for p in files:
             m = _SGLANG_FILE.search(p.name)
@@ -174,7 +179,11 @@ class SglangHook:
             self.covered.add(f"SGLang scheduler TP {rank}")
         if not files:
             self.notes.append(f"round {round_index}: /stop_profile wrote no memory pickle into {self.raw} "
-                              "(is that directory visible to the server at the same path?)")
+                              f"within {self.file_wait_s:.0f} s (SGLang older than 0.4.3.post3 has no \"MEM\" "
+                              "activity; or that directory is not the server's at the same path): gave up")
+            self.given_up = True  # no further rounds: each would wait again for nothing
+            self._save()
+            return
         self._save()
         self.start()
 
