@@ -302,6 +302,33 @@ def test_multimodal_merge_frame_is_a_multimodal_prefill(tmp_path: Path) -> None:
     assert "multimodal request" in f.title and "--limit-mm-per-prompt" in f.fix
 
 
+def test_vision_frames_in_a_shared_helper_file(tmp_path: Path) -> None:
+    # the shape of vllm#38257 (0.1x, DCP): _merge_multimodal_embeddings lives in models/utils.py
+    tag = "(Worker_TP7_DCP1_EP7 pid=641) ERROR 03-26 21:14:47 [multiproc_executor.py:949] "
+    d = run(tmp_path, (
+        tag + "WorkerProc hit an exception.\n"
+        + tag + "Traceback (most recent call last):\n"
+        + tag + '  File "/app/.venv/lib/python3.12/site-packages/vllm/model_executor/models/utils.py", line 476, in '
+        "_merge_multimodal_embeddings\n"
+        + tag + "    inputs_embeds.masked_scatter_(\n"
+        + tag + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 48.00 MiB. GPU 7 has a total capacity "
+        "of 79.19 GiB of which 43.00 MiB is free. Including non-PyTorch memory, this process has 79.13 GiB memory in "
+        "use. Of the allocated memory 72.09 GiB is allocated by PyTorch.\n"
+    ))
+    e = d.events_of("cuda_oom")[0]
+    assert (e.phase, e.data.get("multimodal_frames")) == ("prefill", True)
+    assert d.facts.multimodal is True and d.facts.tp_size_at_least == 8
+    assert "Another process" not in finding(d, "cuda-oom").explanation  # only "this process" is listed
+
+
+def test_every_multimodal_frame_pattern_has_a_hint() -> None:
+    from vramdoctor.logs import patterns as P
+
+    for alt in P.MM_FRAMES.pattern.split("|"):
+        literal = re.sub(r"\\(.)", r"\1", alt)
+        assert any(h in literal for h in P.MM_HINTS), alt  # the cheap gate must let it through
+
+
 def test_no_phase_from_lines_printed_before(tmp_path: Path) -> None:
     # torch.compile / weight-loading lines minutes before an OOM without a traceback of its own
     d = run(tmp_path, (

@@ -359,7 +359,8 @@ SAMPLER_WARMUP = _fast(r"_dummy_sampler_run|warming up sampler")
 # `visual` / `vision_tower` / `vision_model` modules; SGLang `embed_mm_inputs` (called only when the
 # batch has multimodal inputs), `get_image_feature`).
 MM_FRAMES = _fast(
-    r"_?merge_multimodal_embeddings|_execute_mm_encoder|get_multimodal_embeddings|embed_multimodal|_process_image_input"
+    r"_?merge_multimodal_embeddings|_execute_mm_encoder|get_multimodal_embeddings|embed_multimodal"
+    r"|_process_(?:image|video|audio)_input"
     r"|get_image_features?\b|embed_mm_inputs|self\.visual\(|self\.vision_tower\(|self\.vision_model\("
     r"|/vision_encoder|VisionTransformer"
 )
@@ -371,7 +372,7 @@ FORWARD_MARKERS: tuple[tuple[str, Any], ...] = (
 )
 CONTEXT_PHASES = tuple(name for name, _ in PHASE_MARKERS)
 # Substrings without which no multimodal frame can match (a cheap gate before MM_FRAMES).
-MM_HINTS = ("multimodal", "mm_", "image", "visual", "vision", "Vision")
+MM_HINTS = ("multimodal", "mm_", "image", "video", "audio", "visual", "vision", "Vision")
 TRACEBACK = "Traceback (most recent call last)"
 TRACEBACK_BYTES = TRACEBACK.encode()
 MODEL_FILE = _fast(r"/models/(\w+)\.py")
