@@ -280,6 +280,8 @@ SAMPLER = (TB + "RuntimeError: CUDA out of memory occurred when warming up sampl
         (frames("compile_or_warm_up_model", "_dummy_sampler_run") + SAMPLER, "warmup", "--max-num-seqs"),
         (frames("execute_dummy_batch", "_dummy_run") + OOM, "warmup", None),
         (frames("determine_available_memory", "profile_run", "_dummy_run") + OOM, "profiling", None),
+        (frames("determine_available_memory", "profile_run", "_dummy_sampler_run") + SAMPLER, "profiling",
+         "--max-num-seqs"),
         (frames("compile_or_warm_up_model", "capture_model", "_dummy_run") + OOM, "cuda_graph", "--enforce-eager"),
     ],
 )

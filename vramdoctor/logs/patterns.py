@@ -347,7 +347,7 @@ PHASE_MARKERS: tuple[tuple[str, Any], ...] = (
     ("profiling", _fast(r"profile_run|determine_num_available_blocks|determine_available_memory|profile_max_batched")),
     ("kv_cache_alloc", _fast(r"init_cache_engine|allocate_(?:cpu|gpu)_cache|_allocate_kv_cache|initialize_kv_cache_tensors|init_memory_pool|_create_buffers|\b_init_cache\b|TokenToKVPool\b.*__init__|in _init_cache\b")),
     ("weight_load", _fast(r"\bload_model\b|load_weights|create_weights|_initialize_model|\binitialize_model\b|weight_loader|[Ll]oad weight begin")),
-    ("warmup", _fast(r"compile_or_warm_up_model|_warmup|warm_up|warming up|kernel_warmup")),
+    ("warmup", _fast(r"compile_or_warm_up_model|_warmup|warm_up|kernel_warmup")),
 )
 # Weaker markers, used only when no context marker is in the traceback: vLLM's dummy passes run in
 # warm-up (`compile_or_warm_up_model` calls them; inside `profile_run` the context marker wins).

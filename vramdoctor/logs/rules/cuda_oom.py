@@ -45,6 +45,13 @@ def _fix(phase: str | None, server: str | None, e: LogEvent) -> str:
             "Graph capture runs outside the KV budget: lower --gpu-memory-utilization, --max-num-seqs or the "
             "capture sizes (or --enforce-eager).",
         )
+    if phase in ("warmup", "profiling", "mm_profiling") and e.data.get("sampler"):
+        return by_server(
+            server,
+            "Warm-up sampling ran out: lower --max-running-requests or --mem-fraction-static.",
+            "The sampler warm-up (logits for --max-num-seqs dummy requests) ran out: lower --max-num-seqs, as "
+            "vLLM's own message says, or --gpu-memory-utilization.",
+        )
     if phase in ("profiling", "mm_profiling"):
         return by_server(
             server,
@@ -53,13 +60,6 @@ def _fix(phase: str | None, server: str | None, e: LogEvent) -> str:
             "The profiling run's activations do not fit: lower --max-num-batched-tokens / --max-model-len, limit "
             "images per prompt (--limit-mm-per-prompt) and the encoder cache, or lower --gpu-memory-utilization if "
             "other processes share the GPU.",
-        )
-    if phase == "warmup" and e.data.get("sampler"):
-        return by_server(
-            server,
-            "Warm-up sampling ran out: lower --max-running-requests or --mem-fraction-static.",
-            "The sampler warm-up (logits for --max-num-seqs dummy requests) ran out: lower --max-num-seqs, as "
-            "vLLM's own message says, or --gpu-memory-utilization.",
         )
     if phase == "warmup":
         return by_server(
@@ -162,6 +162,8 @@ def _title(phase: str | None, e: LogEvent) -> str:
         return "in the prefill of a multimodal request (vision encoder or merging its embeddings)"
     if phase == "warmup" and e.data.get("sampler"):
         return "during the sampler warm-up"
+    if phase in ("profiling", "mm_profiling") and e.data.get("sampler"):
+        return PHASE_NAMES[phase] + " (sampler warm-up)"
     return PHASE_NAMES.get(phase, str(phase))
 
 
