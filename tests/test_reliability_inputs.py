@@ -158,3 +158,23 @@ def test_ctrl_c_while_starting_prints_no_traceback(tmp_path: Path) -> None:
             continue  # still inside Python's own start-up (site, runpy finding the module): not ours
         assert "Traceback" not in err, (delay, err)
         assert proc.returncode in (0, 130), (delay, proc.returncode, err)
+
+
+def test_huge_values_are_damage_not_numpy_warnings(tmp_path: Path) -> None:
+    lines = _lines(LEAKING)
+    out = []
+    for i, line in enumerate(lines):
+        rec = json.loads(line)
+        if rec.get("kind") == "gpu" and i % 4 == 0:
+            for g in rec["gpus"]:
+                g["used_mib"] = 1e300
+        if rec.get("kind") == "host" and i % 4 == 1:
+            for p in rec["processes"]:
+                p["rss_mib"] = -1e308
+        out.append(json.dumps(rec) + "\n")
+    huge = tmp_path / "huge.jsonl"
+    huge.write_text("".join(out))
+    r = vd("report", str(huge), cwd=tmp_path)
+    assert r.returncode in (0, 1), r.stderr
+    assert "Warning" not in r.stderr and "overflow" not in r.stderr, r.stderr
+    assert "beyond any measurement" in r.stdout
