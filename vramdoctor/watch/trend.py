@@ -136,7 +136,7 @@ def classify(
     p = float(tau_res[1]) if np.isfinite(tau_res[1]) else 1.0
     mid = x[0] + span / 2
     late = x >= mid
-    late_slope, late_lo, _ = _theil(x[late], y[late])
+    late_slope, late_lo, late_hi = _theil(x[late], y[late])
     late_span = float(x[late][-1] - x[late][0]) if late.sum() > 1 else 0.0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -155,7 +155,7 @@ def classify(
                and late_growth > floor)
     if started and (not whole or late_slope > slope):
         # the rate now is the late half's: a leak that began late, or one that speeds up
-        base["slope"], base["slope_ci"] = late_slope, (late_lo, _theil(x[late], y[late])[2])
+        base["slope"], base["slope_ci"] = late_slope, (late_lo, late_hi)
         base["growth"] = late_growth
         reason = ("grows in proportion to the work done, faster in the second half of the window"
                   if whole else "started growing in the second half of the window and keeps growing")
