@@ -63,8 +63,8 @@ def kv_layer(series: list[SeriesResult], raw: dict[str, Series], life: int,
         page_assumed = not src.page_size_tokens
         page = src.page_size_tokens or th.default_page_tokens
         bpt = src.bytes_per_token
-        if bpt is None and pool_mib and src.total_tokens:
-            bpt = pool_mib * MIB / src.total_tokens  # the pool's bytes over its tokens
+        if bpt is None and pool_mib and src.total_tokens and len(mine) == 1:
+            bpt = pool_mib * MIB / src.total_tokens  # the pool's bytes over its tokens (one pool)
         residue = s.last
         if s.unit == "ratio":
             caveats.append(C_KV_RATIO_ONLY)
