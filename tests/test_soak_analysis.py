@@ -446,6 +446,17 @@ def test_kv_creep_under_a_page_per_round_is_still_a_leak_when_every_round_adds()
     assert res.layers["kv"].verdict == STABLE
 
 
+def test_kv_mib_per_request_from_the_pools_size_when_the_server_gives_no_bytes_per_token() -> None:
+    # SGLang 0.5.17+: sglang:kv_cache_memory_usage_gb (GiB) of a 1,000,000-token pool.
+    recs = synth(flat(), n=30, kv={"full": lambda k, f: 64.0 * 30 * k}, kv_total=1_000_000.0, kv_page=64)
+    for r in recs:
+        if isinstance(r, MetricsSample):
+            r.values["kv_cache_memory_gib"] = 61.0
+    pool = analyse_soak(recs).layers["kv"].kv_pools[0]
+    assert pool.bytes_per_token == pytest.approx(61.0 * 2**30 / 1_000_000)
+    assert pool.mib_per_request == pytest.approx(64 * 61.0 * 1024 / 1_000_000, rel=1e-6)
+
+
 def test_kv_page_size_unknown_assumes_16_tokens_and_says_so() -> None:
     res = analyse_soak(synth(flat(), n=30, kv={"kv": lambda k, f: 64.0 * 30 * k}, kv_total=1_000_000.0, kv_page=None))
     kv = res.layers["kv"]
