@@ -493,10 +493,10 @@ def notes(a: SoakAnalysis) -> list[str]:
             continue
         for caveat in lay.caveats:
             out.append(LAYER_NAMES[name] + ": " + {
-                C_NO_KINDS: "RssAnon/RssFile/RssShmem unreadable (/proc/PID/status of another user or "
-                            "a container): judged on total RSS only",
-                C_NO_ARENAS: "malloc arenas unreadable (/proc/PID/maps): growth from new glibc arenas "
-                             "cannot be ruled out",
+                C_NO_KINDS: "no RssAnon/RssFile/RssShmem (not recorded, or /proc/PID/status of another "
+                            "user or a container): judged on total RSS only",
+                C_NO_ARENAS: "no malloc arena counts (not recorded, or /proc/PID/maps unreadable): "
+                             "growth from new glibc arenas cannot be ruled out",
                 C_PAGE_SIZE_ASSUMED: "the server does not say its page size: one page of 16 tokens assumed",
                 C_KV_RATIO_ONLY: "pool size unknown: judged on the usage ratio, not tokens",
                 C_NOT_IDLE_FILTERED: "no running/queued gauges: idle samples could not be checked for "
@@ -940,7 +940,7 @@ def _html(a: SoakAnalysis, png: bytes, title: str) -> str:
         for s in _shown_series(a.layers[n], 12):
             cells = "".join(f"<td>{e(value(v, s.unit))}</td>" for v in s.settled)
             body += (f"<tr><td>{e(label(s))}</td><td>{e(value(s.baseline, s.unit))}</td>{cells}"
-                     f"<td>{e(rate(s.slope_per_request, s.unit))}</td>"
+                     f"<td>{e(rate(s.slope_per_request, s.unit) if s.verdict == LEAK and s.kind != 'arenas' else '-')}</td>"
                      f"<td class='{e(s.verdict)}'>{e(s.verdict if s.decides else '(evidence)')}</td>"
                      f"<td style='text-align:left'>{e(series_reason(s))}</td></tr>")
     reqs = "".join(f"<td>{r.sent} ({r.errors} failed)</td>" for r in a.rounds)
