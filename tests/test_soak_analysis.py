@@ -196,6 +196,19 @@ def test_decaying_growth_is_not_a_leak() -> None:
     assert r.verdict in (CACHING, INCONCLUSIVE)
 
 
+@pytest.mark.parametrize("pattern", [[0, 60, 40, 60, 40, 60, 40, 60], [0, 48, 0, 48, 0, 48, 0]])
+def test_a_level_that_breathes_within_a_band_is_bounded_caching(pattern: list[float]) -> None:
+    # A cache trimmed every other round: up and down, no trend, no new high.
+    r = analyse_soak(synth(lambda k, f: pattern[k], rounds=len(pattern) - 1))
+    assert r.layers["vram"].verdict == CACHING
+
+
+def test_a_staircase_leak_every_other_round_is_never_called_bounded() -> None:
+    steps = [0, 50, 50, 100, 100, 150, 150, 200]
+    r = analyse_soak(synth(lambda k, f: steps[k], rounds=len(steps) - 1))
+    assert r.layers["vram"].verdict in (LEAK, INCONCLUSIVE)
+
+
 def test_two_rounds_of_growth_are_undecided_and_say_so() -> None:
     r = analyse_soak(synth(leak(2.0), rounds=2))
     assert r.verdict == INCONCLUSIVE

@@ -163,6 +163,11 @@ def series_reason(s: SeriesResult) -> str:
         return text
     if r == "fell_back":
         return f"rose, then fell back (last round {value(inc, u, signed=True)}): bounded, not growing"
+    if r == "bounded":
+        lo = min((v for v in s.settled if v is not None), default=None)
+        hi = max((v for v in s.settled if v is not None), default=None)
+        return (f"moved up and down between {value(lo, u)} and {value(hi, u)} with no trend and no "
+                "new high in the last rounds: bounded, not growing")
     if r == "grew_every_round":
         return (f"grew {rate(s.slope_per_request, u)} per request in every round after the first, "
                 f"in proportion to requests (last round {value(inc, u, signed=True)})")

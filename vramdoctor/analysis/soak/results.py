@@ -34,6 +34,7 @@ LAYERS = (VRAM, KV, HOST)
 R_FLAT = "flat"  # STABLE: every settled level within the threshold of the reference
 R_ROSE_THEN_FLAT = "rose_then_flat"  # CACHING
 R_FELL_BACK = "fell_back"  # CACHING: rose, then came down
+R_BOUNDED = "bounded"  # CACHING: moves up and down within a band, no trend, no new high
 R_GREW_EVERY_ROUND = "grew_every_round"  # LEAK
 R_NO_LEVEL = "no_settled_level"  # INCONCLUSIVE: no idle window completed
 R_NO_REFERENCE = "no_reference"  # INCONCLUSIVE: one level, no baseline

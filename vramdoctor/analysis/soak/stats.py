@@ -26,6 +26,7 @@ from .results import (
     CACHING,
     INCONCLUSIVE,
     LEAK,
+    R_BOUNDED,
     R_FELL_BACK,
     R_FLAT,
     R_GREW_EVERY_ROUND,
@@ -160,6 +161,13 @@ def _classify(baseline: float | None, levels: list[float | None], cum_requests: 
         return out
     if full_last and last < -h:
         out.verdict, out.reason = CACHING, R_FELL_BACK
+        return out
+    tail_vals = [v for _, v, _ in tail]
+    if (len(tail_vals) >= 4 and ci is not None and ci[0] <= 0
+            and tail_vals[-1] <= max(tail_vals[:-1]) + h and max(tail_vals[-2:]) <= max(tail_vals[:-2]) + h):
+        # Up and down within a band (a cache trimmed now and then, a pool that breathes): no
+        # trend and no new high in the last two rounds. Bounded, not growing.
+        out.verdict, out.reason = CACHING, R_BOUNDED
         return out
     out.reason = R_STILL_CHANGING
     return out
