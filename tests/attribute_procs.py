@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -26,10 +27,12 @@ class Proc:
     def wait_port(self, timeout_s: float = 30.0) -> int:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            for line in self.text().splitlines():
-                if line.startswith("listening "):
-                    self.port = int(line.split()[1])
-                    return self.port
+            # Another writer (the agent's one-line messages on stderr) may land between the
+            # server's "listening PORT" and its newline, so read the number, not the line.
+            found = re.search(r"^listening (\d+)", self.text(), re.MULTILINE)
+            if found:
+                self.port = int(found.group(1))
+                return self.port
             if self.proc.poll() is not None:
                 raise AssertionError(f"exited {self.proc.returncode}: {self.text()}")
             time.sleep(0.05)
