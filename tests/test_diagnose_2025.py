@@ -404,7 +404,8 @@ def test_helper_model_file_says_nothing_about_multimodality(tmp_path: Path) -> N
     assert d.facts.multimodal is None and d.facts.fast_image_processor is None
     text_only = run(tmp_path, d.files[0].file and Path(d.files[0].file).read_text().replace(
         "models/utils.py", "models/llama.py"), "llama.log")
-    assert text_only.facts.multimodal is False  # a model family's own file still tells
+    # a language-model file does not tell either: VLMs run their LM there (Llava in llama.py)
+    assert text_only.facts.multimodal is None and text_only.facts.fast_image_processor is None
 
 
 # --- kind 10: every rule's fix in the server's own flags ----------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 from ..redact import redact_text
 from . import patterns as P
 from .extract import FileExtractor
-from .model import Diagnosis, Evidence, Facts, FileSummary
+from .model import SEVERITY_RANK, Diagnosis, Evidence, Facts, FileSummary
 from .reader import ReadStats, display_name, scan
 
 _FACT_FIELDS = set(Facts.__dataclass_fields__) - {"evidence"}
@@ -45,6 +45,15 @@ def _sniff(ex: FileExtractor, head: bytes) -> None:
     ex.votes["vllm"] += min(20, vllm_lines)
     ex.votes["sglang"] += min(20, sglang_lines)
     ex.prefix_lines = max(vllm_lines, sglang_lines)
+    sgl_own = sum(1 for _ in itertools.islice(P.SGL_OWN_SNIFF.finditer(head), 20))
+    vllm_own = sum(1 for _ in itertools.islice(P.VLLM_OWN_SNIFF.finditer(head), 20))
+    ex.votes["sglang"] += sgl_own
+    ex.votes["vllm"] += vllm_own
+    ex.own_marks = max(sgl_own, vllm_own)
+    for m in itertools.islice(P.PROC_PID_SNIFF.finditer(head), 4096):
+        if len(ex.pids) >= 1024:
+            break
+        ex.pids.setdefault(int(m.group(2)), m.group(1).decode("ascii", "replace"))
 
 
 def _server(votes: dict[str, int]) -> str | None:
@@ -88,14 +97,25 @@ def _tp_from_ranks(exs: Sequence[FileExtractor], pp_size: int | None) -> tuple[i
     if tp and max(tp) >= 1:
         n = max(tp) + 1
         whole = tp == set(range(n))
-        seen = "all appear" if whole else f"only {', '.join(str(r) for r in sorted(tp)[:8])} appear"
-        return n, whole, f"at least {n}: TP ranks 0..{n - 1} ({seen} in the rank tags)"
+        seen = _ranks_said(tp)
+        return n, whole, f"at least {n}: TP {seen} in the rank tags, so tp >= {n}"
     if world and max(world) >= 1 and (pp_size or 1) == 1:
         n = max(world) + 1
         assume = "" if pp_size == 1 else ", assuming no pipeline parallelism"
         whole = world == set(range(n))
-        return n, whole, f"at least {n}: vLLM worker ranks 0..{n - 1} in the process tags{assume}"
+        return n, whole, f"at least {n}: vLLM worker {_ranks_said(world)} in the process tags, so world size >= {n}{assume}"
     return None
+
+
+def _ranks_said(ranks: set[int]) -> str:
+    """Exactly the ranks that appeared: 'rank 7 appears', 'ranks 0..7 appear', 'ranks 0, 2, 7 appear'."""
+    r = sorted(ranks)
+    if len(r) == 1:
+        return f"rank {r[0]} appears"
+    if r == list(range(r[0], r[-1] + 1)) and len(r) > 2:
+        return f"ranks {r[0]}..{r[-1]} appear"
+    shown = ", ".join(str(x) for x in r[:12]) + (", ..." if len(r) > 12 else "")
+    return f"ranks {shown} appear"
 
 
 def _multimodal(facts: Facts, exs: Sequence[FileExtractor]) -> tuple[bool | None, Evidence | None]:
@@ -115,11 +135,8 @@ def _multimodal(facts: Facts, exs: Sequence[FileExtractor]) -> tuple[bool | None
         return True, model_ev
     if facts.architecture and P.TEXT_ARCH.search(facts.architecture):
         return False, arch_ev
-    # Only a model family's own file says text-only (models/llama.py); a shared helper on the path
-    # (models/utils.py, interfaces.py, ...) says nothing either way: unknown, not "no".
-    text_files = sorted(f for f in files if P.TEXT_NAME.search(f))
-    if text_files:
-        return False, Evidence(exs[0].name, 0, f"traceback model file: models/{text_files[0]}.py")
+    # A language-model file in the traceback (models/llama.py, qwen2.py) never says text-only: the
+    # VLMs run their language model in those same files (Qwen2.5-VL in qwen2.py, Llava in llama.py).
     if facts.model and P.TEXT_NAME.search(facts.model):
         return False, model_ev
     return None, None
@@ -166,23 +183,56 @@ def _fast_processor(server: str | None, facts: Facts, exs: Sequence[FileExtracto
 
 
 def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
-    """Read, merge and evaluate; raises InputError on unreadable input."""
+    """Read, merge and evaluate; raises InputError on unreadable input.
+
+    Files of one server merge their facts; files of different servers (an SGLang log and a vLLM log
+    given together) are never merged: each server's files are diagnosed as their own group
+    (`Diagnosis.groups`), and the top level only gathers their events and findings (server None).
+    """
     exs: list[FileExtractor] = []
     summaries: list[FileSummary] = []
     for path in paths:
         ex, st = extract_file(path)
         exs.append(ex)
         recognised = bool(ex.facts or ex.events or ex.version or ex.slow_processor
-                          or ex.prefix_lines >= PREFIX_LINES_RECOGNISED)
+                          or ex.prefix_lines >= PREFIX_LINES_RECOGNISED or ex.own_marks)
         server = _server(ex.votes) if recognised else None
-        summaries.append(FileSummary(st.name, st.bytes_read, st.lines, server, recognised, st.notes))
-    votes = {"sglang": 0, "vllm": 0}
-    for ex, fs in zip(exs, summaries, strict=True):
-        if fs.recognised:
+        notes = list(st.notes)
+        if recognised and not (ex.facts or ex.events or ex.version or ex.prefix_lines):
+            notes.append("an excerpt: only the server's own traceback frames or crash lines, no log line with "
+                         "settings, memory figures or the error message itself")
+        summaries.append(FileSummary(st.name, st.bytes_read, st.lines, server, recognised, notes))
+    servers = {fs.server for fs in summaries if fs.recognised and fs.server}
+    secrets = set().union(*(ex.secrets for ex in exs)) if exs else set()
+    if len(servers) > 1:
+        groups = []
+        for srv in sorted(servers):
+            pairs = [(ex, fs) for ex, fs in zip(exs, summaries, strict=True) if fs.recognised and fs.server == srv]
+            g = _diagnose_group([p[0] for p in pairs], [p[1] for p in pairs], srv)
+            _redact(g, secrets)
+            groups.append(g)
+        events = [e for g in groups for e in g.events]
+        counts: dict[str, int] = {}
+        for g in groups:
+            for k, n in g.event_counts.items():
+                counts[k] = counts.get(k, 0) + n
+        findings = sorted((f for g in groups for f in g.findings), key=lambda f: (SEVERITY_RANK[f.severity], f.id))
+        return Diagnosis(summaries, None, None, Facts(), events, counts, findings, groups=groups)
+    server = servers.pop() if servers else None
+    used = [ex for ex, fs in zip(exs, summaries, strict=True) if fs.recognised]
+    d = _diagnose_group(used, summaries, server)
+    _redact(d, secrets)
+    return d
+
+
+def _diagnose_group(used: list[FileExtractor], summaries: list[FileSummary], server: str | None) -> Diagnosis:
+    """One server's files: merged facts, their events, the rules' findings (not yet redacted)."""
+    if server is None and used:
+        votes = {"sglang": 0, "vllm": 0}
+        for ex in used:
             for k in votes:
                 votes[k] += ex.votes[k]
-    server = _server(votes) if any(fs.recognised for fs in summaries) else None
-    used = [ex for ex, fs in zip(exs, summaries, strict=True) if fs.recognised]
+        server = _server(votes)
     facts, extra = _merge_facts(used)
     if facts.tp_size is not None:
         facts.tp_size_is_lower_bound = False
@@ -222,12 +272,19 @@ def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
         if ex.version is not None:
             version, version_ev = ex.version
             break
+    pids: dict[int, str] = {}
+    for ex in used:
+        pids.update(ex.pids)
     events = []
     counts: dict[str, int] = {}
     for ex in used:
         for e in ex.events:
             if e.phase == "profiling" and facts.multimodal:
                 e.phase = "mm_profiling"
+            for proc in e.data.get("processes", ()):
+                tag = pids.get(proc.get("pid"))
+                if tag is not None:  # a pid the server's own process tags name: one of its ranks
+                    proc["server_process"] = tag
             events.append(e)
         for k, n in ex.event_counts.items():
             counts[k] = counts.get(k, 0) + n
@@ -235,7 +292,6 @@ def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
     from .rules import evaluate
 
     d.findings = evaluate(d)
-    _redact(d, set().union(*(ex.secrets for ex in exs)) if exs else set())
     return d
 
 

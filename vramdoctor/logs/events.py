@@ -155,6 +155,40 @@ def memory_plan(t: str) -> tuple[Any, ...] | None:
     return ("event", kind, phase, data, votes, text, ())
 
 
+def _frames_above(before: str) -> str:
+    """The traceback frames directly above an error line, without a header (an excerpt that starts
+    mid-traceback), or "" when the line above is not a frame.
+
+    A frame is its 'File "..."' line, the code line right after it and Python 3.11+'s caret line."""
+    lines = before.rstrip("\n").split("\n")[-200:]
+    texts = [clean(x).text for x in lines]
+    k = len(lines)
+    while k > 0:
+        s = texts[k - 1]
+        older = texts[k - 2] if k >= 2 else ""
+        if 'File "' in s or (s and not s.strip("^~ ")) or ('File "' in older and s):
+            k -= 1
+            continue
+        break
+    region = lines[k:]
+    return "\n".join(region) if any('File "' in t for t in texts[k:]) else ""
+
+
+def _chained_below(after: list[str]) -> str:
+    """The frames of the traceback Python chains right after an error ("During handling of the above
+    exception, another exception occurred:"), up to its own error line; "" when none follows."""
+    for i, raw in enumerate(after[:FRAME_GAP_LINES]):
+        if "During handling of the above exception" in raw or "The above exception was the direct cause" in raw:
+            out: list[str] = []
+            for nxt in after[i + 1:]:
+                s = clean(nxt).text
+                if s and not nxt[:1].isspace() and 'File "' not in s and not s.startswith("Traceback") and out:
+                    break
+                out.append(nxt)
+            return "\n".join(out)
+    return ""
+
+
 class EventsMixin:
     """Failure handlers of FileExtractor; see the module docstring."""
 
@@ -179,6 +213,8 @@ class EventsMixin:
             self.votes["sglang"] += 3
         elif "EngineCore hit" in t:
             self.votes["vllm"] += 3
+        if "run_tp_server" in t:
+            self.votes["sglang"] += 3  # SGLang 2024 "Exception in run_tp_server:"
         if self.tracebacks_read < MAX_TRACEBACKS:
             self.tracebacks_read += 1
             self._frames("\n".join(hit.after(150)))
@@ -199,11 +235,17 @@ class EventsMixin:
         """The traceback that ends at this error line, or "" when the error has none of its own.
 
         A traceback printed earlier (a warning a minute before, another rank's error) is not this
-        error's: its last frame must be within FRAME_GAP_LINES lines of the error.
+        error's: its last frame must be within FRAME_GAP_LINES lines of the error. An excerpt that
+        starts mid-traceback (no header) still has its frames: the run of frame lines right above.
+        When the error has no frames above but Python chains another traceback right after it
+        ("During handling of the above exception, another exception occurred:"), that traceback's
+        frames show where the server was (the chained one is raised while handling this one).
         """
         region = hit.since_last(P.TRACEBACK_BYTES, 48 << 10)
         if not region:
-            return ""
+            region = _frames_above(hit.before(32 << 10))
+            if not region:
+                return _chained_below(hit.after(FRAME_GAP_LINES + 160))
         last_frame = region.rfind('File "')
         tail = region[last_frame:] if last_frame >= 0 else region
         if tail.count("\n") > FRAME_GAP_LINES:
@@ -295,10 +337,17 @@ class EventsMixin:
         data: dict[str, Any] = {}
         if m := P.OOM_TRIED.search(msg):
             data["requested_mib"] = size_mib(m.group(1))
-        if m := P.OOM_GPU.search(msg):
+        if "pid=" in hit.text[:120] and (m := P.PROC_PID.search(hit.text, 0, 160)):
+            data["pid"] = int(m.group(2))  # the failing process, by its own tag
+        if m := P.OOM_DEVICE.search(msg):
+            data["device"] = m.group(1).upper() if m.group(1) else "HIP"  # ROCm / Ascend: not CUDA
+        if m := (P.OOM_GPU.search(msg) or P.OOM_GPU_OLD.search(msg)):
+            old = m.re is P.OOM_GPU_OLD
             data["gpu"] = int(m.group(1))
             data["total_mib"] = size_mib(m.group(2))
-            data["free_mib"] = size_mib(m.group(3))
+            data["free_mib"] = size_mib(m.group(4 if old else 3))
+            if old:
+                data["allocated_mib"] = size_mib(m.group(3))
             self.put("total_gpu_mib", data["total_mib"], INFERRED, self.ev(hit))
         procs = [{"pid": int(p), "mib": size_mib(s)} for p, s in P.OOM_PROCESS.findall(msg)]
         if procs:
@@ -309,7 +358,7 @@ class EventsMixin:
             data["private_pools_mib"] = size_mib(m.group(1))
         if m := P.OOM_RESERVED.search(msg):
             data["reserved_unallocated_mib"] = size_mib(m.group(1))
-        if m := P.OOM_ALLOCATED.search(msg):
+        if "allocated_mib" not in data and (m := P.OOM_ALLOCATED.search(msg)):
             data["allocated_mib"] = size_mib(m.group(1))
         marks = self._markers(region + "\n" + msg)
         phase = self._phase(marks)

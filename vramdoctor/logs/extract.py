@@ -91,6 +91,8 @@ class FileExtractor(EventsMixin):
     cmd_args: dict[str, Any] = field(default_factory=dict)  # flags of a pasted launch command
     tracebacks_read: int = 0
     prefix_lines: int = 0  # lines of the first MiB with a server's own process/rank prefix
+    own_marks: int = 0  # a server's own traceback paths / crash lines in the first MiB (no log line needed)
+    pids: dict[int, str] = field(default_factory=dict)  # pid -> the server's process tag naming it
     # redact_text results for the current secrets (the set only grows: its size names it)
     _redacted: dict[str, str] = field(default_factory=dict, repr=False)
     _redacted_for: int = field(default=0, repr=False)
@@ -142,6 +144,18 @@ class FileExtractor(EventsMixin):
     def _rank_tags(self, hit: Hit, t: str) -> None:
         for kind, rank in clean(t).ranks:
             self.ranks.setdefault(kind, set()).add(rank)
+        if "pid=" in t[:80] and len(self.pids) < 1024 and (m := P.PROC_PID.search(t, 0, 120)):
+            self.pids.setdefault(int(m.group(2)), m.group(1))
+
+    def _mm_frame(self, hit: Hit, t: str) -> None:
+        """A traceback frame only a multimodal model runs (a vision model file, the encoder's call):
+        the log is multimodal, with or without the traceback's header above it."""
+        if self.mm_evidence is not None:
+            return
+        s = clean(t).text
+        m = P.MODEL_FILE.search(s)
+        if (m and P.MM_MODEL_FILE.search(m.group(1))) or P.MM_MODEL_FRAMES.search(s):
+            self.mm_evidence = self.ev(hit, "traceback frame: " + s[:200])
 
     def _logo_model(self, hit: Hit, t: str) -> None:
         m = P.VLLM_LOGO_MODEL.search(strip_noise(t))
@@ -499,7 +513,7 @@ def dispatch(t: str) -> tuple[Step, ...]:
     text (a substring, or a regex the handler needs anyway), so the choice is memoised."""
     X = FileExtractor
     steps: list[Step] = []
-    if "TP" in t[:80] or "DP" in t[:80] or "rank=" in t[:80]:
+    if "TP" in t[:80] or "DP" in t[:80] or "rank=" in t[:80] or "pid=" in t[:80]:
         steps.append(X._rank_tags)
     if "_args=" in t or "args: " in t:
         steps.append(X._args)
@@ -542,7 +556,10 @@ def dispatch(t: str) -> tuple[Step, ...]:
         steps.append(X._swap)
     if "long context length" in t:
         steps.append(X._long_context)
-    if "hit an exception" in t:
+    if "_vl.py" in t or "_vl_moe.py" in t or "_mm_encoder" in t or "multimodal_embeddings" in t \
+            or "_video_input" in t or "_image_input" in t:
+        steps.append(X._mm_frame)
+    if "hit an exception" in t or "run_tp_server" in t:
         steps.append(X._exception)
     if "fired up" in t and P.SGL_READY.search(t):
         steps.append(X._ready)

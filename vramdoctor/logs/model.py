@@ -167,6 +167,9 @@ class Diagnosis:
     event_counts: dict[str, int]
     findings: list[Finding] = field(default_factory=list)
     version_evidence: Evidence | None = None
+    # Logs of different servers given together: one diagnosis per server, never merged (then the
+    # top level has server None and empty facts, and gathers the groups' events and findings).
+    groups: list[Diagnosis] = field(default_factory=list)
 
     def events_of(self, *kinds: str) -> list[LogEvent]:
         return [e for e in self.events if e.kind in kinds]
@@ -181,4 +184,9 @@ class Diagnosis:
             "events": [e.to_json() for e in self.events],
             "event_counts": dict(self.event_counts),
             "findings": [f.to_json() for f in self.findings],
+            "groups": [
+                {"server": g.server, "version": g.version, "files": [f.file for f in g.files],
+                 "facts": g.facts.to_json(), "findings": [f.to_json() for f in g.findings]}
+                for g in self.groups
+            ],
         }

@@ -65,6 +65,10 @@ ANCHORS: tuple[bytes, ...] = (
     b"ALLOC_FAILED",  # cuBLAS CUBLAS_STATUS_ALLOC_FAILED, cuDNN CUDNN_STATUS_ALLOC_FAILED
     b"profiled value",  # SGLang "max_total_tokens=N is larger than the profiled value M"
     b"gpu-memory-utilization=",  # vLLM "The current --gpu-memory-utilization=0.8800 is equivalent to ..."
+    # traceback frames only a multimodal model runs (vision model files, encoder calls): read even
+    # without the traceback's header (an excerpt that starts mid-traceback)
+    b"_vl.py", b"_vl_moe.py", b"_mm_encoder", b"multimodal_embeddings", b"_video_input", b"_image_input",
+    b"run_tp_server",  # SGLang 2024 "Exception in run_tp_server:"
 )
 
 # --- line prefixes (stripped for display and continuation detection) -------------------
@@ -90,13 +94,26 @@ VLLM_PREFIX_SNIFF = re.compile(
     rb"\((?:APIServer|EngineCore(?:_DP\d+|_\d+)?|Worker(?:_[A-Z]+\d+)*|VllmWorker(?: rank=\d+)?|VllmWorkerProcess) pid=\d+\)"
     rb" (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d"
 )
-SGL_PREFIX_SNIFF = re.compile(rb"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?(?: (?:DP|TP|EP|PP)\d+)+\] ")
+# The pids of the server's own processes, from vLLM's process tags in the first MiB.
+PROC_PID = re.compile(r"\(([A-Za-z]\w*(?: rank=\d+)?) pid=(\d+)\)")
+PROC_PID_SNIFF = re.compile(rb"\(([A-Za-z]\w*(?: rank=\d+)?) pid=(\d+)\)")
+# SGLang's own marks in an excerpt that has none of its log lines (sniffed in the first MiB): its
+# package paths in traceback frames, the scheduler's crash line, its argument dump's class, the
+# launcher's SIGQUIT line ("Received sigquit from a child process. It usually means one child failed."),
+# the 2024 TP worker's "Exception in run_tp_server".
+SGL_OWN_SNIFF = re.compile(
+    rb"sglang/srt/|Scheduler hit an exception|ServerArgs\(|It usually means one child failed|Exception in run_tp_server"
+)
+VLLM_OWN_SNIFF = re.compile(rb"/vllm/(?:v1|engine|worker|executor|model_executor|entrypoints)/")
+SGL_PREFIX_SNIFF = re.compile(rb"\[(?:\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d(?:[.,]\d+)?(?: (?:DP|TP|EP|PP)\d+)+\] ")
 # The rank parts of those tags: "_TP3" in Worker_TP3, "rank=1" in VllmWorker rank=1 (a world rank).
 VLLM_PROC_RANKS = re.compile(r"_(DP|PP|TP|EP)(\d+)|VllmWorker rank=(\d+)")
 RANKTAG = re.compile(r"^\[rank\d+\]:\s*")
 # SGLang: [2025-03-27 21:33:30 TP0] / [2025-03-27 21:33:30.123 DP1 TP3 EP3] (all versions)
+# 2024 (0.2/0.3): "[23:17:01 TP7] " (time only, always with a rank tag)
 SGL_PREFIX = re.compile(
-    r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?)((?: (?:DP|TP|EP|PP|CP|ATTN_CP|MOE_DP)\d+)*)\] ?"
+    r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?|\d\d:\d\d:\d\d(?= (?:DP|TP)\d))"
+    r"((?: (?:DP|TP|EP|PP|CP|ATTN_CP|MOE_DP)\d+)*)\] ?"
 )
 SGL_RANKS = re.compile(r"(DP|TP|EP|PP)(\d+)")
 # SGLang 0.5.9+: "[2026-03-02 22:23:32] INFO server_args.py:1970: "
@@ -236,8 +253,18 @@ CUDA_OOM = re.compile(
     r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError: CUDA|torch\.(?:cuda\.)?OutOfMemoryError"
     r"|failed with error out of memory|cudaErrorMemoryAllocation|Triton Error \[CUDA\]: out of memory"
     r"|CUDA_ERROR_OUT_OF_MEMORY|CUDA driver error: out of memory|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED"
-    r"|'out of memory'",  # cudaGetErrorString quoted: NCCL "Cuda failure 2 'out of memory'", CUDACHECK
+    r"|'out of memory'"  # cudaGetErrorString quoted: NCCL "Cuda failure 2 'out of memory'", CUDACHECK
+    # the same torch error on other devices: ROCm "HIP out of memory", Ascend (torch_npu) "NPU out of memory"
+    r"|HIP out of memory|NPU out of memory|hipErrorOutOfMemory",
     re.IGNORECASE,
+)
+# The device an OOM message names (CUDA unless it says HIP or NPU).
+OOM_DEVICE = re.compile(r"\b(HIP|NPU)(?: out of memory|ErrorOutOfMemory)|\bhip(?=ErrorOutOfMemory)", re.IGNORECASE)
+# torch before 2.1 and torch_npu: "Tried to allocate X (GPU 0; 23.69 GiB total capacity; 21.95 GiB already
+# allocated; 2.94 MiB free; 22.01 GiB reserved in total by PyTorch)"
+OOM_GPU_OLD = re.compile(
+    r"\((?:GPU|NPU) (\d+); ([\d.]+ [KMGT]?i?B) total capacity; ([\d.]+ [KMGT]?i?B) already allocated;"
+    r"(?: [\d.]+ [KMGT]?i?B current active;)? ([\d.]+ [KMGT]?i?B) free;"
 )
 OOM_ALLOCATED = re.compile(r"Of the allocated memory ([\d.]+ [KMGT]?i?B) is allocated by PyTorch")
 OOM_TRIED = re.compile(r"Tried to allocate ([\d.]+ [KMGT]?i?B)")
@@ -343,11 +370,14 @@ LEAK_FIELD = re.compile(
 # `determine_available_memory` -> `profile_run`; `compile_or_warm_up_model` -> `_dummy_run`,
 # `capture_model`, `_dummy_sampler_run`; SGLang `ModelRunner.init_memory_pool`, `CudaGraphRunner.capture`.
 PHASE_MARKERS: tuple[tuple[str, Any], ...] = (
-    ("cuda_graph", _fast(r"capture_model|capture_one_batch_size|cuda_graph_runner\.py|CudaGraphRunner|_capture_cudagraphs|, in capture\b|Capture (?:cuda|CUDA) graph failed")),
+    ("cuda_graph", _fast(r"torch\.cuda\.graph\(|capture_end\(|capture_begin\(|capture_model|capture_one_batch_size|cuda_graph_runner\.py|CudaGraphRunner|_capture_cudagraphs|, in capture\b|Capture (?:cuda|CUDA) graph failed")),
     ("profiling", _fast(r"profile_run|determine_num_available_blocks|determine_available_memory|profile_max_batched")),
     ("kv_cache_alloc", _fast(r"init_cache_engine|allocate_(?:cpu|gpu)_cache|_allocate_kv_cache|initialize_kv_cache_tensors|init_memory_pool|_create_buffers|\b_init_cache\b|TokenToKVPool\b.*__init__|in _init_cache\b")),
     ("weight_load", _fast(r"\bload_model\b|load_weights|create_weights|_initialize_model|\binitialize_model\b|weight_loader|[Ll]oad weight begin")),
     ("warmup", _fast(r"compile_or_warm_up_model|_warmup|warm_up|kernel_warmup")),
+    # SGLang's scheduler being constructed (Scheduler.__init__ -> init_model_worker -> TpModelWorker):
+    # start-up; the outermost marker, so a deeper one (weight load, KV pool, graphs) wins
+    ("startup", _fast(r"init_model_worker|init_tp_model_worker|= Scheduler\(|TpModelWorker\(")),
 )
 # Weaker markers, used only when no context marker is in the traceback: vLLM's dummy passes run in
 # warm-up (`compile_or_warm_up_model` calls them; inside `profile_run` the context marker wins).
@@ -379,7 +409,7 @@ MODEL_FILE = _fast(r"/models/(\w+)\.py")
 
 # --- multimodal architectures, model files and names ----------------------------------
 MM_ARCH = re.compile(
-    r"VL|Vision|Llava|LLaVA|Mllama|MiniCPMV|MiniCPMO|InternVL|Gemma3ForConditionalGeneration|Gemma3n"
+    r"VL|Qwen3_5|Vision|Llava|LLaVA|Mllama|MiniCPMV|MiniCPMO|InternVL|Gemma3ForConditionalGeneration|Gemma3n"
     r"|Pixtral|Idefics|PaliGemma|Paligemma|Phi3V|Phi4MM|Phi4Multimodal|Molmo|Janus|MultiModality|DeepseekVL"
     r"|KimiVL|Glm4v|GLM4V|Mistral3ForConditionalGeneration|Llama4ForConditionalGeneration|Omni"
     r"|Blip|Chameleon|Fuyu|Aria|Ovis|NVLM|H2OVL|Florence|Qwen2Audio|Ultravox|Whisper|Step3VL|Dots\.?OCR|DotsVLM"
@@ -392,7 +422,7 @@ MM_MODEL_FILE = re.compile(
 MM_NAME = re.compile(
     r"-vl\b|-vl-|_vl\b|vl-\d|vision|llava|janus|mllama|minicpm-?[vo]|internvl|pixtral|idefics|paligemma"
     r"|molmo|qwen\d(?:\.\d)?-?vl|gemma-?3-(?!1b)\d|llama-?4|phi-\d(?:\.\d)?-vision|multimodal|kimi-vl"
-    r"|glm-?4\.?\d?v|deepseek-vl|olmocr|ui-tars|cogvlm|smolvlm|florence|-omni|nvlm|ovis|dots\.ocr",
+    r"|qwen3\.5|qwen3_5|glm-?4\.?\d?v|deepseek-vl|olmocr|ui-tars|cogvlm|smolvlm|florence|-omni|nvlm|ovis|dots\.ocr",
     re.IGNORECASE,
 )
 TEXT_NAME = re.compile(

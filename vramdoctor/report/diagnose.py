@@ -53,14 +53,24 @@ _SHOW_FACTS = (
 
 def verdict(d: Diagnosis) -> tuple[str, str]:
     """(text, style) of the one-line verdict."""
-    server = {"sglang": "SGLang", "vllm": "vLLM"}.get(d.server or "", "unknown server")
+    server = _server_name(d)
     ver = f" {d.version}" if d.version else ""
+    if d.groups:
+        server = "Logs of different servers (" + "; ".join(
+            f"{_server_name(g)}{' ' + g.version if g.version else ''}: {', '.join(f.file for f in g.files)}"
+            for g in d.groups
+        ) + "), each diagnosed on its own"
+        ver = ""
     if not d.findings:
         return f"{server}{ver}: no known cause of GPU-memory growth or OOM found in the log.", "green"
     top = d.findings[0]
     n = {s: sum(1 for f in d.findings if f.severity == s) for s in ("critical", "warning", "info")}
     counts = ", ".join(f"{v} {k}" for k, v in n.items() if v)
     return f"{server}{ver}: {top.title} ({counts}).", _STYLE[top.severity]
+
+
+def _server_name(d: Diagnosis) -> str:
+    return {"sglang": "SGLang", "vllm": "vLLM"}.get(d.server or "", "unknown server")
 
 
 def _fmt(name: str, v: object) -> str:
@@ -71,8 +81,8 @@ def _fmt(name: str, v: object) -> str:
     return str(v)
 
 
-def facts_table(d: Diagnosis, single: bool = False) -> Table:
-    t = Table(title="Facts read from the log", show_header=True, header_style="bold", expand=False)
+def facts_table(d: Diagnosis, single: bool = False, title: str = "Facts read from the log") -> Table:
+    t = Table(title=title, show_header=True, header_style="bold", expand=False)
     t.add_column("fact")
     t.add_column("value", overflow="fold")
     t.add_column("from", style="dim", overflow="fold")
@@ -133,7 +143,12 @@ def render(d: Diagnosis, con: Console) -> None:
             con.print(Text(f"note: {fs.file}: {note}", style="dim"))
         if not fs.recognised:
             con.print(Text(f"note: {fs.file}: not an SGLang or vLLM server log (no known line found)", style="yellow"))
-    con.print(facts_table(d, single))
+    if d.groups:  # different servers: one facts table each, never merged
+        for g in d.groups:
+            names = ", ".join(f.file for f in g.files)
+            con.print(facts_table(g, single, f"Facts read from {names} ({_server_name(g)})"))
+    else:
+        con.print(facts_table(d, single))
     if d.event_counts:
         counts = ", ".join(f"{k} x{v}" for k, v in sorted(d.event_counts.items()))
         con.print(Text(f"Events: {counts}", style="dim"))

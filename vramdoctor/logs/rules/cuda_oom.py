@@ -17,6 +17,7 @@ PHASE_NAMES = {
     "warmup": "during warm-up",
     "prefill": "in a prefill (extend) forward pass",
     "decode": "in a decode forward pass",
+    "startup": "while the server was starting (scheduler and model worker initialisation)",
     None: "at a point the traceback does not show",
 }
 
@@ -36,6 +37,15 @@ def _fix(phase: str | None, server: str | None, e: LogEvent) -> str:
             "Lower --mem-fraction-static or --max-total-tokens.",
             "Lower --gpu-memory-utilization or --max-model-len; on vLLM V0 also lower --swap-space (the CPU swap "
             "blocks are pinned host memory).",
+        )
+    if phase == "startup":
+        return by_server(
+            server,
+            "The scheduler ran out while starting (weights, KV pool, graphs): lower --mem-fraction-static, "
+            "--cuda-graph-max-bs or --max-running-requests; if the weights alone do not fit, use more GPUs "
+            "(--tp-size) or a quantized checkpoint.",
+            "The engine ran out while starting: lower --gpu-memory-utilization, --max-model-len or --max-num-seqs; "
+            "if the weights alone do not fit, use more GPUs (--tensor-parallel-size) or a quantized checkpoint.",
         )
     if phase == "cuda_graph":
         return by_server(
@@ -105,7 +115,8 @@ def _other_process(e: LogEvent) -> str | None:
     has reserved in the failing process (so it cannot be that process).
     """
     d = e.data
-    procs = [p for p in d.get("processes", []) if p.get("mib") is not None]
+    # a pid the log's own process tags name is the server's own process (another rank's CUDA context)
+    procs = [p for p in d.get("processes", []) if p.get("mib") is not None and not p.get("server_process")]
     gpu = d.get("gpu")
     if procs and d.get("this_process_mib") is not None:
         return (f"GPU {gpu} also holds memory of process(es) {', '.join(str(p['pid']) for p in procs[:6])} "
@@ -157,6 +168,22 @@ def _figures(e: LogEvent) -> str:
     return "; ".join(bits) if bits else "figures cut off in the log"
 
 
+def _own_processes(e: LogEvent) -> str:
+    """The listed processes the log's own tags name (the server's other ranks), said as such."""
+    own = [p for p in e.data.get("processes", [])
+           if p.get("server_process") and p.get("pid") != e.data.get("pid")]  # (the failing one is itself)
+    if not own:
+        return ""
+    listed = ", ".join(f"{p['pid']} ({p['server_process']}, {mib(p['mib'])})" for p in own[:6])
+    return (f" Process(es) {listed} are the server's own (the log's process tags name these pids): another rank's "
+            f"CUDA context on GPU {e.data.get('gpu')} (NCCL, custom all-reduce, CUDA IPC), not another program.")
+
+
+def _device(e: LogEvent) -> str:
+    """The device the OOM message names: CUDA, HIP (ROCm) or NPU (Ascend)."""
+    return str(e.data.get("device") or "CUDA")
+
+
 def _title(phase: str | None, e: LogEvent) -> str:
     if phase == "prefill" and e.data.get("multimodal_frames"):
         return "in the prefill of a multimodal request (vision encoder or merging its embeddings)"
@@ -181,15 +208,26 @@ def check(d: Diagnosis) -> list[Finding]:
     for phase, group in by_phase.items():
         first = next((e for e in group if e.data.get("free_mib") is not None), group[0])
         where = _title(phase, first)
+        device = _device(first)
         expl = (
-            f"CUDA out of memory {where} ({len(group)} of {total} OOM line(s)); "
+            f"{device} out of memory {where} ({len(group)} of {total} OOM line(s)); "
             f"{_figures(first)}. Budget settings in the log: {_budget(d.facts, d.server)}."
         )
-        reserved = first.data.get("reserved_unallocated_mib")
-        if reserved and reserved > 1024:
+        fd = first.data
+        reserved = fd.get("reserved_unallocated_mib")
+        requested = fd.get("requested_mib")
+        # fragmentation only when the reserved-but-unallocated blocks plus the free memory would have
+        # held the request: then only their split into pieces kept it from fitting
+        if (reserved and reserved > 1024 and requested is not None
+                and reserved + (fd.get("free_mib") or 0.0) >= requested):
             expl += " Much memory is reserved but unallocated: fragmentation; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True helps."
+        whole = requested is not None and fd.get("total_mib") and requested > fd["total_mib"]
+        if whole:
+            expl += (f" The single allocation ({mib(requested)}) is larger than the whole device "
+                     f"({mib(fd['total_mib'])}): no memory share or headroom setting can make it fit.")
         other = next((why for e in group if (why := _other_process(e))), None)
-        procs = first.data.get("processes", [])
+        expl += _own_processes(first)
+        procs = [p for p in fd.get("processes", []) if not p.get("server_process")]
         small = [p for p in procs if p["mib"] is not None and p["mib"] < SMALL_PROCESS_MIB]
         if len(procs) > 1 and small:
             listed = ", ".join(f"{p['pid']} ({mib(p['mib'])})" for p in small[:6])
@@ -210,17 +248,29 @@ def check(d: Diagnosis) -> list[Finding]:
             expl += f" Another process holds memory on this GPU that the startup budget did not leave room for ({other})."
         elif other:
             expl += f" Another process holds memory on this GPU ({other})."
-        elif any(e.data.get("processes") for e in group):
+        elif any(p for e in group for p in e.data.get("processes", []) if not p.get("server_process")):
             expl += (" Each OOM message lists one process on its GPU: the failing rank itself (pids differ in "
                      "containers), not another program.")
+        fix = _fix(phase, d.server, first)
+        title = f"{device} out of memory {where}"
+        if whole:
+            title = f"{device} out of memory: one allocation larger than the whole GPU"
+            fix = ("No memory setting helps: a single tensor larger than the device comes from the input size. "
+                   "Cap the input: " + (
+                       "the image size (max_pixels in the processor settings, " + by_server(
+                           d.server, "resize images before sending", "--mm-processor-kwargs '{\"max_pixels\": ...}'")
+                       + "), the number of images or video frames per request, and the prompt length."
+                       if d.facts.multimodal is not False else "the prompt length and batch size.")
+                   + " If the server's attention path materialises a full attention matrix (a vision encoder "
+                   "without flash attention, e.g. on ROCm), a memory-efficient attention backend avoids it.")
         out.append(
             Finding(
                 id=RULE.id,
                 severity="critical",
-                title=f"CUDA out of memory {where}",
+                title=title,
                 evidence=first_evidence(group),
                 explanation=expl,
-                fix=_fix(phase, d.server, first)
+                fix=fix
                 + " Run `vramdoctor census` to see every process's memory on each GPU, and"
                 " `vramdoctor soak` to tell steady growth (leak) from a one-off peak.",
             )
@@ -234,12 +284,17 @@ RULE = Rule(
     title="CUDA out of memory",
     fires_when=(
         "torch.OutOfMemoryError / 'CUDA out of memory' / 'CUDA error: out of memory' (any case, incl. "
+        "ROCm 'HIP out of memory' and Ascend 'NPU out of memory', named by their device; "
         "flashinfer's 'CUDA Error: out of memory (2)'), Triton 'Triton Error [CUDA]: out of memory', "
         "CUDA_ERROR_OUT_OF_MEMORY, CUBLAS/CUDNN_STATUS_ALLOC_FAILED, a quoted 'out of memory' (NCCL \"Cuda failure "
         "'out of memory'\", CUDACHECK); "
         "phase from the error's own traceback frames only (weight load, KV allocation, CUDA graph capture, "
         "profiling, warm-up incl. the sampler warm-up, prefill incl. a multimodal request's vision encoder, "
-        "decode), else unknown"
+        "decode, SGLang scheduler start-up), else unknown; frames without a traceback header and a traceback "
+        "chained right after the error count too; a pid listed in the message that the log's own process tags "
+        "name is the server's own rank, not another process; an allocation larger than the whole GPU gets "
+        "'cap the input' instead of a memory setting; fragmentation only when reserved-unallocated + free "
+        ">= the request"
     ),
     fix=(
         "phase-specific, in the server's own flags: more GPUs or quantization at load; lower mem fraction / "

@@ -15,6 +15,28 @@ def check(d: Diagnosis) -> list[Finding]:
     cause = evs[0].data.get("cause", "")
     if P.CUDA_OOM.search(cause):
         return []  # the cuda-oom rule reports it with the capture phase
+    if not cause.strip():
+        # "Capture cuda graph failed: " with nothing after it: the message does not say why
+        return [
+            Finding(
+                RULE.id,
+                "critical",
+                "CUDA graph capture failed; the message does not give the cause",
+                explanation=(
+                    "Capture failed, but the message's cause is empty, so the log line cannot tell memory from "
+                    "a kernel or model error. The real error is the one printed above it (the first exception "
+                    "of the chain, often on another rank's lines): if that is an out-of-memory error, the "
+                    "memory advice in SGLang's message applies; otherwise it does not."
+                ),
+                fix=by_server(
+                    d.server,
+                    "Find the first exception above this one. If it is an OOM, lower --cuda-graph-max-bs or "
+                    "--mem-fraction-static; if not, run with --disable-cuda-graph to confirm and report it upstream.",
+                    "Find the first exception above this one; run with --enforce-eager to confirm.",
+                ),
+                evidence=first_evidence(evs),
+            )
+        ]
     return [
         Finding(
             RULE.id,
@@ -40,7 +62,10 @@ RULE = Rule(
     id="sglang-graph-capture-failed",
     severity="critical",
     title="CUDA graph capture failed (not memory)",
-    fires_when="SGLang 'Capture cuda graph failed: <cause>' where the cause is not a CUDA OOM",
+    fires_when=(
+        "SGLang 'Capture cuda graph failed: <cause>' where the cause is not a CUDA OOM (an empty cause: "
+        "'cause unknown', never 'not memory')"
+    ),
     fix="--disable-cuda-graph to confirm, then fix the cause; the mem-fraction advice does not apply",
     check=check,
 )
