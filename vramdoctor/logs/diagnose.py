@@ -198,9 +198,10 @@ def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
                           or ex.prefix_lines >= PREFIX_LINES_RECOGNISED or ex.own_marks)
         server = _server(ex.votes) if recognised else None
         notes = list(st.notes)
-        if recognised and not (ex.facts or ex.events or ex.version or ex.prefix_lines):
-            notes.append("an excerpt: only the server's own traceback frames or crash lines, no log line with "
-                         "settings, memory figures or the error message itself")
+        if recognised and not (ex.facts or ex.events or ex.version):
+            notes.append("an excerpt recognised by the server's own marks (traceback paths, crash lines, argument "
+                         "names, rank prefixes); it lacks the lines a diagnosis needs: the error message after "
+                         "the traceback, the start-up lines with settings and memory figures")
         summaries.append(FileSummary(st.name, st.bytes_read, st.lines, server, recognised, notes))
     servers = {fs.server for fs in summaries if fs.recognised and fs.server}
     secrets = set().union(*(ex.secrets for ex in exs)) if exs else set()

@@ -64,10 +64,12 @@ _VLLM_BACKEND_NAMES = {
 
 # The CUDA IPC pool line of each SGLang generation (facts.md): (pattern, group of the configured
 # budget in MiB, group of the tokenizer worker count, total MiB the pools reserve or None).
-_IPC_POOL_LINES: tuple[tuple[re.Pattern[str], int, int, Callable[[re.Match[str]], float] | None], ...] = (
-    (P.IPC_USING_017, 1, 3, None),  # 0.5.17+: "Using CUDA IPC ... reserving up to N MiB ..."
-    (P.IPC_POOL_016, 5, 4, lambda m: float(m.group(1))),  # 0.5.16: "... reserve N MiB total ..."
-    (P.IPC_POOL_015, 2, 3, lambda m: float(m.group(1)) * int(m.group(3))),  # 0.5.15: per worker
+# The last item: the oldest version that prints the line.
+_IPC_POOL_LINES: tuple[tuple[re.Pattern[str], int, int, Callable[[re.Match[str]], float] | None, str], ...] = (
+    # 0.5.17+: "Using CUDA IPC ... reserving up to N MiB ... across W tokenizer worker(s)": N in total
+    (P.IPC_USING_017, 1, 3, lambda m: float(m.group(1)), "0.5.17"),
+    (P.IPC_POOL_016, 5, 4, lambda m: float(m.group(1)), "0.5.16"),  # 0.5.16: "... reserve N MiB total ..."
+    (P.IPC_POOL_015, 2, 3, lambda m: float(m.group(1)) * int(m.group(3)), "0.5.15"),  # 0.5.15: per worker
 )
 
 
@@ -480,9 +482,10 @@ class FileExtractor(EventsMixin):
 
     def _ipc(self, hit: Hit, t: str) -> None:
         e = self.ev(hit)
-        for pattern, budget, workers, total in _IPC_POOL_LINES:
+        for pattern, budget, workers, total, since in _IPC_POOL_LINES:
             m = pattern.search(t)
             if m:
+                self.put("ipc_min_version", since, RUNTIME, e)
                 self.votes["sglang"] += 3
                 self.put("cuda_ipc_transport", True, RUNTIME, e)
                 self.put("mm_feature_cache_mb", float(m.group(budget)), RUNTIME, e)

@@ -82,6 +82,8 @@ class Facts:
     tokenizer_worker_num: int | None = None
     mm_feature_cache_mb: float | None = None
     ipc_pool_total_mib: float | None = None
+    # the oldest SGLang version whose wording the CUDA IPC pool line has ("0.5.17" for "Using CUDA IPC ...")
+    ipc_min_version: str | None = None
     cuda_graph_max_bs: int | None = None
     chunked_prefill_size: int | None = None
     max_running_requests: int | None = None

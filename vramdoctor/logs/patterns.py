@@ -67,7 +67,9 @@ ANCHORS: tuple[bytes, ...] = (
     b"gpu-memory-utilization=",  # vLLM "The current --gpu-memory-utilization=0.8800 is equivalent to ..."
     # traceback frames only a multimodal model runs (vision model files, encoder calls): read even
     # without the traceback's header (an excerpt that starts mid-traceback)
-    b"_vl.py", b"_vl_moe.py", b"_mm_encoder", b"multimodal_embeddings", b"_video_input", b"_image_input",
+    *(MM_FRAME_ANCHORS := (
+        b"_vl.py", b"_vl_moe.py", b"_mm_encoder", b"multimodal_embeddings", b"_video_input", b"_image_input",
+    )),
     b"run_tp_server",  # SGLang 2024 "Exception in run_tp_server:"
 )
 
@@ -103,6 +105,8 @@ PROC_PID_SNIFF = re.compile(rb"\(([A-Za-z]\w*(?: rank=\d+)?) pid=(\d+)\)")
 # the 2024 TP worker's "Exception in run_tp_server".
 SGL_OWN_SNIFF = re.compile(
     rb"sglang/srt/|Scheduler hit an exception|ServerArgs\(|It usually means one child failed|Exception in run_tp_server"
+    # argument names only SGLang's dump prints as name=value (a fragment cut from the middle of it)
+    rb"|schedule_conservativeness=|enable_priority_scheduling=|disable_radix_cache=|cuda_graph_max_bs="
 )
 VLLM_OWN_SNIFF = re.compile(rb"/vllm/(?:v1|engine|worker|executor|model_executor|entrypoints)/")
 SGL_PREFIX_SNIFF = re.compile(rb"\[(?:\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d(?:[.,]\d+)?(?: (?:DP|TP|EP|PP)\d+)+\] ")

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..errors import InputError
-from .patterns import ANCHORS
+from .patterns import ANCHORS, MM_FRAME_ANCHORS
 
 # A whole line that contains one of the anchors.
 _CANDIDATE = b"(?m)^.*(?:" + b"|".join(re.escape(a) for a in ANCHORS) + b").*$"
@@ -71,6 +71,12 @@ try:
     _spans = _spans_re2
 except (ImportError, AttributeError):  # another RE2 binding or the stdlib fallback
     _spans = _spans_generic
+
+def _mm_frame(raw: bytes) -> bool:
+    """A frame in a vision model file or encoder call: yielded (it says the log is multimodal, also in
+    an excerpt without the traceback's header); other frames are read only through lookback."""
+    return any(a in raw for a in MM_FRAME_ANCHORS)
+
 
 BLOCK = 8 << 20  # bytes read per step
 HISTORY = 256 << 10  # kept before the current window, for lookback into tracebacks
@@ -335,7 +341,7 @@ def _emit(buf: bytes, start: int, end: int, pos: list[int], st: ReadStats) -> It
                     break
                 q = e + 1  # step past the newline that ends this line
                 raw = buf[s:e]
-                if b'File "' in raw:
+                if b'File "' in raw and not _mm_frame(raw):
                     continue  # a traceback frame: read through lookback when an error needs it
                 line += count(b"\n", p, s)
                 p = s
@@ -344,7 +350,7 @@ def _emit(buf: bytes, start: int, end: int, pos: list[int], st: ReadStats) -> It
             return
         for s, e in _spans(buf, start, end):
             raw = buf[s:e]
-            if b'File "' in raw:
+            if b'File "' in raw and not _mm_frame(raw):
                 continue
             line += count(b"\n", p, s)
             p = s

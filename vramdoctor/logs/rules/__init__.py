@@ -48,6 +48,8 @@ def evaluate(d: Diagnosis) -> list[Finding]:
     out: list[Finding] = []
     for rule in all_rules():
         out.extend(rule.check(d))
+    for f in out:  # the same line quoted once (one line can carry several facts a rule cites)
+        f.evidence = list(dict.fromkeys(f.evidence))
     return sorted(out, key=lambda f: (SEVERITY_RANK[f.severity], f.id))
 
 

@@ -19,7 +19,8 @@ def check(d: Diagnosis) -> list[Finding]:
     workers = f.tokenizer_worker_num or 1
     if tp <= 1 and workers <= 1:
         return []
-    v = version_tuple(d.version)
+    # the version printed, else the oldest one whose wording the pool line has (never older than that)
+    v = version_tuple(d.version) or version_tuple(f.ipc_min_version)
     budget = f.mm_feature_cache_mb or DEFAULT_BUDGET
     ctx = (tp - 1) * CONTEXT_MIB
     before_split = v is None or v < SPLIT_IN
@@ -40,7 +41,10 @@ def check(d: Diagnosis) -> list[Finding]:
             title=f"CUDA IPC feature transport costs about {mib(total)} on the producer GPU",
             evidence=evidence,
             explanation=(
-                f"Multimodal features travel by CUDA IPC with tp={tp}. Before the handle redirect "
+                f"Multimodal features travel by CUDA IPC with tp={tp}"
+                + (f" (the pool line's wording is SGLang {f.ipc_min_version} or later)" if f.ipc_min_version
+                   and d.version is None else "")
+                + ". Before the handle redirect "
                 f"(PR #22662) each of the {tp - 1} consumer rank(s) opens the producer's handle under "
                 f"a guard on the producer's device and creates a full CUDA context there: "
                 f"~{CONTEXT_MIB:.0f} MiB each = {mib(ctx)}; plus {pool_note}. The pool is a fixed "
@@ -48,8 +52,10 @@ def check(d: Diagnosis) -> list[Finding]:
                 "processes on the producer GPU in nvidia-smi."
             ),
             fix=(
-                "--mm-feature-transport cpu (or unset SGLANG_USE_CUDA_IPC_TRANSPORT on 0.5.5-0.5.16); "
-                "or upgrade to a version with the IPC device redirect; lower SGLANG_MM_FEATURE_CACHE_MB "
+                "--mm-feature-transport cpu"
+                + ("; " if v is not None and v >= (0, 5, 17) else
+                   " (or unset SGLANG_USE_CUDA_IPC_TRANSPORT on 0.5.5-0.5.16); ")
+                + "or upgrade to a version with the IPC device redirect; lower SGLANG_MM_FEATURE_CACHE_MB "
                 "and --tokenizer-worker-num; confirm with `vramdoctor census` (a ~500 MiB footprint of "
                 "each TP rank on the producer GPU) and measure with `vramdoctor ab-test`."
             ),

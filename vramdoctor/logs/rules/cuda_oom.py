@@ -164,7 +164,7 @@ def _figures(e: LogEvent) -> str:
     if "private_pools_mib" in d:
         bits.append(f"{mib(d['private_pools_mib'])} in private pools (CUDA graphs)")
     if "reserved_unallocated_mib" in d:
-        bits.append(f"{mib(d['reserved_unallocated_mib'])} reserved but unallocated (fragmentation)")
+        bits.append(f"{mib(d['reserved_unallocated_mib'])} reserved but unallocated")
     return "; ".join(bits) if bits else "figures cut off in the log"
 
 
