@@ -212,3 +212,21 @@ def test_evidence_lines_listed_once() -> None:
     for path in sorted(EXTRA.glob("*.log")) + sorted(LOGS.glob("*.log")):
         for f in diagnose([path]).findings:
             assert len(f.evidence) == len(set(f.evidence)), (path.name, f.id)
+
+
+# --- 10. a launch command wrapped mid-word by the terminal --------------------------------------
+
+def test_terminal_wrapped_serve_command() -> None:
+    d = one("31_")
+    f = d.facts
+    assert (f.tp_size, f.gpu_memory_utilization, f.max_running_requests, f.max_model_len) == (4, 0.95, 2, 4096)
+
+
+def test_short_command_is_not_glued_to_the_next_line(tmp_path: Path) -> None:
+    log = tmp_path / "cmd.log"
+    log.write_text(  # a command narrower than a terminal row ends where it ends
+        "vllm serve Qwen/Qwen2.5-7B-Instruct --tensor-parallel-size 2\n"
+        "Automatically detected platform cuda.\n"
+        "INFO 04-16 11:08:33 [api_server.py:1034] vLLM API server version 0.8.4\n"
+    )
+    assert diagnose([log]).facts.tp_size == 2

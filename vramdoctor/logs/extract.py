@@ -31,13 +31,21 @@ from .model import (
     Evidence,
     LogEvent,
 )
-from .normalize import CACHE_LINE_CHARS, CACHE_LINES, clean, short_line_memo, strip_noise
+from .normalize import (
+    CACHE_LINE_CHARS,
+    CACHE_LINES,
+    clean,
+    is_continuation,
+    short_line_memo,
+    strip_noise,
+)
 from .reader import Hit
 
 # Argument names whose values are secrets (api_key, hf_token, admin_api_key, ssl_keyfile_password).
 SECRET_ARG = re.compile(r"^(?:\w+_)?(?:api_key|token|password|passwd|secret|secret_key|access_key)$")
 MAX_DUMP_CHARS = 2 << 20  # an argument dump longer than this is parsed as far as it goes
 MAX_DUMPS = 8  # argument dumps parsed per file
+WRAP_MIN_COLUMNS = 80  # a pasted command at least this wide may continue on terminal-wrapped rows
 
 # Argument dumps and vLLM's engine-config line: long lines that name memory settings
 # (gpu_memory_utilization=, mem_fraction_static=) but never report a memory event.
@@ -311,6 +319,17 @@ class FileExtractor(EventsMixin):
                 part = strip_noise(nxt).rstrip()
                 line = line[:-1] + " " + part
                 if not part.endswith("\\"):
+                    break
+        elif len(t) >= WRAP_MIN_COLUMNS:
+            # a terminal wrapped the command mid-word: every row but the last is exactly as wide as
+            # the first; joined as is (the wrap splits anywhere)
+            width = len(t.rstrip("\r\n"))
+            for nxt in hit.after(20):
+                row = nxt.rstrip("\r\n")
+                if not row or not is_continuation(row):
+                    break
+                line += strip_noise(row)
+                if len(row) != width:
                     break
         flags, env, secrets = parse_command(line)
         self.secrets.update(secrets)
