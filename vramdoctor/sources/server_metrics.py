@@ -147,9 +147,11 @@ def _vllm_derived(by_name: dict[str, Rows], values: dict[str, float]) -> None:
         for label, stable in (("num_gpu_blocks", "num_gpu_blocks"),
                               ("gpu_memory_utilization", "gpu_memory_utilization")):
             try:
-                values[stable] = float(labels[label])
+                number = float(labels[label])
             except (KeyError, ValueError):
                 continue
+            if math.isfinite(number):  # a label "inf" or "nan" is not a measurement
+                values[stable] = number
         break
 
 
