@@ -446,6 +446,7 @@ EVENTS: list[tuple[str, str | None, dict]] = [
     ("req_slots_exhausted", None, {}),
     ("rdma_registration_failed", None, {"address": "0x7c1cda000000", "error": "Bad address [14]"}),
     ("mm_preprocess_gpu_oom", "preprocessing", {}),
+    ("server_crash", None, {"process": "Scheduler"}),
 ]
 
 

@@ -230,3 +230,31 @@ def test_short_command_is_not_glued_to_the_next_line(tmp_path: Path) -> None:
         "INFO 04-16 11:08:33 [api_server.py:1034] vLLM API server version 0.8.4\n"
     )
     assert diagnose([log]).facts.tp_size == 2
+
+
+# --- crash lines: an event; unexplained only when no memory event and no error line ----------
+
+def test_crash_excerpt_says_the_cause_is_missing() -> None:
+    for name in ("21_", "25_"):  # 2024 "Exception in run_tp_server", "Scheduler hit an exception"
+        d = one(name)
+        assert d.events_of("server_crash"), name
+        f = finding(d, "server-crash-unexplained")
+        assert f.severity == "info" and "does not show why" in f.title
+
+
+def test_crash_with_its_error_line_quotes_it(tmp_path: Path) -> None:
+    log = tmp_path / "crash.log"
+    log.write_text(
+        "[2025-10-31 10:40:43 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+        '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 2797, in run_scheduler_process\n'
+        "    scheduler.event_loop_normal()\n"
+        "KeyError: 'rid'\n"
+    )
+    f = finding(diagnose([log]), "server-crash-unexplained")
+    assert "not a memory error" in f.title and "KeyError: 'rid'" in f.explanation
+
+
+def test_crash_with_an_oom_is_explained_by_the_oom() -> None:
+    d = diagnose([next(LOGS.glob("05_*.log"))])  # two "Scheduler hit an exception" lines after a CUDA OOM
+    assert d.events_of("server_crash") and d.events_of("cuda_oom")
+    assert not [f for f in d.findings if f.id == "server-crash-unexplained"]

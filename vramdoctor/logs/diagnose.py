@@ -198,7 +198,7 @@ def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
                           or ex.prefix_lines >= PREFIX_LINES_RECOGNISED or ex.own_marks)
         server = _server(ex.votes) if recognised else None
         notes = list(st.notes)
-        if recognised and not (ex.facts or ex.events or ex.version):
+        if recognised and not (ex.facts or ex.version or any(e.kind != "server_crash" for e in ex.events)):
             notes.append("an excerpt recognised by the server's own marks (traceback paths, crash lines, argument "
                          "names, rank prefixes); it lacks the lines a diagnosis needs: the error message after "
                          "the traceback, the start-up lines with settings and memory figures")

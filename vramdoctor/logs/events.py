@@ -214,10 +214,26 @@ class EventsMixin:
         elif "EngineCore hit" in t:
             self.votes["vllm"] += 3
         if "run_tp_server" in t:
+            if "Exception in run_tp_server" not in t:
+                return  # a frame or a mention, not the crash line
             self.votes["sglang"] += 3  # SGLang 2024 "Exception in run_tp_server:"
+        # the server's crash line: the process died of an exception (its cause is further down)
+        after = hit.after(150)
+        if self.event_counts.get("server_crash", 0) < MAX_EVENTS_PER_KIND:
+            text = clean(t).text
+            data: dict[str, Any] = {"process": text.split(" hit an exception")[0].split()[-1]
+                                    if " hit an exception" in text else "run_tp_server"}
+            for raw in after:  # the exception's own last line ("ValueError: ..."), when the text has it
+                s = clean(raw).text
+                if P.EXCEPTION_LINE.match(s):
+                    data["error"] = s[:300]
+                    break
+            self.add_event(LogEvent("server_crash", self.name, hit.lineno, text[:EVIDENCE_CHARS], None, data))
+        else:
+            self.event_counts["server_crash"] += 1
         if self.tracebacks_read < MAX_TRACEBACKS:
             self.tracebacks_read += 1
-            self._frames("\n".join(hit.after(150)))
+            self._frames("\n".join(after))
 
     def _frames(self, text: str) -> None:
         """Model files and attention backend read off traceback paths (lowest priority)."""

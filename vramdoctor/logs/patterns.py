@@ -407,6 +407,8 @@ FORWARD_MARKERS: tuple[tuple[str, Any], ...] = (
 CONTEXT_PHASES = tuple(name for name, _ in PHASE_MARKERS)
 # Substrings without which no multimodal frame can match (a cheap gate before MM_FRAMES).
 MM_HINTS = ("multimodal", "mm_", "image", "video", "audio", "visual", "vision", "Vision")
+# The last line of a Python traceback: "ValueError: ...", "torch.OutOfMemoryError: ...", "KeyboardInterrupt".
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b(?::|$)")
 TRACEBACK = "Traceback (most recent call last)"
 TRACEBACK_BYTES = TRACEBACK.encode()
 MODEL_FILE = _fast(r"/models/(\w+)\.py")

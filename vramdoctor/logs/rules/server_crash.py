@@ -1,0 +1,62 @@
+"""The server crashed, and the log shows no memory error that explains it (an excerpt cut short)."""
+
+from __future__ import annotations
+
+from ..model import Diagnosis, Finding
+from . import Rule
+from ._common import first_evidence
+
+# Every event kind that is (or names) the cause of a crash; with one of them the crash is explained.
+CAUSES = ("server_crash",)
+
+
+def check(d: Diagnosis) -> list[Finding]:
+    crashes = d.events_of("server_crash")
+    if not crashes or any(e.kind not in CAUSES for e in d.events):
+        return []  # no crash, or another event (an OOM, a self-check failure...) is its cause
+    n = d.event_counts.get("server_crash", len(crashes))
+    shown = next((e for e in crashes if e.data.get("error")), None)
+    if shown is not None:
+        err = shown.data["error"]
+        return [
+            Finding(
+                RULE.id,
+                "info",
+                "The server crashed with an error that is not a memory error",
+                explanation=(
+                    f"{n} crash line(s); the exception is `{err[:200]}`, and the log has no out-of-memory error, "
+                    "KV self-check failure or other memory error: none of diagnose's memory causes explains it."
+                ),
+                fix="Look up that error for this model and version; it is not a GPU-memory setting.",
+                evidence=[shown.evidence],
+            )
+        ]
+    return [
+        Finding(
+            RULE.id,
+            "info",
+            "The server crashed; the log does not show why",
+            explanation=(
+                f"{n} crash line(s) (an exception ended a server process) and no out-of-memory error, KV "
+                "self-check failure or other memory error in the log: the exception's own last line, which "
+                "says what it was, is not in the text read (an excerpt cut before it, or another file)."
+            ),
+            fix=("Add the end of the traceback (the line after the last 'File ...' frame) or the whole log, "
+                 "and diagnose again."),
+            evidence=first_evidence(crashes, 2),
+        )
+    ]
+
+
+RULE = Rule(
+    id="server-crash-unexplained",
+    severity="info",
+    title="Server crashed, cause not in the log",
+    fires_when=(
+        "a crash line (SGLang '[... TP0] Scheduler hit an exception', 2024 'Exception in run_tp_server', vLLM "
+        "'... hit an exception') and no memory event in the log; the exception's own last line quoted when the "
+        "log has it"
+    ),
+    fix="add the end of the traceback or the whole log",
+    check=check,
+)
