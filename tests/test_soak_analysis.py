@@ -337,6 +337,13 @@ def test_arena_growth_is_host_caching_with_its_bound_and_how_to_confirm() -> Non
     assert "MALLOC_ARENA_MAX=2" in text and "jemalloc" in text and "128 arenas" in text
 
 
+def test_the_servers_own_malloc_arena_max_is_the_bound() -> None:
+    res = analyse_soak(_arena_run(), {"config": {"cpu_count": 16, "server_malloc_arena_max": 32}})
+    proc = res.layers["host"].host_processes[0]
+    assert proc.arena_bound == 32 and proc.arena_bound_set
+    assert "MALLOC_ARENA_MAX=32" in soak_json(res)["layers"]["host"]["summary"]
+
+
 def test_the_same_growth_with_a_flat_arena_count_is_a_host_leak() -> None:
     res = analyse_soak(_arena_run(arenas_rise=False), {"cpu_count": 16})
     host = res.layers["host"]

@@ -241,9 +241,12 @@ def _who(lay: LayerResult) -> str:
 
 
 def _arena_text(p: HostProcessResult, cpus: int | None) -> str:
-    bound = (f"MALLOC_ARENA_MAX, by default 8 x {count(cpus, 'core')} = "
-             f"{count(p.arena_bound, 'arena')}" if p.arena_bound and cpus
-             else "MALLOC_ARENA_MAX (by default 8 x the cores)")
+    if p.arena_bound and p.arena_bound_set:
+        bound = f"the server's MALLOC_ARENA_MAX={p.arena_bound} ({count(p.arena_bound, 'arena')})"
+    elif p.arena_bound and cpus:
+        bound = f"MALLOC_ARENA_MAX, by default 8 x {count(cpus, 'core')} = {count(p.arena_bound, 'arena')}"
+    else:
+        bound = "MALLOC_ARENA_MAX (by default 8 x the cores)"
     return (f"glibc created new malloc arenas ({count(p.arenas_first, 'arena')} -> "
             f"{count(p.arenas_last, 'arena')}, {size(p.arena_reserved_growth_mib, signed=True)} "
             f"reserved) and keeps freed heap in them: host-allocator caching, bounded by {bound}, "

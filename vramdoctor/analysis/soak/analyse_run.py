@@ -70,6 +70,12 @@ def _cpu_count(header: dict[str, Any] | None) -> int | None:
     return None
 
 
+def _arena_max(header: dict[str, Any] | None) -> int | None:
+    """MALLOC_ARENA_MAX set in the server's environment, as the run header recorded it."""
+    v = ((header or {}).get("config") or {}).get("server_malloc_arena_max")
+    return v if isinstance(v, int) and v > 0 else None
+
+
 def analyse_soak(
     records: list[Any],
     header: dict[str, Any] | None = None,
@@ -132,7 +138,7 @@ def _analyse(records: list[Any], header: dict[str, Any] | None, production_rate_
         layers = {
             VRAM: vram_layer(judged, recs, life.index),
             KV: kv_layer(judged, raw, life.index, pool_mib, th),
-            HOST: host_layer(judged, life.index, available, cpus, th),
+            HOST: host_layer(judged, life.index, available, cpus, th, arena_max=_arena_max(header)),
         }
         per_life.append(layers)
         all_series += judged

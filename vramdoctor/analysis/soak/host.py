@@ -84,8 +84,9 @@ def _arena_explains(rss: SeriesResult, anon: SeriesResult | None, arenas: Series
 
 
 def host_layer(series: list[SeriesResult], life: int, available_mib: float | None,
-               cpu_count: int | None, th: Thresholds) -> LayerResult:
-    """The host RAM verdict of one life from its judged series (RSS decides; kinds explain)."""
+               cpu_count: int | None, th: Thresholds, *, arena_max: int | None = None) -> LayerResult:
+    """The host RAM verdict of one life from its judged series (RSS decides; kinds explain).
+    `arena_max`: MALLOC_ARENA_MAX set in the server's environment (else glibc's 8 x cores)."""
     mine = [s for s in series if s.layer == HOST]
     by = {s.key: s for s in mine}
     rss_series = [s for s in mine if s.kind == "rss"]
@@ -96,7 +97,7 @@ def host_layer(series: list[SeriesResult], life: int, available_mib: float | Non
             s.decides = False  # kinds, arenas and /dev/shm explain; RSS decides
     procs: list[HostProcessResult] = []
     caveats: set[str] = set()
-    bound = th.arenas_per_core * cpu_count if cpu_count else None
+    bound = arena_max or (th.arenas_per_core * cpu_count if cpu_count else None)
     for rss in rss_series:
         pid = rss.pid
         anon = by.get(f"rss_anon/pid{pid}")
@@ -137,6 +138,7 @@ def host_layer(series: list[SeriesResult], life: int, available_mib: float | Non
             arenas_first=int(a_levels[0]) if a_levels else None,
             arenas_last=int(a_levels[-1]) if a_levels else None,
             arena_reserved_growth_mib=_growth(reserved), arena_bound=bound,
+            arena_bound_set=arena_max is not None,
             growth_kind=growth_kind, explanation=explanation, missing=missing, series=rss.key))
     deciding = [s for s in rss_series if s.decides]
     verdict = worst(deciding)

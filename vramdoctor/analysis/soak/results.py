@@ -269,11 +269,12 @@ class HostProcessResult:
     arenas_first: int | None  # non-main malloc arenas at the first settled level
     arenas_last: int | None
     arena_reserved_growth_mib: float | None
-    arena_bound: int | None  # MALLOC_ARENA_MAX in effect by default (8 x cores), if cores known
+    arena_bound: int | None  # MALLOC_ARENA_MAX in effect: the server's, else 8 x cores if known
     growth_kind: str | None  # "anon", "file", "shmem": which kind grew most
     explanation: str | None  # X_MALLOC_ARENAS, X_PINNED, X_FILE_BACKED
     missing: list[str] = field(default_factory=list)  # C_NO_KINDS, C_NO_ARENAS
     series: str = ""
+    arena_bound_set: bool = False  # the bound is MALLOC_ARENA_MAX from the server's environment
 
 
 @dataclass
