@@ -15,6 +15,13 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export NO_COLOR=1 PYTHONUNBUFFERED=1
+# transformers[serving]'s own needs (fastapi, uvicorn, ...) for `transformers serve` only, carried
+# as wheels in .whl-serve (the GPU image lacks them; see docs/attribute.md for the list).
+SERVE_SITE=""
+if ls .whl-serve/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-serve .whl-serve/*.whl \
+    && SERVE_SITE=/tmp/site-serve
+fi
 RUNS=${RUNS:-"tserve kv arena arena-max2 pinned churn plain leaking fixed"}
 ROUNDS=${ROUNDS:-4}; REQS=${REQS:-30}; IDLE=${IDLE:-3}; CONC=${CONC:-4}; MAXR=${MAXR:-6}; CAP_S=${CAP_S:-75}
 SOAK=(--rounds "$ROUNDS" --requests "$REQS" --concurrency "$CONC" --idle "$IDLE" --max-rounds "$MAXR"
@@ -59,7 +66,7 @@ for run in $RUNS; do
       $PY scripts/make_tiny_vlm.py "$OUT/tinyvlm" >"$OUT/tserve.build.log" 2>&1 || tail -5 "$OUT/tserve.build.log"
       # A fresh host without a Hugging Face cache directory: /v1/models answers 500 (facts.md).
       HF_HUB_OFFLINE=1 HF_HOME="$OUT/no-hf-home" HF_HUB_CACHE="$OUT/no-hf-home/hub" \
-        "$exe" serve "$OUT/tinyvlm" --device cuda --port 18200 --host 127.0.0.1 >"$OUT/tserve.server.log" 2>&1 &
+        PYTHONPATH="$PYTHONPATH${SERVE_SITE:+:$SERVE_SITE}" "$exe" serve "$OUT/tinyvlm" --device cuda --port 18200 --host 127.0.0.1 >"$OUT/tserve.server.log" 2>&1 &
       tp=$!
       if wait_port 18200 "$tp" "$OUT/tserve.server.log"; then
         $PY -c "import urllib.request as u
