@@ -218,8 +218,12 @@ class EventsMixin:
                 return  # a frame or a mention, not the crash line
             self.votes["sglang"] += 3  # SGLang 2024 "Exception in run_tp_server:"
         # the server's crash line: the process died of an exception (its cause is further down)
+        crash_kept = self.event_counts.get("server_crash", 0) < MAX_EVENTS_PER_KIND
+        if not crash_kept and self.tracebacks_read >= MAX_TRACEBACKS:
+            self.event_counts["server_crash"] += 1  # counted; the first ones carry the detail
+            return
         after = hit.after(150)
-        if self.event_counts.get("server_crash", 0) < MAX_EVENTS_PER_KIND:
+        if crash_kept:
             text = clean(t).text
             data: dict[str, Any] = {"process": text.split(" hit an exception")[0].split()[-1]
                                     if " hit an exception" in text else "run_tp_server"}

@@ -106,6 +106,7 @@ class FileExtractor(EventsMixin):
     # redact_text results for the current secrets (the set only grows: its size names it)
     _redacted: dict[str, str] = field(default_factory=dict, repr=False)
     _redacted_for: int = field(default=0, repr=False)
+    _tags_seen: set[str] = field(default_factory=set, repr=False)  # process-tag prefixes already read
 
     # -- helpers -----------------------------------------------------------------------
     def ev(self, hit: Hit, text: str | None = None) -> Evidence:
@@ -154,8 +155,15 @@ class FileExtractor(EventsMixin):
     def _rank_tags(self, hit: Hit, t: str) -> None:
         for kind, rank in clean(t).ranks:
             self.ranks.setdefault(kind, set()).add(rank)
-        if "pid=" in t[:80] and len(self.pids) < 1024 and (m := P.PROC_PID.search(t, 0, 120)):
-            self.pids.setdefault(int(m.group(2)), m.group(1))
+        i = t.find(" pid=", 0, 80)
+        if i >= 0 and len(self.pids) < 1024:
+            tag = t[:t.find(")", i, i + 24) + 1]  # the line's prefix up to its process tag: one per process
+            if tag and tag not in self._tags_seen:
+                if len(self._tags_seen) >= 4096:  # a varying wrapper (timestamps) before the tag: stay bounded
+                    self._tags_seen.clear()
+                self._tags_seen.add(tag)
+                if m := P.PROC_PID.search(tag):
+                    self.pids.setdefault(int(m.group(2)), m.group(1))
 
     def _mm_frame(self, hit: Hit, t: str) -> None:
         """A traceback frame only a multimodal model runs (a vision model file, the encoder's call):
