@@ -99,3 +99,24 @@ def test_a_bad_production_rate_is_a_usage_error(rate: str, capsys) -> None:
     code = main(["report", str(RUNS / "h200-leaking.jsonl"), "--production-rate", rate])
     assert code == 2
     assert "--production-rate" in capsys.readouterr().err
+
+
+# Two runs of the reference server's arena mode on the 16-core H200 host (scripts/gpu_soak_layers.sh,
+# docs/soak.md "GPU results per layer"): thread-per-request decoding with glibc's defaults, and
+# the same with MALLOC_ARENA_MAX=2, where two arenas shared by 16 threads made the heap grow
+# unevenly (+12.6, +17.3, +3.5, +17.7 MiB a round) although the server keeps nothing.
+
+def test_recorded_arena_growth_on_a_16_core_host_is_host_caching(capsys) -> None:
+    code, result = report_json("arena", capsys)
+    assert code == 0 and result["verdict"] == "CACHING"
+    assert result["layers"]["host"]["verdict"] == "CACHING"
+    assert result["layers"]["vram"]["verdict"] == "STABLE"
+
+
+def test_recorded_uneven_heap_growth_with_two_arenas_is_not_called_a_leak(capsys) -> None:
+    # The analysis before the proportionality rule said LEAK 0.35 MiB/request here.
+    code, result = report_json("arena-max2", capsys)
+    host = result["layers"]["host"]
+    assert host["verdict"] != "LEAK" and code == 0
+    assert host["verdict"] == "INCONCLUSIVE" and host["undecided_reason"] == "still_changing"
+    assert result["layers"]["vram"]["verdict"] == "STABLE"

@@ -78,6 +78,10 @@ class Thresholds:
     rss_rel_floor: float = 0.0025  # host RSS: growth must also exceed 0.25 % of the level
     settle_fraction: float = 0.5  # settled level: median of the last half of each idle window
     decay_ratio: float = 0.5  # a leak's last increment is at least this share of its rate
+    # Identical rounds leak identical amounts: the smallest increment after round 1 (plus the
+    # noise) is at least this share of the largest, or the growth is not proportional to
+    # requests (glibc heap growth under contention: +3 then +18 MiB; measured on an H200 host).
+    proportional_ratio: float = 0.25
     trend_p: float = 0.05  # Kendall tau p-value over the settled samples of rounds 2..K
     trend_min_samples: int = 12  # below this many settled samples the trend test cannot veto
     default_page_tokens: int = 16  # KV floor when the server does not say its page size

@@ -9,8 +9,9 @@ that round's requests.
 The method: the settled levels are fitted against the cumulative requests that reached the
 server with a robust slope (Theil-Sen, scipy, 90 % interval) and a trend test (Kendall tau,
 scipy) over the settled samples. The first round is warm-up and is left out of the slope when
-at least three rounds settled; growth must continue to the last round without decaying, and be
-larger than both the series' floor (its resolution) and the noise inside the idle windows.
+at least three rounds settled; growth must continue to the last round without decaying, be
+about the same in every round (identical rounds leak identical amounts), and be larger than
+both the series' floor (its resolution) and the noise inside the idle windows.
 """
 
 from __future__ import annotations
@@ -146,10 +147,11 @@ def _classify(baseline: float | None, levels: list[float | None], cum_requests: 
     n_trend = sum(len(smp) for _, _, smp in tail)
     trend_ok = n_trend < th.trend_min_samples or (
         out.tau is not None and out.tau > 0 and out.tau_p is not None and out.tau_p < th.trend_p)
+    proportional = min(scaled) + th.noise_k * noise >= th.proportional_ratio * max(scaled)
     if (
         slope is not None and ci is not None and ci[0] > 0 and round_growth > h
         and all(d > h / 2 for d in scaled) and scaled[-1] >= th.decay_ratio * round_growth
-        and trend_ok
+        and proportional and trend_ok
     ):
         out.verdict, out.reason = LEAK, R_GREW_EVERY_ROUND
         return out
