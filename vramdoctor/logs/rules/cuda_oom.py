@@ -175,8 +175,10 @@ def _own_processes(e: LogEvent) -> str:
     if not own:
         return ""
     listed = ", ".join(f"{p['pid']} ({p['server_process']}, {mib(p['mib'])})" for p in own[:6])
-    return (f" Process(es) {listed} are the server's own (the log's process tags name these pids): another rank's "
-            f"CUDA context on GPU {e.data.get('gpu')} (NCCL, custom all-reduce, CUDA IPC), not another program.")
+    many = len(own) > 1
+    return (f" Process{'es' if many else ''} {listed} {'are' if many else 'is'} the server's own (the log's process "
+            f"tags name {'these pids' if many else 'this pid'}): another rank's CUDA context on GPU {e.data.get('gpu')} "
+            "(NCCL, custom all-reduce, CUDA IPC), not another program.")
 
 
 def _device(e: LogEvent) -> str:
