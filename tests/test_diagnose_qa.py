@@ -171,7 +171,7 @@ def test_chained_scheduler_init_traceback_is_startup() -> None:
 # --- 7. exact rank wording --------------------------------------------------------------------
 
 def test_rank_evidence_names_only_the_ranks_seen() -> None:
-    for name, rank, bound in (("20_", 7, 8), ("22_", 3, 4)):
+    for name, rank, bound in (("20_", 7, 8), ("22_", 3, 4), ("32_", 7, 8)):  # 32_: tags on frame lines only
         d = one(name)
         assert d.facts.tp_size_at_least == bound
         text = d.facts.evidence["tp_size_at_least"].text

@@ -41,7 +41,12 @@ def _sniff(ex: FileExtractor, head: bytes) -> None:
     ex.votes["sglang"] += min(20, low.count(b"sglang"))
     ex.votes["vllm"] += min(20, low.count(b"/vllm/") + low.count(b"vllm "))
     vllm_lines = sum(1 for _ in itertools.islice(P.VLLM_PREFIX_SNIFF.finditer(head), 50))
-    sglang_lines = sum(1 for _ in itertools.islice(P.SGL_PREFIX_SNIFF.finditer(head), 50))
+    sglang_lines = 0
+    for m in itertools.islice(P.SGL_PREFIX_SNIFF.finditer(head), 4096):
+        sglang_lines += 1  # the ranks of every prefix too (lines no pattern needs are never fed)
+        for kind, rank in P.SGL_RANKS.findall(m.group().decode("ascii", "replace")):
+            ex.ranks.setdefault(kind, set()).add(int(rank))
+    sglang_lines = min(sglang_lines, 50)
     ex.votes["vllm"] += min(20, vllm_lines)
     ex.votes["sglang"] += min(20, sglang_lines)
     ex.prefix_lines = max(vllm_lines, sglang_lines)
@@ -53,7 +58,10 @@ def _sniff(ex: FileExtractor, head: bytes) -> None:
     for m in itertools.islice(P.PROC_PID_SNIFF.finditer(head), 4096):
         if len(ex.pids) >= 1024:
             break
-        ex.pids.setdefault(int(m.group(2)), m.group(1).decode("ascii", "replace"))
+        tag = m.group(1).decode("ascii", "replace")
+        ex.pids.setdefault(int(m.group(2)), tag)
+        for k, v, w in P.VLLM_PROC_RANKS.findall("(" + tag):
+            ex.ranks.setdefault(k or "WORLD", set()).add(int(v or w))
 
 
 def _server(votes: dict[str, int]) -> str | None:
@@ -103,7 +111,8 @@ def _tp_from_ranks(exs: Sequence[FileExtractor], pp_size: int | None) -> tuple[i
         n = max(world) + 1
         assume = "" if pp_size == 1 else ", assuming no pipeline parallelism"
         whole = world == set(range(n))
-        return n, whole, f"at least {n}: vLLM worker {_ranks_said(world)} in the process tags, so world size >= {n}{assume}"
+        return n, whole, (f"at least {n}: vLLM worker {_ranks_said(world)} in the process tags, so world size >= {n}"
+                          f" (TP x PP; tp >= {n}{assume})")
     return None
 
 
