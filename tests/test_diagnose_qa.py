@@ -258,3 +258,12 @@ def test_crash_with_an_oom_is_explained_by_the_oom() -> None:
     d = diagnose([next(LOGS.glob("05_*.log"))])  # two "Scheduler hit an exception" lines after a CUDA OOM
     assert d.events_of("server_crash") and d.events_of("cuda_oom")
     assert not [f for f in d.findings if f.id == "server-crash-unexplained"]
+
+
+def test_a_file_without_clear_server_joins_the_other(tmp_path: Path) -> None:
+    bare = tmp_path / "rank1.log"  # one rank's bare OOM line: no server of its own
+    bare.write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB. GPU 1 has a total "
+                    "capacity of 79.19 GiB of which 0.50 GiB is free.\n")
+    d = diagnose([LOGS / "02_sglang_llama3-8b_oom-prefill.log", bare])
+    assert d.server == "sglang" and not d.groups
+    assert len({e.file for e in d.events_of("cuda_oom")}) == 2

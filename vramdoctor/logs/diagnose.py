@@ -71,6 +71,14 @@ def _server(votes: dict[str, int]) -> str | None:
     return "sglang" if s >= v else "vllm"
 
 
+CLEAR_VOTES = 5  # a file this many votes for one server, twice the other's, is clearly that server's
+
+
+def _clearly(votes: dict[str, int], server: str) -> bool:
+    other = "vllm" if server == "sglang" else "sglang"
+    return votes[server] >= CLEAR_VOTES and votes[server] > 2 * votes[other]
+
+
 def _merge_facts(exs: Sequence[FileExtractor]) -> tuple[Facts, dict[str, Any]]:
     best: dict[str, tuple[float, Any, Evidence]] = {}
     for ex in exs:
@@ -212,7 +220,10 @@ def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
                          "names, rank prefixes); it lacks the lines a diagnosis needs: the error message after "
                          "the traceback, the start-up lines with settings and memory figures")
         summaries.append(FileSummary(st.name, st.bytes_read, st.lines, server, recognised, notes))
-    servers = {fs.server for fs in summaries if fs.recognised and fs.server}
+    # Files are split by server only when each side has a file that is clearly its server's (a file
+    # with only weak votes, a traceback excerpt, joins the others as before).
+    servers = {fs.server for ex, fs in zip(exs, summaries, strict=True)
+               if fs.recognised and fs.server and _clearly(ex.votes, fs.server)}
     secrets = set().union(*(ex.secrets for ex in exs)) if exs else set()
     if len(servers) > 1:
         groups = []
@@ -228,9 +239,8 @@ def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
                 counts[k] = counts.get(k, 0) + n
         findings = sorted((f for g in groups for f in g.findings), key=lambda f: (SEVERITY_RANK[f.severity], f.id))
         return Diagnosis(summaries, None, None, Facts(), events, counts, findings, groups=groups)
-    server = servers.pop() if servers else None
     used = [ex for ex, fs in zip(exs, summaries, strict=True) if fs.recognised]
-    d = _diagnose_group(used, summaries, server)
+    d = _diagnose_group(used, summaries, None)
     _redact(d, secrets)
     return d
 
