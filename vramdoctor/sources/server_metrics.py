@@ -150,8 +150,9 @@ def _vllm_derived(by_name: dict[str, Rows], values: dict[str, float]) -> None:
                 number = float(labels[label])
             except (KeyError, ValueError):
                 continue
-            if math.isfinite(number):  # a label "inf" or "nan" is not a measurement
-                values[stable] = number
+            # A label "inf" is not a measurement: NaN, which the run-file writer leaves out
+            # and reports once (as it does for "nan").
+            values[stable] = number if math.isfinite(number) else math.nan
         break
 
 
