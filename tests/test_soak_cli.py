@@ -289,9 +289,10 @@ def test_traffic_the_server_refuses_is_inconclusive_not_stable(tmp_path) -> None
 
     with serve(respond) as url:
         r = soak(url, tmp_path, "--rounds", "3", "--requests", "4", "--idle", "0.3", "--text-only", "--json")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr  # the server is failing: a problem, never healthy
     d = json.loads(r.stdout)
-    assert d["verdict"] == "INCONCLUSIVE"
+    assert d["verdict"] == "INCONCLUSIVE" and d["healthy"] is False
+    assert len(d["rounds"]) == 1 and d["stopped_by"] == "requests-failed"  # no more rounds sent
     assert "no request succeeded" in d["headline"]
     assert "--model" in d["suggestion"]
     assert all(x["error_kinds"].get("http_error") == 4 for x in d["rounds"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-__all__ = ["ExitCode", "InputError", "MissingExtra", "SourceUnavailable", "VramdoctorError"]
+__all__ = ["ExitCode", "InputError", "Interrupted", "MissingExtra", "SourceUnavailable", "VramdoctorError"]
 
 
 class ExitCode(IntEnum):
@@ -18,6 +18,7 @@ class ExitCode(IntEnum):
     OK = 0
     PROBLEM = 1
     USAGE = 2
+    INTERRUPTED = 130  # Ctrl-C or SIGTERM before a problem was found (the Unix 128 + SIGINT)
 
 
 class VramdoctorError(Exception):
@@ -28,6 +29,13 @@ class VramdoctorError(Exception):
 
 class InputError(VramdoctorError):
     """Bad or unreadable input: a missing file, a run file that is not ours, a bad URL."""
+
+
+class Interrupted(VramdoctorError):
+    """Ctrl-C or SIGTERM where no partial report can be given (before anything was measured);
+    the message says what was kept. Exit 130."""
+
+    exit_code = ExitCode.INTERRUPTED
 
 
 class SourceUnavailable(VramdoctorError):

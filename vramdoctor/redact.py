@@ -18,7 +18,11 @@ What is masked (docs/threat-model.md lists the same rules):
   each URL of a comma-separated list separately;
 - flags and `NAME=value` / `name: value` pairs whose name has a secret word as one of its parts
   (`--hf-token=V`, `--admin-api-key V`, `--auth-token V`, `SOME_KEY=V`, `HF_TOKEN=V`,
-  `"api_key": "V"`); `--max-tokens 16` is not masked (`tokens` is not a secret word);
+  `"api_key": "V"`); `--max-tokens 16` is not masked (`tokens` is not a secret word); in free
+  text a value after a space (`--api-key V`, `key: V`) is masked only when it looks like a value:
+  not a common English word or placeholder (`--api-key or OPENAI_API_KEY`, `a key: pass it`,
+  `--api-key KEY`), not an environment variable's name, not another flag. Command lines
+  (`redact_argv`) stay strict: there the word after a secret flag is always masked;
 - `Bearer X` / `Basic X` credentials and well-known key shapes (`sk-...`, `hf_...`, `ghp_...`).
 """
 
@@ -139,12 +143,51 @@ def redact_url(url: str) -> str:
     return redact_text(url)
 
 
+# Words that follow a flag in prose ("pass a key with --api-key or OPENAI_API_KEY", "--api-key
+# is missing", "set --hf-token to your token"): function words and the placeholders help texts
+# use. A spaced flag value in free text that is one of them (any case) is not masked.
+_PROSE_WORDS = frozenset({
+    "a", "an", "and", "or", "nor", "but", "not", "no", "yes", "the", "to", "of", "in", "on", "at",
+    "by", "for", "with", "from", "as", "is", "are", "was", "were", "be", "been", "it", "its",
+    "this", "that", "these", "those", "there", "here", "then", "than", "if", "else", "when",
+    "where", "which", "who", "what", "how", "so", "also", "only", "just", "via", "into", "onto",
+    "per", "each", "every", "any", "all", "some", "none", "null", "nil", "empty", "unset", "set",
+    "given", "missing", "required", "optional", "default", "instead", "too", "either", "neither",
+    "both", "etc", "like", "such", "see", "use", "using", "used", "pass", "passed", "flag",
+    "option", "options", "value", "values", "key", "keys", "token", "tokens", "secret", "secrets",
+    "password", "passwords", "your", "you", "my", "our", "their", "them", "they", "we", "us", "he",
+    "she", "his", "her", "must", "may", "can", "will", "should", "would", "could", "has", "have",
+    "had", "does", "do", "did", "needs", "need", "wants", "want",
+})
+# An environment variable's NAME ($OPENAI_API_KEY, ${HF_TOKEN}, OPENAI_API_KEY): a reference
+# to a secret, not one.
+_ENV_NAME = re.compile(r"^(?:\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)$")
+_PROSE_EDGES = "()[]<>{}.,:;!?`"
+
+
+def _looks_like_value(value: str) -> bool:
+    """Free text only: whether the word after a secret flag (`--api-key WORD`) can be its
+    value. Not: a common English word or placeholder (`or`, `is`, `KEY`), an environment
+    variable's name (`OPENAI_API_KEY`, `$HF_TOKEN`), a bracketed placeholder (`<key>`).
+    Command lines (`redact_argv`) never ask: there the word after the flag is masked."""
+    word = value.strip(_PROSE_EDGES)
+    if not word or (value[:1] in "<[{" and value[-1:] in ">]}"):
+        return False
+    if _ENV_NAME.match(word):
+        return False
+    return not (word.isalpha() and (word.islower() or word.isupper() or word.istitle())
+                and word.lower() in _PROSE_WORDS)
+
+
 def _pair(m: re.Match[str]) -> str:
     name, value = m.group("name"), m.group("value")
     if value == REDACTED or _NUMBER.match(value) or not secret_name(name):
         return m.group(0)  # numbers are counts ("#token: 1234" in SGLang's logs), not secrets
     if m.group("sep").strip() == "" and not name.startswith("-"):
         return m.group(0)  # "word value" in prose is not a pair; only flags take a spaced value
+    if m.group("sep") != m.group("sep").strip() and not m.group("q1") and not m.group("q2") \
+            and not _looks_like_value(value):
+        return m.group(0)  # "--api-key or OPENAI_API_KEY", "a key: pass it": prose, not a value
     # Free-text guesses are masked here; only long ones are remembered for elsewhere.
     masked = _mask(value) if len(value) >= 8 else REDACTED
     return f"{name}{m.group('q1')}{m.group('sep')}{m.group('q2')}{masked}"

@@ -3,10 +3,16 @@
 typer >= 0.2x prints an option's Python annotation in --help (``<list[int]>``, ``<bool>`` for a
 flag); older releases print click's names (INTEGER, TEXT). The root group here shows click's
 names everywhere and nothing for flags, whatever typer is installed.
+
+Nothing is cut off at 80 columns: typer's option tables are rich tables whose columns end an
+over-long word (an option name, a file name in a help text) with "…"; every help page here is
+rendered with columns that fold such a word onto the next line instead.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from typer.core import TyperGroup
@@ -40,8 +46,58 @@ def _fix(param: Any) -> Any:
     return param
 
 
+class _Fold:
+    """A renderable drawn with overflow "fold" whatever the column around it says."""
+
+    def __init__(self, renderable: Any) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        yield from console.render(self.renderable, options.update(overflow="fold"))
+
+    def __rich_measure__(self, console: Any, options: Any) -> Any:
+        from rich.measure import Measurement
+
+        return Measurement.get(console, options, self.renderable)
+
+
+@contextlib.contextmanager
+def folding_tables() -> Iterator[None]:
+    """While a help page renders: typer's tables fold over-long words instead of cutting
+    them with "…" (rich's default overflow for a table column). No-op on a typer without
+    rich help."""
+    try:
+        from typer import rich_utils
+    except ImportError:  # typer without rich: click's plain help wraps on its own
+        yield
+        return
+    original = getattr(rich_utils, "Table", None)
+    if original is None or getattr(original, "_vramdoctor_folding", False):
+        yield
+        return
+
+    class FoldingTable(original):  # type: ignore[misc, valid-type]
+        _vramdoctor_folding = True
+
+        def add_row(self, *renderables: Any, **kwargs: Any) -> None:
+            for cell in renderables:  # an option's help is a rich Columns of help and default
+                items = getattr(cell, "renderables", None)
+                if isinstance(items, list):
+                    items[:] = [_Fold(item) for item in items]
+            super().add_row(*renderables, **kwargs)
+            for column in self.columns:  # columns are made by the first row
+                column.overflow = "fold"
+
+    rich_utils.Table = FoldingTable  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        rich_utils.Table = original  # type: ignore[misc]
+
+
 def plain_types(command: Any) -> Any:
-    """Make `command`'s help show click's value names instead of Python types (in place)."""
+    """Make `command`'s help show click's value names instead of Python types, and fold
+    over-long words instead of cutting them (in place)."""
     if getattr(command, "_vramdoctor_plain", False):
         return command
     for param in getattr(command, "params", []):
@@ -52,6 +108,13 @@ def plain_types(command: Any) -> Any:
         return [_fix(p) for p in original(ctx)]  # the --help option is made here
 
     command.get_params = get_params
+    format_help = command.format_help
+
+    def folded_help(ctx: Any, formatter: Any) -> None:
+        with folding_tables():
+            format_help(ctx, formatter)
+
+    command.format_help = folded_help
     command._vramdoctor_plain = True
     return command
 
@@ -65,4 +128,5 @@ class PlainTypesGroup(TyperGroup):
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         plain_types(self)
-        super().format_help(ctx, formatter)
+        with folding_tables():
+            super().format_help(ctx, formatter)

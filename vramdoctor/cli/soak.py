@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-from ..errors import ExitCode, InputError
+from ..errors import ExitCode, InputError, Interrupted
 from ..model import SERVER_DIED, Event
 from ..record import Run, read_run
 from ..report import console
@@ -89,8 +89,10 @@ def report_run(run: Run, *, json_out: bool, report_file: Path | None, run_path: 
 def soak_cmd(
     url: str = typer.Option(..., "--url", help="The server's base URL, e.g. http://127.0.0.1:30000"),
     gpu_metrics: str | None = typer.Option(
-        None, "--gpu-metrics", "--gpu-exporter",
-        help="dcgm-exporter or nvitop-exporter URL when the server's GPUs are on another host."),
+        None, "--gpu-metrics",
+        help="dcgm-exporter or nvitop-exporter URL when the server's GPUs are on another host "
+        "(also --gpu-exporter)."),
+    gpu_exporter: str | None = typer.Option(None, "--gpu-exporter", hidden=True),  # the old name
     gpus: list[str] | None = typer.Option(None, "--gpu", metavar="N", help=GPU_HELP),
     rounds: int = typer.Option(4, "--rounds", help="Rounds of identical traffic (at least)."),
     max_rounds: int | None = typer.Option(
@@ -153,6 +155,9 @@ def soak_cmd(
 
       vramdoctor soak --url http://127.0.0.1:8000 --rounds 6 --requests 30 --idle 20 --stream --abort-fraction 0.25
     """
+    if gpu_exporter is not None and gpu_metrics is not None and gpu_exporter != gpu_metrics:
+        raise InputError("--gpu-metrics and --gpu-exporter are one option: give it once")
+    gpu_metrics = gpu_metrics or gpu_exporter
     cfg = SoakConfig(
         url=url, rounds=rounds, requests=requests_n, concurrency=concurrency, idle_s=idle,
         baseline_s=baseline, adapt=not no_adapt, max_rounds=max_rounds,
@@ -197,24 +202,36 @@ def soak_cmd(
         if live_box:
             live_box[0].on_sample(name, record)
 
-    from ..soak.runner import INTERRUPTED, run_soak  # here: it brings requests, numpy, PIL, psutil
-
-    plain = _plain_progress(cfg.requests, cfg.rounds)
-    hooks = _attribute_hooks(attribute, cfg)  # soak --attribute (vramdoctor.attribute.hooks)
-    if hooks:
-        cfg = hooks[0].cfg
+    # typer turns a KeyboardInterrupt into a silent exit 130: every Ctrl-C here says what it kept.
     previous_term = _term_as_interrupt()
     try:
-        outcome = run_soak(cfg, notify=console.note, progress=progress, on_sample=on_sample,
-                           before_run=before_run, hooks=[h.hook for h in hooks])
+        try:
+            from ..soak.runner import run_soak  # here: it brings requests, numpy, PIL, psutil
+
+            plain = _plain_progress(cfg.requests, cfg.rounds)
+            hooks = _attribute_hooks(attribute, cfg)  # soak --attribute (vramdoctor.attribute.hooks)
+        except KeyboardInterrupt:
+            raise Interrupted("interrupted before measuring: nothing was sent or recorded") from None
+        if hooks:
+            cfg = hooks[0].cfg
+        try:  # run_soak turns its own interrupts into a partial report or `Interrupted`
+            outcome = run_soak(cfg, notify=console.note, progress=progress, on_sample=on_sample,
+                               before_run=before_run, hooks=[h.hook for h in hooks])
+        finally:
+            for h in hooks:
+                h.hook.close()
+        try:
+            # Exit code (README "Exit codes"): the analysis's, interrupted runs included (130,
+            # or 1 when a problem was found before the interrupt).
+            code = report_run(read_run(outcome.run_path), json_out=json_out, report_file=report_file,
+                              run_path=outcome.run_path, analysis=outcome.analysis)
+        except KeyboardInterrupt:
+            raise Interrupted(f"interrupted while reporting; the run file is kept: {outcome.run_path} "
+                              f"(re-analyse: vramdoctor report {outcome.run_path})") from None
     finally:
-        for h in hooks:
-            h.hook.close()
         if previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)
-    code = report_run(read_run(outcome.run_path), json_out=json_out, report_file=report_file,
-                      run_path=outcome.run_path, analysis=outcome.analysis)
-    raise typer.Exit(INTERRUPTED if outcome.status == "interrupted" else max(code, outcome.exit_code))
+    raise typer.Exit(code)
 
 
 def _attribute_hooks(value: str | None, cfg: SoakConfig) -> list[Any]:

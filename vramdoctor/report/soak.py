@@ -551,6 +551,8 @@ def soak_json(a: SoakAnalysis) -> dict[str, Any]:
         "healthy": a.healthy,
         "exit_code": a.exit_code,
         "status": a.status,
+        "interrupted": a.interrupted,
+        "stopped_by": a.stopped_by,
         "layers": layers,
         "undecided": [{"layer": u.layer, "reason": u.reason, "series": u.series,
                        "text": undecided_text(u)} for u in a.undecided],

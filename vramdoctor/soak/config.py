@@ -12,6 +12,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..errors import InputError
 
@@ -106,7 +107,23 @@ class SoakConfig:
             raise InputError("--text-only and --image-dir contradict each other")
         for pid in self.pids:
             _int_range("--pid", pid, 1, 2**31)
+        self._check_credentials()
         return self
+
+    def _check_credentials(self) -> None:
+        """A user:password in --url and an API key cannot both be sent: HTTP has one
+        Authorization header, and the URL's Basic credentials would replace the bearer key
+        (the key was then silently never sent). Refused with one line (exit 2)."""
+        if not self.resolved_api_key:
+            return
+        netloc = urlsplit(self.url if "://" in self.url else "http://" + self.url).netloc
+        if "@" not in netloc:
+            return
+        source = ("--api-key" if self.api_key else "$OPENAI_API_KEY" if os.environ.get("OPENAI_API_KEY")
+                  else "$VRAMDOCTOR_API_KEY")
+        raise InputError(f"--url carries a user:password and an API key is set ({source}): both would "
+                         "go in the one Authorization header; drop the user:password from --url to "
+                         f"send the key, or unset {source} to send the URL's password (HTTP Basic)")
 
     @property
     def rounds_cap(self) -> int:

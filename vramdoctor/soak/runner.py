@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from typing import Protocol as TypingProtocol
 
-from ..errors import ExitCode, InputError, SourceUnavailable
+from ..errors import ExitCode, InputError, Interrupted, SourceUnavailable
 from ..load.client import LoadClient, Outcome
 from ..load.images import PromptImage, generate_images, load_image_dir, parse_image_size
 from ..load.protocol import Protocol, ProtocolConfig, ProtocolState
@@ -31,7 +31,7 @@ from ..sources.collector import Collector
 from ..sources.discover import ServerWatch, discover_server, gpu_peers, roles
 from ..sources.host import HostSource, host_memory
 from ..sources.server_info import ServerInfo, base_url, identify
-from .analyse import analyse_run, is_leak, undecided_layers
+from .analyse import analyse_run, undecided_layers
 from .config import INTERRUPTED, SoakConfig
 
 
@@ -69,13 +69,17 @@ class SoakOutcome:
 
     @property
     def exit_code(self) -> int:
-        """130 interrupted; 1 when a layer leaks or the server died (a dead server is never
-        healthy); else 0."""
+        """The analysis's exit code (`SoakAnalysis.exit_code`, README "Exit codes"): 1 when a
+        layer leaks, the server died, sampling failed or no request succeeded; 2 when the
+        server refused the requests as unauthorized; 130 when interrupted before any of these
+        was found; else 0. Without an analysis: 130 interrupted, 1 failed, else 0."""
+        if self.analysis is not None and hasattr(self.analysis, "exit_code"):
+            return int(self.analysis.exit_code)
         if self.status == "interrupted":
             return INTERRUPTED
         if self.server_died is not None or self.status == "failed":
             return int(ExitCode.PROBLEM)
-        return int(ExitCode.PROBLEM) if self.analysis is not None and is_leak(self.analysis) else int(ExitCode.OK)
+        return int(ExitCode.OK)
 
 
 def default_run_path(now_utc: datetime | None = None) -> Path:
@@ -179,6 +183,65 @@ class _BaselineTraffic:
         return (rate if rate > 0 else None), data
 
 
+# Why the traffic stopped when the first round showed the requests cannot work (the run's
+# `stopped` event and end mark; the analysis reads it: exit 2 for auth, 1 for a failing server).
+STOPPED_AUTH = "auth-failed"
+STOPPED_FAILING = "requests-failed"
+AUTH_SHARE = 0.9  # above this share of 401/403 answers in round 1, the key is wrong or missing
+
+
+class _FirstRoundCheck:
+    """Round 1's outcomes as they come: when the round is over and no request succeeded (or
+    more than `AUTH_SHARE` were refused with 401/403), sending more rounds measures nothing.
+    `verdict()` then gives (stopped_by, one line for the user); else None."""
+
+    def __init__(self, round_size: int, key_given: bool) -> None:
+        self.round_size = max(1, round_size)
+        self.key_given = key_given
+        self.done = 0
+        self.ok = 0
+        self.refused = 0
+        self.statuses: dict[str, int] = {}
+        self.first_error: str | None = None
+        self.checked = False
+        self._lock = threading.Lock()
+
+    def add(self, outcome: Outcome) -> tuple[str, str] | None:
+        """Count one round-1 outcome; the stop decision once the round is complete."""
+        with self._lock:
+            if self.checked:
+                return None
+            self.done += 1
+            if outcome.kind in ("ok", "aborted"):
+                self.ok += 1
+            else:
+                what = f"HTTP {outcome.status}" if outcome.status is not None else outcome.kind
+                self.statuses[what] = self.statuses.get(what, 0) + 1
+                if outcome.status in (401, 403):
+                    self.refused += 1
+                if self.first_error is None and outcome.detail:
+                    self.first_error = outcome.detail
+            if self.done < self.round_size:
+                return None
+            self.checked = True
+            return self.verdict()
+
+    def verdict(self) -> tuple[str, str] | None:
+        counts = ", ".join(f"{n} x {what}" for what, n in sorted(self.statuses.items(), key=lambda x: -x[1]))
+        if self.refused > AUTH_SHARE * self.done:
+            fix = ("the key given with --api-key (or $OPENAI_API_KEY / $VRAMDOCTOR_API_KEY) is not "
+                   "accepted: pass the server's key with --api-key" if self.key_given else
+                   "the server wants an API key; pass it with --api-key (or $OPENAI_API_KEY)")
+            return STOPPED_AUTH, (f"stopped after round 1: {self.refused} of {self.done} requests "
+                                  f"refused as unauthorized ({counts}); {fix}")
+        if self.ok == 0:
+            first = f"; first error: {self.first_error[:120]}" if self.first_error else ""
+            return STOPPED_FAILING, (f"stopped after round 1: none of its {self.done} requests "
+                                     f"succeeded ({counts}{first}): the server is failing, so "
+                                     "memory was never exercised")
+        return None
+
+
 def run_soak(
     config: SoakConfig,
     *,
@@ -196,9 +259,39 @@ def run_soak(
     when the settings or the server cannot be used. `hooks` run at the end of each idle
     window; `notify` receives notes for the user; `progress`, `on_result` and `on_sample` feed
     a live view; `before_run(protocol)` may return a context manager entered around the
-    protocol (the CLI's live display). KeyboardInterrupt is caught: the outcome then has
-    status "interrupted".
+    protocol (the CLI's live display). KeyboardInterrupt during the measurement is caught:
+    the outcome then has status "interrupted" and the analysis of what was measured. One
+    before the run file exists raises `Interrupted` ("interrupted before measuring", exit
+    130); one while the partial report is analysed raises `Interrupted` naming the kept file.
     """
+    made: list[RunWriter] = []
+    try:
+        return _run_soak(config, hooks=hooks, notify=notify, progress=progress, on_result=on_result,
+                         on_sample=on_sample, argv=argv, before_run=before_run, made=made)
+    except KeyboardInterrupt:
+        if not made:
+            raise Interrupted("interrupted before measuring: nothing was sent or recorded") from None
+        writer = made[0]
+        with contextlib.suppress(Exception):
+            if not writer.closed:
+                writer.close("interrupted", stopped_by="interrupt")
+        raise Interrupted(f"interrupted; the run file is kept: {writer.path} (re-analyse: "
+                          f"vramdoctor report {writer.path})") from None
+
+
+def _run_soak(
+    config: SoakConfig,
+    *,
+    hooks: Sequence[RoundHook] = (),
+    notify: Notify | None = None,
+    progress: Callable[[ProtocolState], None] | None = None,
+    on_result: Callable[[PlannedRequest, Outcome], None] | None = None,
+    on_sample: Callable[[str, Any], None] | None = None,
+    argv: list[str] | None = None,
+    before_run: Callable[[Protocol], Any] | None = None,
+    made: list[RunWriter],
+) -> SoakOutcome:
+    """`run_soak`'s body; `made` receives the run file's writer as soon as it exists."""
     cfg = config.validate()
     say: Notify = notify or (lambda _m: None)
     key = cfg.resolved_api_key
@@ -278,6 +371,7 @@ def run_soak(
     header = make_header("soak", argv=argv, target=base, gpus=devices, config=record_cfg,
                          secrets=[key] if key else [])
     writer = RunWriter(run_path, header)
+    made.append(writer)
     run_dir = run_path.parent
 
     ticks = [0]
@@ -323,10 +417,19 @@ def run_soak(
                     "source": f"round-hook {getattr(hook, '__name__', type(hook).__name__)}",
                     "error": f"{type(exc).__name__}: {exc}"[:300]}))
 
+    first_round = _FirstRoundCheck(min(len(plan), cfg.max_requests or len(plan)), key_given=key is not None)
+    refused: list[str] = []
+
     def on_request(req: PlannedRequest, outcome: Outcome) -> None:
         if outcome.kind == "connection":
             for _name, data in watch.connection_failed():
                 protocol.server_died(str(data.get("reason")), pid=data.get("pid"))
+        if protocol.state.round == 1 and outcome.kind != "connection":
+            stop = first_round.add(outcome)
+            if stop is not None and protocol.state.server_died is None:
+                protocol.state.stopped_by = stop[0]
+                refused.append(stop[1])
+                protocol.stop.set()  # no idle window, no more rounds: they would measure nothing
         if on_result is not None:
             on_result(req, outcome)
 
@@ -383,6 +486,8 @@ def run_soak(
             with contextlib.suppress(Exception):
                 src.close()
     state = protocol.state
+    if refused:
+        say(refused[0])
     if state.server_died is not None:
         say(f"the server died ({state.server_died.get('reason')}) in round {state.round}: "
             "no request was sent after it; the rounds it cut short carry no verdict")

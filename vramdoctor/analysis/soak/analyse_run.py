@@ -193,6 +193,7 @@ def _analyse(records: list[Any], header: dict[str, Any] | None, production_rate_
         observed_requests_per_hour=reached / load_s * 3600.0 if load_s > 0 and reached else None,
         production_rate_rps=rate, production_rate_source=rate_src, cpu_count=cpus,
         points={k: s.points for k, s in raw.items()},
+        stopped_by=next((str(e.data.get("by")) for e in reversed(events) if e.name == "stopped"), None),
     )
 
 

@@ -379,16 +379,34 @@ class SoakAnalysis:
     cpu_count: int | None = None
     notes: list[str] = field(default_factory=list)  # added by callers (e.g. "torn tail")
     points: dict[str, list[tuple[float, float]]] = field(default_factory=dict, repr=False)
+    # Why the traffic stopped early (the run's `stopped` event): auth-failed (round 1 refused
+    # as unauthorized), requests-failed (no request of round 1 succeeded), duration, ...
+    stopped_by: str | None = None
+
+    @property
+    def interrupted(self) -> bool:
+        """Stopped by Ctrl-C or SIGTERM: the report covers what was measured; never healthy."""
+        return self.status == "interrupted"
 
     @property
     def healthy(self) -> bool:
         return self.verdict != LEAK and not self.server_died and self.collector_failed is None \
-            and self.status != "failed"
+            and self.status not in ("failed", "interrupted") and not self.no_request_succeeded
 
     @property
     def exit_code(self) -> int:
-        """0 healthy, 1 a problem (LEAK, server death, failed collector)."""
-        return 0 if self.healthy else 1
+        """README "Exit codes": 1 a problem (LEAK, server death, failed collector, no request
+        succeeded: the server is failing), found before an interrupt too; else 130 when
+        interrupted; 2 when the server refused the requests as unauthorized (the key: usage);
+        else 0."""
+        if self.verdict == LEAK or self.server_died or self.collector_failed is not None \
+                or self.status == "failed":
+            return 1
+        if self.interrupted:
+            return 130
+        if self.stopped_by == "auth-failed":
+            return 2
+        return 1 if self.no_request_succeeded else 0
 
     @property
     def decided(self) -> bool:
