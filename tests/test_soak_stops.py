@@ -306,6 +306,7 @@ def test_a_secret_in_the_url_does_not_rewrite_the_error_line(tmp_path) -> None:
     assert r.returncode == 2
     assert "TOPSECRET99" not in r.stderr
     assert "(pass a key with --api-key or OPENAI_API_KEY)" in r.stderr
+    assert f"?token={REDACTED}: give" in r.stderr  # the sentence's colon is not part of the value
 
 
 # --- 5. no help page is cut off at 80 columns -------------------------------------------------

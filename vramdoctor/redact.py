@@ -138,6 +138,14 @@ def _redact_one_url(url: str) -> str:
     return _PARAM.sub(param, url)
 
 
+def _url_in_text(m: re.Match[str]) -> str:
+    """A URL in free text; punctuation that ends the sentence around it stays outside
+    ("--url http://h/?token=X: give ..." keeps its colon)."""
+    url = m.group(0)
+    core = url.rstrip(".,:;!?)")
+    return _redact_one_url(core) + url[len(core):]
+
+
 def redact_url(url: str) -> str:
     """Drop userinfo from a URL (or each URL of a list) and blank secret-looking parameters."""
     return redact_text(url)
@@ -201,7 +209,7 @@ def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
         return text
     if _SUSPECT.search(text):
         if "://" in text:
-            text = _URL.sub(lambda m: _redact_one_url(m.group(0)), text)
+            text = _URL.sub(_url_in_text, text)
         text = _BEARER.sub(lambda m: (m.group(1) or m.group(3)) + (m.group(2) or m.group(4)) + REDACTED, text)
         text = _KEY_SHAPE.sub(REDACTED, text)
         text = _PAIR.sub(_pair, text)
