@@ -341,6 +341,10 @@ def _leak_sentence(lay: LayerResult, a: SoakAnalysis) -> str:
         if proc is not None and C_NO_ARENAS in proc.missing:
             caveat = (" (malloc arenas could not be read: to rule allocator caching out, restart "
                       "with MALLOC_ARENA_MAX=2)")
+        if lay.culprit is not None and lay.culprit.cause == "dev_shm":
+            return (f"{name}: LEAK: /dev/shm grows {rate(lay.rate_per_request, 'MiB')} per request{ci} "
+                    f"in every round of identical traffic: files in shared memory (tmpfs) that no "
+                    f"process's RSS shows; list them with `ls -la /dev/shm`{proj}.")
         return (f"{name}: LEAK: RSS of {_who(lay)} grows {rate(lay.rate_per_request, 'MiB')} per "
                 f"request{ci}{kind} in every round of identical traffic{caveat}{proj}.")
     cause = "a stray CUDA context" if lay.culprit and lay.culprit.cause == X_STRAY_CONTEXT \
@@ -377,8 +381,8 @@ def _short(lay: LayerResult) -> str:
 
 def headline(a: SoakAnalysis) -> str:
     """The run in one sentence: VRAM first, then every other layer not STABLE or CACHING."""
-    if a.no_request_succeeded:
-        first = f" (first error: {a.first_error})" if a.first_error else ""
+    first = f" (first error: {a.first_error})" if a.first_error else ""
+    if a.no_request_succeeded and a.verdict != LEAK:
         return f"INCONCLUSIVE: no request succeeded, so memory was never exercised{first}."
     parts = [_short(a.layers[VRAM])]
     vram_measured = a.layers[VRAM].verdict != NOT_MEASURED
@@ -394,6 +398,13 @@ def headline(a: SoakAnalysis) -> str:
         rnd = _death_round(a)
         died = f"the server died{why}" + (f" during round {rnd}" if rnd else "") + \
             ": the rounds after it carry no verdict; "
+    if a.no_request_succeeded:
+        # One verdict, one headline: the requests failed or timed out, but they reached the
+        # server (model.REACHED_SERVER) and memory grew with them.
+        reached = sum(r.reached for r in a.rounds)
+        sent = sum(r.sent for r in a.rounds)
+        died += (f"no request completed{first}, but {reached:,} of "
+                 f"{count(sent, 'request')} reached the server; ")
     return f"{a.verdict}: {died}" + "; ".join(parts) + "."
 
 
@@ -413,7 +424,8 @@ def undecided_text(u: Undecided) -> str:
     return name + ": " + {
         "too_few_rounds": "too few rounds settled: caching and a leak look the same until round 3",
         "still_changing": "still changing, but not at a steady rate: more rounds tell a plateau from a leak",
-        "noisy": "the idle windows are too noisy for the floor: longer --idle lets levels settle",
+        "noisy": ("the levels move more than the floor within idle windows or from round to round: "
+                  "more rounds (or a longer --idle) tell a trend from the noise"),
         "no_settled_level": "no idle window completed yet",
         "never_idle": "never idle (requests running or queued in every idle window)",
         "no_request_succeeded": "no request succeeded",

@@ -54,30 +54,53 @@ def _growth(s: SeriesResult | None) -> float | None:
     return None if s is None else s.growth
 
 
+def _noisy(s: SeriesResult, th: Thresholds) -> bool:
+    """Undecided because the levels move more than the floor from round to round (stats)."""
+    return s.noise > 0 and s.threshold > 0 and s.noise * th.noise_k >= s.threshold * 0.99
+
+
+def floor_for_rss(s: SeriesResult, th: Thresholds) -> float:
+    """The RSS floor (judge.floor_for): --min-growth-mib, or 0.25 % of the level if larger."""
+    level = s.baseline if s.baseline is not None else s.last
+    return max(th.min_growth_mib, th.rss_rel_floor * level) if level is not None else th.min_growth_mib
+
+
+def _levelled_off(s: SeriesResult, floor: float) -> bool:
+    """The fitted rate after round 1 gives less than the floor a round: the level went up and
+    stays, moving around it (arenas can explain that; not growth that goes on)."""
+    return s.round_growth is not None and s.round_growth <= floor
+
+
 def _arena_explains(rss: SeriesResult, anon: SeriesResult | None, arenas: SeriesResult,
-                    reserved: SeriesResult | None) -> bool:
-    """Growth that new malloc arenas explain: the arena count rose, the (anonymous) growth
-    fits in what the arenas reserve, and it did not go on for two rounds after the last round
-    that added an arena (growth with the arena count flat is not the arenas)."""
+                    reserved: SeriesResult | None, writable: SeriesResult | None = None) -> bool:
+    """Growth that new malloc arenas explain: the arena count rose, the (anonymous) growth is
+    above the floor and fits in what the arenas hold (what their heaps have grown to, where
+    /proc/PID/maps showed it; else what they reserve), and it did not go on for two rounds
+    after the last round that added an arena (growth with the arena count flat is not the
+    arenas). Arenas keep freed memory in their own heaps: growth outside the heaps (a leak
+    in the main heap or in mmap'd blocks) is not theirs, however many threads came."""
     grow = anon if anon is not None and anon.settled_rounds >= 2 else rss
     g = _pairs(grow)
     a = _pairs(arenas)
     r = _pairs(reserved)
+    w = _pairs(writable)
     if len(g) != len(a):
         return False
-    rows = [(gv, av, r[i] if i < len(r) else None) for i, (gv, av) in enumerate(zip(g, a, strict=True))
-            if gv is not None and av is not None]
+    rows = [(gv, av, r[i] if i < len(r) else None, w[i] if i < len(w) else None)
+            for i, (gv, av) in enumerate(zip(g, a, strict=True)) if gv is not None and av is not None]
     if len(rows) < 2:
         return False
-    (g0, a0, r0), (g1, a1, r1) = rows[0], rows[-1]
-    if a1 <= a0 or g1 - g0 <= 0:
-        return False
+    (g0, a0, r0, w0), (g1, a1, r1, w1) = rows[0], rows[-1]
     h = grow.threshold or rss.threshold
+    if a1 <= a0 or g1 - g0 <= h:
+        return False
     last_rise = max(i for i in range(1, len(rows)) if rows[i][1] > rows[i - 1][1]) if any(
         rows[i][1] > rows[i - 1][1] for i in range(1, len(rows))) else 0
     grew_after = sum(1 for i in range(last_rise + 1, len(rows)) if rows[i][0] - rows[i - 1][0] > h)
     if grew_after >= 2:
         return False  # kept growing for rounds after glibc stopped adding arenas
+    if w0 is not None and w1 is not None:
+        return g1 - g0 <= (w1 - w0) + h
     if r0 is None or r1 is None:
         return False
     return g1 - g0 <= (r1 - r0) + h
@@ -93,8 +116,11 @@ def host_layer(series: list[SeriesResult], life: int, available_mib: float | Non
     if not rss_series:
         return LayerResult(HOST, NOT_MEASURED, R_NO_LEVEL, "MiB", series=mine, life=life)
     for s in mine:
-        if s.kind != "rss":
-            s.decides = False  # kinds, arenas and /dev/shm explain; RSS decides
+        # Kinds and arenas explain; RSS decides, and so does /dev/shm when it grows: files in
+        # tmpfs are host memory that no process's RSS has to show (a writer that unmapped or
+        # exited leaves them behind), so a growing /dev/shm is a host leak of its own.
+        if s.kind != "rss" and not (s.kind == "dev_shm" and s.verdict in (LEAK, CACHING)):
+            s.decides = False
     procs: list[HostProcessResult] = []
     caveats: set[str] = set()
     bound = arena_max or (th.arenas_per_core * cpu_count if cpu_count else None)
@@ -105,6 +131,7 @@ def host_layer(series: list[SeriesResult], life: int, available_mib: float | Non
         file_ = by.get(f"rss_file/pid{pid}")
         arenas = by.get(f"arenas/pid{pid}")
         reserved = by.get(f"arena_mib/pid{pid}")
+        writable = by.get(f"arena_wmib/pid{pid}")
         missing = []
         if anon is None and shmem is None and file_ is None:
             missing.append(C_NO_KINDS)
@@ -116,7 +143,8 @@ def host_layer(series: list[SeriesResult], life: int, available_mib: float | Non
         explanation = None
         growing = rss.decides and (rss.verdict == LEAK or (rss.verdict == INCONCLUSIVE and rss.reason == R_STILL_CHANGING))
         if growing and arenas is not None and growth_kind in (None, "anon") \
-                and _arena_explains(rss, anon, arenas, reserved):
+                and (not _noisy(rss, th) or _levelled_off(rss, floor_for_rss(rss, th))) \
+                and _arena_explains(rss, anon, arenas, reserved, writable):
             explanation = X_MALLOC_ARENAS
             rss.verdict = CACHING
         elif growing and growth_kind == "file" and anon is not None and anon.verdict != LEAK \
@@ -140,7 +168,7 @@ def host_layer(series: list[SeriesResult], life: int, available_mib: float | Non
             arena_reserved_growth_mib=_growth(reserved), arena_bound=bound,
             arena_bound_set=arena_max is not None,
             growth_kind=growth_kind, explanation=explanation, missing=missing, series=rss.key))
-    deciding = [s for s in rss_series if s.decides]
+    deciding = [s for s in rss_series if s.decides] + [s for s in mine if s.kind == "dev_shm" and s.decides]
     verdict = worst(deciding)
     order = {"rss": 0, "rss_anon": 1, "rss_shmem": 2, "rss_file": 3, "arenas": 4, "arena_mib": 5}
     mine.sort(key=lambda s: (not s.decides, order.get(s.kind, 6), -(s.growth or 0.0), s.key))
@@ -153,8 +181,9 @@ def host_layer(series: list[SeriesResult], life: int, available_mib: float | Non
                       series=mine, host_processes=procs, caveats=sorted(caveats),
                       main_series=top.key, explanation=top.explanation)
     if verdict == LEAK:
-        proc = next(p for p in procs if p.series == top.key)
-        cause = "pinned_host_memory" if proc.growth_kind == "shmem" else "host_ram"
+        proc = next((p for p in procs if p.series == top.key), None)
+        cause = ("dev_shm" if top.kind == "dev_shm" else "pinned_host_memory"
+                 if proc is not None and proc.growth_kind == "shmem" else "host_ram")
         lay.culprit = Culprit(top.key, pid=top.pid, name=top.name, cause=cause)
         lay.rate_per_request = lay.rate_mib_per_request = top.slope_per_request
         lay.rate_ci = top.slope_ci

@@ -11,7 +11,7 @@ from .stats import SeriesFit, classify_series
 # Series of one process: present for fewer than two settled rounds, they are reported as
 # appeared/exited and never decide a layer.
 PROCESS_KINDS = frozenset({"gpu_process", "rss", "rss_anon", "rss_file", "rss_shmem", "arenas",
-                           "arena_mib"})
+                           "arena_mib", "arena_wmib"})
 
 
 @dataclass
@@ -93,7 +93,8 @@ def judge(s: Series, windows: list[Window], lr: LifeRounds, th: Thresholds) -> S
         growth=fit.growth, noise=fit.noise, threshold=fit.threshold,
         slope_per_request=fit.slope, slope_ci=fit.ci, tau=fit.tau, tau_p=fit.tau_p,
         increments=fit.increments, verdict=fit.verdict, reason=reason,
-        creep_floor_per_request=fit.creep_floor_per_request, settled_rounds=present,
+        creep_floor_per_request=fit.creep_floor_per_request, round_growth=fit.round_growth,
+        settled_rounds=present,
         presence=presence, decides=decides, life=lr.life,
         first_t=s.points[0][0] if s.points else None, last_t=s.points[-1][0] if s.points else None,
     )

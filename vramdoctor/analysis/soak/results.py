@@ -82,6 +82,9 @@ class Thresholds:
     # noise) is at least this share of the largest, or the growth is not proportional to
     # requests (glibc heap growth under contention: +3 then +18 MiB; measured on an H200 host).
     proportional_ratio: float = 0.25
+    # "Rose, then flat" after steady growth: the last increment is at most this share of the
+    # rise before it (a steady creep under the floor is still changing, not flat).
+    flat_share: float = 0.25
     trend_p: float = 0.05  # Kendall tau p-value over the settled samples of rounds 2..K
     trend_min_samples: int = 12  # below this many settled samples the trend test cannot veto
     default_page_tokens: int = 16  # KV floor when the server does not say its page size
@@ -176,6 +179,7 @@ class SeriesResult:
     verdict: str = INCONCLUSIVE
     reason: str = R_NO_LEVEL
     creep_floor_per_request: float | None = None  # CACHING with a creep under the floor
+    round_growth: float | None = None  # growth a normal round gives at the fitted rate
     settled_rounds: int = 0  # rounds where the series was present and settled
     presence: str = "whole"  # whole, appeared, exited, transient
     decides: bool = True  # False: evidence only (a transient, a device total with processes)

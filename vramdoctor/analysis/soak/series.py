@@ -4,8 +4,8 @@ One series per thing that can hold memory, keyed so the reports can name it:
 - VRAM: each GPU (`gpu0`, with each sample's per-process parts, so the processes that only
   came and went can be taken out of it) and each process on each GPU (`gpu0/pid42`);
 - host RAM: each server process's RSS (`rss/pid42`) and its kinds (`rss_anon/`, `rss_file/`,
-  `rss_shmem/`), its glibc malloc arenas (`arenas/`, a count; `arena_mib/`, reserved MiB),
-  and `/dev/shm` (`dev_shm`);
+  `rss_shmem/`), its glibc malloc arenas (`arenas/`, a count; `arena_mib/`, reserved MiB;
+  `arena_wmib/`, MiB the arena heaps have grown to), and `/dev/shm` (`dev_shm`);
 - KV: each pool in tokens (`kv/full`, `kv/swa`, ...); runs recorded before per-pool tokens
   existed give `kv/kv` from `used_tokens` or the usage ratio times the pool size, else the
   bare ratio (`kv_usage`).
@@ -141,6 +141,7 @@ def extract_series(records: list[Any]) -> dict[str, Series]:
                     ("rss_shmem", "rss_shmem", hp.rss_shmem_mib, "MiB"),
                     ("arenas", "arenas", hp.malloc_arenas, "arenas"),
                     ("arena_mib", "arena_mib", hp.malloc_arena_reserved_mib, "MiB"),
+                    ("arena_wmib", "arena_wmib", getattr(hp, "malloc_arena_writable_mib", None), "MiB"),
                 ):
                     if value is not None and _ok(value):
                         s = get(f"{prefix}/pid{hp.pid}", HOST, kind, unit, **ids)

@@ -1,0 +1,80 @@
+"""Soak runs recorded against servers of known truth (tests/fixtures/soak/qa-truth.md),
+re-analysed offline. Each is a kind of wrong verdict the analysis gave before (noted per test);
+the server's own truth is the reference, never the analysis' earlier output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vramdoctor.record import read_run
+from vramdoctor.report.soak import headline, soak_json
+from vramdoctor.soak import analyse_run
+
+FIX = Path(__file__).parent / "fixtures" / "soak"
+KIB = 1.0 / 1024.0  # MiB
+
+
+def _analyse(name: str) -> tuple[Any, dict[str, Any]]:
+    a = analyse_run(read_run(FIX / f"qa-{name}.jsonl"))
+    return a, json.loads(json.dumps(soak_json(a)))
+
+
+def test_a_steady_leak_under_the_per_round_floor_is_a_leak() -> None:
+    # Before: CACHING "rose +6.7 MiB, then flat" (1.7 MiB a round, under the 2 MiB floor).
+    _, j = _analyse("leak35-default")
+    host = j["layers"]["host"]
+    assert j["verdict"] == "LEAK" and host["verdict"] == "LEAK"
+    assert host["rate_mib_per_request"] == pytest.approx(35 * KIB, rel=0.10)
+
+
+def test_a_kv_usage_ratio_that_rises_linearly_under_its_floor_is_a_leak() -> None:
+    # Before: CACHING (0.00064 a round under the ratio floor 0.001).
+    _, j = _analyse("kv-vllm-old")
+    assert j["layers"]["kv"]["verdict"] == "LEAK" and j["verdict"] == "LEAK"
+
+
+def test_a_growing_dev_shm_decides_the_host_layer() -> None:
+    # Before: STABLE (/dev/shm judged LEAK but evidence only).
+    _, j = _analyse("devshmleak")
+    host = j["layers"]["host"]
+    assert host["verdict"] == "LEAK" and host["culprit"]["cause"] == "dev_shm"
+    assert host["rate_mib_per_request"] == pytest.approx(300 * KIB, rel=0.10)
+    assert "/dev/shm" in host["summary"] and "RSS of /dev/shm" not in host["summary"]
+
+
+def test_new_arenas_do_not_excuse_growth_they_cannot_hold() -> None:
+    # Before: CACHING "grows with malloc arenas": 24 MiB of heap growth, arena heaps +0.9 MiB.
+    _, j = _analyse("arenaleak")
+    host = j["layers"]["host"]
+    assert host["verdict"] == "LEAK" and host["explanation"] != "malloc_arenas"
+    assert host["rate_mib_per_request"] == pytest.approx(300 * KIB, rel=0.10)
+    assert j["suggestion"] is None or "MALLOC_ARENA_MAX" not in str(j["suggestion"])
+    _, ctl = _analyse("arenaonly")  # the same threads, nothing kept
+    assert ctl["layers"]["host"]["verdict"] != "LEAK"
+
+
+@pytest.mark.parametrize("name", ["churn-e", "churnleak-b"])
+def test_noise_as_large_as_the_trend_gives_no_confident_verdict(name: str) -> None:
+    # Before: churn-e (no leak) LEAK 212 KiB/request; churnleak-b (200 KiB/request kept)
+    # CACHING "fell back". Settled levels move +-20 MiB from round to round.
+    a, j = _analyse(name)
+    assert j["layers"]["host"]["verdict"] == "INCONCLUSIVE"
+    assert a.undecided_layers().get("host") in ("noisy", "still_changing")  # more rounds run
+
+
+def test_jitter_with_no_trend_is_not_caching_that_rose() -> None:
+    # Before: CACHING "rose +0.2 MiB, then flat".
+    _, j = _analyse("jitter-a")
+    assert j["layers"]["host"]["verdict"] in ("STABLE", "INCONCLUSIVE")
+    assert "rose" not in j["headline"]
+
+
+def test_requests_that_time_out_reached_the_server_one_verdict_one_headline() -> None:
+    # Before: verdict LEAK, headline "INCONCLUSIVE: no request succeeded".
+    a, j = _analyse("slow")
+    assert j["verdict"] == "LEAK" and j["headline"].startswith("LEAK:")
+    assert headline(a).startswith(a.verdict + ":") and "reached the server" in j["headline"]
