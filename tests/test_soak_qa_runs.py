@@ -78,3 +78,19 @@ def test_requests_that_time_out_reached_the_server_one_verdict_one_headline() ->
     a, j = _analyse("slow")
     assert j["verdict"] == "LEAK" and j["headline"].startswith("LEAK:")
     assert headline(a).startswith(a.verdict + ":") and "reached the server" in j["headline"]
+
+
+@pytest.mark.parametrize("name", ["timeleak", "timeleak-i4"])
+def test_growth_inside_idle_windows_is_a_leak_driven_by_time_given_per_hour(name: str) -> None:
+    # Before: --idle 2 CACHING "grows with malloc arenas"; --idle 4 LEAK "per request".
+    # Truth: 600 KiB per second of wall time, whatever the requests.
+    _, j = _analyse(name)
+    host = j["layers"]["host"]
+    assert host["verdict"] == "LEAK" and host["reason"] == "grew_with_time"
+    assert host["rate_per_hour"] == pytest.approx(600 * KIB * 3600, rel=0.10)
+    assert host["projection"]["hours"] is not None and host["projection"]["requests"] is None
+    assert "per hour" in j["headline"] and "per request" not in j["headline"]
+    # A leak per request has flat idle windows: never read as driven by time.
+    _, per_request = _analyse("leak35-default")
+    assert per_request["layers"]["host"]["reason"] == "grew_every_round"
+    assert per_request["layers"]["host"]["rate_per_hour"] is None

@@ -306,7 +306,27 @@ def layer_sentence(lay: LayerResult, a: SoakAnalysis) -> str:
             f"identical traffic: {why}.")
 
 
+def _time_leak_sentence(lay: LayerResult) -> str:
+    """A leak driven by time: per hour, idle included; hours to the capacity at that rate."""
+    name = LAYER_NAMES[lay.layer]
+    per_hour = rate(lay.rate_per_hour, lay.unit)
+    p = lay.projection
+    proj = ""
+    if p is not None and _ok(p.hours):
+        assert p.hours is not None
+        left = {"gpu_free": "the GPU's free memory", "host_available": "the available host RAM",
+                "kv_free_tokens": "the KV pool's free tokens"}.get(p.capacity_of, "the capacity")
+        proj = f"; {left} is used up in about {format_duration(p.hours * 3600.0)} at this rate"
+    who = _who(lay)
+    return (f"{name}: LEAK: {who} grows {per_hour} per hour with time, also inside the idle "
+            f"windows with no request in flight: a leak driven by time (a timer, a log or "
+            f"buffer that fills), not by requests; the rate per request "
+            f"({rate(lay.rate_per_request, lay.unit)}) is only an average at the soak's load{proj}.")
+
+
 def _leak_sentence(lay: LayerResult, a: SoakAnalysis) -> str:
+    if lay.rate_per_hour is not None:
+        return _time_leak_sentence(lay)
     name = LAYER_NAMES[lay.layer]
     proj = _projection_text(lay)
     proj = f"; {proj}" if proj else ""
@@ -366,6 +386,8 @@ def _short(lay: LayerResult) -> str:
             if pool is not None and pool.unit == "tokens":
                 return (f"the KV pool leaks {rate(pool.tokens_per_request, 'tokens')} "
                         f"({count(round(pool.pages_per_request or 0.0, 2), 'page')}) per request")
+        if lay.rate_per_hour is not None:
+            return f"{name} leaks {rate(lay.rate_per_hour, lay.unit)} per hour with time, idle included ({_who(lay)})"
         return f"{name} leaks {rate(lay.rate_per_request, lay.unit)} per request ({_who(lay)})"
     if lay.verdict == CACHING:
         growth = value(s.growth, s.unit, signed=True) if s is not None else ""
@@ -771,7 +793,15 @@ def figures(a: SoakAnalysis) -> list[tuple[str, str]]:
     rows = [("verdict", a.verdict)]
     for name in LAYERS:
         lay = a.layers[name]
-        if lay.verdict == LEAK:
+        if lay.verdict == LEAK and lay.rate_per_hour is not None:
+            rows.append((f"{LAYER_NAMES[name]} leak per hour (with time, idle included)",
+                         rate(lay.rate_per_hour, lay.unit)))
+            if lay.projection is not None and _ok(lay.projection.hours):
+                assert lay.projection.hours is not None
+                rows.append((f"{LAYER_NAMES[name]} runs out",
+                             f"in about {format_duration(lay.projection.hours * 3600.0)} at this rate"))
+            rows.append((f"{LAYER_NAMES[name]} culprit", _who(lay)))
+        elif lay.verdict == LEAK:
             rows.append((f"{LAYER_NAMES[name]} leak per request", rate(lay.rate_per_request, lay.unit)
                          + (f" ({size(lay.rate_mib_per_request)})" if lay.unit != "MiB"
                             and _ok(lay.rate_mib_per_request) else "")))

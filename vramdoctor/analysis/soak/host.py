@@ -27,6 +27,7 @@ from .results import (
     INCONCLUSIVE,
     LEAK,
     NOT_MEASURED,
+    R_GREW_WITH_TIME,
     R_NO_LEVEL,
     R_STILL_CHANGING,
     R_TRANSIENT,
@@ -40,7 +41,7 @@ from .results import (
     SeriesResult,
     Thresholds,
 )
-from .vram import worst
+from .vram import time_driven_rate, worst
 
 
 def _pairs(s: SeriesResult | None) -> list[float | None]:
@@ -141,7 +142,9 @@ def host_layer(series: list[SeriesResult], life: int, available_mib: float | Non
                                    ("shmem", _growth(shmem))) if g is not None}
         growth_kind = max(kinds, key=lambda k: kinds[k]) if kinds and max(kinds.values()) > 0 else None
         explanation = None
-        growing = rss.decides and (rss.verdict == LEAK or (rss.verdict == INCONCLUSIVE and rss.reason == R_STILL_CHANGING))
+        # Growth inside idle windows (no request in flight) is no allocator's caching.
+        growing = rss.decides and rss.reason != R_GREW_WITH_TIME and (
+            rss.verdict == LEAK or (rss.verdict == INCONCLUSIVE and rss.reason == R_STILL_CHANGING))
         if growing and arenas is not None and growth_kind in (None, "anon") \
                 and (not _noisy(rss, th) or _levelled_off(rss, floor_for_rss(rss, th))) \
                 and _arena_explains(rss, anon, arenas, reserved, writable):
@@ -191,4 +194,5 @@ def host_layer(series: list[SeriesResult], life: int, available_mib: float | Non
         lay.projection = Projection(
             capacity_left=available_mib, capacity_of="host_available",
             requests=available_mib / rate if available_mib is not None and rate and rate > 0 else None)
+        time_driven_rate(lay, top)
     return lay

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .results import KV, R_NEVER_IDLE, R_NO_LEVEL, R_TRANSIENT, SeriesResult, Thresholds, Window
+from .results import (
+    KV,
+    LEAK,
+    R_GREW_WITH_TIME,
+    R_NEVER_IDLE,
+    R_NO_LEVEL,
+    R_TRANSIENT,
+    SeriesResult,
+    Thresholds,
+    Window,
+)
 from .series import Series, appeared_from_zero, late, settled_levels
-from .stats import SeriesFit, classify_series
+from .stats import SeriesFit, classify_series, time_driven
 
 # Series of one process: present for fewer than two settled rounds, they are reported as
 # appeared/exited and never decide a layer.
@@ -75,6 +85,15 @@ def judge(s: Series, windows: list[Window], lr: LifeRounds, th: Thresholds) -> S
     ref = baseline if baseline is not None else next((v for v in levels if v is not None), None)
     fit: SeriesFit = classify_series(baseline, levels, lr.cum_requests, samples,
                                      floor=floor_for(s, th, ref), th=th)
+    # Growth while idle (no request in flight) at the rate that explains the rounds' growth:
+    # a leak driven by time, not by requests (a log buffer, a timer's allocations).
+    idle = [w for w in windows if w.kind == "idle" and w.round in lr.rounds and w.end is not None]
+    mids = {w.round: w.end - (w.end - w.start) * frac / 2 for w in idle if w.end is not None}
+    times = [mids.get(r) for r in lr.rounds]
+    time_rate = time_driven(vals, idle, levels, times, floor=floor_for(s, th, ref))
+    if time_rate is not None:
+        fit.verdict, fit.reason = LEAK, R_GREW_WITH_TIME
+        fit.creep_floor_per_request = None
     settled: list[float | None] = list(levels_all)
     for i, v in zip(idx, levels, strict=True):
         settled[i] = v
@@ -94,6 +113,7 @@ def judge(s: Series, windows: list[Window], lr: LifeRounds, th: Thresholds) -> S
         slope_per_request=fit.slope, slope_ci=fit.ci, tau=fit.tau, tau_p=fit.tau_p,
         increments=fit.increments, verdict=fit.verdict, reason=reason,
         creep_floor_per_request=fit.creep_floor_per_request, round_growth=fit.round_growth,
+        time_rate_per_s=time_rate,
         settled_rounds=present,
         presence=presence, decides=decides, life=lr.life,
         first_t=s.points[0][0] if s.points else None, last_t=s.points[-1][0] if s.points else None,

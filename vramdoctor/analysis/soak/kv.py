@@ -32,7 +32,7 @@ from .results import (
     Thresholds,
 )
 from .series import Series
-from .vram import worst
+from .vram import time_driven_rate, worst
 
 
 def _exact_creep(s: SeriesResult) -> None:
@@ -113,4 +113,5 @@ def kv_layer(series: list[SeriesResult], raw: dict[str, Series], life: int,
         lay.projection = Projection(
             capacity_left=left, capacity_of="kv_free_tokens" if top.unit == "tokens" else "kv_free_ratio",
             requests=left / rate if left is not None and rate and rate > 0 else None)
+        time_driven_rate(lay, top)
     return lay

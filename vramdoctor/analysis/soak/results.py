@@ -45,6 +45,7 @@ R_TRANSIENT = "transient"  # present for fewer than 2 settled rounds: reported, 
 R_NEVER_IDLE = "never_idle"  # KV: no idle sample with 0 running and 0 queued requests
 R_NO_TRAFFIC = "no_request_succeeded"  # the run's traffic never exercised memory
 R_SERVER_DIED = "server_died"  # no settled round before the server died
+R_GREW_WITH_TIME = "grew_with_time"  # LEAK driven by time: grows in idle windows too
 
 # Why a layer is undecided (SoakAnalysis.undecided), for the adaptive rounds and the live view.
 U_TOO_FEW_ROUNDS = R_TOO_FEW_ROUNDS
@@ -180,6 +181,7 @@ class SeriesResult:
     reason: str = R_NO_LEVEL
     creep_floor_per_request: float | None = None  # CACHING with a creep under the floor
     round_growth: float | None = None  # growth a normal round gives at the fitted rate
+    time_rate_per_s: float | None = None  # LEAK grew_with_time: unit per second, idle included
     settled_rounds: int = 0  # rounds where the series was present and settled
     presence: str = "whole"  # whole, appeared, exited, transient
     decides: bool = True  # False: evidence only (a transient, a device total with processes)
@@ -198,6 +200,7 @@ class SeriesResult:
             "slope_ci": list(self.slope_ci) if self.slope_ci else None, "tau": self.tau,
             "tau_p": self.tau_p, "increments": list(self.increments), "verdict": self.verdict,
             "reason": self.reason, "creep_floor_per_request": self.creep_floor_per_request,
+            "time_rate_per_s": self.time_rate_per_s,
             "settled_rounds": self.settled_rounds, "presence": self.presence,
             "decides": self.decides, "explanation": self.explanation, "life": self.life,
         })
@@ -301,6 +304,9 @@ class LayerResult:
     rate_per_request: float | None = None
     rate_ci: tuple[float, float] | None = None
     rate_mib_per_request: float | None = None
+    # A leak driven by time (reason grew_with_time): unit per hour, idle included; the rate
+    # per request is then only an average at the soak's load.
+    rate_per_hour: float | None = None
     growth: float | None = None
     culprit: Culprit | None = None
     projection: Projection | None = None
@@ -328,6 +334,7 @@ class LayerResult:
             "rate_per_request": self.rate_per_request,
             "rate_ci": list(self.rate_ci) if self.rate_ci else None,
             "rate_mib_per_request": self.rate_mib_per_request,
+            "rate_per_hour": self.rate_per_hour,
             "growth": self.growth,
             "culprit": self.culprit.to_dict() if self.culprit else None,
             "projection": self.projection.to_dict() if self.projection else None,

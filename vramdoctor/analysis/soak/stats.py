@@ -40,6 +40,7 @@ from .results import (
     R_TOO_FEW_ROUNDS,
     STABLE,
     Thresholds,
+    Window,
 )
 
 
@@ -207,3 +208,36 @@ def _classify(baseline: float | None, levels: list[float | None], cum_requests: 
         return out
     out.reason = R_STILL_CHANGING
     return out
+
+
+def time_driven(values: list[tuple[float, float]], idle_windows: list[Window], levels: list[float | None],
+                times: list[float | None], *, floor: float, min_windows: int = 3) -> float | None:
+    """The rate (unit per second) of a leak driven by time, or None.
+
+    Inside an idle window no request is in flight: caching is flat there (frees have landed)
+    and so is a leak per request. A level that rises inside every idle window, at a rate that
+    explains the growth of the settled levels over the elapsed time (within a factor of 2),
+    grows with time: a timer's allocations, a log buffer. `values` (t, v) in time order;
+    `levels[k]` the settled level after round k, measured around `times[k]`; `floor` the
+    smallest growth that counts. The first quarter of each window (frees landing) is skipped.
+    """
+    slopes: list[float] = []
+    for w in idle_windows:
+        if w.end is None:
+            continue
+        start = w.start + (w.end - w.start) * 0.25
+        pts = [(t, v) for t, v in values if start <= t <= w.end]
+        if len(pts) >= 3 and pts[-1][0] > pts[0][0]:
+            slopes.append(float(theilslopes([v for _, v in pts], [t for t, _ in pts]).slope))
+    if len(slopes) < min_windows or not all(x > 0 for x in slopes):
+        return None
+    rate = float(statistics.median(slopes))
+    got = [(t, v) for t, v in zip(times, levels, strict=False) if t is not None and v is not None]
+    if len(got) < min_windows:
+        return None
+    (t0, v0), (t1, v1) = got[0], got[-1]
+    grown = v1 - v0
+    if grown <= floor or t1 <= t0:
+        return None
+    predicted = rate * (t1 - t0)
+    return rate if 0.5 * grown <= predicted <= 2.0 * grown else None

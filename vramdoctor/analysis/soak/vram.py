@@ -19,6 +19,7 @@ from .results import (
     INCONCLUSIVE,
     LEAK,
     NOT_MEASURED,
+    R_GREW_WITH_TIME,
     R_NO_LEVEL,
     R_TRANSIENT,
     RANK,
@@ -60,6 +61,20 @@ def last_free_mib(records: list[Any], gpu: int | None) -> float | None:
                 if gpu is None or g.index == gpu:
                     return g.free_mib
     return None
+
+
+def time_driven_rate(lay: LayerResult, top: SeriesResult) -> None:
+    """A leak that grows with time (also while idle): its rate per hour, and hours to the
+    layer's capacity at it (time-driven, so no production request rate is needed); the
+    projection in requests is dropped (the per-request rate is only an average at the soak's
+    load)."""
+    if top.reason != R_GREW_WITH_TIME or top.time_rate_per_s is None:
+        return
+    lay.rate_per_hour = top.time_rate_per_s * 3600.0
+    if lay.projection is not None:
+        left = lay.projection.capacity_left
+        lay.projection.requests = None
+        lay.projection.hours = left / lay.rate_per_hour if left is not None and lay.rate_per_hour > 0 else None
 
 
 def worst(series: list[SeriesResult]) -> str | None:
@@ -113,6 +128,7 @@ def vram_layer(series: list[SeriesResult], records: list[Any], life: int) -> Lay
         lay.projection = Projection(
             capacity_left=free, capacity_of="gpu_free",
             requests=free / rate if free is not None and rate and rate > 0 else None)
+        time_driven_rate(lay, top)
     mine.sort(key=lambda s: (not s.decides, *_order(s)))
     lay.series = mine
     return lay
