@@ -477,11 +477,13 @@ def test_kv_mib_per_request_from_the_pools_size_when_the_server_gives_no_bytes_p
     assert pool.mib_per_request == pytest.approx(64 * 61.0 * 1024 / 1_000_000, rel=1e-6)
 
 
-def test_kv_page_size_unknown_assumes_16_tokens_and_says_so() -> None:
+def test_kv_page_size_unknown_gives_tokens_only_and_says_so() -> None:
+    # SGLang's default page is 1 token, vLLM's 16: an unknown page size is not assumed.
     res = analyse_soak(synth(flat(), n=30, kv={"kv": lambda k, f: 64.0 * 30 * k}, kv_total=1_000_000.0, kv_page=None))
     kv = res.layers["kv"]
     assert kv.verdict == LEAK and "page_size_assumed" in kv.caveats
-    assert kv.kv_pools[0].pages_per_request == pytest.approx(4.0, rel=0.05)
+    assert kv.kv_pools[0].tokens_per_request == pytest.approx(64.0, rel=0.05)
+    assert kv.kv_pools[0].pages_per_request is None and kv.kv_pools[0].page_size_tokens is None
 
 
 def test_each_kv_pool_is_judged_on_its_own() -> None:

@@ -94,3 +94,31 @@ def test_growth_inside_idle_windows_is_a_leak_driven_by_time_given_per_hour(name
     _, per_request = _analyse("leak35-default")
     assert per_request["layers"]["host"]["reason"] == "grew_every_round"
     assert per_request["layers"]["host"]["rate_per_hour"] is None
+
+
+def test_a_leak_with_aborted_streams_in_every_round_is_also_given_per_aborted_request() -> None:
+    # Before: per request only. Truth: 1,000 KiB per abandoned stream, 5 of 20 every round.
+    _, j = _analyse("abortleak")
+    host = j["layers"]["host"]
+    assert host["verdict"] == "LEAK"
+    assert host["rate_per_aborted_request"] == pytest.approx(1000 * KIB, rel=0.10)
+    assert "per aborted request" in host["summary"] and "--abort-fraction 0" in host["summary"]
+
+
+def test_the_error_share_is_said_next_to_a_rate_per_request_reached() -> None:
+    # Before: "29 requests of 80 requests failed", no share, no basis of the rate.
+    _, j = _analyse("err-leak")
+    assert j["layers"]["host"]["verdict"] == "LEAK"
+    note = next(n for n in j["notes"] if "failed" in n)
+    assert "36 % error share" in note and "29 HTTP errors" in note and "reached the server" in note
+
+
+def test_an_unknown_kv_page_size_is_not_assumed() -> None:
+    # Before: "16 tokens (1 page) per request" with a 16-token page assumed (SGLang's default
+    # page is 1 token).
+    _, j = _analyse("kv-sgl")
+    kv = j["layers"]["kv"]
+    assert kv["verdict"] == "LEAK" and kv["rate_per_request"] == pytest.approx(16.0, rel=0.05)
+    pool = kv["pools"][0]
+    assert pool["page_size_tokens"] is None and pool["pages_per_request"] is None
+    assert "page" not in j["headline"]

@@ -330,17 +330,25 @@ def _leak_sentence(lay: LayerResult, a: SoakAnalysis) -> str:
     name = LAYER_NAMES[lay.layer]
     proj = _projection_text(lay)
     proj = f"; {proj}" if proj else ""
+    if lay.rate_per_aborted_request is not None:
+        share = sum(r.aborted or 0 for r in a.rounds if r.life >= 0 and r.reached)
+        reached = sum(r.reached for r in a.rounds if r.life >= 0 and r.reached)
+        proj += (f"; {rate(lay.rate_per_aborted_request, lay.unit)} per aborted request, should only "
+                 f"the {format_count(share, 'streams')} of {format_count(reached, 'requests')} the "
+                 f"client abandoned leak (soak again with --abort-fraction 0 to tell)")
     ci = ""
     if lay.rate_ci is not None:
         ci = f" (90 % interval {rate(lay.rate_ci[0], lay.unit)} to {rate(lay.rate_ci[1], lay.unit)})"
     if lay.layer == KV:
         pool = next((p for p in lay.kv_pools if p.series == lay.main_series), None)
         if pool is not None and pool.unit == "tokens":
-            pages = (f"{count(round(pool.pages_per_request or 0.0, 2), 'page')} of "
-                     f"{format_count(pool.page_size_tokens, 'tokens')}"
-                     + (" (page size assumed)" if pool.page_size_assumed else ""))
-            mib = f", {size(pool.mib_per_request)}" if _ok(pool.mib_per_request) else ""
-            what = f"{rate(pool.tokens_per_request, 'tokens')} ({pages}{mib})"
+            parts = []
+            if pool.page_size_tokens and _ok(pool.pages_per_request):
+                parts.append(f"{count(round(pool.pages_per_request or 0.0, 2), 'page')} of "
+                             f"{format_count(pool.page_size_tokens, 'tokens')}")
+            if _ok(pool.mib_per_request):
+                parts.append(size(pool.mib_per_request))
+            what = rate(pool.tokens_per_request, "tokens") + (f" ({', '.join(parts)})" if parts else "")
         else:
             what = rate(lay.rate_per_request, lay.unit)
         return (f"{name} {lay.culprit.pool if lay.culprit else ''}: LEAK: {what} stay used at idle "
@@ -384,8 +392,9 @@ def _short(lay: LayerResult) -> str:
         if lay.layer == KV:
             pool = next((p for p in lay.kv_pools if p.series == lay.main_series), None)
             if pool is not None and pool.unit == "tokens":
-                return (f"the KV pool leaks {rate(pool.tokens_per_request, 'tokens')} "
-                        f"({count(round(pool.pages_per_request or 0.0, 2), 'page')}) per request")
+                pages = (f" ({count(round(pool.pages_per_request or 0.0, 2), 'page')})"
+                         if pool.page_size_tokens and _ok(pool.pages_per_request) else "")
+                return f"the KV pool leaks {rate(pool.tokens_per_request, 'tokens')}{pages} per request"
         if lay.rate_per_hour is not None:
             return f"{name} leaks {rate(lay.rate_per_hour, lay.unit)} per hour with time, idle included ({_who(lay)})"
         return f"{name} leaks {rate(lay.rate_per_request, lay.unit)} per request ({_who(lay)})"
@@ -492,7 +501,18 @@ def notes(a: SoakAnalysis) -> list[str]:
     sent = sum(r.sent for r in a.rounds)
     errors = sum(r.errors for r in a.rounds)
     if errors:
-        out.append(f"{format_count(errors, 'requests')} of {format_count(sent, 'requests')} failed")
+        by_kind: dict[str, int] = defaultdict(int)
+        for r in a.rounds:
+            for k, n in r.error_kinds.items():
+                by_kind[k] += n
+        words = {"http_error": "HTTP error", "timeout": "timeout", "connection": "connection error"}
+        split = ", ".join(count(n, words.get(k, k.replace("_", " ") + " error"))
+                          for k, n in sorted(by_kind.items()) if n)
+        reached = sum(r.reached for r in a.rounds)
+        out.append(f"{format_count(errors, 'requests')} of {format_count(sent, 'requests')} failed "
+                   f"({format_percent(errors / sent if sent else 0.0, 0)} error share"
+                   + (f": {split}" if split else "") + "); rates are per request that reached the "
+                   f"server ({format_count(reached, 'requests')}, failed ones included)")
         if sum(r.ok for r in a.rounds) < 0.5 * sent and not a.no_request_succeeded:
             out.append("most requests failed: the memory seen reflects failed requests")
     if any(r.reached == 0 for r in a.rounds):
@@ -539,7 +559,8 @@ def notes(a: SoakAnalysis) -> list[str]:
                             "user or a container): judged on total RSS only",
                 C_NO_ARENAS: "no malloc arena counts (not recorded, or /proc/PID/maps unreadable): "
                              "growth from new glibc arenas cannot be ruled out",
-                C_PAGE_SIZE_ASSUMED: "the server does not say its page size: one page of 16 tokens assumed",
+                C_PAGE_SIZE_ASSUMED: ("the server does not say its KV page size: the rate is in tokens "
+                                      "only (SGLang's default page is 1 token, vLLM's 16)"),
                 C_KV_RATIO_ONLY: "pool size unknown: judged on the usage ratio, not tokens",
                 C_NOT_IDLE_FILTERED: "no running/queued gauges: idle samples could not be checked for "
                                      "requests in flight",

@@ -172,6 +172,14 @@ def _analyse(records: list[Any], header: dict[str, Any] | None, production_rate_
     else:
         rate = baseline_request_rate(recs, windows)
         rate_src = "server_counter" if rate is not None else None
+    # Rounds that all abandoned streams: the leak rate per aborted request, should only the
+    # aborted ones leak (the rounds record streamed/aborted counts; the report says how to tell).
+    done = [r for r in rounds if r.life >= 0 and r.reached]
+    aborted = sum(r.aborted or 0 for r in done)
+    if done and aborted and all(r.aborted for r in done):
+        for lay in layers.values():
+            if lay.verdict == LEAK and lay.rate_per_request is not None and lay.rate_per_hour is None:
+                lay.rate_per_aborted_request = lay.rate_per_request * sum(r.reached for r in done) / aborted
     for lay in layers.values():
         if lay.projection is not None and rate is not None:
             lay.projection.production_rate_rps = rate

@@ -60,8 +60,10 @@ def kv_layer(series: list[SeriesResult], raw: dict[str, Series], life: int,
     for s in mine:
         _exact_creep(s)
         src = raw[s.key]
+        # Unknown page size: tokens only (SGLang's default page is 1 token, vLLM's 16: no
+        # size is assumed; the floor is then one token, the count's own resolution).
         page_assumed = not src.page_size_tokens
-        page = src.page_size_tokens or th.default_page_tokens
+        page = src.page_size_tokens or None
         bpt = src.bytes_per_token
         if bpt is None and pool_mib and src.total_tokens and len(mine) == 1:
             bpt = pool_mib * MIB / src.total_tokens  # the pool's bytes over its tokens (one pool)
@@ -81,7 +83,7 @@ def kv_layer(series: list[SeriesResult], raw: dict[str, Series], life: int,
                 pool=s.pool or "kv", unit="tokens", total_tokens=src.total_tokens,
                 page_size_tokens=page, page_size_assumed=page_assumed, bytes_per_token=bpt,
                 idle_residue=residue, tokens_per_request=tpr,
-                pages_per_request=tpr / page if tpr is not None else None,
+                pages_per_request=tpr / page if tpr is not None and page else None,
                 mib_per_request=tpr * bpt / MIB if tpr is not None and bpt else None,
                 source=src.source, series=s.key))
         if page_assumed and s.unit == "tokens":

@@ -65,7 +65,7 @@ X_STRAY_CONTEXT = "stray_context"  # VRAM: a context-sized footprint on another 
 # Caveats: what the analysis could not see.
 C_NO_KINDS = "rss_kinds_unreadable"  # /proc/PID/status kinds missing: judged on RSS
 C_NO_ARENAS = "malloc_arenas_unreadable"  # /proc/PID/maps unreadable: arenas not ruled out
-C_PAGE_SIZE_ASSUMED = "page_size_assumed"  # KV page size unknown: 16 tokens assumed
+C_PAGE_SIZE_ASSUMED = "page_size_assumed"  # KV page size unknown: tokens only, no pages
 C_KV_RATIO_ONLY = "kv_ratio_only"  # KV pool size unknown: judged on the usage ratio
 C_NOT_IDLE_FILTERED = "kv_idle_unverified"  # no running/queued gauges: idle not verified
 
@@ -88,7 +88,9 @@ class Thresholds:
     flat_share: float = 0.25
     trend_p: float = 0.05  # Kendall tau p-value over the settled samples of rounds 2..K
     trend_min_samples: int = 12  # below this many settled samples the trend test cannot veto
-    default_page_tokens: int = 16  # KV floor when the server does not say its page size
+    # KV floor when the server does not say its page size: one token (SGLang's default page
+    # size is 1; no other size is assumed).
+    default_page_tokens: int = 1
     kv_ratio_floor: float = 0.001  # KV floor when only a 0..1 usage ratio is known
     arena_mib: float = 64.0  # glibc reserves each non-main arena heap in 64 MiB units
     arenas_per_core: int = 8  # glibc's default MALLOC_ARENA_MAX on 64-bit: 8 x cores
@@ -255,8 +257,8 @@ class KvPoolResult:
     pool: str
     unit: str  # "tokens", or "ratio" when the pool size is unknown
     total_tokens: float | None
-    page_size_tokens: int
-    page_size_assumed: bool
+    page_size_tokens: int | None  # None: the server does not say (tokens only, no pages)
+    page_size_assumed: bool  # True: page size unknown (the name is kept from schema /2's start)
     bytes_per_token: float | None
     idle_residue: float | None  # the last settled level (0 on a healthy idle pool)
     tokens_per_request: float | None
@@ -307,6 +309,9 @@ class LayerResult:
     # A leak driven by time (reason grew_with_time): unit per hour, idle included; the rate
     # per request is then only an average at the soak's load.
     rate_per_hour: float | None = None
+    # Every round abandoned some streams (--abort-fraction): the same growth per request the
+    # client abandoned, should only those leak (one soak cannot tell: the share is constant).
+    rate_per_aborted_request: float | None = None
     growth: float | None = None
     culprit: Culprit | None = None
     projection: Projection | None = None
@@ -335,6 +340,7 @@ class LayerResult:
             "rate_ci": list(self.rate_ci) if self.rate_ci else None,
             "rate_mib_per_request": self.rate_mib_per_request,
             "rate_per_hour": self.rate_per_hour,
+            "rate_per_aborted_request": self.rate_per_aborted_request,
             "growth": self.growth,
             "culprit": self.culprit.to_dict() if self.culprit else None,
             "projection": self.projection.to_dict() if self.projection else None,
