@@ -22,9 +22,9 @@ so ``import vramdoctor`` stays cheap: no numpy, scipy, requests, psutil or torch
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
+from . import _lazy
 from ._version import __version__
 
 if TYPE_CHECKING:  # the lazy names below, for type checkers and IDEs
@@ -90,14 +90,8 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     """PEP 562: the public names and subpackages, imported on first access."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    if name in _SUBMODULES:
-        return importlib.import_module(f".{name}", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _lazy.load(__name__, name, _LAZY, _SUBMODULES)
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY, *_SUBMODULES})
+    return _lazy.listing(globals(), _LAZY, _SUBMODULES)

@@ -13,8 +13,9 @@ The public names are imported on first use (numpy, scipy and transformers load o
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from .. import _lazy
 
 if TYPE_CHECKING:
     from .analysis import analyse
@@ -37,12 +38,8 @@ __all__ = ["ModelChoice", "WorkloadSpec", "analyse", "load_processor", "make_ima
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _lazy.load(__name__, name, _LAZY)
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+    return _lazy.listing(globals(), _LAZY)

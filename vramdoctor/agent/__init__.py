@@ -14,10 +14,10 @@ vramdoctor's own process: where the agent is (`agent_path`, `pth_line`) and how 
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import _lazy
 from .pythonpath import vramdoctor_agent as runtime
 
 if TYPE_CHECKING:  # the lazy names below, for type checkers
@@ -51,12 +51,8 @@ def pth_line() -> str:
 
 def __getattr__(name: str) -> Any:
     """PEP 562: the names of the control side imported on first use, so importing the package (or the CLI) stays light."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _lazy.load(__name__, name, _LAZY)
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+    return _lazy.listing(globals(), _LAZY)

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.soak.results import finite
 from ..watch.trend import LEAK, VERDICT_RANK, Trend, TrendThresholds, classify, low_envelope_arrays
 
 __all__ = ["SCHEMA", "FleetConfig", "FleetResult", "FleetRow", "FleetSeries", "analyse", "analyse_series", "segments"]
@@ -122,7 +123,7 @@ class FleetRow:
             "analysed_from", "analysed_to", "warmup_skipped")}
         d["growth_per_hour_ci"] = list(self.growth_per_hour_ci) if self.growth_per_hour_ci else None
         d["trend"] = self.trend.to_dict() if self.trend else None
-        return _finite(d)
+        return finite(d)
 
 
 @dataclass
@@ -144,7 +145,7 @@ class FleetResult:
 
     def to_dict(self) -> dict[str, Any]:
         c = self.config
-        return _finite({
+        return finite({
             "schema": SCHEMA,
             "prometheus": self.source_url,
             "start": self.start,
@@ -158,17 +159,6 @@ class FleetResult:
             "queries": self.queries,
         })
 
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
 
 
 def segments(t: np.ndarray, v: np.ndarray, config: FleetConfig, *, min_drop: float | None = None,

@@ -13,9 +13,9 @@ and returns a `SoakOutcome`. `analyse_soak` analyses recorded records again (pur
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
+from .. import _lazy
 from .analyse import analyse_run, undecided_layers
 from .config import DEFAULT_MAX_ROUNDS, SoakConfig
 
@@ -53,12 +53,8 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     """PEP 562: the names of the runner imported on first use, so importing the package (or the CLI) stays light."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _lazy.load(__name__, name, _LAZY)
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+    return _lazy.listing(globals(), _LAZY)

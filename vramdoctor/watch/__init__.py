@@ -11,8 +11,9 @@ The rolling analysis (`WatchState`, `classify`) is pure and replays recorded run
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from .. import _lazy
 
 if TYPE_CHECKING:  # the lazy names below, for type checkers
     from .exporter import EXPORTED_METRICS, SamplerHealth, WatchCollector, serve
@@ -68,12 +69,8 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     """PEP 562: public names imported on first use, so importing the package (or the CLI) stays light."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _lazy.load(__name__, name, _LAZY)
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+    return _lazy.listing(globals(), _LAZY)

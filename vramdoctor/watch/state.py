@@ -41,6 +41,7 @@ import numpy as np
 from scipy.stats import kendalltau
 
 from ..analysis.census import census
+from ..analysis.soak.results import finite
 from ..model import (
     PROCESS_APPEARED,
     PROCESS_EXITED,
@@ -162,7 +163,7 @@ class SeriesVerdict:
             "warmup_until", "floor_level")}
         d["growth_per_hour_ci"] = list(self.growth_per_hour_ci) if self.growth_per_hour_ci else None
         d["trend"] = self.trend.to_dict() if self.trend else None
-        return _finite(d)
+        return finite(d)
 
 
 @dataclass
@@ -190,7 +191,7 @@ class WatchResult:
 
     def to_dict(self) -> dict[str, Any]:
         c = self.culprit
-        return _finite({
+        return finite({
             "schema": SCHEMA,
             "wall": self.wall,
             "window_s": self.window_s,
@@ -205,17 +206,6 @@ class WatchResult:
             "notes": self.notes,
         })
 
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
 
 
 def requests_served(sample: MetricsSample) -> float | None:
