@@ -122,3 +122,16 @@ def test_an_unknown_kv_page_size_is_not_assumed() -> None:
     pool = kv["pools"][0]
     assert pool["page_size_tokens"] is None and pool["pages_per_request"] is None
     assert "page" not in j["headline"]
+
+
+def test_caching_that_fell_back_below_its_start_never_reads_rose_with_a_negative_number() -> None:
+    # Before: "caching, not leaking (rose -4.3 MiB, then flat)".
+    from test_soak_analysis import synth
+
+    from vramdoctor.analysis.soak import analyse_soak
+
+    levels = [1000.0, 1040.0, 1040.0, 1040.0, 996.0]  # baseline, rounds 1..4: up, then trimmed
+    a = analyse_soak(synth(lambda k, f: levels[k]))
+    assert a.layers["vram"].verdict == "CACHING"
+    text = headline(a)
+    assert "rose -" not in text and "fell back" in text

@@ -402,6 +402,12 @@ def _short(lay: LayerResult) -> str:
         growth = value(s.growth, s.unit, signed=True) if s is not None else ""
         if lay.layer == HOST and lay.explanation == X_MALLOC_ARENAS:
             return f"host RAM grows with malloc arenas ({growth}): allocator caching, not a leak"
+        if s is not None and s.reason == "fell_back":
+            return f"{name} is caching, not leaking (rose, then fell back: {growth} from the start)"
+        if s is not None and s.reason == "bounded":
+            return f"{name} is caching, not leaking (up and down within a band: {growth} from the start)"
+        if s is not None and (s.growth or 0.0) <= 0:
+            return f"{name} is caching, not leaking (no rise: {growth} from the start)"
         return f"{name} is caching, not leaking (rose {growth}, then flat)"
     if lay.verdict == STABLE:
         return f"{name} is stable"
