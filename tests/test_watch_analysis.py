@@ -242,3 +242,17 @@ def test_a_level_that_does_not_follow_the_load_is_not_adjusted() -> None:
     res, _ = _run(h, [8.0])
     s = _series(res[8.0], "vram", 1)
     assert s.mode == "quiet" and s.verdict == LEAK
+
+
+def test_without_a_request_counter_a_level_that_stopped_rising_is_not_called_caching() -> None:
+    # Against time alone, memory that rose and then stopped looks the same whether a cache
+    # filled or a per-request leak stopped with the traffic: watch must not say CACHING.
+    h = History(hours=5, step_s=15, procs=[Proc(pid=210, name="python3", cache_mib=3000, cache_fill_h=2.5)])
+    state = WatchState(WatchConfig())
+    state.set_start_times({210: T0})
+    for r in records(h):
+        if r.kind != "metrics":  # a server without /metrics: no request counter
+            state.ingest(r)
+    s = _series(state.analyse(T0 + 5 * 3600), "vram", 210)
+    assert s.mode == "time"
+    assert s.verdict == INCONCLUSIVE and "request counter" in s.reason

@@ -34,7 +34,7 @@ import math
 import warnings
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -52,7 +52,7 @@ from ..model import (
     MetricsSample,
 )
 from .series import Bucket, BucketSeries
-from .trend import INCONCLUSIVE, LEAK, VERDICT_RANK, Trend, TrendThresholds, classify
+from .trend import CACHING, INCONCLUSIVE, LEAK, VERDICT_RANK, Trend, TrendThresholds, classify
 
 __all__ = [
     "LAYERS",
@@ -525,6 +525,12 @@ class WatchState:
             points = [(b.key * c.bucket_s, b.vmin) for b in buckets]
             x_unit = "s"
         trend = classify(points, x_unit=x_unit, thresholds=th)
+        if x_unit == "s" and key.layer != "kv" and trend.verdict == CACHING:
+            # Against time alone a level that stopped rising may only mean the traffic stopped:
+            # a leak that grows per request looks the same. Caching needs the request counter.
+            trend = replace(trend, verdict=INCONCLUSIVE, reason=(
+                trend.reason + ", but without the server's request counter a leak that stopped "
+                "with the traffic looks the same"))
         per_req = per_hour = None
         ci = None
         if trend.slope is not None:
