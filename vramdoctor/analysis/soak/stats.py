@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.stats import kendalltau, theilslopes
+from scipy.stats import t as student_t
 
 from .results import (
     CACHING,
@@ -168,6 +169,12 @@ def _classify(baseline: float | None, levels: list[float | None], cum_requests: 
         # amount and the rounds after the first add up to more than the floor: a per-round
         # floor must not hide a consistent trend (1.6 MiB every round is a leak).
         out.verdict, out.reason = LEAK, R_GREW_EVERY_ROUND
+        if len(scaled) >= 2 and typical > 0 and ci is not None and slope is not None:
+            # The interval says what the increments' own scatter allows (Student t over the
+            # per-round growth): Theil-Sen on three or four levels is narrower than the noise.
+            half = float(student_t.ppf(0.95, len(scaled) - 1)) * statistics.stdev(scaled) \
+                / math.sqrt(len(scaled)) / typical
+            out.ci = (min(ci[0], slope - half), max(ci[1], slope + half))
         return out
     # Noise in the increments (both signs, or three or more of them: one step is not noise)
     # above the floor, with a rising fitted rate whose interval allows more than the floor a
