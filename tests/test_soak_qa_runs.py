@@ -152,3 +152,14 @@ def test_a_leak_interval_is_as_wide_as_the_rounds_own_scatter() -> None:
     half = student_t.ppf(0.95, len(incs) - 1) * statistics.stdev(incs) / len(incs) ** 0.5 / per_round
     lo, hi = host["rate_ci"]
     assert lo <= host["rate_per_request"] - 0.99 * half and hi >= host["rate_per_request"] + 0.99 * half
+
+
+def test_enough_noisy_rounds_make_a_significant_trend_a_leak() -> None:
+    # Adaptive rounds ran 12 under +-10 MiB churn; the trend is significant (Kendall, 12+
+    # samples) and the fitted growth far above the noise. Before: INCONCLUSIVE after 12 rounds.
+    _, j = _analyse("churnleak-12")
+    host = j["layers"]["host"]
+    assert len(j["rounds"]) == 12 and host["verdict"] == "LEAK"
+    assert host["rate_mib_per_request"] == pytest.approx(200 * KIB, rel=0.15)
+    lo, hi = host["rate_ci"]
+    assert lo <= 200 * KIB <= hi

@@ -164,7 +164,16 @@ def _classify(baseline: float | None, levels: list[float | None], cum_requests: 
     grew = (slope is not None and ci is not None and ci[0] > 0 and all(d > 0 for d in scaled)
             and scaled[-1] >= th.decay_ratio * round_growth and proportional and steady and trend_ok)
     tail_growth = tail[-1][1] - tail[0][1]
-    if grew and ((round_growth > h and all(d > h / 2 for d in scaled)) or tail_growth > h):
+    # Noisy rounds (allocator churn) with enough of them: the trend is significant (Kendall
+    # over >= 12 settled samples, the interval above 0) and the fitted growth over the rounds
+    # after the first stands above 4 x the level noise the increments show. Rounds decide
+    # what a single increment cannot.
+    lvl_noise = max(noise, spread)
+    fitted_tail = (slope or 0.0) * (tail[-1][0] - tail[0][0])
+    noisy_trend = (len(scaled) >= 4 and ci is not None and ci[0] > 0 and n_trend >= th.trend_min_samples
+                   and out.tau is not None and out.tau > 0 and out.tau_p is not None
+                   and out.tau_p < th.trend_p and fitted_tail > max(h, th.noise_k * lvl_noise))
+    if noisy_trend or (grew and ((round_growth > h and all(d > h / 2 for d in scaled)) or tail_growth > h)):
         # Either every round grows by more than the floor, or every round grows by the same
         # amount and the rounds after the first add up to more than the floor: a per-round
         # floor must not hide a consistent trend (1.6 MiB every round is a leak).
