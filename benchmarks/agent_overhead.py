@@ -84,7 +84,9 @@ def _png(w: int, h: int, seed: int) -> str:
     from PIL import Image
 
     buf = io.BytesIO()
-    Image.fromarray(np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8)).save(buf, format="PNG")
+    Image.fromarray(np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8)).save(
+        buf, format="PNG"
+    )
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
@@ -102,25 +104,40 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=300)
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--json", type=Path, default=None)
-    p.add_argument("--micro-only", action="store_true", help="Only the in-process allocation/snapshot costs.")
-    p.add_argument("--long", action="store_true",
-                   help="600,000 allocations under the agent's history: snapshot time and host RSS as they go "
-                        "(armed once, and re-armed after every 100,000)")
+    p.add_argument(
+        "--micro-only", action="store_true", help="Only the in-process allocation/snapshot costs."
+    )
+    p.add_argument(
+        "--long",
+        action="store_true",
+        help="600,000 allocations under the agent's history: snapshot time and host RSS as they go "
+        "(armed once, and re-armed after every 100,000)",
+    )
     args = p.parse_args()
     if args.long:
         res = {}
         for mode in ("once", "toggle"):
-            out = subprocess.run([sys.executable, "-c", LONG, mode], capture_output=True, text=True, timeout=300)
-            res[mode] = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else out.stderr[-2000:]
+            out = subprocess.run(
+                [sys.executable, "-c", LONG, mode], capture_output=True, text=True, timeout=300
+            )
+            res[mode] = (
+                json.loads(out.stdout.strip().splitlines()[-1])
+                if out.returncode == 0
+                else out.stderr[-2000:]
+            )
         print(json.dumps(res, indent=1))
         if args.json:
             args.json.write_text(json.dumps(res, indent=1))
         return 0
     if args.micro_only:
-        out = subprocess.run([sys.executable, "-c", MICRO], capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            [sys.executable, "-c", MICRO], capture_output=True, text=True, timeout=300
+        )
         print(out.stdout + out.stderr[-2000:])
         if args.json:
-            args.json.write_text(out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "{}")
+            args.json.write_text(
+                out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "{}"
+            )
         return 0
     images = [_png(448, 448, 1), _png(896, 672, 2)]
     agent_dir = tempfile.mkdtemp(prefix="vd-agent-bench-")
@@ -130,13 +147,37 @@ def main() -> int:
         if agent:
             env["PYTHONPATH"] = f"{agent_path()}{os.pathsep}{env.get('PYTHONPATH', '')}"
             env["VRAMDOCTOR_AGENT_DIR"] = agent_dir
-        procs[name] = (subprocess.Popen([sys.executable, "examples/reference_server/server.py", "--mode", "plain",
-                                         "--device", "cuda", "--port", str(port)], cwd=REPO, env=env,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), port)
+        procs[name] = (
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "examples/reference_server/server.py",
+                    "--mode",
+                    "plain",
+                    "--device",
+                    "cuda",
+                    "--port",
+                    str(port),
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            ),
+            port,
+        )
 
     def post(port: int, i: int) -> float:
-        body = {"model": "vramdoctor-reference", "max_tokens": 4, "messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": images[i % 2]}}]}]}
+        body = {
+            "model": "vramdoctor-reference",
+            "max_tokens": 4,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": images[i % 2]}}],
+                }
+            ],
+        }
         t0 = time.perf_counter()
         r = requests.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60)
         r.raise_for_status()
@@ -167,8 +208,11 @@ def main() -> int:
     finally:
         for proc, _port in procs.values():
             proc.terminate()
-    micro = json.loads(subprocess.run([sys.executable, "-c", MICRO], capture_output=True, text=True,
-                                      timeout=300).stdout.strip().splitlines()[-1])
+    micro = json.loads(
+        subprocess.run([sys.executable, "-c", MICRO], capture_output=True, text=True, timeout=300)
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     res = {
         "requests_each": len(lat["with"]),
         "agent_armed_status_files": len(armed),

@@ -25,16 +25,22 @@ def main(venvs: list[str], runs: int) -> None:
         for v in venvs:
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
-            subprocess.run([os.path.join(v, "bin", "vramdoctor"), "--help"], stdout=subprocess.DEVNULL,
-                           check=True, env=env)
+            subprocess.run(
+                [os.path.join(v, "bin", "vramdoctor"), "--help"],
+                stdout=subprocess.DEVNULL,
+                check=True,
+                env=env,
+            )
             wall[v].append(time.perf_counter() - t0)
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpu[v].append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
     first = statistics.median(cpu[venvs[0]])
     for v in venvs:
         c = statistics.median(cpu[v])
-        print(f"{v}: wall median {statistics.median(wall[v]):.3f} s, CPU median {c:.3f} s "
-              f"({c / first:.2f}x of the first) over {runs} runs")
+        print(
+            f"{v}: wall median {statistics.median(wall[v]):.3f} s, CPU median {c:.3f} s "
+            f"({c / first:.2f}x of the first) over {runs} runs"
+        )
 
 
 if __name__ == "__main__":

@@ -57,7 +57,9 @@ def real_lines() -> tuple[list[bytes], list[bytes]]:
         if not data.endswith(b"\n"):
             data += b"\n"
         blocks.append(data)
-        steady += [ln + b"\n" for ln in data.split(b"\n") if any(m.encode() in ln for m in STEADY_MARKERS)]
+        steady += [
+            ln + b"\n" for ln in data.split(b"\n") if any(m.encode() in ln for m in STEADY_MARKERS)
+        ]
     return blocks, steady
 
 
@@ -95,15 +97,24 @@ def grep_pattern() -> str:
 def run_grep(path: Path) -> tuple[float, int]:
     env = {**os.environ, "LC_ALL": "C"}
     t0 = time.perf_counter()
-    r = subprocess.run([*one_core(), "grep", "-c", "-E", grep_pattern(), str(path)], capture_output=True,
-                       env=env, check=False)
+    r = subprocess.run(
+        [*one_core(), "grep", "-c", "-E", grep_pattern(), str(path)],
+        capture_output=True,
+        env=env,
+        check=False,
+    )
     return time.perf_counter() - t0, int(r.stdout.strip() or 0)
 
 
 def run_pipeline(path: Path, code: Path = ROOT) -> dict:
     env = {**os.environ, "PYTHONPATH": str(code)}
-    r = subprocess.run([*one_core(), sys.executable, "-c", CHILD, str(path)], capture_output=True, check=True,
-                       env=env, cwd=tempfile.gettempdir())
+    r = subprocess.run(
+        [*one_core(), sys.executable, "-c", CHILD, str(path)],
+        capture_output=True,
+        check=True,
+        env=env,
+        cwd=tempfile.gettempdir(),
+    )
     return json.loads(r.stdout)
 
 
@@ -126,13 +137,17 @@ def measure(mix: str, size: int, tmp: Path, baseline: Path | None = None) -> dic
         p_cpu = min(r[1]["cpu_s"] for r in runs)
         p = {**p, "cpu_s": p_cpu}
         # CPU time is the steadier figure when other work shares the core
-        extra = {"baseline_mb_s": round(mb / b["wall_s"], 1), "baseline_cpu_s": round(b_cpu, 3),
-                 "speed_vs_baseline": round(b["wall_s"] / p["wall_s"], 2),
-                 "cpu_speed_vs_baseline": round(b_cpu / p_cpu, 3)}
+        extra = {
+            "baseline_mb_s": round(mb / b["wall_s"], 1),
+            "baseline_cpu_s": round(b_cpu, 3),
+            "speed_vs_baseline": round(b["wall_s"] / p["wall_s"], 2),
+            "cpu_speed_vs_baseline": round(b_cpu / p_cpu, 3),
+        }
     ps = run_pipeline(small)
     os.remove(big)
     os.remove(small)
-    return {**extra,
+    return {
+        **extra,
         "mix": mix,
         "size_mib": size >> 20,
         "grep_mb_s": round(mb / g_s, 1),
@@ -147,26 +162,42 @@ def measure(mix: str, size: int, tmp: Path, baseline: Path | None = None) -> dic
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--mix", choices=("serving", "corpus", "both"), default="both")
-    ap.add_argument("--baseline", type=Path, default=None,
-                    help="directory with an older vramdoctor package to time on the same file")
+    ap.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="directory with an older vramdoctor package to time on the same file",
+    )
     ns = ap.parse_args()
     mixes = ("serving", "corpus") if ns.mix == "both" else (ns.mix,)
     results = []
     with tempfile.TemporaryDirectory(prefix="vramdoctor-bench-") as tmp:
         for mix in mixes:
             results.append(measure(mix, ns.size_mib << 20, Path(tmp), ns.baseline))
-    print(f"{'mix':8} {'size':>6} {'grep MB/s':>10} {'diagnose MB/s':>14} {'ratio':>6} {'peak RSS':>9} {'RSS 1/8':>8}")
+    print(
+        f"{'mix':8} {'size':>6} {'grep MB/s':>10} {'diagnose MB/s':>14} {'ratio':>6} {'peak RSS':>9} {'RSS 1/8':>8}"
+    )
     for r in results:
-        print(f"{r['mix']:8} {r['size_mib']:>5}M {r['grep_mb_s']:>10} {r['diagnose_mb_s']:>14} {r['ratio']:>6} "
-              f"{r['peak_rss_mib']:>8}M {r['peak_rss_mib_eighth_size']:>7}M")
+        print(
+            f"{r['mix']:8} {r['size_mib']:>5}M {r['grep_mb_s']:>10} {r['diagnose_mb_s']:>14} {r['ratio']:>6} "
+            f"{r['peak_rss_mib']:>8}M {r['peak_rss_mib_eighth_size']:>7}M"
+        )
         if "baseline_mb_s" in r:
-            print(f"{'':8} baseline {r['baseline_mb_s']} MB/s, {r['baseline_cpu_s']} s CPU (best of three, "
-                  f"interleaved); this code {r['diagnose_mb_s']} MB/s, {r['diagnose_cpu_s']} s CPU: "
-                  f"{r['speed_vs_baseline']}x wall, {r['cpu_speed_vs_baseline']}x CPU")
-    print(json.dumps({"benchmark": "diagnose_throughput", "one_core": bool(one_core()), "results": results}))
+            print(
+                f"{'':8} baseline {r['baseline_mb_s']} MB/s, {r['baseline_cpu_s']} s CPU (best of three, "
+                f"interleaved); this code {r['diagnose_mb_s']} MB/s, {r['diagnose_cpu_s']} s CPU: "
+                f"{r['speed_vs_baseline']}x wall, {r['cpu_speed_vs_baseline']}x CPU"
+            )
+    print(
+        json.dumps(
+            {"benchmark": "diagnose_throughput", "one_core": bool(one_core()), "results": results}
+        )
+    )
     return 0
 
 

@@ -70,12 +70,18 @@ def main() -> None:
         times["empty_cache"].append((time.perf_counter() - t0) * 1000)
 
     base = statistics.median(times["no_pool"])
-    print(f"{name} on {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {len(images)} images x {args.reps}")
+    print(
+        f"{name} on {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {len(images)} images x {args.reps}"
+    )
     print(f"{'way':<20}{'p50 ms':>9}{'mean ms':>9}{'p50 vs no_pool':>16}")
     result = {}
     for way, ts in times.items():
         p50 = statistics.median(ts)
-        result[way] = {"p50_ms": round(p50, 3), "mean_ms": round(statistics.fmean(ts), 3), "ratio": round(p50 / base, 3)}
+        result[way] = {
+            "p50_ms": round(p50, 3),
+            "mean_ms": round(statistics.fmean(ts), 3),
+            "ratio": round(p50 / base, 3),
+        }
         print(f"{way:<20}{p50:>9.3f}{statistics.fmean(ts):>9.3f}{p50 / base:>15.3f}x")
     print(json.dumps({"benchmark": "fixes_scope_overhead", "processor": name, **result}))
 

@@ -45,9 +45,14 @@ def write_history(path: Path, end: float, days: float) -> int:
             for g in range(GPUS):
                 leak = 30.0 if (h * GPUS + g) % 10 == 0 else 0.0
                 busy = rng.random(n) < 0.6
-                used = np.round(30_000 + leak * hours + busy * rng.random(n) * 800 + rng.normal(0, 3, n))
+                used = np.round(
+                    30_000 + leak * hours + busy * rng.random(n) * 800 + rng.normal(0, 3, n)
+                )
                 lab = f'{{gpu="{g}",Hostname="h{h:03d}",UUID="GPU-{h}-{g}",instance="h{h:03d}:9400",job="dcgm"}}'
-                fh.writelines(f"DCGM_FI_DEV_FB_USED{lab} {v:.0f} {s}\n" for v, s in zip(used.tolist(), ts_text, strict=True))
+                fh.writelines(
+                    f"DCGM_FI_DEV_FB_USED{lab} {v:.0f} {s}\n"
+                    for v, s in zip(used.tolist(), ts_text, strict=True)
+                )
                 count += n
         fh.write("# EOF\n")
     return count
@@ -56,7 +61,9 @@ def write_history(path: Path, end: float, days: float) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--repeat", type=int, default=1, help="run each row this many times (the best is shown)")
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="run each row this many times (the best is shown)"
+    )
     args = ap.parse_args()
     if not shutil.which("prometheus") or not shutil.which("promtool"):
         sys.exit("needs prometheus and promtool (apt-get install prometheus)")
@@ -67,19 +74,40 @@ def main() -> None:
         t0 = time.perf_counter()
         samples = write_history(tmp / "h.om", end, days)
         t1 = time.perf_counter()
-        subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=192h", "-q",
-                        str(tmp / "h.om"), str(tmp / "data")], check=True)
+        subprocess.run(
+            [
+                "promtool",
+                "tsdb",
+                "create-blocks-from",
+                "openmetrics",
+                "--max-block-duration=192h",
+                "-q",
+                str(tmp / "h.om"),
+                str(tmp / "data"),
+            ],
+            check=True,
+        )
         t2 = time.perf_counter()
         (tmp / "h.om").unlink()
-        print(f"history: {samples:,} samples ({HOSTS * GPUS} series x {days:g} days at {STEP_S:g} s); "
-              f"text {t1 - t0:.1f} s, promtool backfill {t2 - t1:.1f} s")
+        print(
+            f"history: {samples:,} samples ({HOSTS * GPUS} series x {days:g} days at {STEP_S:g} s); "
+            f"text {t1 - t0:.1f} s, promtool backfill {t2 - t1:.1f} s"
+        )
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         (tmp / "p.yml").write_text("global:\n  scrape_interval: 15s\nscrape_configs: []\n")
-        proc = subprocess.Popen(["prometheus", f"--config.file={tmp / 'p.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-                                 f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=3650d"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [
+                "prometheus",
+                f"--config.file={tmp / 'p.yml'}",
+                f"--storage.tsdb.path={tmp / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--storage.tsdb.retention.time=3650d",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         url = f"http://127.0.0.1:{port}"
         try:
             for _ in range(150):
@@ -90,17 +118,31 @@ def main() -> None:
                     pass
                 time.sleep(0.2)
             print(f"cpu cores: {os.cpu_count()}")
-            print(f"{'series':>7} {'days':>5} {'step':>6} {'points':>11} {'query s':>8} {'total s':>8} {'leaks':>6}")
+            print(
+                f"{'series':>7} {'days':>5} {'step':>6} {'points':>11} {'query s':>8} {'total s':>8} {'leaks':>6}"
+            )
             host_sets = {13: r"h00[0-1]", 26: r"h00[0-3]", 52: r"h00[0-6]", 104: r"h0.*"}
-            runs = [(104, days, 300.0), (52, days, 300.0), (26, days, 300.0), (104, days / 2, 300.0),
-                    (104, 1.0, 300.0), (104, days, 60.0),
-                    (104, days, 15.0), (52, days, 15.0), (26, days, 15.0), (104, days / 2, 15.0), (104, 1.0, 15.0)]
+            runs = [
+                (104, days, 300.0),
+                (52, days, 300.0),
+                (26, days, 300.0),
+                (104, days / 2, 300.0),
+                (104, 1.0, 300.0),
+                (104, days, 60.0),
+                (104, days, 15.0),
+                (52, days, 15.0),
+                (26, days, 15.0),
+                (104, days / 2, 15.0),
+                (104, 1.0, 15.0),
+            ]
             for n_series, d, step in runs:
                 regex = host_sets[n_series]
                 best = None
                 for _ in range(args.repeat):
                     start = time.perf_counter()
-                    res = run_fleet(url, days=d, end=end, step_s=step, matchers=[f'Hostname=~"{regex}"'])
+                    res = run_fleet(
+                        url, days=d, end=end, step_s=step, matchers=[f'Hostname=~"{regex}"']
+                    )
                     total = time.perf_counter() - start
                     if best is None or total < best[0]:
                         best = (total, res)
@@ -108,7 +150,9 @@ def main() -> None:
                 total, res = best
                 q = sum(x["seconds"] for x in res.queries)
                 pts = sum(x["points"] for x in res.queries)
-                print(f"{len(res.rows):>7} {d:>5g} {step:>5g}s {pts:>11,} {q:>8.2f} {total:>8.2f} {len(res.leaks):>6}")
+                print(
+                    f"{len(res.rows):>7} {d:>5g} {step:>5g}s {pts:>11,} {q:>8.2f} {total:>8.2f} {len(res.leaks):>6}"
+                )
         finally:
             proc.terminate()
             proc.wait(10)

@@ -37,8 +37,14 @@ PAGE = (
 )
 CASES: dict[str, tuple[bytes, float]] = {
     "trickle": ((PAGE * 4).encode(), 0.02),
-    "nan-label": ((PAGE + 'vllm:cache_config_info{block_size="16",num_gpu_blocks="nan"} 1.0\n').encode(), 0.0),
-    "6000-series": ((PAGE + "".join(f'vllm:s{{i="{i}"}} {i}.0\n' for i in range(6000))).encode(), 0.0),
+    "nan-label": (
+        (PAGE + 'vllm:cache_config_info{block_size="16",num_gpu_blocks="nan"} 1.0\n').encode(),
+        0.0,
+    ),
+    "6000-series": (
+        (PAGE + "".join(f'vllm:s{{i="{i}"}} {i}.0\n' for i in range(6000))).encode(),
+        0.0,
+    ),
     "50MB": ((PAGE + 'vllm:s{i="0000000"} 1.0\n' * (50 * 2**20 // 24)).encode(), 0.0),
 }
 
@@ -55,7 +61,7 @@ def serve(body: bytes, trickle_s: float) -> ThreadingHTTPServer:
                 self.end_headers()
                 if trickle_s:
                     for i in range(len(body)):
-                        self.wfile.write(body[i:i + 1])
+                        self.wfile.write(body[i : i + 1])
                         self.wfile.flush()
                         time.sleep(trickle_s)
                 else:
@@ -73,14 +79,21 @@ def serve(body: bytes, trickle_s: float) -> ThreadingHTTPServer:
 
 
 def main() -> None:
-    print(f"{'case':<12} {'host samples':>12} {'metrics samples':>15} {'run file':>12} {'sampler alive':>13}")
+    print(
+        f"{'case':<12} {'host samples':>12} {'metrics samples':>15} {'run file':>12} {'sampler alive':>13}"
+    )
     for name, (body, trickle) in CASES.items():
         srv = serve(body, trickle)
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "run.jsonl"
             writer = RunWriter(path, make_header("soak", argv=["vramdoctor", "soak"]))
-            src = ServerMetricsSource(f"http://127.0.0.1:{srv.server_address[1]}/metrics", timeout=1.0)
-            sources = {"metrics": src, "host": HostSource({os.getpid(): "watched"}, maps_every=1000)}
+            src = ServerMetricsSource(
+                f"http://127.0.0.1:{srv.server_address[1]}/metrics", timeout=1.0
+            )
+            sources = {
+                "metrics": src,
+                "host": HostSource({os.getpid(): "watched"}, maps_every=1000),
+            }
             collector = Collector(writer, sources, interval=0.1)  # type: ignore[arg-type]
             collector.start()
             time.sleep(SECONDS)
@@ -89,8 +102,10 @@ def main() -> None:
             writer.close()
             run = read_run(path)
             size = path.stat().st_size
-            print(f"{name:<12} {len(run.of(HostSample)):>12} {len(run.of(MetricsSample)):>15} "
-                  f"{size / 1024:>9.0f} KiB {alive!s:>13}")
+            print(
+                f"{name:<12} {len(run.of(HostSample)):>12} {len(run.of(MetricsSample)):>15} "
+                f"{size / 1024:>9.0f} KiB {alive!s:>13}"
+            )
             src.close()
         srv.shutdown()
         srv.server_close()

@@ -49,10 +49,18 @@ SERVER = ROOT / "examples" / "reference_server" / "server.py"
 
 
 # The checkout's package, whether or not it is installed (the GPU machine may run it in place).
-ENV = {**os.environ, "NO_COLOR": "1", "CI": "1",
-       "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-SOAK_HELP = subprocess.run([sys.executable, "-m", "vramdoctor", "soak", "--help"], capture_output=True,
-                           text=True, env={**ENV, "COLUMNS": "200"}).stdout
+ENV = {
+    **os.environ,
+    "NO_COLOR": "1",
+    "CI": "1",
+    "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+}
+SOAK_HELP = subprocess.run(
+    [sys.executable, "-m", "vramdoctor", "soak", "--help"],
+    capture_output=True,
+    text=True,
+    env={**ENV, "COLUMNS": "200"},
+).stdout
 
 
 def layer(d: dict, name: str) -> dict:
@@ -60,16 +68,24 @@ def layer(d: dict, name: str) -> dict:
     return d["layers"][name]
 
 
-def start_server(mode: str, device: str, extra: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, str(SERVER), "--port", "0", "--mode", mode,
-                             "--device", device, *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**ENV, **(env or {})})
+def start_server(
+    mode: str, device: str, extra: list[str], env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(
+        [sys.executable, str(SERVER), "--port", "0", "--mode", mode, "--device", device, *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**ENV, **(env or {})},
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()
     m = re.search(r"listening on (http://\S+)", line)
     if not m:
         proc.kill()
-        raise SystemExit(f"reference server did not start: {line.strip()} {proc.stdout.read()[-500:]}")
+        raise SystemExit(
+            f"reference server did not start: {line.strip()} {proc.stdout.read()[-500:]}"
+        )
     return proc, m.group(1)
 
 
@@ -84,15 +100,37 @@ def stop(proc: subprocess.Popen) -> None:
 
 def server_options() -> str:
     """The reference server's --help: which modes and flags this checkout has."""
-    r = subprocess.run([sys.executable, str(SERVER), "--help"], capture_output=True, text=True, env=ENV)
+    r = subprocess.run(
+        [sys.executable, str(SERVER), "--help"], capture_output=True, text=True, env=ENV
+    )
     return r.stdout
 
 
-def soak(url: str, args: argparse.Namespace, out: Path, extra: list[str] | None = None) -> tuple[dict, float]:
-    cmd = [sys.executable, "-m", "vramdoctor", "soak", "--url", url, "--json", "--out", str(out),
-           "--rounds", str(args.rounds), "--requests", str(args.requests),
-           "--concurrency", str(args.concurrency), "--idle", str(args.idle),
-           "--interval", str(args.interval), *(extra or [])]
+def soak(
+    url: str, args: argparse.Namespace, out: Path, extra: list[str] | None = None
+) -> tuple[dict, float]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "vramdoctor",
+        "soak",
+        "--url",
+        url,
+        "--json",
+        "--out",
+        str(out),
+        "--rounds",
+        str(args.rounds),
+        "--requests",
+        str(args.requests),
+        "--concurrency",
+        str(args.concurrency),
+        "--idle",
+        str(args.idle),
+        "--interval",
+        str(args.interval),
+        *(extra or []),
+    ]
     if "--no-adapt" in SOAK_HELP:
         cmd.append("--no-adapt")  # a fixed number of rounds: the sensitivity at this protocol
     for size in args.image_size:
@@ -114,18 +152,34 @@ def main() -> int:
     p.add_argument("--idle", type=float, default=2.0)
     p.add_argument("--interval", type=float, default=0.2)
     p.add_argument("--caching-runs", type=int, default=10)
-    p.add_argument("--sizes-kib", default=None,
-                   help="comma-separated leak sizes per request, KiB (default: 512 down to 8)")
+    p.add_argument(
+        "--sizes-kib",
+        default=None,
+        help="comma-separated leak sizes per request, KiB (default: 512 down to 8)",
+    )
     p.add_argument("--image-size", action="append", default=None)
     p.add_argument("--out", type=Path, default=None, help="keep run files and the JSON here")
-    p.add_argument("--layer", choices=["memory", "kv", "host-arena"], default="memory",
-                   help="memory: VRAM (--gpu) or host RSS leaks; kv: KV pages; host-arena: malloc arenas")
-    p.add_argument("--malloc-arena-max", type=int, default=None,
-                   help="--layer host-arena: MALLOC_ARENA_MAX for the server (e.g. 128 = glibc's default "
-                        "on a 16-core host), so arenas keep appearing for many rounds as they did there")
-    p.add_argument("--kv-pool-tokens", type=int, default=1_000_000, help="--layer kv: pool size in tokens")
-    p.add_argument("--kv-leak-tokens-list", default=None,
-                   help="--layer kv: comma-separated leaked tokens per request (default 64,16,8,4,2,1)")
+    p.add_argument(
+        "--layer",
+        choices=["memory", "kv", "host-arena"],
+        default="memory",
+        help="memory: VRAM (--gpu) or host RSS leaks; kv: KV pages; host-arena: malloc arenas",
+    )
+    p.add_argument(
+        "--malloc-arena-max",
+        type=int,
+        default=None,
+        help="--layer host-arena: MALLOC_ARENA_MAX for the server (e.g. 128 = glibc's default "
+        "on a 16-core host), so arenas keep appearing for many rounds as they did there",
+    )
+    p.add_argument(
+        "--kv-pool-tokens", type=int, default=1_000_000, help="--layer kv: pool size in tokens"
+    )
+    p.add_argument(
+        "--kv-leak-tokens-list",
+        default=None,
+        help="--layer kv: comma-separated leaked tokens per request (default 64,16,8,4,2,1)",
+    )
     args = p.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # progress shows when piped to a file
     args.image_size = args.image_size or ["128x128", "256x192"]
@@ -141,21 +195,36 @@ def main() -> int:
 
     rows = []
     misses = 0
-    print(f"{'run':<22}{'verdict':<14}{'estimate MiB/req':>18}{'truth MiB/req':>15}{'error':>8}{'wall s':>8}")
+    print(
+        f"{'run':<22}{'verdict':<14}{'estimate MiB/req':>18}{'truth MiB/req':>15}{'error':>8}{'wall s':>8}"
+    )
     for kib in sizes:
         proc, url = start_server("leaking", device, ["--leak-kib", str(kib), *extra_leak])
         try:
             d, wall = soak(url, args, work / f"leak-{kib:g}.jsonl")
-            truth = requests.get(url + "/reference/info", timeout=10).json()["leak_bytes_per_request"] / 2**20
+            truth = (
+                requests.get(url + "/reference/info", timeout=10).json()["leak_bytes_per_request"]
+                / 2**20
+            )
         finally:
             stop(proc)
         est = layer(d, "vram" if args.gpu else "host")["rate_mib_per_request"]
         err = None if est is None else (est - truth) / truth
-        rows.append({"leak_kib": kib, "verdict": d["verdict"], "estimate_mib": est, "truth_mib": truth,
-                     "rel_error": err, "wall_s": wall})
-        print(f"{'leak ' + format(kib, 'g') + ' KiB/req':<22}{d['verdict']:<14}"
-              f"{'-' if est is None else format(est, '.4f'):>18}{truth:>15.4f}"
-              f"{'-' if err is None else format(err, '+.0%'):>8}{wall:>8.1f}")
+        rows.append(
+            {
+                "leak_kib": kib,
+                "verdict": d["verdict"],
+                "estimate_mib": est,
+                "truth_mib": truth,
+                "rel_error": err,
+                "wall_s": wall,
+            }
+        )
+        print(
+            f"{'leak ' + format(kib, 'g') + ' KiB/req':<22}{d['verdict']:<14}"
+            f"{'-' if est is None else format(est, '.4f'):>18}{truth:>15.4f}"
+            f"{'-' if err is None else format(err, '+.0%'):>8}{wall:>8.1f}"
+        )
         d["verdict"] = layer(d, "vram" if args.gpu else "host")["verdict"]
         misses = misses + 1 if d["verdict"] != "LEAK" else 0
         if misses >= 2:
@@ -168,7 +237,9 @@ def main() -> int:
         finally:
             stop(proc)
         caching.append({"verdict": d["verdict"], "wall_s": wall})
-        print(f"{'caching run ' + str(i + 1):<22}{d['verdict']:<14}{'-':>18}{'-':>15}{'-':>8}{wall:>8.1f}")
+        print(
+            f"{'caching run ' + str(i + 1):<22}{d['verdict']:<14}{'-':>18}{'-':>15}{'-':>8}{wall:>8.1f}"
+        )
 
     smallest = None
     for r in rows:  # largest first: the sensitivity is the end of the unbroken LEAK run
@@ -179,22 +250,32 @@ def main() -> int:
     summary = {
         "benchmark": "soak_sensitivity",
         "target": "vram" if args.gpu else "host_rss",
-        "rounds": args.rounds, "requests_per_round": args.requests, "idle_s": args.idle,
+        "rounds": args.rounds,
+        "requests_per_round": args.requests,
+        "idle_s": args.idle,
         "concurrency": args.concurrency,
         "smallest_leak_called_kib": None if smallest is None else smallest["leak_kib"],
         "smallest_leak_called_mib_per_request": None if smallest is None else smallest["truth_mib"],
         "rate_error_at_smallest": None if smallest is None else smallest["rel_error"],
-        "false_leaks": false_leaks, "caching_runs": len(caching),
-        "caching_verdicts": {v: sum(1 for c in caching if c["verdict"] == v)
-                             for v in sorted({c["verdict"] for c in caching})},
-        "time_to_verdict_s_median": sorted(r["wall_s"] for r in rows + caching)[len(rows + caching) // 2]
-        if rows or caching else None,
+        "false_leaks": false_leaks,
+        "caching_runs": len(caching),
+        "caching_verdicts": {
+            v: sum(1 for c in caching if c["verdict"] == v)
+            for v in sorted({c["verdict"] for c in caching})
+        },
+        "time_to_verdict_s_median": sorted(r["wall_s"] for r in rows + caching)[
+            len(rows + caching) // 2
+        ]
+        if rows or caching
+        else None,
         "ladder": rows,
     }
     print()
-    print(f"smallest leak called LEAK: {summary['smallest_leak_called_kib']} KiB/request "
-          f"({args.rounds} rounds x {args.requests} requests); false LEAK in caching runs: "
-          f"{false_leaks}/{len(caching)}; time to a verdict ~{summary['time_to_verdict_s_median']:.0f} s")
+    print(
+        f"smallest leak called LEAK: {summary['smallest_leak_called_kib']} KiB/request "
+        f"({args.rounds} rounds x {args.requests} requests); false LEAK in caching runs: "
+        f"{false_leaks}/{len(caching)}; time to a verdict ~{summary['time_to_verdict_s_median']:.0f} s"
+    )
     line = json.dumps(summary)
     print(line)
     if args.out:
@@ -228,7 +309,9 @@ def kv_ladder(args: argparse.Namespace) -> int:
     work = _work(args, "kv")
     tokens = [float(x) for x in (args.kv_leak_tokens_list or "64,16,8,4,2,1").split(",")]
     rows, misses = [], 0
-    print(f"{'run':<24}{'KV verdict':<14}{'tokens/req':>11}{'truth':>8}{'pages/req':>11}{'error':>8}{'wall s':>8}")
+    print(
+        f"{'run':<24}{'KV verdict':<14}{'tokens/req':>11}{'truth':>8}{'pages/req':>11}{'error':>8}{'wall s':>8}"
+    )
     for tok in tokens:
         proc, url = start_server("kv-leaking", "cpu", [*base, "--kv-leak-tokens", str(int(tok))])
         try:
@@ -239,13 +322,23 @@ def kv_ladder(args: argparse.Namespace) -> int:
         pool = next((p for p in kv["pools"] if p["tokens_per_request"] is not None), None)
         est = pool["tokens_per_request"] if pool else None
         err = None if est is None else (est - tok) / tok
-        rows.append({"leak_tokens": tok, "pages_per_request": tok / page, "verdict": kv["verdict"],
-                     "estimate_tokens": est, "rel_error": err, "wall_s": wall,
-                     "page_size_tokens": pool["page_size_tokens"] if pool else None,
-                     "page_size_assumed": pool["page_size_assumed"] if pool else None})
-        print(f"{'leak ' + format(tok, 'g') + ' tokens/req':<24}{kv['verdict']:<14}"
-              f"{'-' if est is None else format(est, '.2f'):>11}{tok:>8g}{tok / page:>11.3g}"
-              f"{'-' if err is None else format(err, '+.1%'):>8}{wall:>8.1f}")
+        rows.append(
+            {
+                "leak_tokens": tok,
+                "pages_per_request": tok / page,
+                "verdict": kv["verdict"],
+                "estimate_tokens": est,
+                "rel_error": err,
+                "wall_s": wall,
+                "page_size_tokens": pool["page_size_tokens"] if pool else None,
+                "page_size_assumed": pool["page_size_assumed"] if pool else None,
+            }
+        )
+        print(
+            f"{'leak ' + format(tok, 'g') + ' tokens/req':<24}{kv['verdict']:<14}"
+            f"{'-' if est is None else format(est, '.2f'):>11}{tok:>8g}{tok / page:>11.3g}"
+            f"{'-' if err is None else format(err, '+.1%'):>8}{wall:>8.1f}"
+        )
         misses = misses + 1 if kv["verdict"] != "LEAK" else 0
         if misses >= 2:
             break
@@ -257,24 +350,40 @@ def kv_ladder(args: argparse.Namespace) -> int:
         finally:
             stop(proc)
         plain.append({"verdict": layer(d, "kv")["verdict"], "wall_s": wall})
-        print(f"{'plain run ' + str(i + 1):<24}{plain[-1]['verdict']:<14}{'-':>11}{'-':>8}{'-':>11}{'-':>8}{wall:>8.1f}")
+        print(
+            f"{'plain run ' + str(i + 1):<24}{plain[-1]['verdict']:<14}{'-':>11}{'-':>8}{'-':>11}{'-':>8}{wall:>8.1f}"
+        )
     smallest = None
     for r in rows:
         if r["verdict"] != "LEAK":
             break
         smallest = r
     false = sum(1 for c in plain if c["verdict"] == "LEAK")
-    print(f"\nsmallest KV leak called LEAK: "
-          f"{'-' if smallest is None else format(smallest['pages_per_request'], 'g')} pages/request "
-          f"({'-' if smallest is None else format(smallest['leak_tokens'], 'g')} tokens, page {page} tokens) "
-          f"in a {args.kv_pool_tokens:,}-token pool, {args.rounds} rounds x {args.requests} requests; "
-          f"false KV LEAK in plain runs: {false}/{len(plain)}")
-    _finish(args, {"benchmark": "soak_sensitivity", "target": "kv", "rounds": args.rounds,
-                   "requests_per_round": args.requests, "pool_tokens": args.kv_pool_tokens,
-                   "page_size_tokens": page, "ladder": rows, "plain_runs": plain,
-                   "smallest_pages_per_request": None if smallest is None else smallest["pages_per_request"],
-                   "rate_error_at_smallest": None if smallest is None else smallest["rel_error"],
-                   "false_leaks": false})
+    print(
+        f"\nsmallest KV leak called LEAK: "
+        f"{'-' if smallest is None else format(smallest['pages_per_request'], 'g')} pages/request "
+        f"({'-' if smallest is None else format(smallest['leak_tokens'], 'g')} tokens, page {page} tokens) "
+        f"in a {args.kv_pool_tokens:,}-token pool, {args.rounds} rounds x {args.requests} requests; "
+        f"false KV LEAK in plain runs: {false}/{len(plain)}"
+    )
+    _finish(
+        args,
+        {
+            "benchmark": "soak_sensitivity",
+            "target": "kv",
+            "rounds": args.rounds,
+            "requests_per_round": args.requests,
+            "pool_tokens": args.kv_pool_tokens,
+            "page_size_tokens": page,
+            "ladder": rows,
+            "plain_runs": plain,
+            "smallest_pages_per_request": None
+            if smallest is None
+            else smallest["pages_per_request"],
+            "rate_error_at_smallest": None if smallest is None else smallest["rel_error"],
+            "false_leaks": false,
+        },
+    )
     return 0 if false == 0 and smallest is not None else 1
 
 
@@ -286,7 +395,9 @@ def arena_runs(args: argparse.Namespace) -> int:
         return 0
     work = _work(args, "arena")
     runs = []
-    print(f"{'run':<16}{'host verdict':<14}{'explanation':<18}{'RSS growth MiB':>15}{'arenas':>10}{'wall s':>8}")
+    print(
+        f"{'run':<16}{'host verdict':<14}{'explanation':<18}{'RSS growth MiB':>15}{'arenas':>10}{'wall s':>8}"
+    )
     for i in range(args.caching_runs):
         env = {"MALLOC_ARENA_MAX": str(args.malloc_arena_max)} if args.malloc_arena_max else None
         proc, url = start_server("arena", "cpu", [], env)
@@ -296,19 +407,41 @@ def arena_runs(args: argparse.Namespace) -> int:
             stop(proc)
         host = layer(d, "host")
         p = next((x for x in host["processes"] if x["series"] == host["main_series"]), None) or {}
-        runs.append({"verdict": host["verdict"], "explanation": host["explanation"],
-                     "rss_growth_mib": p.get("rss_growth_mib"), "arenas_first": p.get("arenas_first"),
-                     "arenas_last": p.get("arenas_last"), "wall_s": wall, "vram": layer(d, "vram")["verdict"]})
+        runs.append(
+            {
+                "verdict": host["verdict"],
+                "explanation": host["explanation"],
+                "rss_growth_mib": p.get("rss_growth_mib"),
+                "arenas_first": p.get("arenas_first"),
+                "arenas_last": p.get("arenas_last"),
+                "wall_s": wall,
+                "vram": layer(d, "vram")["verdict"],
+            }
+        )
         growth = p.get("rss_growth_mib")
-        print(f"{'arena run ' + str(i + 1):<16}{host['verdict']:<14}{host['explanation']!s:<18}"
-              f"{'-' if growth is None else format(growth, '.1f'):>15}"
-              f"{str(p.get('arenas_first')) + '->' + str(p.get('arenas_last')):>10}{wall:>8.1f}")
+        print(
+            f"{'arena run ' + str(i + 1):<16}{host['verdict']:<14}{host['explanation']!s:<18}"
+            f"{'-' if growth is None else format(growth, '.1f'):>15}"
+            f"{str(p.get('arenas_first')) + '->' + str(p.get('arenas_last')):>10}{wall:>8.1f}"
+        )
     false = sum(1 for r in runs if r["verdict"] == "LEAK")
-    print(f"\nfalse host-RAM LEAK on malloc arena growth: {false}/{len(runs)} "
-          f"({args.rounds} rounds x {args.requests} requests)")
-    _finish(args, {"benchmark": "soak_sensitivity", "target": "host_arena", "rounds": args.rounds,
-                   "malloc_arena_max": args.malloc_arena_max, "cpu_count": os.cpu_count(),
-                   "requests_per_round": args.requests, "runs": runs, "false_leaks": false})
+    print(
+        f"\nfalse host-RAM LEAK on malloc arena growth: {false}/{len(runs)} "
+        f"({args.rounds} rounds x {args.requests} requests)"
+    )
+    _finish(
+        args,
+        {
+            "benchmark": "soak_sensitivity",
+            "target": "host_arena",
+            "rounds": args.rounds,
+            "malloc_arena_max": args.malloc_arena_max,
+            "cpu_count": os.cpu_count(),
+            "requests_per_round": args.requests,
+            "runs": runs,
+            "false_leaks": false,
+        },
+    )
     return 0 if false == 0 else 1
 
 

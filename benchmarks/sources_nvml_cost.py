@@ -54,7 +54,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=2000)
     ap.add_argument("--smi", type=int, default=30, help="nvidia-smi runs")
-    ap.add_argument("--seconds", type=float, default=30.0, help="duration of the 10 Hz CPU measurement")
+    ap.add_argument(
+        "--seconds", type=float, default=30.0, help="duration of the 10 Hz CPU measurement"
+    )
     ap.add_argument("--hz", type=float, default=10.0)
     ap.add_argument("--json-out", type=Path)
     args = ap.parse_args()
@@ -87,6 +89,7 @@ def main() -> int:
     try:
         bare()
     except pynvml.NVMLError:
+
         def bare() -> None:  # older driver: v1 memory call
             for h in handles:
                 pynvml.nvmlDeviceGetMemoryInfo(h)
@@ -122,30 +125,54 @@ def main() -> int:
         "processes_seen": n_procs,
         "driver": src.driver_version,
         "nvml_init_ms": init_s * 1e3,
-        "full_sample_us": {k: (v * 1e6 if k != "n" else v) for k, v in _quantiles(sample_s).items()},
-        "bare_nvml_calls_us": {k: (v * 1e6 if k != "n" else v) for k, v in _quantiles(bare_s).items()},
-        "nvidia_smi_ms": {k: (v * 1e3 if k != "n" else v) for k, v in _quantiles(smi_s).items()} if smi_s else None,
-        "ratio_smi_over_full_sample": (statistics.median(smi_s) / statistics.median(sample_s)) if smi_s else None,
-        "sampler": {"hz": args.hz, "seconds": wall, "ticks": ticks, "cpu_s": cpu,
-                    "core_percent": 100.0 * cpu / wall, "run_file_bytes_per_sample": run_bytes / max(ticks, 1)},
+        "full_sample_us": {
+            k: (v * 1e6 if k != "n" else v) for k, v in _quantiles(sample_s).items()
+        },
+        "bare_nvml_calls_us": {
+            k: (v * 1e6 if k != "n" else v) for k, v in _quantiles(bare_s).items()
+        },
+        "nvidia_smi_ms": {k: (v * 1e3 if k != "n" else v) for k, v in _quantiles(smi_s).items()}
+        if smi_s
+        else None,
+        "ratio_smi_over_full_sample": (statistics.median(smi_s) / statistics.median(sample_s))
+        if smi_s
+        else None,
+        "sampler": {
+            "hz": args.hz,
+            "seconds": wall,
+            "ticks": ticks,
+            "cpu_s": cpu,
+            "core_percent": 100.0 * cpu / wall,
+            "run_file_bytes_per_sample": run_bytes / max(ticks, 1),
+        },
         "host_cpus": os.cpu_count(),
     }
     fs, bs = result["full_sample_us"], result["bare_nvml_calls_us"]
-    print(f"GPUs: {n_gpus}, processes seen: {n_procs}, driver {src.driver_version}, nvmlInit {init_s * 1e3:.1f} ms")
-    print(f"full NvmlSource.sample(): median {fs['median']:.1f} us (p10 {fs['p10']:.1f}, p90 {fs['p90']:.1f}) over {fs['n']}")
-    print(f"bare NVML calls:          median {bs['median']:.1f} us (p10 {bs['p10']:.1f}, p90 {bs['p90']:.1f})")
+    print(
+        f"GPUs: {n_gpus}, processes seen: {n_procs}, driver {src.driver_version}, nvmlInit {init_s * 1e3:.1f} ms"
+    )
+    print(
+        f"full NvmlSource.sample(): median {fs['median']:.1f} us (p10 {fs['p10']:.1f}, p90 {fs['p90']:.1f}) over {fs['n']}"
+    )
+    print(
+        f"bare NVML calls:          median {bs['median']:.1f} us (p10 {bs['p10']:.1f}, p90 {bs['p90']:.1f})"
+    )
     ok = True
     if smi_s:
         sm = result["nvidia_smi_ms"]
         ratio = result["ratio_smi_over_full_sample"]
-        print(f"nvidia-smi process:       median {sm['median']:.1f} ms (p10 {sm['p10']:.1f}, p90 {sm['p90']:.1f}) over {sm['n']}")
+        print(
+            f"nvidia-smi process:       median {sm['median']:.1f} ms (p10 {sm['p10']:.1f}, p90 {sm['p90']:.1f}) over {sm['n']}"
+        )
         print(f"ratio nvidia-smi / full sample: {ratio:.0f}x (target >= 200x)")
         ok &= ratio >= 200
     else:
         print("nvidia-smi not found: no ratio")
     sp = result["sampler"]
-    print(f"sampler at {args.hz:g} Hz for {sp['seconds']:.1f} s: {sp['core_percent']:.3f}% of one core "
-          f"({sp['ticks']} samples, {sp['run_file_bytes_per_sample']:.0f} B each on disk; target < 1%)")
+    print(
+        f"sampler at {args.hz:g} Hz for {sp['seconds']:.1f} s: {sp['core_percent']:.3f}% of one core "
+        f"({sp['ticks']} samples, {sp['run_file_bytes_per_sample']:.0f} B each on disk; target < 1%)"
+    )
     ok &= sp["core_percent"] < 1.0
     if args.json_out:
         args.json_out.write_text(json.dumps(result, indent=2) + "\n")

@@ -38,15 +38,39 @@ from vramdoctor.watch import WatchConfig, Watcher, WatchOptions, WatchState  # n
 
 
 def cpu_cost(run_s: float) -> None:
-    gpus = [{"index": i, "name": "NVIDIA H200", "uuid": f"GPU-{i}", "total": 143771, "used": 90000, "free": 53771}
-            for i in range(8)]
-    procs = [{"index": i % 8, "pid": 1000 + i, "username": "svc", "mib": 40000 + i, "command": "python3 -m sglang"}
-             for i in range(16)]
-    sleepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(100000)"]) for _ in range(8)]
+    gpus = [
+        {
+            "index": i,
+            "name": "NVIDIA H200",
+            "uuid": f"GPU-{i}",
+            "total": 143771,
+            "used": 90000,
+            "free": 53771,
+        }
+        for i in range(8)
+    ]
+    procs = [
+        {
+            "index": i % 8,
+            "pid": 1000 + i,
+            "username": "svc",
+            "mib": 40000 + i,
+            "command": "python3 -m sglang",
+        }
+        for i in range(16)
+    ]
+    sleepers = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(100000)"])
+        for _ in range(8)
+    ]
     try:
         with serve(sglang_text()) as server, serve(nvitop_text("h1", gpus, procs)) as gpu:
-            opts = WatchOptions(server_url=server, gpu_metrics=[gpu + "/metrics"], pids=[p.pid for p in sleepers],
-                                listen="127.0.0.1:0")
+            opts = WatchOptions(
+                server_url=server,
+                gpu_metrics=[gpu + "/metrics"],
+                pids=[p.pid for p in sleepers],
+                listen="127.0.0.1:0",
+            )
             w = Watcher(opts).open()
             try:
                 for _ in range(3):
@@ -59,7 +83,11 @@ def cpu_cost(run_s: float) -> None:
                 tick_cpu = (time.process_time() - c0) / n
                 # a full 6-hour window: the state filled with 6 h of buckets for every series
                 full = WatchState(WatchConfig())
-                h = History(hours=6, step_s=15, procs=[Proc(pid=p, name="python3", gpu=p % 8) for p in range(16)])
+                h = History(
+                    hours=6,
+                    step_s=15,
+                    procs=[Proc(pid=p, name="python3", gpu=p % 8) for p in range(16)],
+                )
                 for r in records(h):
                     full.ingest(r)
                 c0 = time.process_time()
@@ -67,10 +95,14 @@ def cpu_cost(run_s: float) -> None:
                     res = full.analyse(r.wall)
                 analyse_cpu = (time.process_time() - c0) / 5
                 scaled = tick_cpu / opts.interval_s + analyse_cpu / opts.analyse_every_s
-                print(f"one tick: {tick_cpu * 1000:.1f} ms CPU; one analysis of a full 6 h window "
-                      f"({len(res.series)} series): {analyse_cpu * 1000:.0f} ms CPU")
-                print(f"scaled to the defaults (tick every {opts.interval_s:g} s, analysis every "
-                      f"{opts.analyse_every_s:g} s): {scaled * 100:.2f} % of one core")
+                print(
+                    f"one tick: {tick_cpu * 1000:.1f} ms CPU; one analysis of a full 6 h window "
+                    f"({len(res.series)} series): {analyse_cpu * 1000:.0f} ms CPU"
+                )
+                print(
+                    f"scaled to the defaults (tick every {opts.interval_s:g} s, analysis every "
+                    f"{opts.analyse_every_s:g} s): {scaled * 100:.2f} % of one core"
+                )
                 # a real run at the default rate, with Prometheus-style scrapes every 15 s
                 stop = threading.Event()
                 scrapes = []
@@ -86,8 +118,10 @@ def cpu_cost(run_s: float) -> None:
                 w.run(stop, duration_s=run_s)
                 cpu, wall = time.process_time() - c0, time.monotonic() - w0
                 stop.set()
-                print(f"real run: {wall:.0f} s at the defaults, {len(scrapes)} scrapes of /metrics "
-                      f"({scrapes[-1] if scrapes else 0} bytes): {cpu:.2f} s CPU = {cpu / wall * 100:.2f} % of one core")
+                print(
+                    f"real run: {wall:.0f} s at the defaults, {len(scrapes)} scrapes of /metrics "
+                    f"({scrapes[-1] if scrapes else 0} bytes): {cpu:.2f} s CPU = {cpu / wall * 100:.2f} % of one core"
+                )
             finally:
                 w.close()
     finally:
@@ -97,11 +131,15 @@ def cpu_cost(run_s: float) -> None:
 
 def memory_week() -> None:
     state = WatchState(WatchConfig())
-    day = History(hours=24, step_s=5, procs=[Proc(pid=p, name="python3", gpu=p % 8) for p in range(8)])
+    day = History(
+        hours=24, step_s=5, procs=[Proc(pid=p, name="python3", gpu=p % 8) for p in range(8)]
+    )
     base = records(day)
     print(f"one simulated day: {len(base):,} records (every 5 s: GPU, host, server metrics)")
     tracemalloc.start()
-    only_state = [tracemalloc.Filter(True, "*vramdoctor*")]  # what the state allocated, not the input
+    only_state = [
+        tracemalloc.Filter(True, "*vramdoctor*")
+    ]  # what the state allocated, not the input
     for d in range(7):
         if d:
             for rec in base:  # the next day, with new PIDs (restarts)
@@ -115,8 +153,13 @@ def memory_week() -> None:
                 state.analyse(rec.wall)
                 last_hour = rec.wall
         state.analyse(rec.wall)
-        held = sum(st.size for st in tracemalloc.take_snapshot().filter_traces(only_state).statistics("filename"))
-        print(f"after day {d + 1}: {held / 2**20:6.2f} MiB held by the watch state, {state.series_count} series")
+        held = sum(
+            st.size
+            for st in tracemalloc.take_snapshot().filter_traces(only_state).statistics("filename")
+        )
+        print(
+            f"after day {d + 1}: {held / 2**20:6.2f} MiB held by the watch state, {state.series_count} series"
+        )
     tracemalloc.stop()
 
 

@@ -18,10 +18,14 @@ FAKE_TORCH = FIXTURES / "fake_torch"
 class Proc:
     """A child process with its output in a file; `port` once it printed "listening PORT"."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], log: Path, cwd: Path | None = None) -> None:
+    def __init__(
+        self, argv: list[str], env: dict[str, str], log: Path, cwd: Path | None = None
+    ) -> None:
         self.log = log
         self.fh = open(log, "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(argv, env=env, stdout=self.fh, stderr=subprocess.STDOUT, cwd=cwd)
+        self.proc = subprocess.Popen(
+            argv, env=env, stdout=self.fh, stderr=subprocess.STDOUT, cwd=cwd
+        )
         self.port = 0
 
     def wait_port(self, timeout_s: float = 30.0) -> int:
@@ -57,9 +61,13 @@ class Proc:
 
 def agent_env(agent_dir: Path, *, fake_torch: bool = True, **extra: str) -> dict[str, str]:
     """The environment of a server started with the agent (and the fake torch when asked)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VRAMDOCTOR_AGENT", "FAKE_TORCH"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("VRAMDOCTOR_AGENT", "FAKE_TORCH"))
+    }
     parts = [str(agent_path())] + ([str(FAKE_TORCH)] if fake_torch else [])
-    env["PYTHONPATH"] = os.pathsep.join([*parts, env["PYTHONPATH"]] if env.get("PYTHONPATH") else parts)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [*parts, env["PYTHONPATH"]] if env.get("PYTHONPATH") else parts
+    )
     env["VRAMDOCTOR_AGENT_DIR"] = str(agent_dir)
     env["VRAMDOCTOR_AGENT_POLL_S"] = "0.05"
     env.update(extra)
@@ -67,7 +75,10 @@ def agent_env(agent_dir: Path, *, fake_torch: bool = True, **extra: str) -> dict
 
 
 def agent_server(tmp: Path, agent_dir: Path, *args: str, **env: str) -> Proc:
-    p = Proc([sys.executable, str(FIXTURES / "agent_server.py"), *args], agent_env(agent_dir, **env),
-             tmp / f"server-{len(list(tmp.glob('server-*.log')))}.log")
+    p = Proc(
+        [sys.executable, str(FIXTURES / "agent_server.py"), *args],
+        agent_env(agent_dir, **env),
+        tmp / f"server-{len(list(tmp.glob('server-*.log')))}.log",
+    )
     p.wait_port()
     return p

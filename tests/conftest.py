@@ -28,7 +28,9 @@ def _nvidia_gpu_present() -> bool:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if any("gpu" in item.keywords for item in items) and not _nvidia_gpu_present():
-        skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run on the GPU machine: pytest -m gpu)")
+        skip = pytest.mark.skip(
+            reason="needs an NVIDIA GPU (run on the GPU machine: pytest -m gpu)"
+        )
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)

@@ -75,8 +75,9 @@ class HostShmPayload:
         _HELD.append(self._context(gpu))
         return {"peer_access": True, "uuid": f"FAKE-{gpu}"}
 
-    def open(self, message: dict[str, Any], gpu: int, producer_gpu: int,
-             redirect: bool) -> tuple[dict[str, Any], Any]:
+    def open(
+        self, message: dict[str, Any], gpu: int, producer_gpu: int, redirect: bool
+    ) -> tuple[dict[str, Any], Any]:
         time.sleep(gpu * self.open_delay_s)
         how = self.fail.get(gpu)
         if how == "open":
@@ -89,17 +90,27 @@ class HostShmPayload:
         if not redirect:  # torch's way: the handle is opened on the producer's device
             held.append(self._context(producer_gpu))
         ok = zlib.crc32(held[0]) == message["expected"] and how != "bad-data"
-        return {"tensor_device": gpu if redirect else producer_gpu,
-                "redirect_applied": redirect and gpu != producer_gpu,
-                "slice_correct": ok, "tensor_correct": ok, "warnings": []}, held
+        return {
+            "tensor_device": gpu if redirect else producer_gpu,
+            "redirect_applied": redirect and gpu != producer_gpu,
+            "slice_correct": ok,
+            "tensor_correct": ok,
+            "warnings": [],
+        }, held
 
     def release(self, held: Any) -> None:
         for mm in held:
             mm.close()
 
 
-def host_census(root: str, gpus: int, *, nvml_offset: int = 0, delay_s: float = 0.0,
-                calls: list[float] | None = None) -> Callable[[], dict[str, Any]]:
+def host_census(
+    root: str,
+    gpus: int,
+    *,
+    nvml_offset: int = 0,
+    delay_s: float = 0.0,
+    calls: list[float] | None = None,
+) -> Callable[[], dict[str, Any]]:
     """A census in GpuSample's shape of what this process's children map under root, now.
 
     Fake GPU g is NVML index g + nvml_offset (as with CUDA_VISIBLE_DEVICES=2,3,...), matched
@@ -126,11 +137,20 @@ def host_census(root: str, gpus: int, *, nvml_offset: int = 0, delay_s: float = 
         if calls is not None:
             calls.append(time.monotonic())
         return {
-            "t": time.monotonic(), "wall": time.time(), "source": "host-maps",
-            "gpus": [{"index": g + nvml_offset, "uuid": f"FAKE-{g}",
-                      "used_mib": sum(v for (_, gg), v in used.items() if gg == g + nvml_offset)}
-                     for g in range(gpus)],
-            "processes": [{"pid": pid, "gpu": g, "used_mib": v} for (pid, g), v in sorted(used.items())],
+            "t": time.monotonic(),
+            "wall": time.time(),
+            "source": "host-maps",
+            "gpus": [
+                {
+                    "index": g + nvml_offset,
+                    "uuid": f"FAKE-{g}",
+                    "used_mib": sum(v for (_, gg), v in used.items() if gg == g + nvml_offset),
+                }
+                for g in range(gpus)
+            ],
+            "processes": [
+                {"pid": pid, "gpu": g, "used_mib": v} for (pid, g), v in sorted(used.items())
+            ],
         }
 
     return census

@@ -30,7 +30,9 @@ class RefServer:
     def __init__(self, mode: str, *extra: str, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, str(SERVER), "--port", "0", "--mode", mode, "--device", "cpu", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
             env={**os.environ, **(env or {})},
         )
         assert self.proc.stdout is not None
@@ -55,11 +57,15 @@ class RefServer:
                 self.proc.wait()
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     """`python -m vramdoctor ARGS` as a user runs it, output captured."""
     return subprocess.run(
         [sys.executable, "-m", "vramdoctor", *args],
-        capture_output=True, text=True, timeout=timeout, cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
         env={**os.environ, **(env or {})},
     )

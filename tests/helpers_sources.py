@@ -48,7 +48,9 @@ def serve(respond: Responder | str) -> Iterator[str]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -59,14 +61,17 @@ def serve(respond: Responder | str) -> Iterator[str]:
 
 def metrics_only(text: str) -> Responder:
     """Answers /metrics with text and anything else with 404, like the servers do."""
+
     def respond(path: str) -> tuple[int, str, str]:
         if path.split("?", 1)[0] == "/metrics":
             return 200, "text/plain; version=0.0.4; charset=utf-8", text
         return 404, "text/plain", "Not Found"
+
     return respond
 
 
 # --- SGLang ---------------------------------------------------------------------------
+
 
 def sglang_text(
     *,
@@ -103,16 +108,26 @@ def sglang_text(
     if v >= (0, 4, 7):
         gauge("sglang:num_retracted_reqs", "The number of retracted requests.", lambda r: 0)
     if v >= (0, 5, 9):
-        gauge("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.",
-              lambda r: 200000)
+        gauge(
+            "sglang:max_total_num_tokens",
+            "Maximum total number of tokens in the KV cache pool.",
+            lambda r: 200000,
+        )
     if v >= (0, 5, 12):
         gauge("sglang:kv_available_tokens", "Available tokens.", lambda r: 150000)
         gauge("sglang:kv_evictable_tokens", "Evictable tokens.", lambda r: 38000)
         gauge("sglang:kv_used_tokens", "Used tokens.", lambda r: used_tokens)
-        gauge("sglang:startup_available_gpu_memory_gb", "Available GPU memory at startup (GB).",
-              lambda r: 7.5 + int(r.get("tp_rank", "0")))
-        c = Counter("sglang:num_retracted_requests_total", "Total number of retracted requests.",
-                    labelnames=names, registry=reg)
+        gauge(
+            "sglang:startup_available_gpu_memory_gb",
+            "Available GPU memory at startup (GB).",
+            lambda r: 7.5 + int(r.get("tp_rank", "0")),
+        )
+        c = Counter(
+            "sglang:num_retracted_requests_total",
+            "Total number of retracted requests.",
+            labelnames=names,
+            registry=reg,
+        )
         for r in ranks:
             c.labels(**r).inc(4)
     if v >= (0, 5, 15):
@@ -120,16 +135,29 @@ def sglang_text(
     if v >= (0, 5, 17):
         gauge("sglang:weight_memory_usage_gb", "Weight memory (GB).", lambda r: 15.284)
         gauge("sglang:kv_cache_memory_usage_gb", "KV cache memory (GB).", lambda r: 36.2)
-        g = Gauge("sglang:graph_memory_usage_gb", "CUDA graph memory (GB).",
-                  labelnames=[*names, "phase"], registry=reg)
+        g = Gauge(
+            "sglang:graph_memory_usage_gb",
+            "CUDA graph memory (GB).",
+            labelnames=[*names, "phase"],
+            registry=reg,
+        )
         for r in ranks:
             g.labels(**r, phase="prefill").set(0.126)
             g.labels(**r, phase="decode").set(0.314)
-    tok = Counter("sglang:prompt_tokens_total", "Number of prefill tokens processed.",
-                  labelnames=sorted(base), registry=reg)
+    tok = Counter(
+        "sglang:prompt_tokens_total",
+        "Number of prefill tokens processed.",
+        labelnames=sorted(base),
+        registry=reg,
+    )
     tok.labels(**base).inc(123456)
-    h = Histogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                  labelnames=sorted(base), registry=reg, buckets=[0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4])
+    h = Histogram(
+        "sglang:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        labelnames=sorted(base),
+        registry=reg,
+        buckets=[0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4],
+    )
     h.labels(**base).observe(0.3)
     if extra:
         extra(reg)
@@ -137,6 +165,7 @@ def sglang_text(
 
 
 # --- vLLM -----------------------------------------------------------------------------
+
 
 def vllm_text(
     *,
@@ -153,7 +182,11 @@ def vllm_text(
     kv_usage = kv_usage or [0.31] * engines
     v0 = _ver(version) < (0, 7)
     labelnames = ["model_name"] if v0 else ["model_name", "engine"]
-    label_sets = [{"model_name": model}] if v0 else [{"model_name": model, "engine": str(i)} for i in range(engines)]
+    label_sets = (
+        [{"model_name": model}]
+        if v0
+        else [{"model_name": model, "engine": str(i)} for i in range(engines)]
+    )
 
     def gauge(name: str, doc: str, values: list[float]) -> None:
         g = Gauge(name, doc, labelnames=labelnames, registry=reg)
@@ -166,37 +199,81 @@ def vllm_text(
             c.labels(**labels).inc(value)
 
     info = Info("vllm:cache_config", "Information of the LLMEngine CacheConfig", registry=reg)
-    info.info({"block_size": "16", "cache_dtype": "auto", "gpu_memory_utilization": "0.9",
-               "num_gpu_blocks": "27000", "num_cpu_blocks": "2048", "enable_prefix_caching": "True"})
-    gauge("vllm:num_requests_running", "Number of requests in model execution batches.", [running] * engines)
-    gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", [waiting] * engines)
+    info.info(
+        {
+            "block_size": "16",
+            "cache_dtype": "auto",
+            "gpu_memory_utilization": "0.9",
+            "num_gpu_blocks": "27000",
+            "num_cpu_blocks": "2048",
+            "enable_prefix_caching": "True",
+        }
+    )
+    gauge(
+        "vllm:num_requests_running",
+        "Number of requests in model execution batches.",
+        [running] * engines,
+    )
+    gauge(
+        "vllm:num_requests_waiting",
+        "Number of requests waiting to be processed.",
+        [waiting] * engines,
+    )
     if v0:
         gauge("vllm:num_requests_swapped", "Number of requests swapped to CPU.", [0])
-        gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", kv_usage)
+        gauge(
+            "vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", kv_usage
+        )
         gauge("vllm:cpu_cache_usage_perc", "CPU KV-cache usage. 1 means 100 percent usage.", [0.0])
         gauge("vllm:gpu_prefix_cache_hit_rate", "GPU prefix cache block hit rate.", [0.5])
-        counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", preemptions)
+        counter(
+            "vllm:num_preemptions_total",
+            "Cumulative number of preemption from the engine.",
+            preemptions,
+        )
     else:
         if _ver(version) < (0, 11):
-            gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage."
-                  "DEPRECATED: Use vllm:kv_cache_usage_perc instead.", [0.99] * engines)
+            gauge(
+                "vllm:gpu_cache_usage_perc",
+                "GPU KV-cache usage. 1 means 100 percent usage."
+                "DEPRECATED: Use vllm:kv_cache_usage_perc instead.",
+                [0.99] * engines,
+            )
             counter("vllm:gpu_prefix_cache_queries", "GPU prefix cache queries.", 1000)
             counter("vllm:gpu_prefix_cache_hits", "GPU prefix cache hits.", 250)
         gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", kv_usage)
-        counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", 1000)
-        counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", 400)
-        counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", preemptions)
+        counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            1000,
+        )
+        counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", 400
+        )
+        counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine.", preemptions
+        )
     counter("vllm:prompt_tokens", "Number of prefill tokens processed.", 5000)
-    h = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                  labelnames=labelnames, registry=reg, buckets=[0.001, 0.005, 0.01, 0.02, 0.04, 0.1, 1.0])
+    h = Histogram(
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        labelnames=labelnames,
+        registry=reg,
+        buckets=[0.001, 0.005, 0.01, 0.02, 0.04, 0.1, 1.0],
+    )
     h.labels(**label_sets[0]).observe(0.015)
     return generate_latest(reg).decode()
 
 
 # --- GPU exporters --------------------------------------------------------------------
 
-def dcgm_text(gpus: list[dict], *, uuid_label: str = "UUID", fields: tuple[str, ...] = (
-        "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED")) -> str:
+
+def dcgm_text(
+    gpus: list[dict],
+    *,
+    uuid_label: str = "UUID",
+    fields: tuple[str, ...] = ("DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED"),
+) -> str:
     """dcgm-exporter's text layout. Each gpu dict: gpu, uuid, model, host, used, free, and
     optionally reserved, total, mig_profile, mig_id, pod, namespace, container."""
     helps = {
@@ -206,16 +283,22 @@ def dcgm_text(gpus: list[dict], *, uuid_label: str = "UUID", fields: tuple[str, 
         "DCGM_FI_DEV_FB_TOTAL": "Framebuffer memory total (in MiB).",
         "DCGM_FI_DEV_GPU_UTIL": "GPU utilization (in %).",
     }
-    key = {"DCGM_FI_DEV_FB_FREE": "free", "DCGM_FI_DEV_FB_USED": "used",
-           "DCGM_FI_DEV_FB_RESERVED": "reserved", "DCGM_FI_DEV_FB_TOTAL": "total",
-           "DCGM_FI_DEV_GPU_UTIL": "util"}
+    key = {
+        "DCGM_FI_DEV_FB_FREE": "free",
+        "DCGM_FI_DEV_FB_USED": "used",
+        "DCGM_FI_DEV_FB_RESERVED": "reserved",
+        "DCGM_FI_DEV_FB_TOTAL": "total",
+        "DCGM_FI_DEV_GPU_UTIL": "util",
+    }
     lines: list[str] = []
     for field in fields:
         lines.append(f"# HELP {field} {helps[field]}")
         lines.append(f"# TYPE {field} gauge")
         for g in gpus:
-            labels = (f'gpu="{g["gpu"]}",{uuid_label}="{g["uuid"]}",pci_bus_id="00000000:{0x18 + int(g["gpu"]):02X}:00.0",'
-                      f'device="nvidia{g["gpu"]}",modelName="{g["model"]}"')
+            labels = (
+                f'gpu="{g["gpu"]}",{uuid_label}="{g["uuid"]}",pci_bus_id="00000000:{0x18 + int(g["gpu"]):02X}:00.0",'
+                f'device="nvidia{g["gpu"]}",modelName="{g["model"]}"'
+            )
             if g.get("mig_profile"):
                 labels += f',GPU_I_PROFILE="{g["mig_profile"]}",GPU_I_ID="{g["mig_id"]}"'
             if g.get("host"):
@@ -235,25 +318,51 @@ def nvitop_text(host: str, gpus: list[dict], processes: list[dict]) -> str:
     reg = CollectorRegistry()
     gl = ["hostname", "index", "devicename", "uuid"]
     pl = [*gl, "pid", "username"]
-    total = Gauge("gpu_memory_total", "GPU memory total (MiB).", unit="MiB", labelnames=gl, registry=reg)
-    used = Gauge("gpu_memory_used", "GPU memory used (MiB).", unit="MiB", labelnames=gl, registry=reg)
-    free = Gauge("gpu_memory_free", "GPU memory free (MiB).", unit="MiB", labelnames=gl, registry=reg)
-    util = Gauge("gpu_utilization", "GPU utilization (%).", unit="Percentage", labelnames=gl, registry=reg)
+    total = Gauge(
+        "gpu_memory_total", "GPU memory total (MiB).", unit="MiB", labelnames=gl, registry=reg
+    )
+    used = Gauge(
+        "gpu_memory_used", "GPU memory used (MiB).", unit="MiB", labelnames=gl, registry=reg
+    )
+    free = Gauge(
+        "gpu_memory_free", "GPU memory free (MiB).", unit="MiB", labelnames=gl, registry=reg
+    )
+    util = Gauge(
+        "gpu_utilization", "GPU utilization (%).", unit="Percentage", labelnames=gl, registry=reg
+    )
     pinfo = Info("process_info", "Process information.", labelnames=pl, registry=reg)
-    pmem = Gauge("process_gpu_memory", "Process GPU memory (MiB).", unit="MiB", labelnames=pl, registry=reg)
-    prss = Gauge("process_rss_memory", "Process memory resident set size (MiB).", unit="MiB",
-                 labelnames=pl, registry=reg)
+    pmem = Gauge(
+        "process_gpu_memory", "Process GPU memory (MiB).", unit="MiB", labelnames=pl, registry=reg
+    )
+    prss = Gauge(
+        "process_rss_memory",
+        "Process memory resident set size (MiB).",
+        unit="MiB",
+        labelnames=pl,
+        registry=reg,
+    )
     by_index = {str(g["index"]): g for g in gpus}
     for g in gpus:
-        labels = {"hostname": host, "index": str(g["index"]), "devicename": g["name"], "uuid": g["uuid"]}
+        labels = {
+            "hostname": host,
+            "index": str(g["index"]),
+            "devicename": g["name"],
+            "uuid": g["uuid"],
+        }
         total.labels(**labels).set(g["total"])
         used.labels(**labels).set(g["used"])
         free.labels(**labels).set(g["free"])
         util.labels(**labels).set(50.0)
     for p in processes:
         g = by_index[str(p["index"])]
-        labels = {"hostname": host, "index": str(p["index"]), "devicename": g["name"], "uuid": g["uuid"],
-                  "pid": str(p["pid"]), "username": p.get("username", "root")}
+        labels = {
+            "hostname": host,
+            "index": str(p["index"]),
+            "devicename": g["name"],
+            "uuid": g["uuid"],
+            "pid": str(p["pid"]),
+            "username": p.get("username", "root"),
+        }
         pinfo.labels(**labels).info({"status": "running", "command": p["command"]})
         pmem.labels(**labels).set(p["mib"])
         prss.labels(**labels).set(2048.0)

@@ -49,11 +49,23 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", "0") or 0))
-        self._send(200, {
-            "id": "c1", "object": "chat.completion", "created": 0, "model": MODEL,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-        })
+        self._send(
+            200,
+            {
+                "id": "c1",
+                "object": "chat.completion",
+                "created": 0,
+                "model": MODEL,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "ok"},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+            },
+        )
 
     def log_message(self, *args: object) -> None:
         pass

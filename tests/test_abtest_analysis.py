@@ -26,19 +26,34 @@ def test_recorded_run_is_complete_and_has_every_variant(recorded) -> None:
     run, _, result = recorded
     assert run.command == "ab-test" and run.status == "complete"
     names = [v["variant"] for v in result["variants"]]
-    assert names == ["baseline", "scoped_pool", "empty_cache", "expandable_segments", "cpu",
-                     "escaped_unguarded", "escaped_guarded"]
+    assert names == [
+        "baseline",
+        "scoped_pool",
+        "empty_cache",
+        "expandable_segments",
+        "cpu",
+        "escaped_unguarded",
+        "escaped_guarded",
+    ]
     assert all(v["status"] == "ok" for v in result["variants"])
 
 
 def test_latency_and_levels_are_computed_from_the_records(recorded) -> None:
     _, records, result = recorded
     for v in result["variants"]:
-        lat = [r["latency_ms"] for r in records if r["kind"] == "abtest.request" and r["variant"] == v["variant"]]
+        lat = [
+            r["latency_ms"]
+            for r in records
+            if r["kind"] == "abtest.request" and r["variant"] == v["variant"]
+        ]
         assert v["requests"] == len(lat) > 0
         assert v["p50_ms"] == pytest.approx(statistics.median(lat))
-        ctx = next(r for r in records if r["kind"] == "abtest.context" and r["variant"] == v["variant"])
-        rounds = [r for r in records if r["kind"] == "abtest.round" and r["variant"] == v["variant"]]
+        ctx = next(
+            r for r in records if r["kind"] == "abtest.context" and r["variant"] == v["variant"]
+        )
+        rounds = [
+            r for r in records if r["kind"] == "abtest.round" and r["variant"] == v["variant"]
+        ]
         assert [row["nvml_above_context_mib"] for row in v["rounds"]] == [
             pytest.approx(r["nvml_mib"] - ctx["context_mib"]) for r in rounds
         ]
@@ -76,9 +91,14 @@ def test_recorded_ipc_arm(recorded) -> None:
     # cross-check one figure against the raw census
     raw = next(r for r in records if r["kind"] == "abtest.ipc" and r["mode"] == "no-redirect")
     consumer = raw["consumers"][0]
-    on_producer = sum(p["used_mib"] for p in raw["census_opened"]["processes"]
-                      if p["pid"] == consumer["pid"] and p["gpu"] == raw["producer_gpu"])
-    assert arms["no-redirect"]["extra_on_producer_gpu_per_consumer_mib"] == pytest.approx(on_producer)
+    on_producer = sum(
+        p["used_mib"]
+        for p in raw["census_opened"]["processes"]
+        if p["pid"] == consumer["pid"] and p["gpu"] == raw["producer_gpu"]
+    )
+    assert arms["no-redirect"]["extra_on_producer_gpu_per_consumer_mib"] == pytest.approx(
+        on_producer
+    )
     assert arms["no-redirect"]["extra_on_producer_gpu_per_consumer_mib"] > 300
     assert arms["redirect"]["extra_on_producer_gpu_per_consumer_mib"] == 0
     assert all(c["redirect_applied"] for c in arms["redirect"]["consumers"])
@@ -90,17 +110,49 @@ def test_recorded_ipc_arm(recorded) -> None:
         assert len(arm["census"]) == len(raw["census_opened"]["gpus"])
 
 
-def _records(name: str, levels: list[float], context: float = 600.0, latency: float = 4.0, **start) -> list[dict]:
-    recs = [{"kind": "abtest.variant", "variant": name, "event": "start", "title": name,
-             "config": {"mitigation": start.get("mitigation", True)}},
-            {"kind": "abtest.context", "variant": name, "context_mib": context}]
+def _records(
+    name: str, levels: list[float], context: float = 600.0, latency: float = 4.0, **start
+) -> list[dict]:
+    recs = [
+        {
+            "kind": "abtest.variant",
+            "variant": name,
+            "event": "start",
+            "title": name,
+            "config": {"mitigation": start.get("mitigation", True)},
+        },
+        {"kind": "abtest.context", "variant": name, "context_mib": context},
+    ]
     for r, level in enumerate(levels):
         for i in range(5):
-            recs.append({"kind": "abtest.request", "variant": name, "round": r, "i": i,
-                         "latency_ms": latency + i * 0.1, "nvml_mib": context + level, "torch_reserved_mib": level})
-        recs.append({"kind": "abtest.round", "variant": name, "round": r, "nvml_mib": context + level,
-                     "torch_reserved_mib": level})
-    recs.append({"kind": "abtest.idle", "variant": name, "nvml_mib": context + levels[-1], "torch_reserved_mib": levels[-1]})
+            recs.append(
+                {
+                    "kind": "abtest.request",
+                    "variant": name,
+                    "round": r,
+                    "i": i,
+                    "latency_ms": latency + i * 0.1,
+                    "nvml_mib": context + level,
+                    "torch_reserved_mib": level,
+                }
+            )
+        recs.append(
+            {
+                "kind": "abtest.round",
+                "variant": name,
+                "round": r,
+                "nvml_mib": context + level,
+                "torch_reserved_mib": level,
+            }
+        )
+    recs.append(
+        {
+            "kind": "abtest.idle",
+            "variant": name,
+            "nvml_mib": context + levels[-1],
+            "torch_reserved_mib": levels[-1],
+        }
+    )
     recs.append({"kind": "abtest.variant", "variant": name, "event": "end", "status": "ok"})
     return recs
 
@@ -136,7 +188,11 @@ def test_recommendation_prefers_cheap_bounded_mitigation() -> None:
     result = analyse(recs)
     assert result["recommendation"]["variant"] == "scoped_pool"
     assert {v["variant"]: v["verdict"] for v in result["variants"]} == {
-        "baseline": "bounded", "scoped_pool": "bounded", "cpu": "bounded", "escaped_unguarded": "grows"}
+        "baseline": "bounded",
+        "scoped_pool": "bounded",
+        "cpu": "bounded",
+        "escaped_unguarded": "grows",
+    }
     assert result["targets"]["scoped_pool_within_8mib_of_context"]
     pool = result["variants"][1]
     assert pool["overhead_pct"] == pytest.approx((4.3 / 4.2 - 1) * 100)
@@ -163,9 +219,20 @@ def test_baseline_again_measures_drift_and_widens_the_cheap_limit() -> None:
 def test_failed_variant_is_a_problem_and_never_recommended() -> None:
     recs = [
         *_records("baseline", [10, 10, 10], mitigation=False),
-        {"kind": "abtest.variant", "variant": "scoped_pool", "event": "start", "title": "t", "config": {}},
-        {"kind": "abtest.variant", "variant": "scoped_pool", "event": "end", "status": "failed",
-         "message": "worker exited with code 3"},
+        {
+            "kind": "abtest.variant",
+            "variant": "scoped_pool",
+            "event": "start",
+            "title": "t",
+            "config": {},
+        },
+        {
+            "kind": "abtest.variant",
+            "variant": "scoped_pool",
+            "event": "end",
+            "status": "failed",
+            "message": "worker exited with code 3",
+        },
     ]
     result = analyse(recs)
     pool = result["variants"][1]
@@ -179,15 +246,39 @@ def test_tolerance_is_documented_in_mib() -> None:
 
 
 def test_single_gpu_ipc_arm_says_it_needs_two_and_checks_the_round_trip() -> None:
-    census = {"processes": [{"pid": 11, "gpu": 0, "used_mib": 530.0}, {"pid": 12, "gpu": 0, "used_mib": 650.0}]}
+    census = {
+        "processes": [
+            {"pid": 11, "gpu": 0, "used_mib": 530.0},
+            {"pid": 12, "gpu": 0, "used_mib": 650.0},
+        ]
+    }
     recs = [
-        {"kind": "abtest.ipc", "mode": "same-gpu", "skipped_cross_gpu": True,
-         "note": "the IPC redirect arm needs two GPUs; checked the single-GPU round trip only"},
-        {"kind": "abtest.ipc", "mode": "same-gpu", "redirect": True, "producer_gpu": 0, "consumer_gpus": [0],
-         "producer": {"pid": 11, "pool_bytes": 128 << 20, "oversize_went_cpu": True},
-         "consumers": [{"pid": 12, "gpu": 0, "peer_access": True, "redirect_applied": False,
-                        "slice_correct": True, "tensor_correct": True}],
-         "census_before": census, "census_opened": census},
+        {
+            "kind": "abtest.ipc",
+            "mode": "same-gpu",
+            "skipped_cross_gpu": True,
+            "note": "the IPC redirect arm needs two GPUs; checked the single-GPU round trip only",
+        },
+        {
+            "kind": "abtest.ipc",
+            "mode": "same-gpu",
+            "redirect": True,
+            "producer_gpu": 0,
+            "consumer_gpus": [0],
+            "producer": {"pid": 11, "pool_bytes": 128 << 20, "oversize_went_cpu": True},
+            "consumers": [
+                {
+                    "pid": 12,
+                    "gpu": 0,
+                    "peer_access": True,
+                    "redirect_applied": False,
+                    "slice_correct": True,
+                    "tensor_correct": True,
+                }
+            ],
+            "census_before": census,
+            "census_opened": census,
+        },
     ]
     result = analyse(recs)
     assert result["ipc_notes"] == [recs[0]["note"]]
@@ -198,9 +289,16 @@ def test_single_gpu_ipc_arm_says_it_needs_two_and_checks_the_round_trip() -> Non
 
 
 def test_wrong_data_is_reported() -> None:
-    recs = [{"kind": "abtest.ipc", "mode": "redirect", "producer_gpu": 0, "producer": {},
-             "consumers": [{"pid": 5, "gpu": 1, "slice_correct": True, "tensor_correct": False}],
-             "census_opened": {"processes": []}}]
+    recs = [
+        {
+            "kind": "abtest.ipc",
+            "mode": "redirect",
+            "producer_gpu": 0,
+            "producer": {},
+            "consumers": [{"pid": 5, "gpu": 1, "slice_correct": True, "tensor_correct": False}],
+            "census_opened": {"processes": []},
+        }
+    ]
     (arm,) = analyse(recs)["ipc"]
     assert not arm["all_correct"] and arm["extra_on_producer_gpu_per_consumer_mib"] == 0
 
@@ -220,5 +318,7 @@ def test_without_nvml_attribution_falls_back_to_pytorch_reserved(tmp_path) -> No
     assert [row["nvml_above_context_mib"] for row in v["rounds"]] == [None] * 4
     assert v["held_after_idle_mib"] == 226 and v["max_above_context_after_request_mib"] == 226
     assert v["verdict"] == "bounded"
-    png = write_chart(result, {"baseline": [r for r in recs if r["kind"] == "abtest.request"]}, tmp_path / "c.png")
+    png = write_chart(
+        result, {"baseline": [r for r in recs if r["kind"] == "abtest.request"]}, tmp_path / "c.png"
+    )
     assert png.read_bytes()[:4] == b"\x89PNG"

@@ -15,11 +15,15 @@ RUN = Path(__file__).parent / "fixtures" / "abtest" / "h200-qwen2_5_vl.jsonl"
 
 def _cli(*args: str, block_torch: bool = False) -> subprocess.CompletedProcess[str]:
     code = (NO_TORCH if block_torch else "import sys\n") + (
-        "from vramdoctor.cli import main\n"
-        f"sys.exit(main({list(args)!r}))\n"
+        f"from vramdoctor.cli import main\nsys.exit(main({list(args)!r}))\n"
     )
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={"NO_COLOR": "1", "PATH": "/usr/bin:/bin", "HF_HUB_CACHE": "/nonexistent"})
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"NO_COLOR": "1", "PATH": "/usr/bin:/bin", "HF_HUB_CACHE": "/nonexistent"},
+    )
 
 
 def test_without_torch_one_line_and_exit_2() -> None:
@@ -53,9 +57,15 @@ def test_report_of_a_recorded_run_prints_table_ipc_and_recommendation() -> None:
     proc = _cli("report", str(RUN))
     assert proc.returncode in (0, 1), proc.stderr
     out = proc.stdout
-    for needle in ("scoped_pool", "escaped_guarded", "Recommended for this model on this GPU",
-                   "no-redirect", "extra on producer GPU 0 per consumer", "data read back correct",
-                   "target scoped pool within 8mib of context"):
+    for needle in (
+        "scoped_pool",
+        "escaped_guarded",
+        "Recommended for this model on this GPU",
+        "no-redirect",
+        "extra on producer GPU 0 per consumer",
+        "data read back correct",
+        "target scoped pool within 8mib of context",
+    ):
         assert needle in out, needle
 
 
@@ -70,14 +80,27 @@ def test_report_json_is_one_object_with_the_figures(tmp_path) -> None:
     # the exit code follows the recorded targets
     t = data["targets"]
     failed = any(v["status"] != "ok" for v in data["variants"])
-    expect = 1 if failed or not (t["scoped_pool_within_8mib_of_context"] and t["scoped_pool_bounded"]) else 0
+    expect = (
+        1
+        if failed or not (t["scoped_pool_within_8mib_of_context"] and t["scoped_pool_bounded"])
+        else 0
+    )
     assert proc.returncode == expect
 
 
 def test_ab_test_help_lists_the_options() -> None:
     proc = _cli("ab-test", "--help")
     assert proc.returncode == 0
-    for opt in ("--model", "--images", "--count", "--rounds", "--distribution", "--seed", "--json", "--out"):
+    for opt in (
+        "--model",
+        "--images",
+        "--count",
+        "--rounds",
+        "--distribution",
+        "--seed",
+        "--json",
+        "--out",
+    ):
         assert opt in proc.stdout
 
 
@@ -88,16 +111,57 @@ def test_report_of_a_one_gpu_run_says_the_ipc_arm_needs_two(tmp_path) -> None:
     census = {"processes": [{"pid": 12, "gpu": 0, "used_mib": 650.0}]}
     with RunWriter(path, make_header("ab-test", config={"gpu": 0})) as writer:
         for rec in (
-            {"kind": "abtest.variant", "variant": "baseline", "event": "start", "title": "b", "config": {"mitigation": False}},
+            {
+                "kind": "abtest.variant",
+                "variant": "baseline",
+                "event": "start",
+                "title": "b",
+                "config": {"mitigation": False},
+            },
             {"kind": "abtest.context", "variant": "baseline", "context_mib": 600.0},
-            {"kind": "abtest.request", "variant": "baseline", "round": 0, "latency_ms": 3.0, "nvml_mib": 700.0},
-            {"kind": "abtest.round", "variant": "baseline", "round": 0, "nvml_mib": 700.0, "torch_reserved_mib": 98.0},
-            {"kind": "abtest.idle", "variant": "baseline", "nvml_mib": 700.0, "torch_reserved_mib": 98.0},
+            {
+                "kind": "abtest.request",
+                "variant": "baseline",
+                "round": 0,
+                "latency_ms": 3.0,
+                "nvml_mib": 700.0,
+            },
+            {
+                "kind": "abtest.round",
+                "variant": "baseline",
+                "round": 0,
+                "nvml_mib": 700.0,
+                "torch_reserved_mib": 98.0,
+            },
+            {
+                "kind": "abtest.idle",
+                "variant": "baseline",
+                "nvml_mib": 700.0,
+                "torch_reserved_mib": 98.0,
+            },
             {"kind": "abtest.variant", "variant": "baseline", "event": "end", "status": "ok"},
-            {"kind": "abtest.ipc", "mode": "same-gpu", "note": "the IPC redirect arm needs two GPUs; checked the single-GPU round trip only"},
-            {"kind": "abtest.ipc", "mode": "same-gpu", "producer_gpu": 0, "producer": {"pid": 11},
-             "consumers": [{"pid": 12, "gpu": 0, "peer_access": True, "slice_correct": True, "tensor_correct": True}],
-             "census_before": census, "census_opened": census},
+            {
+                "kind": "abtest.ipc",
+                "mode": "same-gpu",
+                "note": "the IPC redirect arm needs two GPUs; checked the single-GPU round trip only",
+            },
+            {
+                "kind": "abtest.ipc",
+                "mode": "same-gpu",
+                "producer_gpu": 0,
+                "producer": {"pid": 11},
+                "consumers": [
+                    {
+                        "pid": 12,
+                        "gpu": 0,
+                        "peer_access": True,
+                        "slice_correct": True,
+                        "tensor_correct": True,
+                    }
+                ],
+                "census_before": census,
+                "census_opened": census,
+            },
         ):
             writer.write(rec)
     proc = _cli("report", str(path))
@@ -108,7 +172,9 @@ def test_report_of_a_one_gpu_run_says_the_ipc_arm_needs_two(tmp_path) -> None:
 
 def test_a_schema_1_run_file_reads_with_the_new_names() -> None:
     # The recorded H200 run predates schema 2: PyTorch's reserved memory was `reserved_mib`.
-    assert '"schema":"vramdoctor.run/1"' in RUN.read_text(encoding="utf-8").splitlines()[0].replace(" ", "")
+    assert '"schema":"vramdoctor.run/1"' in RUN.read_text(encoding="utf-8").splitlines()[0].replace(
+        " ", ""
+    )
     data = json.loads(_cli("report", str(RUN), "--json").stdout)
     rounds = [r for v in data["variants"] for r in v["rounds"]]
     assert rounds and all(r["torch_reserved_mib"] is not None for r in rounds)

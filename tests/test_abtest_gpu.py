@@ -36,18 +36,50 @@ def test_cli_scoped_pool_at_context_escape_grows_guard_bounded(tmp_path) -> None
     """One real `vramdoctor ab-test` run (small workload) checked end to end through --json."""
     out = tmp_path / "run.jsonl"
     proc = subprocess.run(
-        [sys.executable, "-m", "vramdoctor", "ab-test", "--model", "Qwen/Qwen2-VL-2B-Instruct",
-         "--count", "12", "--rounds", "3", "--max-side", "1536", "--idle", "0.5",
-         "--variants", "scoped_pool,escaped_unguarded,escaped_guarded", "--no-ipc", "--json", "--out", str(out)],
-        capture_output=True, text=True, timeout=400,
+        [
+            sys.executable,
+            "-m",
+            "vramdoctor",
+            "ab-test",
+            "--model",
+            "Qwen/Qwen2-VL-2B-Instruct",
+            "--count",
+            "12",
+            "--rounds",
+            "3",
+            "--max-side",
+            "1536",
+            "--idle",
+            "0.5",
+            "--variants",
+            "scoped_pool,escaped_unguarded,escaped_guarded",
+            "--no-ipc",
+            "--json",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
     )
     assert proc.returncode in (0, 1), proc.stderr
     data = json.loads(proc.stdout)
     by = {v["variant"]: v for v in data["variants"]}
-    assert list(by) == ["baseline", "scoped_pool", "escaped_unguarded", "escaped_guarded", "baseline_again"]
+    assert list(by) == [
+        "baseline",
+        "scoped_pool",
+        "escaped_unguarded",
+        "escaped_guarded",
+        "baseline_again",
+    ]
     assert all(v["status"] == "ok" for v in by.values()), [v["message"] for v in by.values()]
     assert by["scoped_pool"]["max_above_context_after_request_mib"] <= 8.0
     assert by["escaped_unguarded"]["verdict"] == "grows"
-    assert by["escaped_guarded"]["verdict"] == "bounded" and by["escaped_guarded"]["escaped_mib"] > 1
-    assert by["escaped_guarded"]["held_after_idle_mib"] < by["escaped_unguarded"]["held_after_idle_mib"] / 4
+    assert (
+        by["escaped_guarded"]["verdict"] == "bounded" and by["escaped_guarded"]["escaped_mib"] > 1
+    )
+    assert (
+        by["escaped_guarded"]["held_after_idle_mib"]
+        < by["escaped_unguarded"]["held_after_idle_mib"] / 4
+    )
     assert out.exists()

@@ -30,16 +30,22 @@ def _check_arms(records: list[dict], n: int) -> dict[str, dict]:
         assert arm["all_correct"], arm["consumers"]
         assert all(c["held_during_census"] for c in arm["consumers"])
         # every consumer was in the census on its own GPU, with at least a CUDA context
-        assert all(c["on_own_gpu_mib"] and c["on_own_gpu_mib"] > 100 for c in arm["consumers"]), mode
+        assert all(c["on_own_gpu_mib"] and c["on_own_gpu_mib"] > 100 for c in arm["consumers"]), (
+            mode
+        )
     none, redirect = arms["no-redirect"], arms["redirect"]
     context = none["consumer_context_mib"]
     assert context and context > 100
     # without the redirect: a CUDA context per consumer on the producer's GPU
-    assert all(c["on_producer_gpu_mib"] >= 0.8 * context for c in none["consumers"]), none["consumers"]
+    assert all(c["on_producer_gpu_mib"] >= 0.8 * context for c in none["consumers"]), none[
+        "consumers"
+    ]
     assert none["extra_on_producer_gpu_contexts"] >= 0.8 * (n - 1)
     # with it: nothing, wherever peer access let it apply
     peers = [c for c in redirect["consumers"] if c["peer_access"]]
-    assert all(c["redirect_applied"] and c["on_producer_gpu_mib"] == 0 for c in peers), redirect["consumers"]
+    assert all(c["redirect_applied"] and c["on_producer_gpu_mib"] == 0 for c in peers), redirect[
+        "consumers"
+    ]
     if len(peers) == n - 1:
         assert redirect["extra_on_producer_gpu_total_mib"] == 0
     return arms

@@ -40,7 +40,9 @@ def test_family_fallback_says_so(tmp_path, monkeypatch) -> None:
 
 
 def test_local_directory_uses_its_config(tmp_path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma3", "architectures": ["X"]}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "gemma3", "architectures": ["X"]})
+    )
     choice = resolve_model(str(tmp_path))
     assert (choice.source, choice.model_type, choice.path) == ("local", "gemma3", str(tmp_path))
 
@@ -96,10 +98,18 @@ def test_local_directory_loads_the_gpu_processor_with_its_settings(tmp_path) -> 
     from vramdoctor.abtest.processor import fast_class_name, load_processor
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
-    (tmp_path / "preprocessor_config.json").write_text(json.dumps({
-        "image_processor_type": "Qwen2VLImageProcessor", "min_pixels": 3136, "max_pixels": 401408,
-        "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
-    }))
+    (tmp_path / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "image_processor_type": "Qwen2VLImageProcessor",
+                "min_pixels": 3136,
+                "max_pixels": 401408,
+                "patch_size": 14,
+                "temporal_patch_size": 2,
+                "merge_size": 2,
+            }
+        )
+    )
     proc, name = load_processor(resolve_model(str(tmp_path)))
     assert name == fast_class_name("qwen2_5_vl")
     assert proc.size["longest_edge"] == 401408  # the directory's settings, not the defaults

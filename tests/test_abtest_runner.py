@@ -60,7 +60,13 @@ def test_each_variant_runs_in_its_own_process_with_its_own_env(worker, monkeypat
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.6")
     records: list[dict] = []
     started: list[str] = []
-    outcomes = run_variants(VARIANTS, _config(), records.append, command=worker, on_start=lambda v: started.append(v.name))
+    outcomes = run_variants(
+        VARIANTS,
+        _config(),
+        records.append,
+        command=worker,
+        on_start=lambda v: started.append(v.name),
+    )
     assert [o.status for o in outcomes] == ["ok"] * len(VARIANTS)
     assert started == [v.name for v in VARIANTS]
     contexts = {r["variant"]: r for r in records if r["kind"] == "abtest.context"}
@@ -69,19 +75,33 @@ def test_each_variant_runs_in_its_own_process_with_its_own_env(worker, monkeypat
     # the user's own allocator setting must not leak into any variant
     assert all(c["alloc_conf"] is None for n, c in contexts.items() if n != "expandable_segments")
     kinds = [r["kind"] for r in records if r["variant"] == "baseline"]
-    assert kinds == ["abtest.variant", "abtest.context", "abtest.request", "abtest.round",
-                     "abtest.request", "abtest.round", "abtest.idle", "abtest.done", "abtest.variant"]
+    assert kinds == [
+        "abtest.variant",
+        "abtest.context",
+        "abtest.request",
+        "abtest.round",
+        "abtest.request",
+        "abtest.round",
+        "abtest.idle",
+        "abtest.done",
+        "abtest.variant",
+    ]
 
 
 def test_a_crash_is_kept_apart_and_the_rest_still_run(worker) -> None:
     records: list[dict] = []
-    outcomes = run_variants(select(["scoped_pool", "cpu"]), _config(scoped_pool="crash"), records.append, command=worker)
+    outcomes = run_variants(
+        select(["scoped_pool", "cpu"]), _config(scoped_pool="crash"), records.append, command=worker
+    )
     by = {o.variant: o for o in outcomes}
     assert by["scoped_pool"].status == "failed" and by["scoped_pool"].returncode == 3
     assert "boom" in (by["scoped_pool"].message or "")
     assert by["cpu"].status == "ok" and by["baseline"].status == "ok"
     # what the crashed variant measured before dying is kept
-    assert sum(1 for r in records if r["variant"] == "scoped_pool" and r["kind"] == "abtest.round") == 2
+    assert (
+        sum(1 for r in records if r["variant"] == "scoped_pool" and r["kind"] == "abtest.round")
+        == 2
+    )
 
 
 def test_a_usage_error_stops_the_run(worker) -> None:
@@ -94,14 +114,20 @@ def test_a_usage_error_stops_the_run(worker) -> None:
 
 def test_a_hung_worker_is_killed_at_the_timeout(worker) -> None:
     records: list[dict] = []
-    outcome = run_one(BY_NAME["cpu"], _config(rounds=1, cpu="hang"), records.append, command=worker, timeout_s=2)
+    outcome = run_one(
+        BY_NAME["cpu"], _config(rounds=1, cpu="hang"), records.append, command=worker, timeout_s=2
+    )
     assert outcome.status == "timeout"
     assert records[-1]["status"] == "timeout"
 
 
 def test_variant_env_sets_offline_and_drops_alloc_conf() -> None:
     env = variant_env(BY_NAME["baseline"], {"PYTORCH_CUDA_ALLOC_CONF": "x", "PATH": "/bin"})
-    assert "PYTORCH_CUDA_ALLOC_CONF" not in env and env["HF_HUB_OFFLINE"] == "1" and env["PATH"] == "/bin"
+    assert (
+        "PYTORCH_CUDA_ALLOC_CONF" not in env
+        and env["HF_HUB_OFFLINE"] == "1"
+        and env["PATH"] == "/bin"
+    )
 
 
 def test_select_variants() -> None:
@@ -115,15 +141,24 @@ def test_real_worker_without_torch_reports_one_usage_error() -> None:
     config = {
         "variant": BY_NAME["baseline"].to_dict(),
         "workload": {"count": 1, "rounds": 1},
-        "model": {"requested": "qwen2_vl", "model_type": "qwen2_vl", "source": "family", "path": None},
+        "model": {
+            "requested": "qwen2_vl",
+            "model_type": "qwen2_vl",
+            "source": "family",
+            "path": None,
+        },
     }
     code = (
-        NO_TORCH +
-        "from vramdoctor.abtest.worker import main\n"
+        NO_TORCH + "from vramdoctor.abtest.worker import main\n"
         f"sys.exit(main([{json.dumps(json.dumps(config))}]))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     assert proc.returncode == 2
     lines = [line for line in proc.stdout.splitlines() if line.startswith("@@VD ")]
     assert len(lines) == 1

@@ -35,8 +35,16 @@ def test_new_sizes_each_round_versus_same_images() -> None:
 def test_distributions() -> None:
     fixed = image_sizes(WorkloadSpec(distribution="fixed", max_side=512, count=5, rounds=1))
     assert fixed == [[(512, 512)] * 5]
-    logu = [s for hw in image_sizes(WorkloadSpec(distribution="loguniform", count=400, rounds=1))[0] for s in hw]
-    uni = [s for hw in image_sizes(WorkloadSpec(distribution="uniform", count=400, rounds=1))[0] for s in hw]
+    logu = [
+        s
+        for hw in image_sizes(WorkloadSpec(distribution="loguniform", count=400, rounds=1))[0]
+        for s in hw
+    ]
+    uni = [
+        s
+        for hw in image_sizes(WorkloadSpec(distribution="uniform", count=400, rounds=1))[0]
+        for s in hw
+    ]
     # log-uniform puts more mass on small sides than uniform
     assert np.median(logu) < np.median(uni)
 
@@ -72,7 +80,13 @@ def test_images_dir_cycles_through_the_users_images(tmp_path) -> None:
     (tmp_path / "notes.txt").write_text("not an image")
     spec = WorkloadSpec(count=5, rounds=2, images_dir=str(tmp_path)).validate()
     r0, r1 = round_images(spec, 0), round_images(spec, 1)
-    assert [im.shape for im in r0] == [(12, 10, 3), (30, 40, 3), (64, 64, 3), (20, 100, 3), (12, 10, 3)]
+    assert [im.shape for im in r0] == [
+        (12, 10, 3),
+        (30, 40, 3),
+        (64, 64, 3),
+        (20, 100, 3),
+        (12, 10, 3),
+    ]
     assert r1[0].shape == (30, 40, 3)  # round 2 continues where round 1 stopped
     assert "from" in describe(spec)
 

@@ -101,7 +101,9 @@ def test_a_process_that_never_initialises_cuda_is_left_alone(tmp_path: Path) -> 
 
 
 def _unwritable(tmp_path: Path) -> Path:
-    if os.geteuid() == 0:  # root writes through permissions: a path under a regular file cannot be made
+    if (
+        os.geteuid() == 0
+    ):  # root writes through permissions: a path under a regular file cannot be made
         blocker = tmp_path / "not-a-dir"
         blocker.write_text("x")
         return blocker / "agent"
@@ -188,8 +190,13 @@ os.waitpid(pid, 0)
 
 def test_forked_and_spawned_children_arm_too(tmp_path: Path) -> None:
     agent_dir = tmp_path / "agent"
-    out = subprocess.run([sys.executable, "-c", CHILDREN], env=agent_env(agent_dir), capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILDREN],
+        env=agent_env(agent_dir),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     forked = int(out.stdout.split()[1])
     pids = {a.pid for a in list_agents(agent_dir)}
@@ -204,8 +211,13 @@ def test_sitecustomize_chains_to_the_one_it_shadows(tmp_path: Path) -> None:
     (other / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
     env = agent_env(tmp_path / "agent", fake_torch=False)
     env["PYTHONPATH"] = f"{agent_path()}{os.pathsep}{other}"
-    out = subprocess.run([sys.executable, "-c", "import sys; print('vramdoctor_agent' in sys.modules)"],
-                         env=env, capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys; print('vramdoctor_agent' in sys.modules)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.stdout.strip() == "True", out.stderr
     assert marker.read_text() == "ran"
 
@@ -214,21 +226,35 @@ def test_pth_alternative_boots_only_with_the_directory_set(tmp_path: Path) -> No
     site_dir = tmp_path / "site-packages"
     site_dir.mkdir()
     (site_dir / "vramdoctor-agent.pth").write_text(pth_line())
-    code = ("import site, sys, threading; site.addsitedir(sys.argv[1]); time = __import__('time'); "
-            "time.sleep(0.2); print('vramdoctor_agent' in sys.modules, "
-            "any(t.name == 'vramdoctor-agent' for t in threading.enumerate()))")
+    code = (
+        "import site, sys, threading; site.addsitedir(sys.argv[1]); time = __import__('time'); "
+        "time.sleep(0.2); print('vramdoctor_agent' in sys.modules, "
+        "any(t.name == 'vramdoctor-agent' for t in threading.enumerate()))"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMDOCTOR_AGENT")}
-    off = subprocess.run([sys.executable, "-c", code, str(site_dir)], env=env, capture_output=True, text=True, timeout=30)
+    off = subprocess.run(
+        [sys.executable, "-c", code, str(site_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert off.stdout.split() == ["True", "False"], off.stderr
-    on = subprocess.run([sys.executable, "-c", code, str(site_dir)], env={**env, "VRAMDOCTOR_AGENT_DIR": str(tmp_path / "a")},
-                        capture_output=True, text=True, timeout=30)
+    on = subprocess.run(
+        [sys.executable, "-c", code, str(site_dir)],
+        env={**env, "VRAMDOCTOR_AGENT_DIR": str(tmp_path / "a")},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert on.stdout.split() == ["True", "True"], on.stderr
 
 
 def test_test_only_leak_hook_lands_in_the_named_function(tmp_path: Path) -> None:
     agent_dir = tmp_path / "agent"
-    srv = agent_server(tmp_path, agent_dir, "--keep-kib", "0",
-                       VRAMDOCTOR_AGENT_TEST_LEAK="__main__:transient:64")
+    srv = agent_server(
+        tmp_path, agent_dir, "--keep-kib", "0", VRAMDOCTOR_AGENT_TEST_LEAK="__main__:transient:64"
+    )
     try:
         post(srv.port)
         assert wait_for(lambda: "TEST-ONLY leak" in srv.text())
@@ -253,9 +279,25 @@ def test_soak_attribute_dir_end_to_end(tmp_path: Path, keep_kib: str, growing: b
         post(srv.port)
         assert wait_for(lambda: armed(agent_dir))
         out = tmp_path / "runs" / "run.jsonl"
-        r = run_cli("soak", "--url", srv.url(), "--rounds", "3", "--no-adapt", "--requests", "4",
-                    "--idle", "0.5", "--text-only", "--attribute", str(agent_dir), "--out", str(out),
-                    "--json", timeout=180)
+        r = run_cli(
+            "soak",
+            "--url",
+            srv.url(),
+            "--rounds",
+            "3",
+            "--no-adapt",
+            "--requests",
+            "4",
+            "--idle",
+            "0.5",
+            "--text-only",
+            "--attribute",
+            str(agent_dir),
+            "--out",
+            str(out),
+            "--json",
+            timeout=180,
+        )
         assert r.returncode in (0, 1), r.stderr
         att = json.loads(r.stdout)["attribution"]
         (proc,) = att["processes"]
@@ -268,7 +310,10 @@ def test_soak_attribute_dir_end_to_end(tmp_path: Path, keep_kib: str, growing: b
         else:
             assert proc["verdict"] == "no-growing-stack" and proc["growing"] == []
         assert not (agent_dir / "trigger.json").exists()  # soak removes its trigger at the end
-        assert sorted(p.suffix for p in (out.parent / "run.attribution").iterdir()).count(".pickle") == 4
+        assert (
+            sorted(p.suffix for p in (out.parent / "run.attribution").iterdir()).count(".pickle")
+            == 4
+        )
     finally:
         srv.stop()
 
@@ -279,13 +324,23 @@ def test_agent_path_holds_the_loader() -> None:
     assert FIXTURES.is_dir()
 
 
-def test_a_relative_directory_is_the_same_for_children_that_change_directory(tmp_path: Path) -> None:
-    code = ("import os, subprocess, sys, time, torch; torch.cuda.init(); os.chdir('/'); "
-            "subprocess.run([sys.executable, '-c', 'import time, torch; torch.cuda.init(); time.sleep(1.5)']); "
-            "time.sleep(0.3)")
+def test_a_relative_directory_is_the_same_for_children_that_change_directory(
+    tmp_path: Path,
+) -> None:
+    code = (
+        "import os, subprocess, sys, time, torch; torch.cuda.init(); os.chdir('/'); "
+        "subprocess.run([sys.executable, '-c', 'import time, torch; torch.cuda.init(); time.sleep(1.5)']); "
+        "time.sleep(0.3)"
+    )
     env = agent_env(Path("agent"))
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert len(list_agents(tmp_path / "agent")) == 2, out.stderr
     assert not Path("/agent").exists()

@@ -42,23 +42,38 @@ def truth(kind: str) -> dict:
     return json.loads((GPU / f"{kind}.json").read_text())
 
 
-@pytest.mark.parametrize(("path", "origin"), [
-    ("/opt/torch/.venv/lib/python3.12/site-packages/torch/cuda/memory.py", ("torch", "torch")),
-    ("/opt/torch/.venv/lib/python3.12/site-packages/torchvision/transforms/v2/functional/_geometry.py",
-     ("torch", "torchvision")),
-    ("/opt/torch/.venv/lib/python3.12/site-packages/transformers/image_processing_utils.py",
-     ("package", "transformers")),
-    ("/opt/torch/vd_app/record_attribute_fixtures.py", ("code", None)),  # under /opt/torch/, not torch
-    ("/home/me/torch/server.py", ("code", None)),
-    ("/usr/lib/python3.12/threading.py", ("stdlib", None)),
-    ("/root/.local/share/uv/python/cpython-3.12.3-linux-x86_64-gnu/lib/python3.12/concurrent/futures/thread.py",
-     ("stdlib", None)),
-    ("/usr/lib/python3/dist-packages/six.py", ("package", "six")),
-    ("/usr/local/lib/python3.11/dist-packages/sglang/srt/managers/scheduler.py", ("package", "sglang")),
-    ("<frozen importlib._bootstrap>", ("stdlib", None)),
-    ("/tmp/torchinductor_root/ab/cabxyz.py", ("torch", "torch")),
-    ("/x/vramdoctor/agent/pythonpath/vramdoctor_agent.py", ("agent", None)),
-])
+@pytest.mark.parametrize(
+    ("path", "origin"),
+    [
+        ("/opt/torch/.venv/lib/python3.12/site-packages/torch/cuda/memory.py", ("torch", "torch")),
+        (
+            "/opt/torch/.venv/lib/python3.12/site-packages/torchvision/transforms/v2/functional/_geometry.py",
+            ("torch", "torchvision"),
+        ),
+        (
+            "/opt/torch/.venv/lib/python3.12/site-packages/transformers/image_processing_utils.py",
+            ("package", "transformers"),
+        ),
+        (
+            "/opt/torch/vd_app/record_attribute_fixtures.py",
+            ("code", None),
+        ),  # under /opt/torch/, not torch
+        ("/home/me/torch/server.py", ("code", None)),
+        ("/usr/lib/python3.12/threading.py", ("stdlib", None)),
+        (
+            "/root/.local/share/uv/python/cpython-3.12.3-linux-x86_64-gnu/lib/python3.12/concurrent/futures/thread.py",
+            ("stdlib", None),
+        ),
+        ("/usr/lib/python3/dist-packages/six.py", ("package", "six")),
+        (
+            "/usr/local/lib/python3.11/dist-packages/sglang/srt/managers/scheduler.py",
+            ("package", "sglang"),
+        ),
+        ("<frozen importlib._bootstrap>", ("stdlib", None)),
+        ("/tmp/torchinductor_root/ab/cabxyz.py", ("torch", "torch")),
+        ("/x/vramdoctor/agent/pythonpath/vramdoctor_agent.py", ("agent", None)),
+    ],
+)
 def test_frame_origin_matches_package_roots_not_substrings(path: str, origin: tuple) -> None:
     assert frame_origin(path) == origin
 
@@ -89,7 +104,9 @@ def test_leak_series_names_the_line_and_the_rate() -> None:
     assert top.function == "keep_per_request"
     assert grow.bytes_per_request == t["kept_bytes_per_request"]
     # the bounded cache filled in round 1 and stayed: live, but not growing
-    cache = [s for s in pa.stacks if s.stack.frames and s.stack.frames[0].function == "cache_features"]
+    cache = [
+        s for s in pa.stacks if s.stack.frames and s.stack.frames[0].function == "cache_features"
+    ]
     assert cache and not cache[0].growing and cache[0].live_bytes[1] == cache[0].live_bytes[-1] > 0
     # weights allocated before arming: counted, without a stack, never the leak
     frameless = [s for s in pa.stacks if s.stack.kind == "no-frames"]
@@ -116,8 +133,12 @@ def test_escape_series_separates_dead_private_pool_slack() -> None:
     assert pools == [0, 10, 20, 30]  # one orphaned pool per request
     sp = pa.split
     assert sp is not None and sp.slack_private_pool_bytes > 0 and sp.slack_default_bytes == 0
-    assert (sp.growing_stacks_bytes + sp.other_live_bytes + sp.slack_default_bytes
-            + sp.slack_private_pool_bytes) == sp.reserved_growth_bytes
+    assert (
+        sp.growing_stacks_bytes
+        + sp.other_live_bytes
+        + sp.slack_default_bytes
+        + sp.slack_private_pool_bytes
+    ) == sp.reserved_growth_bytes
 
 
 def test_expandable_segments_series() -> None:

@@ -35,7 +35,17 @@ def test_caching_exit_0() -> None:
 
 
 def test_json_schema_and_per_interval_requests() -> None:
-    r = run_cli("attribute", *files("escape"), "--requests", "10", "--requests", "10", "--requests", "10", "--json")
+    r = run_cli(
+        "attribute",
+        *files("escape"),
+        "--requests",
+        "10",
+        "--requests",
+        "10",
+        "--requests",
+        "10",
+        "--json",
+    )
     d = json.loads(r.stdout)
     assert d["schema"] == "vramdoctor.attribution/1" and d["growing"] is True
     (p,) = d["processes"]
@@ -79,7 +89,11 @@ def test_report_reruns_the_recorded_soak_attribution(tmp_path: Path) -> None:
     assert g["stack"]["frames"][0]["function"] == "after_request"
     assert g["bytes_per_request"] == 1024 * 1024
     split = p["split"]
-    assert split["nvml_growth_bytes"] == split["reserved_growth_bytes"] == split["growing_stacks_bytes"]
+    assert (
+        split["nvml_growth_bytes"]
+        == split["reserved_growth_bytes"]
+        == split["growing_stacks_bytes"]
+    )
     assert split["outside_allocator_bytes"] == 0
     # the other servers on that GPU (the acceptance ran them side by side) had no agent snapshots
     (gap,) = att["not_covered"]
@@ -96,12 +110,16 @@ def test_agent_path_and_pth() -> None:
     r = run_cli("agent-path")
     assert r.returncode == 0 and Path(r.stdout.strip()) == agent_path()
     pth = run_cli("agent-path", "--pth").stdout
-    assert pth.splitlines() == [str(agent_path()), "import vramdoctor_agent; vramdoctor_agent.boot()"]
+    assert pth.splitlines() == [
+        str(agent_path()),
+        "import vramdoctor_agent; vramdoctor_agent.boot()",
+    ]
 
 
 def test_recorded_snapshots_hold_no_tensor_contents() -> None:
     """What the agent writes is PyTorch's snapshot: sizes, addresses, states and frames (file,
     line, function). No bytes objects anywhere, frames carry only those three keys."""
+
     def walk(x: object) -> None:
         assert not isinstance(x, (bytes, bytearray, memoryview))
         if isinstance(x, dict):
@@ -130,7 +148,9 @@ def test_report_of_a_soak_on_transformers_serve_names_the_injected_function() ->
     (g,) = p["growing"]
     frames = g["stack"]["frames"]
     assert frames[0]["function"] == "_build_generation_config"
-    assert frames[0]["filename"].endswith("site-packages/transformers/cli/serving/chat_completion.py")
+    assert frames[0]["filename"].endswith(
+        "site-packages/transformers/cli/serving/chat_completion.py"
+    )
     assert frames[-1]["filename"].endswith("fastapi/routing.py")  # up to the first other package
     assert g["bytes_per_request"] == 512 * 1024
     assert p["split"]["explained_fraction"] == 1.0

@@ -25,9 +25,20 @@ from vramdoctor.errors import InputError, SourceUnavailable
 
 @pytest.fixture
 def sglang(tmp_path: Path):
-    p = Proc([sys.executable, str(FIXTURES / "fake_sglang.py"), "--fixtures", str(FIXTURES / "gpu"),
-              "--series", "leak", "--series", "caching"], env={"PATH": "/usr/bin:/bin"},
-             log=tmp_path / "sglang.log")
+    p = Proc(
+        [
+            sys.executable,
+            str(FIXTURES / "fake_sglang.py"),
+            "--fixtures",
+            str(FIXTURES / "gpu"),
+            "--series",
+            "leak",
+            "--series",
+            "caching",
+        ],
+        env={"PATH": "/usr/bin:/bin"},
+        log=tmp_path / "sglang.log",
+    )
     p.wait_port()
     yield p
     p.stop()
@@ -37,7 +48,9 @@ def calls(p: Proc) -> dict:
     return requests.get(p.url() + "/fake/calls", timeout=5).json()
 
 
-def test_rounds_collect_one_pickle_per_scheduler_and_always_stop(sglang: Proc, tmp_path: Path) -> None:
+def test_rounds_collect_one_pickle_per_scheduler_and_always_stop(
+    sglang: Proc, tmp_path: Path
+) -> None:
     dest = tmp_path / "run.attribution"
     dest.mkdir()
     hook = SglangHook(sglang.url(), dest)
@@ -48,16 +61,22 @@ def test_rounds_collect_one_pickle_per_scheduler_and_always_stop(sglang: Proc, t
     c = calls(sglang)
     assert not c["in_progress"], "close() must stop the profile an idle server would never stop"
     starts = [x for x in c["calls"] if x["path"] == "/start_profile"]
-    assert starts and all(x["body"]["activities"] == ["MEM"] and "num_steps" not in x["body"] for x in starts)
+    assert starts and all(
+        x["body"]["activities"] == ["MEM"] and "num_steps" not in x["body"] for x in starts
+    )
     assert sorted(p.name for p in dest.glob("*.pickle")) == [
-        f"{r:04d}-sglang-TP{k}.pickle" for r in (1, 2, 3) for k in (0, 1)]
+        f"{r:04d}-sglang-TP{k}.pickle" for r in (1, 2, 3) for k in (0, 1)
+    ]
     cov = json.loads((dest / "collection.json").read_text())
     assert cov["covered"] == ["SGLang scheduler TP 0", "SGLang scheduler TP 1"]
     assert cov["not_covered"] == [SGLANG_NOT_COVERED] and "tokenizer" in SGLANG_NOT_COVERED
     report = attribute_run([], dest)
     assert report is not None
     verdicts = {p.label: p.verdict for p in report.processes}
-    assert verdicts == {"SGLang scheduler TP 0": "growing-stack", "SGLang scheduler TP 1": "no-growing-stack"}
+    assert verdicts == {
+        "SGLang scheduler TP 0": "growing-stack",
+        "SGLang scheduler TP 1": "no-growing-stack",
+    }
     assert "keep_per_request" in report.processes[0].growing[0].stack.describe()
     # the dump of close() belongs to no round: not collected, and removed
     assert not list((dest / "sglang-output").glob("*.pickle"))
@@ -84,9 +103,25 @@ def test_option_parsing() -> None:
 
 def test_soak_attribute_sglang_end_to_end(sglang: Proc, tmp_path: Path) -> None:
     out = tmp_path / "runs" / "s.jsonl"
-    r = run_cli("soak", "--url", sglang.url(), "--rounds", "3", "--no-adapt", "--requests", "3",
-                "--idle", "0.5", "--text-only", "--attribute", "sglang", "--out", str(out), "--json",
-                timeout=180)
+    r = run_cli(
+        "soak",
+        "--url",
+        sglang.url(),
+        "--rounds",
+        "3",
+        "--no-adapt",
+        "--requests",
+        "3",
+        "--idle",
+        "0.5",
+        "--text-only",
+        "--attribute",
+        "sglang",
+        "--out",
+        str(out),
+        "--json",
+        timeout=180,
+    )
     assert r.returncode in (0, 1), r.stderr
     d = json.loads(r.stdout)
     att = d["attribution"]
@@ -101,8 +136,19 @@ def test_soak_attribute_sglang_end_to_end(sglang: Proc, tmp_path: Path) -> None:
 
 
 def test_an_sglang_without_the_mem_activity_is_given_up_after_one_round(tmp_path: Path) -> None:
-    p = Proc([sys.executable, str(FIXTURES / "fake_sglang.py"), "--fixtures", str(FIXTURES / "gpu"),
-              "--series", "leak", "--no-mem"], env={"PATH": "/usr/bin:/bin"}, log=tmp_path / "old.log")
+    p = Proc(
+        [
+            sys.executable,
+            str(FIXTURES / "fake_sglang.py"),
+            "--fixtures",
+            str(FIXTURES / "gpu"),
+            "--series",
+            "leak",
+            "--no-mem",
+        ],
+        env={"PATH": "/usr/bin:/bin"},
+        log=tmp_path / "old.log",
+    )
     p.wait_port()
     try:
         hook = SglangHook(p.url(), tmp_path / "dest", file_wait_s=1.0)

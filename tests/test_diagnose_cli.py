@@ -16,8 +16,14 @@ EXAMPLE = ROOT / "examples" / "logs" / "sglang_qwen2.5-vl-7b-tp2_fast-image-proc
 
 def run(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "120"}
-    return subprocess.run([sys.executable, "-m", "vramdoctor", "diagnose", *args], input=stdin,
-                          capture_output=True, env=env, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "vramdoctor", "diagnose", *args],
+        input=stdin,
+        capture_output=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
 
 
 def fix(prefix: str) -> str:
@@ -29,7 +35,10 @@ def test_example_from_readme() -> None:
     out = r.stdout.decode()
     assert r.returncode == 1
     assert out.splitlines()[0].startswith("SGLang: ")
-    assert "WARNING Fast image processor" in out and "vramdoctor ab-test --model Qwen/Qwen2.5-VL-7B-Instruct" in out
+    assert (
+        "WARNING Fast image processor" in out
+        and "vramdoctor ab-test --model Qwen/Qwen2.5-VL-7B-Instruct" in out
+    )
     assert "\x1b[" not in out  # plain when piped / NO_COLOR
     # most severe first
     assert out.index("CRITICAL") < out.index("WARNING")
@@ -53,8 +62,19 @@ def test_json_schema() -> None:
     d = json.loads(r.stdout)
     assert d["schema"] == "vramdoctor.diagnose/1"
     assert d["server"] == "vllm" and d["version"] == "0.6.1.dev238+ge2c6e0a82"
-    for key in ("model", "architecture", "multimodal", "tp_size", "dp_size", "pp_size", "mem_fraction_static",
-                "gpu_memory_utilization", "attention_backend", "fast_image_processor", "cuda_ipc_transport"):
+    for key in (
+        "model",
+        "architecture",
+        "multimodal",
+        "tp_size",
+        "dp_size",
+        "pp_size",
+        "mem_fraction_static",
+        "gpu_memory_utilization",
+        "attention_backend",
+        "fast_image_processor",
+        "cuda_ipc_transport",
+    ):
         assert key in d["facts"]
     assert d["facts"]["tp_size"] == 2 and d["facts"]["mem_fraction_static"] is None
     ev = d["events"][0]

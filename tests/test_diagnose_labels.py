@@ -12,9 +12,19 @@ from vramdoctor.logs import Diagnosis, diagnose
 FIXTURES = Path(__file__).parent / "fixtures" / "logs"
 CORPORA = [FIXTURES, FIXTURES / "extra"]
 FIELDS = [
-    "server", "version", "model", "vlm", "fast_image_processor_in_use", "oom", "oom_phase",
-    "other_memory_error", "leak_selfcheck_error", "tp_size", "mem_fraction_static",
-    "gpu_memory_utilization", "attention_backend",
+    "server",
+    "version",
+    "model",
+    "vlm",
+    "fast_image_processor_in_use",
+    "oom",
+    "oom_phase",
+    "other_memory_error",
+    "leak_selfcheck_error",
+    "tp_size",
+    "mem_fraction_static",
+    "gpu_memory_utilization",
+    "attention_backend",
 ]
 
 
@@ -49,10 +59,12 @@ def observed(d: Diagnosis) -> dict[str, str]:
         "other_memory_error": "yes" if d.events_of("kv_budget_error", "host_oom") else "no",
         "leak_selfcheck_error": "yes" if d.events_of("kv_leak_selfcheck") else "no",
         "tp_size": "unknown" if f.tp_size is None else str(f.tp_size),
-        "mem_fraction_static": "n/a (vllm)" if d.server == "vllm" else
-        ("unknown" if f.mem_fraction_static is None else repr(f.mem_fraction_static)),
-        "gpu_memory_utilization": "n/a (sglang)" if d.server == "sglang" else
-        ("unknown" if f.gpu_memory_utilization is None else repr(f.gpu_memory_utilization)),
+        "mem_fraction_static": "n/a (vllm)"
+        if d.server == "vllm"
+        else ("unknown" if f.mem_fraction_static is None else repr(f.mem_fraction_static)),
+        "gpu_memory_utilization": "n/a (sglang)"
+        if d.server == "sglang"
+        else ("unknown" if f.gpu_memory_utilization is None else repr(f.gpu_memory_utilization)),
         "attention_backend": f.attention_backend or "unknown",
     }
 
@@ -65,7 +77,11 @@ def _expected(field: str, label: str) -> str:
 
 
 def _same(field: str, got: str, want: str) -> bool:
-    if field in ("mem_fraction_static", "gpu_memory_utilization") and want not in ("unknown",) and not want.startswith("n/a"):
+    if (
+        field in ("mem_fraction_static", "gpu_memory_utilization")
+        and want not in ("unknown",)
+        and not want.startswith("n/a")
+    ):
         try:
             return float(got) == float(want)
         except ValueError:

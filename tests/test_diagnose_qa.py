@@ -36,11 +36,17 @@ def finding(d: Diagnosis, rule: str):  # type: ignore[no-untyped-def]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "vramdoctor", "diagnose", *args], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"})
+    return subprocess.run(
+        [sys.executable, "-m", "vramdoctor", "diagnose", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"},
+    )
 
 
 # --- 1. logs of different servers are never merged -------------------------------------------
+
 
 def _check_separate(d: Diagnosis) -> None:
     assert d.server is None and len(d.groups) == 2
@@ -48,12 +54,21 @@ def _check_separate(d: Diagnosis) -> None:
     assert set(by_server) == {"sglang", "vllm"}
     files = {g.server: {f.file for f in g.files} for g in d.groups}
     for f in d.findings:
-        owners = {srv for srv, names in files.items() if all(e.file in names for e in f.evidence if e.line)}
+        owners = {
+            srv
+            for srv, names in files.items()
+            if all(e.file in names for e in f.evidence if e.line)
+        }
         assert len(owners) == 1, f"{f.id} cites both servers' files"
         other = VLLM_ONLY_FLAGS if owners == {"sglang"} else SGLANG_ONLY_FLAGS
-        assert not any(flag in f.fix for flag in other), f"{f.id} ({owners}) names the other server's flags: {f.fix}"
+        assert not any(flag in f.fix for flag in other), (
+            f"{f.id} ({owners}) names the other server's flags: {f.fix}"
+        )
     # no fact or version of one server's file in the other's group
-    assert by_server["sglang"].version is None or by_server["sglang"].version != by_server["vllm"].version
+    assert (
+        by_server["sglang"].version is None
+        or by_server["sglang"].version != by_server["vllm"].version
+    )
     for g in d.groups:
         for ev in g.facts.evidence.values():
             assert not ev.line or ev.file in files[g.server]
@@ -91,13 +106,19 @@ def test_mixed_servers_json_and_text() -> None:
 
 # --- 2. multimodal: backbone files never prove text-only; vision frames always count ----------
 
+
 def test_lm_backbone_file_leaves_multimodal_unknown() -> None:
     d = one("17_")  # Qwen2.5-VL excerpt with only models/qwen2.py frames
     assert d.facts.multimodal is None and d.facts.fast_image_processor is None
 
 
 def test_vision_frames_without_traceback_header_mark_multimodal() -> None:
-    for name in ("23_", "26_", "27_", "29_"):  # qwen2_5_vl.py, _execute_mm_encoder, _process_video_input, get_multimodal_embeddings
+    for name in (
+        "23_",
+        "26_",
+        "27_",
+        "29_",
+    ):  # qwen2_5_vl.py, _execute_mm_encoder, _process_video_input, get_multimodal_embeddings
         d = one(name)
         assert d.facts.multimodal is True, name
         assert "traceback frame" in d.facts.evidence["multimodal"].text
@@ -114,6 +135,7 @@ def test_qwen35_architecture_is_multimodal(tmp_path: Path) -> None:
 
 # --- 3. an empty capture cause is unknown, not "other than memory" ----------------------------
 
+
 def test_empty_capture_cause_is_not_called_non_memory() -> None:
     f = finding(one("20_"), "sglang-graph-capture-failed")
     assert "other than memory" not in f.title
@@ -122,6 +144,7 @@ def test_empty_capture_cause_is_not_called_non_memory() -> None:
 
 
 # --- 4. a pid the log's own tags name is the server's own rank --------------------------------
+
 
 def test_own_rank_pid_is_not_another_process() -> None:
     f = finding(one("16_"), "cuda-oom")
@@ -135,6 +158,7 @@ def test_unknown_pid_is_still_another_process() -> None:
 
 
 # --- 5. HIP / NPU OOMs named by their device; an allocation larger than the GPU ---------------
+
 
 def test_hip_oom_larger_than_the_gpu() -> None:
     d = one("23_")
@@ -150,10 +174,13 @@ def test_npu_oom_old_message_format() -> None:
     assert f.title.startswith("NPU out of memory")
     e = d.events_of("cuda_oom")[0]
     assert e.data["device"] == "NPU" and e.data["gpu"] == 3
-    assert round(e.data["free_mib"]) == round(5.36 * 1024) and round(e.data["total_mib"]) == round(60.96 * 1024)
+    assert round(e.data["free_mib"]) == round(5.36 * 1024) and round(e.data["total_mib"]) == round(
+        60.96 * 1024
+    )
 
 
 # --- 6. the OOM phase from frames -------------------------------------------------------------
+
 
 def test_graph_capture_frames_without_header() -> None:
     d = one("22_")
@@ -170,8 +197,13 @@ def test_chained_scheduler_init_traceback_is_startup() -> None:
 
 # --- 7. exact rank wording --------------------------------------------------------------------
 
+
 def test_rank_evidence_names_only_the_ranks_seen() -> None:
-    for name, rank, bound in (("20_", 7, 8), ("22_", 3, 4), ("32_", 7, 8)):  # 32_: tags on frame lines only
+    for name, rank, bound in (
+        ("20_", 7, 8),
+        ("22_", 3, 4),
+        ("32_", 7, 8),
+    ):  # 32_: tags on frame lines only
         d = one(name)
         assert d.facts.tp_size_at_least == bound
         text = d.facts.evidence["tp_size_at_least"].text
@@ -180,6 +212,7 @@ def test_rank_evidence_names_only_the_ranks_seen() -> None:
 
 
 # --- 8. SGLang crash excerpts accepted by SGLang's own lines ----------------------------------
+
 
 def test_sglang_excerpts_recognised() -> None:
     for name in ("24_", "25_"):
@@ -197,6 +230,7 @@ def test_2024_time_only_prefixes_give_ranks() -> None:
 
 
 # --- 9. minor wording ---------------------------------------------------------------------------
+
 
 def test_no_fragmentation_hint_when_it_could_not_have_held_the_request() -> None:
     d = one("18_")
@@ -216,10 +250,16 @@ def test_evidence_lines_listed_once() -> None:
 
 # --- 10. a launch command wrapped mid-word by the terminal --------------------------------------
 
+
 def test_terminal_wrapped_serve_command() -> None:
     d = one("31_")
     f = d.facts
-    assert (f.tp_size, f.gpu_memory_utilization, f.max_running_requests, f.max_model_len) == (4, 0.95, 2, 4096)
+    assert (f.tp_size, f.gpu_memory_utilization, f.max_running_requests, f.max_model_len) == (
+        4,
+        0.95,
+        2,
+        4096,
+    )
 
 
 def test_short_command_is_not_glued_to_the_next_line(tmp_path: Path) -> None:
@@ -233,6 +273,7 @@ def test_short_command_is_not_glued_to_the_next_line(tmp_path: Path) -> None:
 
 
 # --- crash lines: an event; unexplained only when no memory event and no error line ----------
+
 
 def test_crash_excerpt_says_the_cause_is_missing() -> None:
     for name in ("21_", "25_"):  # 2024 "Exception in run_tp_server", "Scheduler hit an exception"
@@ -255,15 +296,19 @@ def test_crash_with_its_error_line_quotes_it(tmp_path: Path) -> None:
 
 
 def test_crash_with_an_oom_is_explained_by_the_oom() -> None:
-    d = diagnose([next(LOGS.glob("05_*.log"))])  # two "Scheduler hit an exception" lines after a CUDA OOM
+    d = diagnose(
+        [next(LOGS.glob("05_*.log"))]
+    )  # two "Scheduler hit an exception" lines after a CUDA OOM
     assert d.events_of("server_crash") and d.events_of("cuda_oom")
     assert not [f for f in d.findings if f.id == "server-crash-unexplained"]
 
 
 def test_a_file_without_clear_server_joins_the_other(tmp_path: Path) -> None:
     bare = tmp_path / "rank1.log"  # one rank's bare OOM line: no server of its own
-    bare.write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB. GPU 1 has a total "
-                    "capacity of 79.19 GiB of which 0.50 GiB is free.\n")
+    bare.write_text(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB. GPU 1 has a total "
+        "capacity of 79.19 GiB of which 0.50 GiB is free.\n"
+    )
     d = diagnose([LOGS / "02_sglang_llama3-8b_oom-prefill.log", bare])
     assert d.server == "sglang" and not d.groups
     assert len({e.file for e in d.events_of("cuda_oom")}) == 2

@@ -14,8 +14,12 @@ from vramdoctor.logs.reader import BLOCK, MAX_LINE, ReadStats, scan
 
 FIX = Path(__file__).parent / "fixtures" / "logs"
 # Real lines (file 05 and file 16 of the corpus).
-SGL_OOM = (FIX / "05_sglang_llama4-scout-vlm_oom-prefill-long-input.log").read_text().splitlines()[30]
-VLLM_VERSION = "INFO 11-05 03:21:18 api_server.py:526] vLLM API server version 0.6.1.dev238+ge2c6e0a82"
+SGL_OOM = (
+    (FIX / "05_sglang_llama4-scout-vlm_oom-prefill-long-input.log").read_text().splitlines()[30]
+)
+VLLM_VERSION = (
+    "INFO 11-05 03:21:18 api_server.py:526] vLLM API server version 0.6.1.dev238+ge2c6e0a82"
+)
 FILLER = "[2025-01-07 20:16:02 TP0] Prefill batch. #new-seq: 1, #new-token: 48, #cached-token: 0, cache hit rate: 0.00%, token usage: 0.00, #running-req: 0, #queue-req: 0"
 
 
@@ -41,7 +45,11 @@ def test_crlf_ansi_quotes_in_a_whole_file(tmp_path: Path) -> None:
     p.write_text(wrapped)
     a, b = diagnose([FIX / "16_vllm_llama3.2-11b-vision-tp2_oom-mm-profiling.log"]), diagnose([p])
     assert (b.server, b.version, b.facts.tp_size, b.facts.gpu_memory_utilization) == (
-        a.server, a.version, a.facts.tp_size, a.facts.gpu_memory_utilization)
+        a.server,
+        a.version,
+        a.facts.tp_size,
+        a.facts.gpu_memory_utilization,
+    )
     assert [e.line for e in b.events] == [e.line for e in a.events]
     assert [e.phase for e in b.events] == [e.phase for e in a.events]
 
@@ -152,8 +160,14 @@ def test_utf16_and_nul_padded_logs_are_read(tmp_path: Path, name: str, encode) -
     p = tmp_path / f"{name}.log"
     p.write_bytes(encode(src.read_text()))
     got = diagnose([p])
-    assert (got.server, got.version, got.facts.tp_size) == (want.server, want.version, want.facts.tp_size)
-    assert [(e.kind, e.line, e.phase) for e in got.events] == [(e.kind, e.line, e.phase) for e in want.events]
+    assert (got.server, got.version, got.facts.tp_size) == (
+        want.server,
+        want.version,
+        want.facts.tp_size,
+    )
+    assert [(e.kind, e.line, e.phase) for e in got.events] == [
+        (e.kind, e.line, e.phase) for e in want.events
+    ]
     assert got.files[0].notes, "the decoding or the skipped padding is said in a note"
 
 

@@ -80,13 +80,15 @@ def test_oom_phase_and_figures() -> None:
 
 def test_real_sglang_oom_line_names_other_processes(tmp_path: Path) -> None:
     # Verbatim line from sgl-project/sglang#6082 (qwen2.5vl-72b-awq, 4x RTX 4090, sglang 0.4.6.post1).
-    line = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 38.00 MiB. GPU 0 has a total capacity "
-            "of 23.65 GiB of which 39.44 MiB is free. Process 20909 has 1.81 GiB memory in use. Process 21069 has "
-            "1.87 GiB memory in use. Process 21071 has 1.87 GiB memory in use. Process 21068 has 16.12 GiB memory in "
-            "use. Process 21070 has 1.91 GiB memory in use. Of the allocated memory 1.22 GiB is allocated by PyTorch, "
-            "and 220.57 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try "
-            "setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for "
-            "Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
+    line = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 38.00 MiB. GPU 0 has a total capacity "
+        "of 23.65 GiB of which 39.44 MiB is free. Process 20909 has 1.81 GiB memory in use. Process 21069 has "
+        "1.87 GiB memory in use. Process 21071 has 1.87 GiB memory in use. Process 21068 has 16.12 GiB memory in "
+        "use. Process 21070 has 1.91 GiB memory in use. Of the allocated memory 1.22 GiB is allocated by PyTorch, "
+        "and 220.57 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try "
+        "setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for "
+        "Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+    )
     p = tmp_path / "6082.log"
     p.write_text(line + "\n")
     d = diagnose([p])
@@ -95,7 +97,9 @@ def test_real_sglang_oom_line_names_other_processes(tmp_path: Path) -> None:
     assert e.data["free_mib"] == 39.44 and e.data["requested_mib"] == 38.0
     assert d.server is None  # one torch line does not say which server printed it
     f = next(x for x in d.findings if x.id == "cuda-oom")
-    assert "5 processes hold memory on GPU 0" in f.explanation and "20909 (1.81 GiB)" in f.explanation
+    assert (
+        "5 processes hold memory on GPU 0" in f.explanation and "20909 (1.81 GiB)" in f.explanation
+    )
     assert "21068" not in f.explanation.split("the small ones")[1].split(")")[0]
 
 
@@ -105,8 +109,10 @@ def test_leak_numbers_and_double_free(tmp_path: Path) -> None:
     assert ev[0].data["leaked"] == 7 and ev[1].data["pool"] == "req" and ev[1].data["leaked"] == 1
     # 0.5.12+ wording, built from SGLang's format string (no real excerpt with a double free).
     p = tmp_path / "df.log"
-    p.write_text("[2026-01-01 00:00:00] ValueError: pool memory leak detected! [full] total=82482, "
-                 "available=82490, evictable=0, protected=0, session_held=0, uncached=0\n")
+    p.write_text(
+        "[2026-01-01 00:00:00] ValueError: pool memory leak detected! [full] total=82482, "
+        "available=82490, evictable=0, protected=0, session_held=0, uncached=0\n"
+    )
     d = diagnose([p])
     f = next(x for x in d.findings if x.id == "sglang-kv-selfcheck-leak")
     assert f.severity == "critical" and "double free" in f.explanation
@@ -124,9 +130,13 @@ def test_fast_image_processor_on_example() -> None:
 def test_fast_image_processor_respects_fixed_version_and_pil(tmp_path: Path) -> None:
     text = EXAMPLE.read_text()
     p = tmp_path / "pil.log"
-    p.write_text(text.replace("disable_fast_image_processor=False", "image_processor_backend='pil'"))
+    p.write_text(
+        text.replace("disable_fast_image_processor=False", "image_processor_backend='pil'")
+    )
     assert "sglang-fast-image-processor" not in ids(p)
-    p.write_text(text.replace("disable_fast_image_processor=False", "disable_fast_image_processor=True"))
+    p.write_text(
+        text.replace("disable_fast_image_processor=False", "disable_fast_image_processor=True")
+    )
     assert "sglang-fast-image-processor" not in ids(p)
 
 
@@ -142,26 +152,53 @@ def test_cuda_ipc_cost(tmp_path: Path) -> None:
     )
     f = next(x for x in diagnose([p]).findings if x.id == "sglang-cuda-ipc-tp")
     assert "2.46 GiB" in f.title  # 3 extra contexts x 500 MiB + 1024 MiB pool
-    p.write_text(p.read_text().replace("tp_size=4", "tp_size=1").replace("tokenizer_worker_num=2", "tokenizer_worker_num=1")
-                 .replace("× 2", "× 1"))
+    p.write_text(
+        p.read_text()
+        .replace("tp_size=4", "tp_size=1")
+        .replace("tokenizer_worker_num=2", "tokenizer_worker_num=1")
+        .replace("× 2", "× 1")
+    )
     assert "sglang-cuda-ipc-tp" not in ids(p)
 
 
 def test_cuda_graph_budget(tmp_path: Path) -> None:
     # Built from SGLang's "Capture cuda graph end. Time elapsed: %.2f s. mem usage=%.2f GB. avail mem=%.2f GB."
     p = tmp_path / "g.log"
-    p.write_text("[2026-01-01 00:00:00 TP0] Capture cuda graph end. Time elapsed: 30.10 s. mem usage=3.20 GB. avail mem=0.41 GB.\n"
-                 "[2026-01-01 00:00:01] The server is fired up and ready to roll!\n")
+    p.write_text(
+        "[2026-01-01 00:00:00 TP0] Capture cuda graph end. Time elapsed: 30.10 s. mem usage=3.20 GB. avail mem=0.41 GB.\n"
+        "[2026-01-01 00:00:01] The server is fired up and ready to roll!\n"
+    )
     assert "cuda-graph-budget" in ids(p)
 
 
 def test_every_pattern_has_an_anchor() -> None:
     """The prefilter only sees lines with an anchor: every event regex must contain one."""
     anchors = [a.decode("utf-8") for a in P.ANCHORS]
-    for name in ("SGL_ARGS", "VLLM_ENGINE", "VLLM_VERSION", "SGL_LOAD_END", "SGL_KV", "SGL_POOL_END",
-                 "SGL_GRAPH_END", "SGL_SUMMARY", "SGL_MM_REDUCE", "SLOW_PROCESSOR", "IPC_POOL_016",
-                 "IPC_USING_017", "IPC_POOL_FULL", "SGL_RETRACT", "VLLM_NO_KV", "VLLM_MAX_SEQ", "TRITON_SMEM",
-                 "RAY_OOM", "VLLM_WEIGHTS", "VLLM_BLOCKS", "VLLM_BUDGET", "VLLM_TP_RANK", "VLLM_LOAD_MODEL"):
+    for name in (
+        "SGL_ARGS",
+        "VLLM_ENGINE",
+        "VLLM_VERSION",
+        "SGL_LOAD_END",
+        "SGL_KV",
+        "SGL_POOL_END",
+        "SGL_GRAPH_END",
+        "SGL_SUMMARY",
+        "SGL_MM_REDUCE",
+        "SLOW_PROCESSOR",
+        "IPC_POOL_016",
+        "IPC_USING_017",
+        "IPC_POOL_FULL",
+        "SGL_RETRACT",
+        "VLLM_NO_KV",
+        "VLLM_MAX_SEQ",
+        "TRITON_SMEM",
+        "RAY_OOM",
+        "VLLM_WEIGHTS",
+        "VLLM_BLOCKS",
+        "VLLM_BUDGET",
+        "VLLM_TP_RANK",
+        "VLLM_LOAD_MODEL",
+    ):
         src = re.sub(r"\\(.)", r"\1", getattr(P, name).pattern)
         assert any(a in src for a in anchors), name
 
@@ -172,7 +209,9 @@ def test_registry_and_generated_docs() -> None:
     for r in rules:
         assert r.severity in ("info", "warning", "critical") and r.fires_when and r.fix and r.title
     committed = (ROOT / "docs" / "rules.md").read_text()
-    assert committed == markdown(), "docs/rules.md is stale: python -m vramdoctor.logs.rules --markdown > docs/rules.md"
+    assert committed == markdown(), (
+        "docs/rules.md is stale: python -m vramdoctor.logs.rules --markdown > docs/rules.md"
+    )
 
 
 @pytest.mark.parametrize(
@@ -181,22 +220,39 @@ def test_registry_and_generated_docs() -> None:
         # vLLM format strings across generations: V0 selector, V1 "on V1 engine", enum repr, and
         # "Using %s attention backend out of potential backends: %s" (0.11+), with the prefixes
         # docker-compose, journald and log shippers add.
-        ("functionary  | INFO 05-11 08:17:50 selector.py:28] Using FlashAttention backend.", "FLASH_ATTN"),
-        ("INFO 05-13 21:09:39 [cuda.py:221] Using Flash Attention backend on V1 engine.", "FLASH_ATTN"),
-        ("(EngineCore pid=1) INFO 01-01 00:00:00 [cuda.py:1] Using AttentionBackendEnum.FLASHINFER backend.", "FLASHINFER"),
-        ("Aug 25 14:58:34 sys0 vllm[17578]: (EngineCore pid=17578) INFO 08-25 14:58:34 [cuda.py:482] Using "
-         "FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN', 'FLASHINFER'].", "FLASH_ATTN"),
-        ("2026-05-01 21:55:54.036 | (EngineCore pid=187) INFO 05-01 19:55:54 [cuda.py:368] Using FLASHINFER "
-         "attention backend out of potential backends: ['FLASHINFER', 'TRITON_ATTN'].", "FLASHINFER"),
+        (
+            "functionary  | INFO 05-11 08:17:50 selector.py:28] Using FlashAttention backend.",
+            "FLASH_ATTN",
+        ),
+        (
+            "INFO 05-13 21:09:39 [cuda.py:221] Using Flash Attention backend on V1 engine.",
+            "FLASH_ATTN",
+        ),
+        (
+            "(EngineCore pid=1) INFO 01-01 00:00:00 [cuda.py:1] Using AttentionBackendEnum.FLASHINFER backend.",
+            "FLASHINFER",
+        ),
+        (
+            "Aug 25 14:58:34 sys0 vllm[17578]: (EngineCore pid=17578) INFO 08-25 14:58:34 [cuda.py:482] Using "
+            "FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN', 'FLASHINFER'].",
+            "FLASH_ATTN",
+        ),
+        (
+            "2026-05-01 21:55:54.036 | (EngineCore pid=187) INFO 05-01 19:55:54 [cuda.py:368] Using FLASHINFER "
+            "attention backend out of potential backends: ['FLASHINFER', 'TRITON_ATTN'].",
+            "FLASHINFER",
+        ),
     ],
 )
 def test_vllm_backend_lines(tmp_path: Path, line: str, backend: str) -> None:
     p = tmp_path / "b.log"
-    p.write_text("INFO 05-11 08:17:49 llm_engine.py:98] Initializing an LLM engine (v0.4.1) with config: "
-                 "model='m', tensor_parallel_size=1\n" + line + "\n"
-                 "INFO 01-01 00:00:00 [x.py:1] Using 'MARLIN' WNA16 MoE backend.\n"
-                 "INFO 01-01 00:00:00 [x.py:1] Using FLASH_ATTN MLA prefill backend.\n"
-                 "INFO 01-01 00:00:00 [x.py:1] Using FlashInfer for top-p & top-k sampling.\n")
+    p.write_text(
+        "INFO 05-11 08:17:49 llm_engine.py:98] Initializing an LLM engine (v0.4.1) with config: "
+        "model='m', tensor_parallel_size=1\n" + line + "\n"
+        "INFO 01-01 00:00:00 [x.py:1] Using 'MARLIN' WNA16 MoE backend.\n"
+        "INFO 01-01 00:00:00 [x.py:1] Using FLASH_ATTN MLA prefill backend.\n"
+        "INFO 01-01 00:00:00 [x.py:1] Using FlashInfer for top-p & top-k sampling.\n"
+    )
     assert diagnose([p]).facts.attention_backend == backend
 
 
@@ -205,9 +261,11 @@ def test_swap_space_and_long_context(tmp_path: Path) -> None:
     assert "vllm-swap-space" not in ids(fix("25"))
     # A real vLLM 0.6 line (arg_utils warning) followed by the engine line of file 25.
     p = tmp_path / "lc.log"
-    p.write_text("WARNING 06-21 08:32:55 arg_utils.py:1145] The model has a long context length (131072). This may "
-                 "cause OOM errors during the initial memory profiling phase, or result in low performance due to small "
-                 "KV cache space. Consider setting --max-model-len to a smaller value.\n")
+    p.write_text(
+        "WARNING 06-21 08:32:55 arg_utils.py:1145] The model has a long context length (131072). This may "
+        "cause OOM errors during the initial memory profiling phase, or result in low performance due to small "
+        "KV cache space. Consider setting --max-model-len to a smaller value.\n"
+    )
     d = diagnose([p])
     f = next(x for x in d.findings if x.id == "vllm-long-context")
     assert f.severity == "info" and "131072" in f.title
@@ -217,11 +275,22 @@ def test_real_leak_wordings_numbers() -> None:
     extra = FIX / "extra"
     d = diagnose([next(extra.glob("04_*.log"))])  # sglang#6888: available counts free + evictable
     e = d.events_of("kv_leak_selfcheck")[0]
-    assert (e.data["total"], e.data["available"], e.data["leaked"], e.data["double_free"]) == (3185200, 3189424, -4224, True)
+    assert (e.data["total"], e.data["available"], e.data["leaked"], e.data["double_free"]) == (
+        3185200,
+        3189424,
+        -4224,
+        True,
+    )
     assert "double free" in d.findings[0].explanation
     d = diagnose([next(extra.glob("05_*.log"))])  # sglang#11970, backtick-wrapped
     assert d.events_of("kv_leak_selfcheck")[0].data["leaked"] == 59
-    d = diagnose([next(extra.glob("06_*.log"))])  # hybrid wording: full pool fine, one mamba slot leaked
+    d = diagnose(
+        [next(extra.glob("06_*.log"))]
+    )  # hybrid wording: full pool fine, one mamba slot leaked
     e = d.events_of("kv_leak_selfcheck")[0]
-    assert e.data["pool"] == "mamba" and e.data["pools"]["full"]["leaked"] == 0 and e.data["leaked"] == 1
+    assert (
+        e.data["pool"] == "mamba"
+        and e.data["pools"]["full"]["leaked"] == 0
+        and e.data["leaked"] == 1
+    )
     assert "leaked pages {191}" in d.findings[0].explanation

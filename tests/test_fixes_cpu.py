@@ -18,9 +18,10 @@ from vramdoctor.fixes.feature_pool import _ALIGN, _FreeList
 MIB = 1024 * 1024
 
 
-
 def _py(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", NO_TORCH + code], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", NO_TORCH + code], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_import_without_torch_then_use_raises_missing_extra() -> None:
@@ -105,7 +106,9 @@ def test_outputs_to_cpu_keeps_structure_without_tensors() -> None:
 def test_outputs_to_cpu_on_a_real_batch_feature() -> None:
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    feature = transformers.BatchFeature({"pixel_values": torch.ones(2, 3), "grid": [torch.zeros(1)]})
+    feature = transformers.BatchFeature(
+        {"pixel_values": torch.ones(2, 3), "grid": [torch.zeros(1)]}
+    )
     from vramdoctor.fixes import outputs_to_cpu
 
     out = outputs_to_cpu(feature)
@@ -152,7 +155,10 @@ def test_scoping_needs_the_live_block_check_not_just_mempool() -> None:
 
 def test_the_example_without_torch_says_what_to_install_in_one_line() -> None:
     example = Path(__file__).resolve().parents[1] / "examples" / "fixes" / "scoped_processor.py"
-    code = NO_TORCH + f"import runpy; sys.argv = [{str(example)!r}]; runpy.run_path({str(example)!r}, run_name='__main__')\n"
+    code = (
+        NO_TORCH
+        + f"import runpy; sys.argv = [{str(example)!r}]; runpy.run_path({str(example)!r}, run_name='__main__')\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr

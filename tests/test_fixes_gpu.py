@@ -137,7 +137,9 @@ def test_many_scopes_with_escapes_do_not_corrupt_the_allocator() -> None:
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", ENDURANCE], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", ENDURANCE], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     events = int(proc.stdout.split()[1])
     assert events == 67  # requests 0, 9, ..., 594

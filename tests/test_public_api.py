@@ -25,7 +25,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # Not library API: the command line and the report layer are faces over the library; the agent's
 # `pythonpath` directory is put on a server's PYTHONPATH, not imported as a package; rules are
 # found through their registry.
-NOT_PUBLIC = {"vramdoctor.cli", "vramdoctor.report", "vramdoctor.agent.pythonpath", "vramdoctor.logs.rules"}
+NOT_PUBLIC = {
+    "vramdoctor.cli",
+    "vramdoctor.report",
+    "vramdoctor.agent.pythonpath",
+    "vramdoctor.logs.rules",
+}
 
 # Modules (not packages) whose names are part of the API.
 PUBLIC_MODULES = ["vramdoctor.units", "vramdoctor.errors"]
@@ -63,8 +68,11 @@ def _exported(module: types.ModuleType) -> set[str]:
         if name == "TYPE_CHECKING":
             continue
         origin = getattr(value, "__module__", None)
-        if isinstance(origin, str) and not origin.startswith("vramdoctor") and (
-                isinstance(value, type) or callable(value) or origin == "typing"):
+        if (
+            isinstance(origin, str)
+            and not origin.startswith("vramdoctor")
+            and (isinstance(value, type) or callable(value) or origin == "typing")
+        ):
             continue  # a helper imported from elsewhere (Path, Any), not a re-export of ours
         out.add(name)
     return out
@@ -85,7 +93,9 @@ def test_all_is_exactly_what_the_module_exports(name: str) -> None:
     missing = [n for n in declared if not hasattr(module, n)]
     assert not missing, f"{name}.__all__ lists names it does not have: {missing}"
     undeclared = sorted(_exported(module) - set(declared) - {"__version__"})
-    assert not undeclared, f"{name} exports names missing from __all__ (add them or underscore them): {undeclared}"
+    assert not undeclared, (
+        f"{name} exports names missing from __all__ (add them or underscore them): {undeclared}"
+    )
 
 
 @pytest.mark.parametrize("name", PUBLIC)
@@ -94,7 +104,11 @@ def test_every_public_name_is_documented(name: str) -> None:
     assert module.__doc__, f"{name} has no module docstring"
     for attr in module.__all__:
         value = getattr(module, attr)
-        if callable(value) and not isinstance(value, type(ImportError)) and getattr(value, "__module__", "").startswith("vramdoctor"):
+        if (
+            callable(value)
+            and not isinstance(value, type(ImportError))
+            and getattr(value, "__module__", "").startswith("vramdoctor")
+        ):
             assert value.__doc__, f"{name}.{attr} has no docstring"
 
 
@@ -114,9 +128,18 @@ def test_the_root_reaches_subpackages_lazily() -> None:
 
 def _loaded_after(code: str) -> set[str]:
     """Top-level modules loaded by running `code` in a fresh interpreter."""
-    probe = code + "\nimport json, sys\nprint(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n"
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
-                          cwd=ROOT, env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "COLUMNS": "200"})
+    probe = (
+        code
+        + "\nimport json, sys\nprint(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "COLUMNS": "200"},
+    )
     assert proc.returncode == 0, proc.stderr
     return set(json.loads(proc.stdout.strip().splitlines()[-1]))
 

@@ -35,8 +35,14 @@ def _env() -> dict[str, str]:
 
 
 def vd(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vramdoctor", *args], capture_output=True, text=True,
-                          timeout=120, env=_env(), cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "vramdoctor", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+        cwd=cwd,
+    )
 
 
 def _one_line_usage_error(r: subprocess.CompletedProcess) -> None:
@@ -54,6 +60,7 @@ def ref_server() -> Iterator[str]:
 
 
 # --- report --report on an ab-test run: was a matplotlib traceback --------------------------
+
 
 def test_report_of_abtest_run_with_html_report_is_one_line_exit_2(tmp_path) -> None:
     r = vd("report", str(ABTEST_RUN), "--report", str(tmp_path / "ab.html"), cwd=tmp_path)
@@ -78,15 +85,19 @@ def test_report_of_abtest_run_writes_png(tmp_path) -> None:
 
 # --- report --report with an unknown extension on a soak run: was exit 0 --------------------
 
+
 def test_report_of_soak_run_with_unknown_report_extension_exits_2(tmp_path) -> None:
     r = vd("report", str(SOAK_RUN), "--report", str(tmp_path / "x.pdf"), "--json", cwd=tmp_path)
     _one_line_usage_error(r)
     # With --json, stdout carries only the error object (issue 14: scripts always get JSON).
     err = json.loads(r.stdout)
-    assert err["schema"] == "vramdoctor.error/1" and err["exit_code"] == 2 and ".pdf" in err["error"]
+    assert (
+        err["schema"] == "vramdoctor.error/1" and err["exit_code"] == 2 and ".pdf" in err["error"]
+    )
 
 
 # --- run file under a path whose directory part is a file: said "already exists" -----------
+
 
 def test_run_file_under_a_regular_file_names_the_directory_problem(tmp_path) -> None:
     (tmp_path / "afile").write_text("x")
@@ -104,26 +115,55 @@ def test_soak_negative_min_growth_is_a_usage_error(tmp_path) -> None:
 
 # --- one settled level and no baseline was called STABLE (exit 0) ---------------------------
 
+
 def test_a_single_settled_level_without_baseline_is_not_stable() -> None:
     # --idle shorter than --interval: only round 1's idle window caught a sample.
     alone = classify_series(None, [45.7, None, None], [2.0, 4.0, 6.0], [[45.7], [], []], floor=2.0)
     assert alone.verdict == INCONCLUSIVE
     # Even with a baseline, one flat round is too little to call it stable; two are enough.
-    with_base = classify_series(45.6, [45.7, None, None], [2.0, 4.0, 6.0], [[45.7], [], []], floor=2.0)
+    with_base = classify_series(
+        45.6, [45.7, None, None], [2.0, 4.0, 6.0], [[45.7], [], []], floor=2.0
+    )
     assert with_base.verdict == INCONCLUSIVE
-    two = classify_series(45.6, [45.7, 45.7, None], [2.0, 4.0, 6.0], [[45.7], [45.7], []], floor=2.0)
+    two = classify_series(
+        45.6, [45.7, 45.7, None], [2.0, 4.0, 6.0], [[45.7], [45.7], []], floor=2.0
+    )
     assert two.verdict == STABLE
 
 
 # --- Ctrl-C in the second after the run file is created (scipy import): no report, no end ----
 
+
 def test_ctrl_c_right_after_the_run_file_appears_still_reports(ref_server, tmp_path) -> None:
     run = tmp_path / "run.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vramdoctor", "soak", "--url", ref_server, "--out", str(run),
-         "--rounds", "3", "--requests", "2", "--idle", "5", "--interval", "0.1",
-         "--image-size", "64x64", "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "vramdoctor",
+            "soak",
+            "--url",
+            ref_server,
+            "--out",
+            str(run),
+            "--rounds",
+            "3",
+            "--requests",
+            "2",
+            "--idle",
+            "5",
+            "--interval",
+            "0.1",
+            "--image-size",
+            "64x64",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        cwd=tmp_path,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not run.exists() and proc.poll() is None:
         time.sleep(0.005)
@@ -140,6 +180,7 @@ def test_ctrl_c_right_after_the_run_file_appears_still_reports(ref_server, tmp_p
 
 # --- a URL that answers /v1/models but serves an HTML page on POST: was STABLE, exit 0 -------
 
+
 class _NotACompletionServer(http.server.BaseHTTPRequestHandler):
     """Lists a model, then answers every POST with 200 and an HTML page (a proxy's login page)."""
 
@@ -153,7 +194,9 @@ class _NotACompletionServer(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path.startswith("/v1/models"):
-            self._send(200, json.dumps({"object": "list", "data": [{"id": "m"}]}), "application/json")
+            self._send(
+                200, json.dumps({"object": "list", "data": [{"id": "m"}]}), "application/json"
+            )
         else:
             self._send(404, "not found", "text/plain")
 
@@ -175,8 +218,24 @@ def loopback() -> Iterator[str]:
 
 
 def test_html_answers_to_completions_are_errors_not_a_stable_verdict(loopback, tmp_path) -> None:
-    r = vd("soak", "--url", loopback, "--out", str(tmp_path / "run.jsonl"), "--rounds", "2",
-           "--requests", "2", "--idle", "0.5", "--interval", "0.1", "--text-only", "--json", cwd=tmp_path)
+    r = vd(
+        "soak",
+        "--url",
+        loopback,
+        "--out",
+        str(tmp_path / "run.jsonl"),
+        "--rounds",
+        "2",
+        "--requests",
+        "2",
+        "--idle",
+        "0.5",
+        "--interval",
+        "0.1",
+        "--text-only",
+        "--json",
+        cwd=tmp_path,
+    )
     assert r.returncode == 1, r.stderr  # no request succeeded: the server is failing, not healthy
     d = json.loads(r.stdout)
     assert d["verdict"] == INCONCLUSIVE and d["healthy"] is False
@@ -199,30 +258,50 @@ def test_url_with_a_query_string_is_refused_without_showing_the_token(loopback, 
 
 # --- stdout on a full disk: was an OSError traceback --------------------------------------
 
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 def test_output_to_a_full_disk_is_one_line_not_a_traceback(tmp_path) -> None:
     with open("/dev/full", "w") as full:
-        r = subprocess.run([sys.executable, "-m", "vramdoctor", "report", str(SOAK_RUN)], stdout=full,
-                           stderr=subprocess.PIPE, text=True, timeout=120, env=_env(), cwd=tmp_path)
+        r = subprocess.run(
+            [sys.executable, "-m", "vramdoctor", "report", str(SOAK_RUN)],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            env=_env(),
+            cwd=tmp_path,
+        )
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr
-    assert r.stderr.strip().splitlines() == ["vramdoctor: error: cannot write the output: No space left on device"]
+    assert r.stderr.strip().splitlines() == [
+        "vramdoctor: error: cannot write the output: No space left on device"
+    ]
 
 
 # --- soak --report into a directory: found only after the whole soak (exit 0, no report) -----
+
 
 def test_soak_report_path_that_cannot_be_a_file_is_refused_before_measuring(tmp_path) -> None:
     (tmp_path / "d.html").mkdir()
     (tmp_path / "afile").write_text("x")
     for bad in (tmp_path / "d.html", tmp_path / "afile" / "r.html"):
-        r = vd("soak", "--url", "http://127.0.0.1:1", "--out", str(tmp_path / "run.jsonl"),
-               "--report", str(bad), cwd=tmp_path)
+        r = vd(
+            "soak",
+            "--url",
+            "http://127.0.0.1:1",
+            "--out",
+            str(tmp_path / "run.jsonl"),
+            "--report",
+            str(bad),
+            cwd=tmp_path,
+        )
         _one_line_usage_error(r)
         assert "--report" in r.stderr  # not the unreachable server: checked before anything else
         assert not (tmp_path / "run.jsonl").exists()
 
 
 # --- --duration is a hard bound, also when the server never answers ----------------------
+
 
 def test_duration_bound_holds_against_a_server_that_never_answers(tmp_path) -> None:
     release = threading.Event()
@@ -248,10 +327,33 @@ def test_duration_bound_holds_against_a_server_that_never_answers(tmp_path) -> N
     try:
         start = time.monotonic()
         proc = subprocess.run(
-            [sys.executable, "-m", "vramdoctor", "soak", "--url", f"http://127.0.0.1:{server.server_port}",
-             "--duration", "3", "--timeout", "120", "--rounds", "2", "--requests", "2", "--idle", "1",
-             "--out", str(tmp_path / "run.jsonl"), "--json"],
-            capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=110)
+            [
+                sys.executable,
+                "-m",
+                "vramdoctor",
+                "soak",
+                "--url",
+                f"http://127.0.0.1:{server.server_port}",
+                "--duration",
+                "3",
+                "--timeout",
+                "120",
+                "--rounds",
+                "2",
+                "--requests",
+                "2",
+                "--idle",
+                "1",
+                "--out",
+                str(tmp_path / "run.jsonl"),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            env=_env(),
+            cwd=tmp_path,
+            timeout=110,
+        )
         elapsed = time.monotonic() - start
     finally:
         release.set()

@@ -58,7 +58,9 @@ def test_every_vramdoctor_command_in_the_readme_parses() -> None:
         proc = vramdoctor(argv[0], "--help")
         assert proc.returncode == 0, f"{line}: {proc.stderr or proc.stdout}"
         for option in (a for a in argv[1:] if a.startswith("--")):
-            assert option.split("=")[0] in proc.stdout, f"{line}: {option} is not an option of {argv[0]}"
+            assert option.split("=")[0] in proc.stdout, (
+                f"{line}: {option} is not an option of {argv[0]}"
+            )
 
 
 def test_readme_report_example_reanalyses_a_recorded_gpu_run() -> None:
@@ -80,15 +82,21 @@ def test_help_pages_name_values_not_python_types() -> None:
     for name in ["", *_commands()]:
         proc = vramdoctor(*([name] if name else []), "--help")
         assert proc.returncode == 0, f"{name} --help: {proc.stderr}"
-        assert not raw.search(proc.stdout), f"vramdoctor {name} --help shows a Python type: {raw.search(proc.stdout)}"
-        assert not re.search(r"-\.jsonl|--\.jsonl", proc.stdout), f"vramdoctor {name} --help lost a file-name pattern"
+        assert not raw.search(proc.stdout), (
+            f"vramdoctor {name} --help shows a Python type: {raw.search(proc.stdout)}"
+        )
+        assert not re.search(r"-\.jsonl|--\.jsonl", proc.stdout), (
+            f"vramdoctor {name} --help lost a file-name pattern"
+        )
 
 
 def test_no_color_is_one_switch_for_every_command() -> None:
     run_file = "tests/fixtures/soak/h200-leaking.jsonl"
     forced = run_cli("report", run_file, cwd=ROOT, env={"COLUMNS": "200", "FORCE_COLOR": "1"})
     assert "\x1b[" in forced.stdout  # coloured when forced
-    plain = run_cli("--no-color", "report", run_file, cwd=ROOT, env={"COLUMNS": "200", "FORCE_COLOR": "1"})
+    plain = run_cli(
+        "--no-color", "report", run_file, cwd=ROOT, env={"COLUMNS": "200", "FORCE_COLOR": "1"}
+    )
     assert plain.returncode == forced.returncode and "\x1b[" not in plain.stdout
 
 
@@ -103,12 +111,21 @@ NO_MATPLOTLIB = (
 )
 
 
-@pytest.mark.parametrize("run_file", ["tests/fixtures/soak/h200-leaking.jsonl", "tests/fixtures/abtest/h200-qwen2_5_vl.jsonl"])
+@pytest.mark.parametrize(
+    "run_file",
+    ["tests/fixtures/soak/h200-leaking.jsonl", "tests/fixtures/abtest/h200-qwen2_5_vl.jsonl"],
+)
 def test_base_install_reports_and_a_chart_names_the_extra(run_file: str, tmp_path: Path) -> None:
     def report(*extra: str) -> subprocess.CompletedProcess[str]:
         code = NO_MATPLOTLIB + f"sys.exit(main(['report', {run_file!r}, *{list(extra)!r}]))\n"
-        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=ROOT,
-                              env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "COLUMNS": "200"})
+        return subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=ROOT,
+            env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "COLUMNS": "200"},
+        )
 
     assert report().returncode in (0, 1)  # the report itself needs no matplotlib
     chart = report("--report", str(tmp_path / "chart.png"))
@@ -119,8 +136,10 @@ def test_base_install_reports_and_a_chart_names_the_extra(run_file: str, tmp_pat
 
 
 def test_report_json_is_versioned_and_names_its_run_file() -> None:
-    for run_file, schema in (("tests/fixtures/soak/h200-leaking.jsonl", "vramdoctor.soak/"),
-                             ("tests/fixtures/abtest/h200-qwen2_5_vl.jsonl", "vramdoctor.abtest/")):
+    for run_file, schema in (
+        ("tests/fixtures/soak/h200-leaking.jsonl", "vramdoctor.soak/"),
+        ("tests/fixtures/abtest/h200-qwen2_5_vl.jsonl", "vramdoctor.abtest/"),
+    ):
         doc = json.loads(vramdoctor("report", run_file, "--json").stdout)
         assert str(doc["schema"]).startswith(schema)
         named = doc.get("run_file") or (doc.get("run") or {}).get("path")

@@ -18,20 +18,37 @@ from vramdoctor.redact import REDACTED, redact_argv, redact_text, redact_url
 from vramdoctor.sources.procinfo import ProcInfoCache, lookup, server_groups
 from vramdoctor.sources.server_metrics import ServerMetricsSource
 
-SECRETS = ("hunter2-pass", "sk-live-4f9a8b7c6d5e", "tok_a1b2c3d4e5f6", "eyJhbGciOiJIUzI1NiJ9.payload.sig",
-           "my-literal-secret", "hf_abcdefghijklmnopqrstuvwxyz")
+SECRETS = (
+    "hunter2-pass",
+    "sk-live-4f9a8b7c6d5e",
+    "tok_a1b2c3d4e5f6",
+    "eyJhbGciOiJIUzI1NiJ9.payload.sig",
+    "my-literal-secret",
+    "hf_abcdefghijklmnopqrstuvwxyz",
+)
 
 
 def test_header_keeps_no_secret(tmp_path: Path) -> None:
     argv = [
-        "vramdoctor", "soak", "http://admin:hunter2-pass@10.0.0.5:30000/v1?api_key=sk-live-4f9a8b7c6d5e&model=m",
-        "--api-key", "sk-live-4f9a8b7c6d5e", "--token=tok_a1b2c3d4e5f6",
-        "--header", "Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.payload.sig",
-        "--note", "my-literal-secret", "--hf", "hf_abcdefghijklmnopqrstuvwxyz",
+        "vramdoctor",
+        "soak",
+        "http://admin:hunter2-pass@10.0.0.5:30000/v1?api_key=sk-live-4f9a8b7c6d5e&model=m",
+        "--api-key",
+        "sk-live-4f9a8b7c6d5e",
+        "--token=tok_a1b2c3d4e5f6",
+        "--header",
+        "Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.payload.sig",
+        "--note",
+        "my-literal-secret",
+        "--hf",
+        "hf_abcdefghijklmnopqrstuvwxyz",
     ]
-    header = make_header("soak", argv=argv,
-                         target="http://admin:hunter2-pass@10.0.0.5:30000/v1?api_key=sk-live-4f9a8b7c6d5e&model=m",
-                         secrets=["my-literal-secret"])
+    header = make_header(
+        "soak",
+        argv=argv,
+        target="http://admin:hunter2-pass@10.0.0.5:30000/v1?api_key=sk-live-4f9a8b7c6d5e&model=m",
+        secrets=["my-literal-secret"],
+    )
     path = tmp_path / "run.jsonl"
     RunWriter(path, header).close()
     text = path.read_text()
@@ -44,11 +61,18 @@ def test_header_keeps_no_secret(tmp_path: Path) -> None:
     assert run.header["argv"][run.header["argv"].index("--api-key") + 1] == REDACTED
 
 
-@pytest.mark.parametrize("url, kept, gone", [
-    ("https://user:pw-secret-1@host.example:8443/metrics", "https://host.example:8443/metrics", "pw-secret-1"),
-    ("http://h:9400/metrics?token=abcdef123&x=1", "x=1", "abcdef123"),
-    ("http://h:30000", "http://h:30000", "@"),
-])
+@pytest.mark.parametrize(
+    "url, kept, gone",
+    [
+        (
+            "https://user:pw-secret-1@host.example:8443/metrics",
+            "https://host.example:8443/metrics",
+            "pw-secret-1",
+        ),
+        ("http://h:9400/metrics?token=abcdef123&x=1", "x=1", "abcdef123"),
+        ("http://h:30000", "http://h:30000", "@"),
+    ],
+)
 def test_redact_url(url: str, kept: str, gone: str) -> None:
     out = redact_url(url)
     assert kept in out and gone not in out
@@ -57,12 +81,25 @@ def test_redact_url(url: str, kept: str, gone: str) -> None:
 def test_redact_text_and_argv_shapes() -> None:
     assert "abc.def-ghi" not in redact_text("Authorization: Bearer abc.def-ghi")
     assert "sk-proj-ABCDEFGH12345678" not in redact_text("key sk-proj-ABCDEFGH12345678 here")
-    assert redact_argv(["--password", "p4ss-word!", "--port", "30000"]) == ["--password", REDACTED, "--port", "30000"]
+    assert redact_argv(["--password", "p4ss-word!", "--port", "30000"]) == [
+        "--password",
+        REDACTED,
+        "--port",
+        "30000",
+    ]
 
 
 def test_process_command_lines_are_redacted_when_read() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)",
-                             "--api-key", "sk-live-4f9a8b7c6d5e", "http://u:hunter2-pass@h/x"])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time; time.sleep(30)",
+            "--api-key",
+            "sk-live-4f9a8b7c6d5e",
+            "http://u:hunter2-pass@h/x",
+        ]
+    )
     try:
         deadline = time.monotonic() + 10
         info = lookup(proc.pid)
@@ -94,8 +131,11 @@ TREE = (
 def test_server_groups_follow_the_process_tree_up_to_the_shell() -> None:
     trees = []
     for _ in range(2):  # two independent "servers", each started from its own shell
-        shell = subprocess.Popen(["bash", "-c", f"{shlex.quote(sys.executable)} -c {shlex.quote(TREE)}; true"],
-                                 stdout=subprocess.PIPE, text=True)
+        shell = subprocess.Popen(
+            ["bash", "-c", f"{shlex.quote(sys.executable)} -c {shlex.quote(TREE)}; true"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         child = int(shell.stdout.readline())  # type: ignore[union-attr]
         parent = psutil.Process(child).ppid()
         trees.append((shell, parent, child))
@@ -121,8 +161,12 @@ def test_scrape_errors_never_show_credentials() -> None:
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()  # nothing listens here now
-    with ServerMetricsSource(f"http://admin:hunter2-pass@127.0.0.1:{port}/metrics?token=tok_a1b2c3d4e5f6",
-                             timeout=2) as src, pytest.raises(SourceUnavailable) as err:
+    with (
+        ServerMetricsSource(
+            f"http://admin:hunter2-pass@127.0.0.1:{port}/metrics?token=tok_a1b2c3d4e5f6", timeout=2
+        ) as src,
+        pytest.raises(SourceUnavailable) as err,
+    ):
         src.sample()
     assert "hunter2-pass" not in str(err.value) and "tok_a1b2c3d4e5f6" not in str(err.value)
     assert f"127.0.0.1:{port}" in str(err.value)

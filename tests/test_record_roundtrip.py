@@ -30,22 +30,50 @@ from vramdoctor.record import SCHEMA, RunWriter, make_header, read_run
 
 def gpu_sample(i: int) -> GpuSample:
     return GpuSample(
-        t=100.0 + i, wall=1.7e9 + i, source="nvml",
-        gpus=[GpuMemory(index=0, total_mib=81559.0, used_mib=1000.0 + i, free_mib=80559.0 - i,
-                        uuid="GPU-0", name="NVIDIA H100 80GB HBM3", driver_reserved_mib=536.0)],
-        processes=[ProcessGpuMemory(pid=4242, gpu=0, used_mib=900.0 + i, name="python3",
-                                    cmdline=["python3", "-m", "sglang.launch_server"]),
-                   ProcessGpuMemory(pid=99999, gpu=0, used_mib=None, visible=False)],
+        t=100.0 + i,
+        wall=1.7e9 + i,
+        source="nvml",
+        gpus=[
+            GpuMemory(
+                index=0,
+                total_mib=81559.0,
+                used_mib=1000.0 + i,
+                free_mib=80559.0 - i,
+                uuid="GPU-0",
+                name="NVIDIA H100 80GB HBM3",
+                driver_reserved_mib=536.0,
+            )
+        ],
+        processes=[
+            ProcessGpuMemory(
+                pid=4242,
+                gpu=0,
+                used_mib=900.0 + i,
+                name="python3",
+                cmdline=["python3", "-m", "sglang.launch_server"],
+            ),
+            ProcessGpuMemory(pid=99999, gpu=0, used_mib=None, visible=False),
+        ],
     )
 
 
 def all_kinds() -> list[object]:
     return [
         gpu_sample(0),
-        MetricsSample(t=100.5, wall=1.7e9, flavour="sglang", values={"kv_usage_ratio": 0.5},
-                      raw={'sglang:token_usage{tp_rank="0"}': 0.5}),
-        HostSample(t=100.6, wall=1.7e9, processes=[HostProcessMemory(pid=4242, rss_mib=2048.5, name="python3",
-                                                                     role="tokenizer")]),
+        MetricsSample(
+            t=100.5,
+            wall=1.7e9,
+            flavour="sglang",
+            values={"kv_usage_ratio": 0.5},
+            raw={'sglang:token_usage{tp_rank="0"}': 0.5},
+        ),
+        HostSample(
+            t=100.6,
+            wall=1.7e9,
+            processes=[
+                HostProcessMemory(pid=4242, rss_mib=2048.5, name="python3", role="tokenizer")
+            ],
+        ),
         Event(t=100.8, wall=1.7e9, name="round_end", data={"round": 1, "requests": 30}),
         gpu_sample(1),
     ]
@@ -53,9 +81,13 @@ def all_kinds() -> list[object]:
 
 def test_every_record_kind_round_trips(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
-    header = make_header("soak", argv=["vramdoctor", "soak", "http://127.0.0.1:30000"],
-                         target="http://127.0.0.1:30000", gpus=[{"index": 0, "name": "H100"}],
-                         config={"rounds": 3})
+    header = make_header(
+        "soak",
+        argv=["vramdoctor", "soak", "http://127.0.0.1:30000"],
+        target="http://127.0.0.1:30000",
+        gpus=[{"index": 0, "name": "H100"}],
+        config={"rounds": 3},
+    )
     records = all_kinds()
     with RunWriter(path, header) as w:
         for r in records:
@@ -181,9 +213,11 @@ def test_hard_kill_mid_write_loses_at_most_the_last_line(tmp_path: Path) -> None
 def test_several_threads_write_whole_lines(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
     with RunWriter(path, make_header("soak", argv=["x"])) as w:
+
         def worker(k: int) -> None:
             for i in range(200):
                 w.write(Event(t=float(i), wall=0.0, name=f"w{k}", data={"i": i, "pad": "x" * 300}))
+
         threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
         for t in threads:
             t.start()
@@ -206,13 +240,16 @@ def test_writer_refuses_to_overwrite(tmp_path: Path) -> None:
     assert path.read_bytes() == before
 
 
-@pytest.mark.parametrize("content, message", [
-    ("", "empty"),
-    ("hello\nworld\n", "no header"),
-    ('{"kind": "gpu", "t": 1, "wall": 2}\n', "no header"),
-    ('{"kind": "header", "schema": "otherthing/1"}\n', "schema"),
-    ('{"kind": "header", "schema": "vramdoctor.run/9"}\n', "upgrade vramdoctor"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("", "empty"),
+        ("hello\nworld\n", "no header"),
+        ('{"kind": "gpu", "t": 1, "wall": 2}\n', "no header"),
+        ('{"kind": "header", "schema": "otherthing/1"}\n', "schema"),
+        ('{"kind": "header", "schema": "vramdoctor.run/9"}\n', "upgrade vramdoctor"),
+    ],
+)
 def test_foreign_files_are_input_errors(tmp_path: Path, content: str, message: str) -> None:
     path = tmp_path / "x.jsonl"
     path.write_text(content)
@@ -232,21 +269,39 @@ def test_report_command_on_bad_files_exits_2_with_one_line(tmp_path: Path) -> No
     path.write_text("just some notes\n")
     env = {**os.environ, "NO_COLOR": "1"}
     for target in (path, tmp_path / "missing.jsonl"):
-        r = subprocess.run([sys.executable, "-m", "vramdoctor", "report", str(target)],
-                           capture_output=True, text=True, env=env, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-m", "vramdoctor", "report", str(target)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         assert r.returncode == 2
         assert r.stdout == ""
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
-def test_report_reads_a_census_run_with_a_torn_tail(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_reads_a_census_run_with_a_torn_tail(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "census.jsonl"
-    s = GpuSample(t=1.0, wall=1.7e9, source="nvml",
-                  gpus=[GpuMemory(index=0, total_mib=100, used_mib=50, free_mib=50),
-                        GpuMemory(index=1, total_mib=100, used_mib=50, free_mib=50)],
-                  processes=[ProcessGpuMemory(pid=7, gpu=1, used_mib=40000.0),
-                             ProcessGpuMemory(pid=7, gpu=0, used_mib=512.0)])
-    w = RunWriter(path, make_header("census", argv=["vramdoctor", "census"], config={"context_mib": [300, 700]}))
+    s = GpuSample(
+        t=1.0,
+        wall=1.7e9,
+        source="nvml",
+        gpus=[
+            GpuMemory(index=0, total_mib=100, used_mib=50, free_mib=50),
+            GpuMemory(index=1, total_mib=100, used_mib=50, free_mib=50),
+        ],
+        processes=[
+            ProcessGpuMemory(pid=7, gpu=1, used_mib=40000.0),
+            ProcessGpuMemory(pid=7, gpu=0, used_mib=512.0),
+        ],
+    )
+    w = RunWriter(
+        path,
+        make_header("census", argv=["vramdoctor", "census"], config={"context_mib": [300, 700]}),
+    )
     w.write(s)
     w._fh.write('{"kind": "gpu", "t": 2, "wal')  # type: ignore[union-attr]
     w._fh.close()  # type: ignore[union-attr]

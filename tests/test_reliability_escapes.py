@@ -26,14 +26,23 @@ SHOWN = "m\\x1b[2J\\x1b[32mSTABLE"
 def vd(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "VRAMDOCTOR_API_KEY")}
     env.update(NO_COLOR="1", COLUMNS="200")
-    return subprocess.run([sys.executable, "-m", "vramdoctor", *args], capture_output=True, text=True,
-                          timeout=180, env=env, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "vramdoctor", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+        cwd=cwd,
+    )
 
 
 @pytest.fixture
 def hostile() -> Iterator[str]:
-    proc = subprocess.Popen([sys.executable, str(HOSTILE), FORGED, "lbl\x1b]0;pwned\x07"],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(HOSTILE), FORGED, "lbl\x1b]0;pwned\x07"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     port = int(proc.stdout.readline())
     yield f"http://127.0.0.1:{port}"
@@ -47,13 +56,45 @@ def no_live_escape(*texts: str) -> None:
 
 
 def test_a_model_id_with_escape_codes_is_shown_not_executed(hostile: str, tmp_path: Path) -> None:
-    page = nvitop_text("gpu-host", [{"index": 0, "name": "H100\x1b[2J", "uuid": "GPU-1", "total": 81559.0,
-                                     "used": 20000.0, "free": 61559.0}],
-                       [{"index": 0, "pid": 4242, "mib": 19000.0, "command": "python\x1b[31m -m evil"}])
+    page = nvitop_text(
+        "gpu-host",
+        [
+            {
+                "index": 0,
+                "name": "H100\x1b[2J",
+                "uuid": "GPU-1",
+                "total": 81559.0,
+                "used": 20000.0,
+                "free": 61559.0,
+            }
+        ],
+        [{"index": 0, "pid": 4242, "mib": 19000.0, "command": "python\x1b[31m -m evil"}],
+    )
     with serve(metrics_only(page)) as exporter:
-        args = ["--url", hostile, "--gpu-metrics", exporter, "--rounds", "2", "--no-adapt", "--requests", "2",
-                "--concurrency", "1", "--idle", "0.3", "--baseline", "0.3", "--interval", "0.1", "--text-only",
-                "--max-tokens", "1", "--timeout", "5"]
+        args = [
+            "--url",
+            hostile,
+            "--gpu-metrics",
+            exporter,
+            "--rounds",
+            "2",
+            "--no-adapt",
+            "--requests",
+            "2",
+            "--concurrency",
+            "1",
+            "--idle",
+            "0.3",
+            "--baseline",
+            "0.3",
+            "--interval",
+            "0.1",
+            "--text-only",
+            "--max-tokens",
+            "1",
+            "--timeout",
+            "5",
+        ]
         text = vd("soak", *args, "--out", str(tmp_path / "a.jsonl"), cwd=tmp_path)
         assert text.returncode in (0, 1), text.stderr
         no_live_escape(text.stdout, text.stderr)
@@ -84,7 +125,8 @@ def test_escapes_in_a_log_are_shown_not_executed(tmp_path: Path) -> None:
         "mem usage=4.42 GB.\n"
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
         "of 79.10 GiB of which 1.10 GiB is free.\x1b]0;pwned\x07 Of the allocated memory 70.00 GiB is "
-        "allocated by PyTorch, and 5.00 GiB is reserved by PyTorch but unallocated.\n")
+        "allocated by PyTorch, and 5.00 GiB is reserved by PyTorch but unallocated.\n"
+    )
     r = vd("diagnose", str(log), cwd=tmp_path)
     assert r.returncode in (0, 1), r.stderr
     no_live_escape(r.stdout, r.stderr)

@@ -27,8 +27,14 @@ PLAIN = ROOT / "tests" / "fixtures" / "soak" / "h200-plain.jsonl"
 def vd(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "VRAMDOCTOR_API_KEY")}
     env.update(NO_COLOR="1", COLUMNS="100")
-    return subprocess.run([sys.executable, "-m", "vramdoctor", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "vramdoctor", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
+    )
 
 
 def one_line_error(r: subprocess.CompletedProcess) -> str:
@@ -40,6 +46,7 @@ def one_line_error(r: subprocess.CompletedProcess) -> str:
 
 
 # --- kind 6: report /dev/zero is refused at once ---------------------------------------------
+
 
 @pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
 def test_report_of_dev_zero_is_refused_quickly(tmp_path: Path) -> None:
@@ -58,6 +65,7 @@ def test_a_header_line_beyond_64_kib_is_not_a_run_file(tmp_path: Path) -> None:
 
 # --- kind 7: a run file with NaN values, out of order, wrong-typed ----------------------------
 
+
 def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines(keepends=True)
 
@@ -69,7 +77,9 @@ def test_nan_and_infinity_in_a_run_file_do_not_crash_the_reports(tmp_path: Path)
         if '"kind":"gpu"' in line.replace(" ", "") and i % 7 == 0:
             line = line.replace('"used_mib":', '"used_mib":NaN,"x":', 1)
         elif '"kind":"metrics"' in line.replace(" ", "") and i % 5 == 0:
-            line = line.replace('"values":{', '"values":{"kv_usage_ratio":Infinity,"junk":-Infinity,', 1)
+            line = line.replace(
+                '"values":{', '"values":{"kv_usage_ratio":Infinity,"junk":-Infinity,', 1
+            )
         damaged.append(line)
     run_file = tmp_path / "nan.jsonl"
     run_file.write_text("".join(damaged))
@@ -80,7 +90,10 @@ def test_nan_and_infinity_in_a_run_file_do_not_crash_the_reports(tmp_path: Path)
     assert html.stat().st_size > 1000
     j = vd("report", str(run_file), "--json", cwd=tmp_path)
     assert j.returncode in (0, 1), j.stderr
-    assert json.loads(j.stdout)["verdict"] == json.loads(vd("report", str(PLAIN), "--json", cwd=tmp_path).stdout)["verdict"]
+    assert (
+        json.loads(j.stdout)["verdict"]
+        == json.loads(vd("report", str(PLAIN), "--json", cwd=tmp_path).stdout)["verdict"]
+    )
     run = read_run(run_file)
     assert all(isinstance(g.used_mib, float) for s in run.of(GpuSample) for g in s.gpus)
 
@@ -110,7 +123,9 @@ def test_a_wrong_typed_field_is_one_sentence_naming_the_line(tmp_path: Path) -> 
     bad.write_text("".join(lines))
     run = read_run(bad)
     assert run.bad_lines == [number]
-    assert run.problems == [f"{bad}: line {number}: gpus[0].used_mib is a string, not a number; skipped"]
+    assert run.problems == [
+        f"{bad}: line {number}: gpus[0].used_mib is a string, not a number; skipped"
+    ]
     r = vd("report", str(bad), "--json", cwd=tmp_path)
     assert r.returncode in (0, 1), r.stderr  # was: internal error: TypeError
     assert "internal error" not in r.stderr
@@ -118,12 +133,16 @@ def test_a_wrong_typed_field_is_one_sentence_naming_the_line(tmp_path: Path) -> 
 
 # --- usage errors: one line; with --json an error object on stdout ----------------------------
 
-@pytest.mark.parametrize("args", [
-    ["soak", "--rounds", "many"],
-    ["census", "--no-such-option"],
-    ["report"],
-    ["no-such-command"],
-])
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["soak", "--rounds", "many"],
+        ["census", "--no-such-option"],
+        ["report"],
+        ["no-such-command"],
+    ],
+)
 def test_usage_errors_are_one_line(tmp_path: Path, args: list[str]) -> None:
     r = vd(*args, cwd=tmp_path)
     message = one_line_error(r)
@@ -131,26 +150,39 @@ def test_usage_errors_are_one_line(tmp_path: Path, args: list[str]) -> None:
     assert r.stdout == ""
 
 
-@pytest.mark.parametrize("args", [
-    ["report", "/no/such/run.jsonl", "--json"],
-    ["census", "--no-such-option", "--json"],
-    ["diagnose", "/no/such/server.log", "--json"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["report", "/no/such/run.jsonl", "--json"],
+        ["census", "--no-such-option", "--json"],
+        ["diagnose", "/no/such/server.log", "--json"],
+    ],
+)
 def test_json_errors_print_an_error_object_on_stdout(tmp_path: Path, args: list[str]) -> None:
     r = vd(*args, cwd=tmp_path)
     message = one_line_error(r)
     err = json.loads(r.stdout)
-    assert err == {"schema": "vramdoctor.error/1", "error": message.removeprefix("vramdoctor: error: "),
-                   "exit_code": 2}
+    assert err == {
+        "schema": "vramdoctor.error/1",
+        "error": message.removeprefix("vramdoctor: error: "),
+        "exit_code": 2,
+    }
 
 
 # --- Ctrl-C in the first half second: no traceback --------------------------------------------
 
+
 def test_ctrl_c_while_starting_prints_no_traceback(tmp_path: Path) -> None:
     env = {**os.environ, "NO_COLOR": "1"}
     for delay in (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5):
-        proc = subprocess.Popen([sys.executable, "-m", "vramdoctor", "report", str(PLAIN)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "vramdoctor", "report", str(PLAIN)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+        )
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
         _out, err = proc.communicate(timeout=60)

@@ -63,7 +63,9 @@ def http_server(handle: Handler) -> Iterator[str]:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), H)
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
@@ -71,7 +73,9 @@ def http_server(handle: Handler) -> Iterator[str]:
         server.server_close()
 
 
-def send(req: BaseHTTPRequestHandler, body: bytes, *, length: bool = True, trickle_s: float = 0.0) -> None:
+def send(
+    req: BaseHTTPRequestHandler, body: bytes, *, length: bool = True, trickle_s: float = 0.0
+) -> None:
     req.send_response(200)
     req.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
     if length:
@@ -82,7 +86,7 @@ def send(req: BaseHTTPRequestHandler, body: bytes, *, length: bool = True, trick
     req.end_headers()
     if trickle_s:
         for i in range(len(body)):
-            req.wfile.write(body[i:i + 1])
+            req.wfile.write(body[i : i + 1])
             req.wfile.flush()
             time.sleep(trickle_s)
     else:
@@ -93,8 +97,9 @@ def own_host_source() -> HostSource:
     return HostSource({os.getpid(): "watched"}, maps_every=1000)
 
 
-def run_collector(tmp_path: Path, sources: dict, seconds: float, interval: float = 0.1,
-                  **kw: object) -> tuple[Collector, RunWriter]:
+def run_collector(
+    tmp_path: Path, sources: dict, seconds: float, interval: float = 0.1, **kw: object
+) -> tuple[Collector, RunWriter]:
     writer = RunWriter(tmp_path / "run.jsonl", make_header("soak", argv=["vramdoctor", "soak"]))
     collector = Collector(writer, sources, interval=interval, **kw)  # type: ignore[arg-type]
     collector.start()
@@ -110,9 +115,14 @@ def events(run_path: Path, name: str) -> list[Event]:
 
 # --- kind 1: one bad value must not kill the sampler ----------------------------------------
 
+
 @pytest.mark.parametrize("label", ["nan", "1e999"])
-def test_a_non_finite_label_is_skipped_once_and_sampling_goes_on(tmp_path: Path, label: str) -> None:
-    page = (VLLM_PAGE + f'vllm:cache_config_info{{block_size="16",num_gpu_blocks="{label}"}} 1.0\n').encode()
+def test_a_non_finite_label_is_skipped_once_and_sampling_goes_on(
+    tmp_path: Path, label: str
+) -> None:
+    page = (
+        VLLM_PAGE + f'vllm:cache_config_info{{block_size="16",num_gpu_blocks="{label}"}} 1.0\n'
+    ).encode()
     with http_server(lambda req: send(req, page)) as url:
         src = ServerMetricsSource(url + "/metrics", timeout=2)
         collector, writer = run_collector(tmp_path, {"metrics": src}, 1.2)
@@ -129,8 +139,13 @@ def test_a_non_finite_label_is_skipped_once_and_sampling_goes_on(tmp_path: Path,
     repeated = events(writer.path, SOURCE_ERROR_COUNT)
     assert repeated and repeated[0].data["count"] == len(samples)
     # The report says what was dropped and why, with the count.
-    r = subprocess.run([sys.executable, "-m", "vramdoctor", "report", str(writer.path)], capture_output=True,
-                       text=True, timeout=120, env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"})
+    r = subprocess.run(
+        [sys.executable, "-m", "vramdoctor", "report", str(writer.path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"},
+    )
     assert r.returncode in (0, 1), r.stderr
     assert "non-finite value (NaN or overflow) left out of the sample" in r.stdout
     assert f"({len(samples)} times)" in r.stdout
@@ -138,12 +153,15 @@ def test_a_non_finite_label_is_skipped_once_and_sampling_goes_on(tmp_path: Path,
 
 # --- kind 2: a slow source delays nobody but itself ------------------------------------------
 
+
 def test_a_trickling_metrics_page_does_not_starve_the_host_sampler(tmp_path: Path) -> None:
     page = VLLM_PAGE.encode() * 3  # ~1.2 KB at one byte per 20 ms: a minute for the whole page
     with http_server(lambda req: send(req, page, trickle_s=0.02)) as url:
         src = ServerMetricsSource(url + "/metrics", timeout=0.8)
         started = time.monotonic()
-        _collector, writer = run_collector(tmp_path, {"metrics": src, "host": own_host_source()}, 2.5)
+        _collector, writer = run_collector(
+            tmp_path, {"metrics": src, "host": own_host_source()}, 2.5
+        )
         elapsed = time.monotonic() - started
         src.close()
     run = read_run(writer.path)
@@ -201,6 +219,7 @@ def test_raw_series_are_kept_once_and_bounded_not_in_every_sample(tmp_path: Path
 
 # --- a sampler that dies fails the run --------------------------------------------------------
 
+
 class _OutOfMemory:
     """A source whose reading runs out of memory (what a huge answer does to a small host)."""
 
@@ -210,8 +229,9 @@ class _OutOfMemory:
 
 def test_a_sampler_that_dies_records_collector_failed_and_stops_the_others(tmp_path: Path) -> None:
     reasons: list[str] = []
-    collector, writer = run_collector(tmp_path, {"host": own_host_source(), "gpu": _OutOfMemory()}, 1.0,
-                                      on_failure=reasons.append)
+    collector, writer = run_collector(
+        tmp_path, {"host": own_host_source(), "gpu": _OutOfMemory()}, 1.0, on_failure=reasons.append
+    )
     assert collector.failed and "MemoryError" in collector.failed
     assert reasons == [collector.failed]
     assert not collector.running
@@ -243,9 +263,13 @@ print(json.dumps({"records": len(run.records), "status": run.status, "problems":
 """
 
 
-def test_a_full_disk_keeps_every_sample_in_memory_and_says_the_file_is_incomplete(tmp_path: Path) -> None:
+def test_a_full_disk_keeps_every_sample_in_memory_and_says_the_file_is_incomplete(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "run.jsonl"
-    r = subprocess.run([sys.executable, "-c", DISK_FULL, str(path)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", DISK_FULL, str(path)], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert path.stat().st_size <= 20000
@@ -258,6 +282,7 @@ def test_a_full_disk_keeps_every_sample_in_memory_and_says_the_file_is_incomplet
 
 # --- end to end: a soak whose run file hits a full disk still gives its verdict -------------
 
+
 def _file_limit(limit_bytes: int) -> Callable[[], None]:
     def apply() -> None:
         import resource
@@ -269,19 +294,49 @@ def _file_limit(limit_bytes: int) -> Callable[[], None]:
     return apply
 
 
-def test_soak_on_a_full_disk_analyses_what_is_in_memory_and_says_the_file_is_incomplete(tmp_path: Path) -> None:
+def test_soak_on_a_full_disk_analyses_what_is_in_memory_and_says_the_file_is_incomplete(
+    tmp_path: Path,
+) -> None:
     from helpers_procs import RefServer
 
     srv = RefServer("leaking", "--leak-kib", "1024")
     try:
         out = tmp_path / "run.jsonl"
-        env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "VRAMDOCTOR_API_KEY")}
+        env = {
+            k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "VRAMDOCTOR_API_KEY")
+        }
         r = subprocess.run(
-            [sys.executable, "-m", "vramdoctor", "soak", "--url", srv.url, "--out", str(out), "--rounds", "4",
-             "--no-adapt", "--requests", "20", "--concurrency", "4", "--idle", "1", "--interval", "0.1",
-             "--image-size", "64x64", "--json"],
-            capture_output=True, text=True, timeout=180, env={**env, "NO_COLOR": "1"}, cwd=tmp_path,
-            preexec_fn=_file_limit(24_000))
+            [
+                sys.executable,
+                "-m",
+                "vramdoctor",
+                "soak",
+                "--url",
+                srv.url,
+                "--out",
+                str(out),
+                "--rounds",
+                "4",
+                "--no-adapt",
+                "--requests",
+                "20",
+                "--concurrency",
+                "4",
+                "--idle",
+                "1",
+                "--interval",
+                "0.1",
+                "--image-size",
+                "64x64",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env={**env, "NO_COLOR": "1"},
+            cwd=tmp_path,
+            preexec_fn=_file_limit(24_000),
+        )
     finally:
         srv.stop()
     assert r.returncode == 1, r.stderr  # LEAK, from memory: was a traceback or a verdict on a stub
@@ -298,16 +353,32 @@ def test_exporters_of_several_hosts_are_scraped_at_once(tmp_path: Path) -> None:
     from vramdoctor.sources.exporter import ExporterSource
 
     def slow_page(host: str) -> Handler:
-        body = nvitop_text(host, [{"index": 0, "name": "H100", "uuid": f"GPU-{host}", "total": 81559.0,
-                                   "used": 1000.0, "free": 80559.0}], []).encode()
+        body = nvitop_text(
+            host,
+            [
+                {
+                    "index": 0,
+                    "name": "H100",
+                    "uuid": f"GPU-{host}",
+                    "total": 81559.0,
+                    "used": 1000.0,
+                    "free": 80559.0,
+                }
+            ],
+            [],
+        ).encode()
 
         def handle(req: BaseHTTPRequestHandler) -> None:
             time.sleep(1.0)  # a slow host, inside the deadline
             send(req, body)
+
         return handle
 
-    with http_server(slow_page("a")) as a, http_server(slow_page("b")) as b, \
-            ExporterSource([a + "/metrics", b + "/metrics"], timeout=5) as src:
+    with (
+        http_server(slow_page("a")) as a,
+        http_server(slow_page("b")) as b,
+        ExporterSource([a + "/metrics", b + "/metrics"], timeout=5) as src,
+    ):
         started = time.monotonic()
         sample = src.sample()
         elapsed = time.monotonic() - started

@@ -43,15 +43,24 @@ def env() -> dict[str, str]:
 
 
 def vd(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vramdoctor", *args], capture_output=True, text=True,
-                          timeout=180, env=env(), cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "vramdoctor", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env(),
+        cwd=cwd,
+    )
 
 
 @pytest.fixture
 def hostile() -> Iterator[str]:
     # The server echoes the key back in its model id (as some proxies do with a bad request).
-    proc = subprocess.Popen([sys.executable, str(HOSTILE), f"m-{API_KEY}", f"lbl {QUERY_KEY}"],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(HOSTILE), f"m-{API_KEY}", f"lbl {QUERY_KEY}"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     port = int(proc.stdout.readline())
     yield f"127.0.0.1:{port}"
@@ -60,11 +69,28 @@ def hostile() -> Iterator[str]:
 
 
 def exporter_page() -> str:
-    return nvitop_text("gpu-host", [{"index": 0, "name": "NVIDIA H100", "uuid": "GPU-1", "total": 81559.0,
-                                     "used": 20000.0, "free": 61559.0}],
-                       [{"index": 0, "pid": 4242, "mib": 19000.0,
-                         "command": f"python -m sglang.launch_server --admin-api-key {FLAG} "
-                                    f"--auth-token {FLAG} --hf-token={FLAG} SOME_KEY={ENV_KEY}"}])
+    return nvitop_text(
+        "gpu-host",
+        [
+            {
+                "index": 0,
+                "name": "NVIDIA H100",
+                "uuid": "GPU-1",
+                "total": 81559.0,
+                "used": 20000.0,
+                "free": 61559.0,
+            }
+        ],
+        [
+            {
+                "index": 0,
+                "pid": 4242,
+                "mib": 19000.0,
+                "command": f"python -m sglang.launch_server --admin-api-key {FLAG} "
+                f"--auth-token {FLAG} --hf-token={FLAG} SOME_KEY={ENV_KEY}",
+            }
+        ],
+    )
 
 
 def _searchable(blob: bytes) -> bytes:
@@ -73,9 +99,9 @@ def _searchable(blob: bytes) -> bytes:
     if blob.startswith(b"\x89PNG\r\n\x1a\n"):
         chunks, at = [], 8
         while at + 8 <= len(blob):
-            size, kind = int.from_bytes(blob[at:at + 4], "big"), blob[at + 4:at + 8]
+            size, kind = int.from_bytes(blob[at : at + 4], "big"), blob[at + 4 : at + 8]
             if kind in (b"tEXt", b"iTXt", b"zTXt"):
-                chunks.append(blob[at + 8:at + 8 + size])
+                chunks.append(blob[at + 8 : at + 8 + size])
             at += 12 + size
         return b"\n".join(chunks)
     return re.sub(rb"data:image/[a-z+]+;base64,[A-Za-z0-9+/=]+", b"data:image", blob)
@@ -98,15 +124,39 @@ def test_a_secret_never_leaves_through_any_path(hostile: str, tmp_path: Path) ->
         r = vd("soak", "--url", f"http://:{PASSWORD}@{hostile}", "--api-key", API_KEY, cwd=tmp_path)
         assert r.returncode == 2, r.stderr
         outputs["soak url+key stderr"] = r.stderr
-        exporters = (f"http://{URL_TOKEN}@{exp_host}/metrics?key={QUERY_KEY}#access_token={FRAGMENT},"
-                     f"http://:{PASSWORD}@{exp_host}/metrics?jwt={JWT}")
-        common = ["--url", f"http://{hostile}", "--api-key", API_KEY, "--rounds", "2",
-                  "--no-adapt", "--requests", "2", "--concurrency", "1", "--idle", "0.3",
-                  "--baseline", "0.3", "--interval", "0.1", "--text-only", "--max-tokens", "1",
-                  "--timeout", "5"]
+        exporters = (
+            f"http://{URL_TOKEN}@{exp_host}/metrics?key={QUERY_KEY}#access_token={FRAGMENT},"
+            f"http://:{PASSWORD}@{exp_host}/metrics?jwt={JWT}"
+        )
+        common = [
+            "--url",
+            f"http://{hostile}",
+            "--api-key",
+            API_KEY,
+            "--rounds",
+            "2",
+            "--no-adapt",
+            "--requests",
+            "2",
+            "--concurrency",
+            "1",
+            "--idle",
+            "0.3",
+            "--baseline",
+            "0.3",
+            "--interval",
+            "0.1",
+            "--text-only",
+            "--max-tokens",
+            "1",
+            "--timeout",
+            "5",
+        ]
         for n, extra in enumerate((["--json", "--report", "soak.html"], ["--report", "soak.png"])):
             out = tmp_path / f"run{n}.jsonl"
-            r = vd("soak", *common, "--gpu-metrics", exporters, "--out", str(out), *extra, cwd=tmp_path)
+            r = vd(
+                "soak", *common, "--gpu-metrics", exporters, "--out", str(out), *extra, cwd=tmp_path
+            )
             assert r.returncode in (0, 1), r.stderr
             outputs[f"soak{n} stdout"], outputs[f"soak{n} stderr"] = r.stdout, r.stderr
             outputs[f"run file {n}"] = out.read_bytes()
@@ -119,8 +169,15 @@ def test_a_secret_never_leaves_through_any_path(hostile: str, tmp_path: Path) ->
             outputs[f"report {args} stdout"], outputs[f"report {args} stderr"] = r.stdout, r.stderr
         outputs["report html"] = (tmp_path / "again.html").read_bytes()
         for args in (["--json"], ["--report", "census.txt"], []):
-            r = vd("census", "--gpu-metrics", exporters.split(",")[0], "--gpu-metrics", exporters.split(",")[1],
-                   *args, cwd=tmp_path)
+            r = vd(
+                "census",
+                "--gpu-metrics",
+                exporters.split(",")[0],
+                "--gpu-metrics",
+                exporters.split(",")[1],
+                *args,
+                cwd=tmp_path,
+            )
             assert r.returncode in (0, 1), r.stderr
             assert "4242" in r.stdout or args == ["--report", "census.txt"]
             outputs[f"census {args} stdout"], outputs[f"census {args} stderr"] = r.stdout, r.stderr
@@ -134,7 +191,8 @@ def test_a_secret_never_leaves_through_any_path(hostile: str, tmp_path: Path) ->
         "[2026-11-30 10:00:05 TP0] Load weight end. type=Qwen2VLForConditionalGeneration, "
         "avail mem=60.10 GB, mem usage=4.42 GB.\n"
         "[2026-11-30 10:05:00 TP0] Decode batch. #running-req: 1, #token: 1234, token usage: 0.01, "
-        f"gen throughput (token/s): 40.00, #queue-req: 0, error: invalid key {API_KEY}\n")
+        f"gen throughput (token/s): 40.00, #queue-req: 0, error: invalid key {API_KEY}\n"
+    )
     for args in (["--json"], []):
         r = vd("diagnose", str(log), *args, cwd=tmp_path)
         assert r.returncode in (0, 1), r.stderr
@@ -148,6 +206,7 @@ def test_a_secret_never_leaves_through_any_path(hostile: str, tmp_path: Path) ->
 
 # --- the rules, one by one ----------------------------------------------------------------
 
+
 @pytest.fixture(autouse=True)
 def _fresh_registry() -> Iterator[None]:
     forget_secrets()
@@ -155,25 +214,28 @@ def _fresh_registry() -> Iterator[None]:
     forget_secrets()
 
 
-@pytest.mark.parametrize("text, secret", [
-    ("--url=http://:PASSWORD1@host:8000", "PASSWORD1"),
-    ("--url=http://TOKEN1234@host", "TOKEN1234"),
-    ("http://user:pw1234@host/x", "pw1234"),
-    ("http://h/metrics?key=K1234", "K1234"),
-    ("http://h/metrics?code=C1234&x=1", "C1234"),
-    ("http://h/metrics?jwt=J1234", "J1234"),
-    ("http://h/metrics#access_token=A1234", "A1234"),
-    ("http://h/metrics?X-Amz-Signature=S1234", "S1234"),
-    ("http://a/metrics,http://b/metrics?token=T1234", "T1234"),
-    ("HF_TOKEN=hf1234 python -m sglang", "hf1234"),
-    ("SOME_KEY=V1234 cmd", "V1234"),
-    ("cmd --hf-token=V5678", "V5678"),
-    ("cmd --admin-api-key V9999 --port 1", "V9999"),
-    ("cmd --auth-token V8888", "V8888"),
-    ("Authorization: Bearer abc.def-ghi", "abc.def-ghi"),
-    ('{"api_key": "J5555"}', "J5555"),
-    ("api_key='P4444', other=1", "P4444"),
-])
+@pytest.mark.parametrize(
+    "text, secret",
+    [
+        ("--url=http://:PASSWORD1@host:8000", "PASSWORD1"),
+        ("--url=http://TOKEN1234@host", "TOKEN1234"),
+        ("http://user:pw1234@host/x", "pw1234"),
+        ("http://h/metrics?key=K1234", "K1234"),
+        ("http://h/metrics?code=C1234&x=1", "C1234"),
+        ("http://h/metrics?jwt=J1234", "J1234"),
+        ("http://h/metrics#access_token=A1234", "A1234"),
+        ("http://h/metrics?X-Amz-Signature=S1234", "S1234"),
+        ("http://a/metrics,http://b/metrics?token=T1234", "T1234"),
+        ("HF_TOKEN=hf1234 python -m sglang", "hf1234"),
+        ("SOME_KEY=V1234 cmd", "V1234"),
+        ("cmd --hf-token=V5678", "V5678"),
+        ("cmd --admin-api-key V9999 --port 1", "V9999"),
+        ("cmd --auth-token V8888", "V8888"),
+        ("Authorization: Bearer abc.def-ghi", "abc.def-ghi"),
+        ('{"api_key": "J5555"}', "J5555"),
+        ("api_key='P4444', other=1", "P4444"),
+    ],
+)
 def test_each_rule_masks(text: str, secret: str) -> None:
     out = redact_text(text)
     assert secret not in out
@@ -184,12 +246,15 @@ def test_each_rule_masks(text: str, secret: str) -> None:
         assert len(out) >= len(text) - len(secret)  # only the secret went, not its surroundings
 
 
-@pytest.mark.parametrize("text", [
-    "#token: 1234, token usage: 0.01, gen throughput (token/s): 40.00",
-    "--max-tokens 16 --tokenizer-path /m",
-    "http://127.0.0.1:30000/metrics?engine=0",
-    'sglang:token_usage{tp_rank="0"}',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "#token: 1234, token usage: 0.01, gen throughput (token/s): 40.00",
+        "--max-tokens 16 --tokenizer-path /m",
+        "http://127.0.0.1:30000/metrics?engine=0",
+        'sglang:token_usage{tp_rank="0"}',
+    ],
+)
 def test_what_is_not_secret_is_kept(text: str) -> None:
     assert redact_text(text) == text
 
@@ -203,7 +268,10 @@ def test_known_secrets_are_masked_wherever_they_come_back() -> None:
 
 
 def test_argv_lists_inside_records_are_masked_by_position() -> None:
-    rec = {"cmdline": ["python", "-m", "x", "--auth-token", "T-7777", "--port", "1"], "api_key": "Q-1"}
+    rec = {
+        "cmdline": ["python", "-m", "x", "--auth-token", "T-7777", "--port", "1"],
+        "api_key": "Q-1",
+    }
     out = redact_obj(rec)
     assert out["cmdline"] == ["python", "-m", "x", "--auth-token", REDACTED, "--port", "1"]
     assert out["api_key"] == REDACTED

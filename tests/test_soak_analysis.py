@@ -84,30 +84,69 @@ def synth(
             v = level(k, frac) + (peak if busy else 0.0) + rng.normal(0, noise)
             used = 600.0 + v
             procs = [] if device_only else [ProcessGpuMemory(pid, 0, used, name="python3")]
-            recs.append(GpuSample(t=t, wall=t, source="nvml",
-                                  gpus=[GpuMemory(0, TOTAL, used + 1000, TOTAL - used - 1000)],
-                                  processes=procs))
+            recs.append(
+                GpuSample(
+                    t=t,
+                    wall=t,
+                    source="nvml",
+                    gpus=[GpuMemory(0, TOTAL, used + 1000, TOTAL - used - 1000)],
+                    processes=procs,
+                )
+            )
         if host_level is not None:
             kinds = {name: f(k, frac) for name, f in (host_kinds or {}).items()}
             n_arenas = arenas(k, frac) if arenas is not None else None
-            recs.append(HostSample(t=t, wall=t, processes=[HostProcessMemory(
-                pid, host_level(k, frac) + rng.normal(0, noise / 4), "python3", "server",
-                rss_anon_mib=kinds.get("anon"), rss_file_mib=kinds.get("file"),
-                rss_shmem_mib=kinds.get("shmem"), threads=8,
-                malloc_arenas=n_arenas,
-                malloc_arena_reserved_mib=None if n_arenas is None else 64.0 * n_arenas)]))
+            recs.append(
+                HostSample(
+                    t=t,
+                    wall=t,
+                    processes=[
+                        HostProcessMemory(
+                            pid,
+                            host_level(k, frac) + rng.normal(0, noise / 4),
+                            "python3",
+                            "server",
+                            rss_anon_mib=kinds.get("anon"),
+                            rss_file_mib=kinds.get("file"),
+                            rss_shmem_mib=kinds.get("shmem"),
+                            threads=8,
+                            malloc_arenas=n_arenas,
+                            malloc_arena_reserved_mib=None if n_arenas is None else 64.0 * n_arenas,
+                        )
+                    ],
+                )
+            )
         if kv is not None or kv_ratio is not None or requests_total is not None:
             running = 4.0 if busy else 0.0
-            pools = [KvPoolSample(name, f(k, frac) + (1024.0 * running), total_tokens=kv_total,
-                                  running_requests=running, queued_requests=0.0,
-                                  page_size_tokens=kv_page, source="sglang:kv_used_tokens")
-                     for name, f in (kv or {}).items()]
+            pools = [
+                KvPoolSample(
+                    name,
+                    f(k, frac) + (1024.0 * running),
+                    total_tokens=kv_total,
+                    running_requests=running,
+                    queued_requests=0.0,
+                    page_size_tokens=kv_page,
+                    source="sglang:kv_used_tokens",
+                )
+                for name, f in (kv or {}).items()
+            ]
             values = {}
             if kv_ratio is not None:
-                values = {"kv_usage_ratio": kv_ratio(k, frac) + (0.3 if busy else 0.0),
-                          "running_requests": running, "queued_requests": 0.0}
-            recs.append(MetricsSample(t=t, wall=t, flavour="sglang", values=values, kv=pools,
-                                      requests_total=requests_total(t) if requests_total else None))
+                values = {
+                    "kv_usage_ratio": kv_ratio(k, frac) + (0.3 if busy else 0.0),
+                    "running_requests": running,
+                    "queued_requests": 0.0,
+                }
+            recs.append(
+                MetricsSample(
+                    t=t,
+                    wall=t,
+                    flavour="sglang",
+                    values=values,
+                    kv=pools,
+                    requests_total=requests_total(t) if requests_total else None,
+                )
+            )
 
     def ev(name: str, **data: object) -> None:
         recs.append(Event(t=t, wall=t, name=name, data=data))
@@ -146,6 +185,7 @@ def flat(value: float = 0.0) -> Level:
 
 
 # --- VRAM --------------------------------------------------------------------------------------
+
 
 def test_caching_plateau_after_one_round_is_caching() -> None:
     r = analyse_soak(synth(caching(140.0)))
@@ -187,7 +227,9 @@ def test_noise_alone_is_stable(seed: int) -> None:
 
 
 def test_one_time_step_is_not_a_leak() -> None:
-    r = analyse_soak(synth(lambda k, f: 140.0 * min(1.0, k + f) + (90.0 if k + f >= 2.5 else 0.0), rounds=5))
+    r = analyse_soak(
+        synth(lambda k, f: 140.0 * min(1.0, k + f) + (90.0 if k + f >= 2.5 else 0.0), rounds=5)
+    )
     assert r.verdict == CACHING
 
 
@@ -217,15 +259,23 @@ def test_two_rounds_of_growth_are_undecided_and_say_so() -> None:
 
 
 def test_short_last_round_does_not_fake_a_plateau() -> None:
-    r = analyse_soak(synth(lambda k, f: 2.0 * 50 * min(k + f, 3) + (2.0 * 3 if k + f > 3 else 0.0),
-                           requests=[50, 50, 50, 3]))
+    r = analyse_soak(
+        synth(
+            lambda k, f: 2.0 * 50 * min(k + f, 3) + (2.0 * 3 if k + f > 3 else 0.0),
+            requests=[50, 50, 50, 3],
+        )
+    )
     assert r.verdict == LEAK
 
 
 def test_classify_needs_growth_above_the_floor() -> None:
-    c = classify_series(100.0, [100.5, 101.0, 101.4, 101.9], [50, 100, 150, 200], [[1.0]] * 4, floor=2.0)
+    c = classify_series(
+        100.0, [100.5, 101.0, 101.4, 101.9], [50, 100, 150, 200], [[1.0]] * 4, floor=2.0
+    )
     assert c.verdict == STABLE
-    c = classify_series(100.0, [100.5, 101.0, 101.4, 101.9], [50, 100, 150, 200], [[1.0]] * 4, floor=0.1)
+    c = classify_series(
+        100.0, [100.5, 101.0, 101.4, 101.9], [50, 100, 150, 200], [[1.0]] * 4, floor=0.1
+    )
     assert c.verdict == LEAK
 
 
@@ -248,7 +298,11 @@ def test_cli_default_floor_is_the_analysis_default() -> None:
 
 def test_a_process_that_appears_mid_run_and_stays_is_a_step_from_zero() -> None:
     recs = synth(caching(140.0), rounds=5)
-    start = next(r.t for r in recs if isinstance(r, Event) and r.name == "round_start" and r.data["round"] == 2)
+    start = next(
+        r.t
+        for r in recs
+        if isinstance(r, Event) and r.name == "round_start" and r.data["round"] == 2
+    )
     for r in recs:
         if isinstance(r, GpuSample) and r.t >= start:
             r.processes.append(ProcessGpuMemory(777, 0, 512.0, name="python3"))
@@ -260,6 +314,7 @@ def test_a_process_that_appears_mid_run_and_stays_is_a_step_from_zero() -> None:
 
 
 # --- issue 10 item 3: a process that starts, fails and exits in round 1 never decides ----------
+
 
 def _add_failed_second_server(recs: list[object], *, with_events: bool) -> None:
     """A second server process that starts during round 1, holds a CUDA context and RSS for a
@@ -273,15 +328,27 @@ def _add_failed_second_server(recs: list[object], *, with_events: bool) -> None:
         if isinstance(r, HostSample) and start <= r.t <= end:
             r.processes.append(HostProcessMemory(999, 700.0, "python3", "server"))
     if with_events:
-        recs.append(Event(t=start, wall=start, name=PROCESS_APPEARED, data={"pid": 999, "name": "python3", "gpu": 0}))
-        recs.append(Event(t=end, wall=end, name=PROCESS_EXITED, data={"pid": 999, "name": "python3"}))
+        recs.append(
+            Event(
+                t=start,
+                wall=start,
+                name=PROCESS_APPEARED,
+                data={"pid": 999, "name": "python3", "gpu": 0},
+            )
+        )
+        recs.append(
+            Event(t=end, wall=end, name=PROCESS_EXITED, data={"pid": 999, "name": "python3"})
+        )
 
 
 @pytest.mark.parametrize("with_events", [True, False], ids=["events", "samples-only"])
 def test_a_process_that_exits_in_round_one_does_not_decide(with_events: bool) -> None:
     # Truth: GPU 520 -> 768 MiB then flat, RSS flat after round 1 (transformers serve).
-    recs = synth(lambda k, f: -80.0 + 248.0 * min(1.0, k + f), host_level=lambda k, f: 900.0 + 30 * min(1.0, k + f),
-                 peak=100.0)
+    recs = synth(
+        lambda k, f: -80.0 + 248.0 * min(1.0, k + f),
+        host_level=lambda k, f: 900.0 + 30 * min(1.0, k + f),
+        peak=100.0,
+    )
     _add_failed_second_server(recs, with_events=with_events)
     res = analyse_soak(recs)
     assert res.verdict == CACHING, [(s.key, s.verdict, s.reason) for s in res.series]
@@ -313,16 +380,28 @@ def test_workers_that_pile_up_each_flat_are_a_device_leak() -> None:
 
 # --- issue 10 item 1: glibc malloc arenas are host-allocator caching, not a leak --------------
 
-def _arena_run(rounds: int = 10, *, arenas_rise: bool = True, growth_per_round: float = 24.0) -> list[object]:
+
+def _arena_run(
+    rounds: int = 10, *, arenas_rise: bool = True, growth_per_round: float = 24.0
+) -> list[object]:
     """A thread-per-connection server decoding PNGs: VRAM +50 MiB then flat; RSS +24 MiB
     every round of 30 requests as glibc gives new threads new arenas (one more each round)."""
+
     def arenas(k: int, f: float) -> int:
         return 2 + (k if arenas_rise else 0)
 
-    return synth(caching(50.0), rounds=rounds, n=30, host_level=lambda k, f: 900.0 + growth_per_round * k,
-                 host_kinds={"anon": lambda k, f: 500.0 + growth_per_round * k, "file": flat(350.0),
-                             "shmem": flat(50.0)},
-                 arenas=arenas)
+    return synth(
+        caching(50.0),
+        rounds=rounds,
+        n=30,
+        host_level=lambda k, f: 900.0 + growth_per_round * k,
+        host_kinds={
+            "anon": lambda k, f: 500.0 + growth_per_round * k,
+            "file": flat(350.0),
+            "shmem": flat(50.0),
+        },
+        arenas=arenas,
+    )
 
 
 def test_arena_growth_is_host_caching_with_its_bound_and_how_to_confirm() -> None:
@@ -355,16 +434,28 @@ def test_the_same_growth_with_a_flat_arena_count_is_a_host_leak() -> None:
 
 
 def test_arenas_added_every_other_round_still_explain_the_growth() -> None:
-    recs = synth(caching(50.0), rounds=10, n=30, host_level=lambda k, f: 900.0 + 24.0 * k,
-                 host_kinds={"anon": lambda k, f: 500.0 + 24.0 * k}, arenas=lambda k, f: 2 + (k + 1) // 2)
+    recs = synth(
+        caching(50.0),
+        rounds=10,
+        n=30,
+        host_level=lambda k, f: 900.0 + 24.0 * k,
+        host_kinds={"anon": lambda k, f: 500.0 + 24.0 * k},
+        arenas=lambda k, f: 2 + (k + 1) // 2,
+    )
     assert analyse_soak(recs, {"cpu_count": 16}).layers["host"].verdict == CACHING
 
 
 def test_growth_that_goes_on_after_the_arenas_stop_appearing_is_a_leak() -> None:
     # Arenas appear in rounds 1-3 (the first connections), then the count is flat while the
     # heap keeps growing 24 MiB a round: that is not the arenas.
-    recs = synth(caching(50.0), rounds=8, n=30, host_level=lambda k, f: 900.0 + 24.0 * k,
-                 host_kinds={"anon": lambda k, f: 500.0 + 24.0 * k}, arenas=lambda k, f: 2 + min(k, 3))
+    recs = synth(
+        caching(50.0),
+        rounds=8,
+        n=30,
+        host_level=lambda k, f: 900.0 + 24.0 * k,
+        host_kinds={"anon": lambda k, f: 500.0 + 24.0 * k},
+        arenas=lambda k, f: 2 + min(k, 3),
+    )
     res = analyse_soak(recs, {"cpu_count": 16})
     assert res.layers["host"].verdict == LEAK
     assert "beyond what new malloc arenas explain" in soak_json(res)["layers"]["host"]["summary"]
@@ -377,10 +468,14 @@ def test_growth_beyond_what_new_arenas_reserve_is_a_leak() -> None:
 
 
 def test_host_leak_without_readable_kinds_is_judged_on_rss_with_a_caveat() -> None:
-    res = analyse_soak(synth(caching(140.0), host_level=lambda k, f: 900.0 + 1.0 * 50 * (k + f)),
-                       raw_host=[{"kind": "host_memory", "t": 1.0, "available_mib": 32000.0}])
+    res = analyse_soak(
+        synth(caching(140.0), host_level=lambda k, f: 900.0 + 1.0 * 50 * (k + f)),
+        raw_host=[{"kind": "host_memory", "t": 1.0, "available_mib": 32000.0}],
+    )
     host = res.layers["host"]
-    assert host.verdict == LEAK and host.culprit is not None and host.culprit.series == "rss/pid4242"
+    assert (
+        host.verdict == LEAK and host.culprit is not None and host.culprit.series == "rss/pid4242"
+    )
     assert host.rate_per_request == pytest.approx(1.0, rel=0.05)
     assert "rss_kinds_unreadable" in host.caveats and "malloc_arenas_unreadable" in host.caveats
     assert host.projection is not None and host.projection.capacity_left == 32000.0
@@ -390,10 +485,18 @@ def test_host_leak_without_readable_kinds_is_judged_on_rss_with_a_caveat() -> No
 
 
 def test_pinned_host_memory_that_levels_off_is_named() -> None:
-    res = analyse_soak(synth(caching(140.0), host_level=lambda k, f: 900.0 + 256.0 * min(1.0, k + f),
-                             host_kinds={"anon": flat(500.0), "file": flat(350.0),
-                                         "shmem": lambda k, f: 50.0 + 256.0 * min(1.0, k + f)},
-                             arenas=lambda k, f: 2))
+    res = analyse_soak(
+        synth(
+            caching(140.0),
+            host_level=lambda k, f: 900.0 + 256.0 * min(1.0, k + f),
+            host_kinds={
+                "anon": flat(500.0),
+                "file": flat(350.0),
+                "shmem": lambda k, f: 50.0 + 256.0 * min(1.0, k + f),
+            },
+            arenas=lambda k, f: 2,
+        )
+    )
     host = res.layers["host"]
     assert host.verdict == CACHING and host.explanation == "pinned_host_memory"
     assert "pinned host memory" in soak_json(res)["layers"]["host"]["summary"]
@@ -403,10 +506,19 @@ def test_rss_growing_in_mapped_files_only_is_not_a_leak_but_heap_growth_is() -> 
     # Weights mmapped from safetensors paged in as requests touch them: RssFile grows, the
     # heap does not.
     def run(anon: Level, file_: Level) -> object:
-        return analyse_soak(synth(caching(140.0), host_level=lambda k, f: 900.0 + anon(k, f) + file_(k, f),
-                                  host_kinds={"anon": lambda k, f: 500.0 + anon(k, f),
-                                              "file": lambda k, f: 350.0 + file_(k, f), "shmem": flat(50.0)},
-                                  arenas=lambda k, f: 2))
+        return analyse_soak(
+            synth(
+                caching(140.0),
+                host_level=lambda k, f: 900.0 + anon(k, f) + file_(k, f),
+                host_kinds={
+                    "anon": lambda k, f: 500.0 + anon(k, f),
+                    "file": lambda k, f: 350.0 + file_(k, f),
+                    "shmem": flat(50.0),
+                },
+                arenas=lambda k, f: 2,
+            )
+        )
+
     res = run(flat(), lambda k, f: 40.0 * k)
     assert res.layers["host"].verdict == CACHING and res.layers["host"].explanation == "file_backed"
     assert "RssFile" in soak_json(res)["layers"]["host"]["summary"]
@@ -429,7 +541,9 @@ ISSUE_SERIES = [0.0, 1920.0, 3840.0, 5760.0, 7680.0]  # sglang:num_used_tokens a
 
 
 def test_the_issue_kv_page_leak_in_a_200k_pool_is_a_leak_in_tokens_pages_and_mib() -> None:
-    recs = synth(flat(), n=30, kv={"full": lambda k, f: ISSUE_SERIES[k]}, kv_total=200_000.0, kv_page=64)
+    recs = synth(
+        flat(), n=30, kv={"full": lambda k, f: ISSUE_SERIES[k]}, kv_total=200_000.0, kv_page=64
+    )
     for r in recs:  # SGLang: 64 tokens of a 7B model's KV, 128 KiB per 64-token page -> 2 KiB/token
         if isinstance(r, MetricsSample):
             for p in r.kv:
@@ -449,7 +563,11 @@ def test_the_issue_kv_page_leak_in_a_200k_pool_is_a_leak_in_tokens_pages_and_mib
 
 
 def test_one_page_per_request_in_a_million_token_pool_is_found_in_four_rounds() -> None:
-    res = analyse_soak(synth(flat(), n=30, kv={"full": lambda k, f: 64.0 * 30 * k}, kv_total=1_000_000.0, kv_page=64))
+    res = analyse_soak(
+        synth(
+            flat(), n=30, kv={"full": lambda k, f: 64.0 * 30 * k}, kv_total=1_000_000.0, kv_page=64
+        )
+    )
     kv = res.layers["kv"]
     assert kv.verdict == LEAK
     assert kv.rate_per_request == pytest.approx(64.0, rel=0.10)
@@ -458,7 +576,9 @@ def test_one_page_per_request_in_a_million_token_pool_is_found_in_four_rounds() 
 def test_kv_creep_under_a_page_per_round_is_still_a_leak_when_every_round_adds() -> None:
     # 2 tokens per request x 30 requests: 60 tokens a round, under one 64-token page, but an
     # exact count that rises every round with nothing running.
-    res = analyse_soak(synth(flat(), n=30, kv={"full": lambda k, f: 60.0 * k}, kv_total=1_000_000.0, kv_page=64))
+    res = analyse_soak(
+        synth(flat(), n=30, kv={"full": lambda k, f: 60.0 * k}, kv_total=1_000_000.0, kv_page=64)
+    )
     assert res.layers["kv"].verdict == LEAK
     assert res.layers["kv"].rate_per_request == pytest.approx(2.0, rel=0.01)
     # A residue that appears once and stays is not.
@@ -468,7 +588,9 @@ def test_kv_creep_under_a_page_per_round_is_still_a_leak_when_every_round_adds()
 
 def test_kv_mib_per_request_from_the_pools_size_when_the_server_gives_no_bytes_per_token() -> None:
     # SGLang 0.5.17+: sglang:kv_cache_memory_usage_gb (GiB) of a 1,000,000-token pool.
-    recs = synth(flat(), n=30, kv={"full": lambda k, f: 64.0 * 30 * k}, kv_total=1_000_000.0, kv_page=64)
+    recs = synth(
+        flat(), n=30, kv={"full": lambda k, f: 64.0 * 30 * k}, kv_total=1_000_000.0, kv_page=64
+    )
     for r in recs:
         if isinstance(r, MetricsSample):
             r.values["kv_cache_memory_gib"] = 61.0
@@ -479,7 +601,11 @@ def test_kv_mib_per_request_from_the_pools_size_when_the_server_gives_no_bytes_p
 
 def test_kv_page_size_unknown_gives_tokens_only_and_says_so() -> None:
     # SGLang's default page is 1 token, vLLM's 16: an unknown page size is not assumed.
-    res = analyse_soak(synth(flat(), n=30, kv={"kv": lambda k, f: 64.0 * 30 * k}, kv_total=1_000_000.0, kv_page=None))
+    res = analyse_soak(
+        synth(
+            flat(), n=30, kv={"kv": lambda k, f: 64.0 * 30 * k}, kv_total=1_000_000.0, kv_page=None
+        )
+    )
     kv = res.layers["kv"]
     assert kv.verdict == LEAK and "page_size_assumed" in kv.caveats
     assert kv.kv_pools[0].tokens_per_request == pytest.approx(64.0, rel=0.05)
@@ -487,8 +613,15 @@ def test_kv_page_size_unknown_gives_tokens_only_and_says_so() -> None:
 
 
 def test_each_kv_pool_is_judged_on_its_own() -> None:
-    res = analyse_soak(synth(flat(), n=30, kv={"full": flat(0.0), "swa": lambda k, f: 16.0 * 30 * k},
-                             kv_total=500_000.0, kv_page=16))
+    res = analyse_soak(
+        synth(
+            flat(),
+            n=30,
+            kv={"full": flat(0.0), "swa": lambda k, f: 16.0 * 30 * k},
+            kv_total=500_000.0,
+            kv_page=16,
+        )
+    )
     kv = res.layers["kv"]
     assert kv.verdict == LEAK and kv.culprit is not None and kv.culprit.pool == "swa"
     full = next(s for s in kv.series if s.pool == "full")
@@ -535,6 +668,7 @@ def test_ratio_only_kv_uses_the_pool_size_when_known_and_never_a_2_percent_floor
 
 # --- issue 10 item 6: projection in requests; hours only at a production rate -------------------
 
+
 def test_hours_only_at_a_stated_production_rate() -> None:
     res = analyse_soak(synth(leak(19.3)), production_rate_rps=2.0)
     p = res.layers["vram"].projection
@@ -560,9 +694,12 @@ def test_a_server_with_no_traffic_of_its_own_gives_no_hours() -> None:
 
 # --- issue 10 item 7: the headline answers VRAM first and agrees with the table -----------------
 
+
 def test_device_only_vram_leak_leads_the_headline_before_a_host_leak() -> None:
     # dcgm-exporter (device level, no processes) + a local server whose RSS also leaks.
-    res = analyse_soak(synth(leak(1.12), device_only=True, host_level=lambda k, f: 900.0 + 50 * (k + f)))
+    res = analyse_soak(
+        synth(leak(1.12), device_only=True, host_level=lambda k, f: 900.0 + 50 * (k + f))
+    )
     assert res.layers["vram"].verdict == LEAK and res.layers["host"].verdict == LEAK
     text = headline(res)
     assert text.startswith("LEAK: VRAM leaks") and "host RAM leaks" in text
@@ -571,16 +708,23 @@ def test_device_only_vram_leak_leads_the_headline_before_a_host_leak() -> None:
 
 @pytest.mark.parametrize("case", range(6))
 def test_headline_never_contradicts_the_layer_table(case: int) -> None:
-    runs = [synth(caching(140.0), host_level=lambda k, f: 900.0 + 50 * (k + f)),
-            synth(leak(3.0), host_level=flat(900.0)),
-            synth(flat(), kv={"full": lambda k, f: 64.0 * 50 * k}),
-            synth(leak(2.0), rounds=2),
-            synth(caching(140.0), kv={"full": flat(0.0)}, host_level=flat(900.0)),
-            _arena_run()]
+    runs = [
+        synth(caching(140.0), host_level=lambda k, f: 900.0 + 50 * (k + f)),
+        synth(leak(3.0), host_level=flat(900.0)),
+        synth(flat(), kv={"full": lambda k, f: 64.0 * 50 * k}),
+        synth(leak(2.0), rounds=2),
+        synth(caching(140.0), kv={"full": flat(0.0)}, host_level=flat(900.0)),
+        _arena_run(),
+    ]
     res = analyse_soak(runs[case], {"cpu_count": 4})
     text = headline(res)
     assert text.startswith(res.verdict + ":")
-    words = {LEAK: "leaks", CACHING: "is caching", STABLE: "is stable", INCONCLUSIVE: "is undecided"}
+    words = {
+        LEAK: "leaks",
+        CACHING: "is caching",
+        STABLE: "is stable",
+        INCONCLUSIVE: "is undecided",
+    }
     vram = res.layers["vram"]
     assert text.split(": ", 1)[1].startswith("VRAM " + words[vram.verdict])
     for name, lay in res.layers.items():
@@ -590,12 +734,19 @@ def test_headline_never_contradicts_the_layer_table(case: int) -> None:
 
 # --- issue 11 kind 3: a server that dies is never healthy --------------------------------------
 
+
 def _kill_in_round(recs: list[object], rnd: int, *, name: str = SERVER_DIED) -> None:
     """The server dies in the middle of round `rnd`: memory samples of its process stop."""
-    start = next(r.t for r in recs if isinstance(r, Event) and r.name == "round_start" and r.data["round"] == rnd)
+    start = next(
+        r.t
+        for r in recs
+        if isinstance(r, Event) and r.name == "round_start" and r.data["round"] == rnd
+    )
     t_dead = start + 3.0
     recs[:] = [r for r in recs if not (isinstance(r, (GpuSample, HostSample)) and r.t > t_dead)]
-    recs.append(Event(t=t_dead, wall=t_dead, name=name, data={"reason": "connection refused", "pid": 4242}))
+    recs.append(
+        Event(t=t_dead, wall=t_dead, name=name, data={"reason": "connection refused", "pid": 4242})
+    )
 
 
 @pytest.mark.parametrize("event", [SERVER_DIED, "server_gone"])
@@ -615,14 +766,22 @@ def test_a_server_that_dies_mid_run_is_not_healthy(event: str) -> None:
 def test_a_replaced_server_is_analysed_per_life() -> None:
     # Life 1 (pid 4242) caches for 3 rounds; a supervisor restarts it as pid 5151 which leaks.
     recs = synth(caching(140.0), rounds=6)
-    start4 = next(r.t for r in recs if isinstance(r, Event) and r.name == "round_start" and r.data["round"] == 4)
+    start4 = next(
+        r.t
+        for r in recs
+        if isinstance(r, Event) and r.name == "round_start" and r.data["round"] == 4
+    )
     for r in recs:
         if isinstance(r, GpuSample) and r.t >= start4:
-            k = sum(1 for e in recs if isinstance(e, Event) and e.name == "round_end" and e.t <= r.t)
+            k = sum(
+                1 for e in recs if isinstance(e, Event) and e.name == "round_end" and e.t <= r.t
+            )
             used = 600.0 + 20.0 * 50 * max(0, k - 3)
             r.processes = [ProcessGpuMemory(5151, 0, used, name="python3")]
             r.gpus[0].used_mib = used + 1000.0
-    recs.append(Event(t=start4, wall=start4, name=SERVER_REPLACED, data={"old_pid": 4242, "new_pid": 5151}))
+    recs.append(
+        Event(t=start4, wall=start4, name=SERVER_REPLACED, data={"old_pid": 4242, "new_pid": 5151})
+    )
     res = analyse_soak(recs)
     assert res.server_replaced and len(res.lives) == 2
     assert res.lives[0].rounds == [1, 2, 3] and res.lives[1].rounds == [4, 5, 6]
@@ -633,6 +792,7 @@ def test_a_replaced_server_is_analysed_per_life() -> None:
 
 # --- issue 11 kind 7: order and NaN ------------------------------------------------------------
 
+
 def test_records_out_of_order_give_the_same_verdict_and_rate() -> None:
     recs = synth(leak(3.0), noise=0.5)
     ordered = analyse_soak(recs)
@@ -641,7 +801,9 @@ def test_records_out_of_order_give_the_same_verdict_and_rate() -> None:
     for lines in (list(reversed(recs)), shuffled):  # reversed: the /1 analysis said INCONCLUSIVE
         res = analyse_soak(lines)
         assert res.verdict == ordered.verdict == LEAK
-        assert res.layers["vram"].rate_per_request == pytest.approx(ordered.layers["vram"].rate_per_request)
+        assert res.layers["vram"].rate_per_request == pytest.approx(
+            ordered.layers["vram"].rate_per_request
+        )
 
 
 def test_nan_and_huge_values_are_skipped_without_numpy_warnings() -> None:
@@ -660,13 +822,24 @@ def test_nan_and_huge_values_are_skipped_without_numpy_warnings() -> None:
 
 
 def test_json_is_schema_2_with_three_layers_and_finite() -> None:
-    d = soak_json(analyse_soak(synth(leak(3.0), noise=0.5, kv={"full": flat(0.0)}, host_level=flat(900.0))))
+    d = soak_json(
+        analyse_soak(synth(leak(3.0), noise=0.5, kv={"full": flat(0.0)}, host_level=flat(900.0)))
+    )
     json.dumps(d, allow_nan=False)
     assert d["schema"] == "vramdoctor.soak/2"
     assert set(d["layers"]) == {"vram", "kv", "host"}
     for lay in d["layers"].values():
-        assert {"verdict", "rate_per_request", "rate_ci", "unit", "culprit", "evidence",
-                "undecided_reason", "summary", "projection"} <= set(lay)
+        assert {
+            "verdict",
+            "rate_per_request",
+            "rate_ci",
+            "unit",
+            "culprit",
+            "evidence",
+            "undecided_reason",
+            "summary",
+            "projection",
+        } <= set(lay)
     assert d["verdict"] == "LEAK" and d["culprit"]["layer"] == "vram"
     assert len(d["rounds"]) == 4 and "gpu0/pid4242" in d["rounds"][0]["settled"]
     assert any(s["id"] == "kv/full" and s["unit"] == "tokens" for s in d["series"])

@@ -21,8 +21,24 @@ from helpers_procs import RefServer
 from vramdoctor.record import read_run
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = ["--rounds", "4", "--max-rounds", "6", "--requests", "20", "--concurrency", "4", "--idle", "1",
-        "--interval", "0.1", "--image-size", "128x128", "--image-size", "256x192"]
+FAST = [
+    "--rounds",
+    "4",
+    "--max-rounds",
+    "6",
+    "--requests",
+    "20",
+    "--concurrency",
+    "4",
+    "--idle",
+    "1",
+    "--interval",
+    "0.1",
+    "--image-size",
+    "128x128",
+    "--image-size",
+    "256x192",
+]
 
 
 @pytest.fixture
@@ -40,22 +56,28 @@ def server_factory() -> Iterator:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OPENAI_API_KEY", "VRAMDOCTOR_API_KEY")}
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "VRAMDOCTOR_API_KEY")}
     env.update(NO_COLOR="1", CI="1", **extra)
     return env
 
 
-def soak(url: str, tmp: Path, *args: str, env: dict[str, str] | None = None,
-         name: str = "run.jsonl") -> subprocess.CompletedProcess:
+def soak(
+    url: str, tmp: Path, *args: str, env: dict[str, str] | None = None, name: str = "run.jsonl"
+) -> subprocess.CompletedProcess:
     out = tmp / name
     return subprocess.run(
         [sys.executable, "-m", "vramdoctor", "soak", "--url", url, "--out", str(out), *args],
-        capture_output=True, text=True, timeout=120, env=env or _env(), cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env or _env(),
+        cwd=tmp,
     )
 
 
-def test_leaking_server_is_leak_with_the_true_rate_and_report_reproduces_it(server_factory, tmp_path) -> None:
+def test_leaking_server_is_leak_with_the_true_rate_and_report_reproduces_it(
+    server_factory, tmp_path
+) -> None:
     srv = server_factory("leaking", "--leak-kib", "1024")
     html = tmp_path / "leak.html"
     r = soak(srv.url, tmp_path, *FAST, "--json", "--report", str(html), "--production-rate", "2")
@@ -78,15 +100,25 @@ def test_leaking_server_is_leak_with_the_true_rate_and_report_reproduces_it(serv
     # Offline: the run file alone gives the same verdict and rate.
     run = tmp_path / "run.jsonl"
     assert read_run(run).status == "complete"
-    rep = subprocess.run([sys.executable, "-m", "vramdoctor", "report", str(run), "--json"],
-                         capture_output=True, text=True, timeout=60, env=_env())
+    rep = subprocess.run(
+        [sys.executable, "-m", "vramdoctor", "report", str(run), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(),
+    )
     assert rep.returncode == 1
     d2 = json.loads(rep.stdout)
     assert d2["verdict"] == "LEAK"
     assert d2["leak_mib_per_request"] == pytest.approx(d["leak_mib_per_request"], rel=1e-9)
     png = tmp_path / "chart.png"
-    rep = subprocess.run([sys.executable, "-m", "vramdoctor", "report", str(run), "--report", str(png)],
-                         capture_output=True, text=True, timeout=60, env=_env())
+    rep = subprocess.run(
+        [sys.executable, "-m", "vramdoctor", "report", str(run), "--report", str(png)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(),
+    )
     assert rep.returncode == 1
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "LEAK" in rep.stdout
@@ -106,26 +138,57 @@ def test_stable_server_is_stable_and_the_api_key_stays_secret(server_factory, tm
     key = "sk-vramdoctor-test-9f8e7d6c5b4a"
     srv = server_factory("stable", env={"REFERENCE_API_KEY": key})
     html = tmp_path / "r.html"
-    r = soak(srv.url, tmp_path, *FAST, "--json", "--report", str(html), env=_env(OPENAI_API_KEY=key))
+    r = soak(
+        srv.url, tmp_path, *FAST, "--json", "--report", str(html), env=_env(OPENAI_API_KEY=key)
+    )
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["verdict"] == "STABLE", d["sentence"]
     assert sum(x["errors"] for x in d["rounds"]) == 0  # the key was sent: no 401s
     assert srv.info()["requests"] == 80
     # And passed on the command line: redacted in the run file's argv.
-    r2 = soak(srv.url, tmp_path, "--rounds", "1", "--requests", "2", "--idle", "0.3", "--text-only",
-              "--api-key", key, name="run2.jsonl")
+    r2 = soak(
+        srv.url,
+        tmp_path,
+        "--rounds",
+        "1",
+        "--requests",
+        "2",
+        "--idle",
+        "0.3",
+        "--text-only",
+        "--api-key",
+        key,
+        name="run2.jsonl",
+    )
     assert r2.returncode == 0, r2.stderr
-    for text in (r.stdout, r.stderr, r2.stdout, r2.stderr, html.read_text(),
-                 (tmp_path / "run.jsonl").read_text(), (tmp_path / "run2.jsonl").read_text()):
+    for text in (
+        r.stdout,
+        r.stderr,
+        r2.stdout,
+        r2.stderr,
+        html.read_text(),
+        (tmp_path / "run.jsonl").read_text(),
+        (tmp_path / "run2.jsonl").read_text(),
+    ):
         assert key not in text
     assert "--api-key" in (tmp_path / "run2.jsonl").read_text()
 
 
 def test_wrong_key_is_counted_as_errors_not_a_crash(server_factory, tmp_path) -> None:
     srv = server_factory("stable", env={"REFERENCE_API_KEY": "right-key-123456"})
-    r = soak(srv.url, tmp_path, "--rounds", "1", "--requests", "3", "--idle", "0.3", "--text-only",
-             "--json")
+    r = soak(
+        srv.url,
+        tmp_path,
+        "--rounds",
+        "1",
+        "--requests",
+        "3",
+        "--idle",
+        "0.3",
+        "--text-only",
+        "--json",
+    )
     # /v1/models refuses without the key: one line naming the fix, exit 2, before any traffic.
     assert r.returncode == 2
     assert "api-key" in r.stderr.lower() and "Traceback" not in r.stderr
@@ -133,14 +196,38 @@ def test_wrong_key_is_counted_as_errors_not_a_crash(server_factory, tmp_path) ->
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_ctrl_c_gives_a_partial_report_and_keeps_the_run_file(server_factory, tmp_path, sig) -> None:
+def test_ctrl_c_gives_a_partial_report_and_keeps_the_run_file(
+    server_factory, tmp_path, sig
+) -> None:
     srv = server_factory("leaking", "--leak-kib", "512")
     run = tmp_path / "run.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vramdoctor", "soak", "--url", srv.url, "--out", str(run),
-         "--rounds", "50", "--requests", "10", "--idle", "0.8", "--interval", "0.1",
-         "--image-size", "128x128", "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "vramdoctor",
+            "soak",
+            "--url",
+            srv.url,
+            "--out",
+            str(run),
+            "--rounds",
+            "50",
+            "--requests",
+            "10",
+            "--idle",
+            "0.8",
+            "--interval",
+            "0.1",
+            "--image-size",
+            "128x128",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        cwd=tmp_path,
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -165,10 +252,34 @@ def test_server_that_disappears_mid_run_is_counted_not_a_crash(server_factory, t
     srv = server_factory("plain")
     run = tmp_path / "run.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vramdoctor", "soak", "--url", srv.url, "--out", str(run),
-         "--rounds", "4", "--requests", "10", "--idle", "1", "--interval", "0.15",
-         "--image-size", "128x128", "--timeout", "5", "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "vramdoctor",
+            "soak",
+            "--url",
+            srv.url,
+            "--out",
+            str(run),
+            "--rounds",
+            "4",
+            "--requests",
+            "10",
+            "--idle",
+            "1",
+            "--interval",
+            "0.15",
+            "--image-size",
+            "128x128",
+            "--timeout",
+            "5",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        cwd=tmp_path,
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -190,13 +301,40 @@ def test_server_that_disappears_mid_run_is_counted_not_a_crash(server_factory, t
 
 def test_bounds_hold_max_requests_and_duration(server_factory, tmp_path) -> None:
     srv = server_factory("stable")
-    r = soak(srv.url, tmp_path, "--rounds", "4", "--requests", "5", "--concurrency", "3",
-             "--idle", "0.2", "--max-requests", "7", "--text-only", "--json")
+    r = soak(
+        srv.url,
+        tmp_path,
+        "--rounds",
+        "4",
+        "--requests",
+        "5",
+        "--concurrency",
+        "3",
+        "--idle",
+        "0.2",
+        "--max-requests",
+        "7",
+        "--text-only",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     assert srv.info()["requests"] == 7
     assert sum(x["requests"] for x in json.loads(r.stdout)["rounds"]) == 7
-    r = soak(srv.url, tmp_path, "--rounds", "100", "--requests", "5", "--idle", "0.5",
-             "--duration", "3", "--text-only", "--json", name="run2.jsonl")
+    r = soak(
+        srv.url,
+        tmp_path,
+        "--rounds",
+        "100",
+        "--requests",
+        "5",
+        "--idle",
+        "0.5",
+        "--duration",
+        "3",
+        "--text-only",
+        "--json",
+        name="run2.jsonl",
+    )
     assert r.returncode in (0, 1), r.stderr
     run = read_run(tmp_path / "run2.jsonl")
     assert run.status == "complete"
@@ -216,8 +354,14 @@ def test_bounds_hold_max_requests_and_duration(server_factory, tmp_path) -> None
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, needle) -> None:
-    r = subprocess.run([sys.executable, "-m", "vramdoctor", "soak", *args], capture_output=True,
-                       text=True, timeout=60, env=_env(), cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-m", "vramdoctor", "soak", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(),
+        cwd=tmp_path,
+    )
     assert r.returncode == 2
     assert needle in r.stderr
     assert "Traceback" not in r.stderr
@@ -225,7 +369,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, needle) -> None:
     assert not (tmp_path / "runs").exists()  # nothing recorded for a run that never started
 
 
-def test_gpu_metrics_from_an_nvitop_exporter_name_the_leaking_gpu_process(server_factory, tmp_path) -> None:
+def test_gpu_metrics_from_an_nvitop_exporter_name_the_leaking_gpu_process(
+    server_factory, tmp_path
+) -> None:
     """--gpu-metrics: an nvitop-exporter (loopback) whose per-process memory is the reference
     server's real kept bytes. The GPU process series carries the verdict and names the pid."""
     from helpers_sources import nvitop_text, serve
@@ -235,9 +381,20 @@ def test_gpu_metrics_from_an_nvitop_exporter_name_the_leaking_gpu_process(server
     def respond(path: str) -> tuple[int, str, str]:
         info = srv.info()
         mib = 612.0 + (info["kept_bytes"] + info["cache_bytes"]) / 2**20
-        text = nvitop_text("gpu-host", [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-0",
-                                         "total": 81559.0, "used": mib + 500, "free": 81559.0 - mib - 500}],
-                           [{"index": 0, "pid": srv.pid, "mib": mib, "command": "python server.py"}])
+        text = nvitop_text(
+            "gpu-host",
+            [
+                {
+                    "index": 0,
+                    "name": "NVIDIA H100 80GB HBM3",
+                    "uuid": "GPU-0",
+                    "total": 81559.0,
+                    "used": mib + 500,
+                    "free": 81559.0 - mib - 500,
+                }
+            ],
+            [{"index": 0, "pid": srv.pid, "mib": mib, "command": "python server.py"}],
+        )
         return 200, "text/plain; version=0.0.4; charset=utf-8", text
 
     with serve(respond) as exporter:
@@ -253,12 +410,16 @@ def test_gpu_metrics_from_an_nvitop_exporter_name_the_leaking_gpu_process(server
     assert gpu["verdict"] == "LEAK"
     # Time to OOM in requests, from the exporter's free memory at the end.
     proj = d["layers"]["vram"]["projection"]
-    assert proj["requests"] == pytest.approx(proj["capacity_left"] / d["leak_mib_per_request"], rel=1e-6)
+    assert proj["requests"] == pytest.approx(
+        proj["capacity_left"] / d["leak_mib_per_request"], rel=1e-6
+    )
     assert proj["capacity_left"] < 81559.0
 
 
 @pytest.mark.parametrize("flavour", ["sglang", "vllm"])
-def test_kv_pages_that_never_come_back_are_a_kv_page_leak(server_factory, tmp_path, flavour) -> None:
+def test_kv_pages_that_never_come_back_are_a_kv_page_leak(
+    server_factory, tmp_path, flavour
+) -> None:
     """KV usage published under SGLang's / vLLM's real metric names, scraped and mapped by the
     server-metrics source: usage that creeps up at idle is a KV page leak while RSS is flat."""
     srv = server_factory("kv-leaking", "--metrics-flavour", flavour, "--kv-leak-tokens", "200")
@@ -274,7 +435,10 @@ def test_kv_pages_that_never_come_back_are_a_kv_page_leak(server_factory, tmp_pa
     assert kv["baseline"] == 0.0
     rss = next(s for s in d["series"] if s["id"] == f"rss/pid{srv.pid}")
     assert rss["verdict"] != "LEAK"
-    assert d["layers"]["kv"]["projection"]["requests"] > 0 and "KV pool is full" in d["layers"]["kv"]["summary"]
+    assert (
+        d["layers"]["kv"]["projection"]["requests"] > 0
+        and "KV pool is full" in d["layers"]["kv"]["summary"]
+    )
 
 
 def test_traffic_the_server_refuses_is_inconclusive_not_stable(tmp_path) -> None:
@@ -288,7 +452,18 @@ def test_traffic_the_server_refuses_is_inconclusive_not_stable(tmp_path) -> None
         return 404, "application/json", json.dumps({"detail": "Not Found"})
 
     with serve(respond) as url:
-        r = soak(url, tmp_path, "--rounds", "3", "--requests", "4", "--idle", "0.3", "--text-only", "--json")
+        r = soak(
+            url,
+            tmp_path,
+            "--rounds",
+            "3",
+            "--requests",
+            "4",
+            "--idle",
+            "0.3",
+            "--text-only",
+            "--json",
+        )
     assert r.returncode == 1, r.stderr  # the server is failing: a problem, never healthy
     d = json.loads(r.stdout)
     assert d["verdict"] == "INCONCLUSIVE" and d["healthy"] is False

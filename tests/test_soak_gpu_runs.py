@@ -29,7 +29,9 @@ def report_json(name: str, capsys: pytest.CaptureFixture[str], *extra: str) -> t
     ("name", "verdict", "exit_code"),
     [("plain", "CACHING", 0), ("leaking", "LEAK", 1), ("fixed", "STABLE", 0)],
 )
-def test_recorded_gpu_run_keeps_its_vram_verdict(name: str, verdict: str, exit_code: int, capsys) -> None:
+def test_recorded_gpu_run_keeps_its_vram_verdict(
+    name: str, verdict: str, exit_code: int, capsys
+) -> None:
     code, result = report_json(name, capsys)
     assert result["schema"] == "vramdoctor.soak/2"
     assert result["layers"]["vram"]["verdict"] == verdict
@@ -51,11 +53,15 @@ def test_recorded_gpu_leak_rate_and_culprit_match_the_truth(capsys) -> None:
     lo, hi = vram["rate_ci"]
     assert lo <= vram["rate_per_request"] <= hi
     culprit = vram["culprit"]
-    assert culprit["pid"] == truth["pid"] and culprit["gpu"] == 0 and culprit["cause"] == "allocator"
+    assert (
+        culprit["pid"] == truth["pid"] and culprit["gpu"] == 0 and culprit["cause"] == "allocator"
+    )
     assert result["culprit"]["layer"] == "vram"
     # Out of memory in requests (140,887 MiB free / 13.73 MiB), never in hours at burst load.
     proj = vram["projection"]
-    assert proj["requests"] == pytest.approx(proj["capacity_left"] / vram["rate_per_request"], rel=1e-6)
+    assert proj["requests"] == pytest.approx(
+        proj["capacity_left"] / vram["rate_per_request"], rel=1e-6
+    )
     assert 9_000 < proj["requests"] < 11_000
     assert proj["hours"] is None
     assert "per hour" not in result["headline"] and "MiB/hour" not in json.dumps(result)
@@ -85,9 +91,13 @@ def test_recorded_gpu_report_fits_80_columns_when_piped(tmp_path: Path) -> None:
     import sys
 
     for name in ("plain", "leaking", "fixed"):
-        r = subprocess.run([sys.executable, "-m", "vramdoctor", "report", str(RUNS / f"h200-{name}.jsonl")],
-                           capture_output=True, text=True, env={**os.environ, "COLUMNS": "80", "NO_COLOR": "1"},
-                           timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-m", "vramdoctor", "report", str(RUNS / f"h200-{name}.jsonl")],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "COLUMNS": "80", "NO_COLOR": "1"},
+            timeout=120,
+        )
         assert r.returncode == (1 if name == "leaking" else 0), r.stderr
         assert "…" not in r.stdout
         assert max(len(line) for line in r.stdout.splitlines()) <= 80
@@ -105,6 +115,7 @@ def test_a_bad_production_rate_is_a_usage_error(rate: str, capsys) -> None:
 # docs/soak.md "GPU results per layer"): thread-per-request decoding with glibc's defaults, and
 # the same with MALLOC_ARENA_MAX=2, where two arenas shared by 16 threads made the heap grow
 # unevenly (+12.6, +17.3, +3.5, +17.7 MiB a round) although the server keeps nothing.
+
 
 def test_recorded_arena_growth_on_a_16_core_host_is_host_caching(capsys) -> None:
     code, result = report_json("arena", capsys)

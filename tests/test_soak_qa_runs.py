@@ -149,9 +149,14 @@ def test_a_leak_interval_is_as_wide_as_the_rounds_own_scatter() -> None:
     rss = next(s for s in j["series"] if s["id"] == host["main_series"])
     incs = rss["increments"]
     per_round = statistics.median(r["reached"] for r in j["rounds"])
-    half = student_t.ppf(0.95, len(incs) - 1) * statistics.stdev(incs) / len(incs) ** 0.5 / per_round
+    half = (
+        student_t.ppf(0.95, len(incs) - 1) * statistics.stdev(incs) / len(incs) ** 0.5 / per_round
+    )
     lo, hi = host["rate_ci"]
-    assert lo <= host["rate_per_request"] - 0.99 * half and hi >= host["rate_per_request"] + 0.99 * half
+    assert (
+        lo <= host["rate_per_request"] - 0.99 * half
+        and hi >= host["rate_per_request"] + 0.99 * half
+    )
 
 
 def test_enough_noisy_rounds_make_a_significant_trend_a_leak() -> None:

@@ -70,8 +70,15 @@ def test_terminal_report_says_the_verdict_per_layer_with_units() -> None:
 
 
 def test_report_at_80_columns_truncates_nothing() -> None:
-    runs = [synth(leak(19.3), host_level=lambda k, f: 900.0 + 50 * (k + f), kv={"full": lambda k, f: 64.0 * 50 * k}),
-            synth(caching(140.0), rounds=12), _arena_run()]
+    runs = [
+        synth(
+            leak(19.3),
+            host_level=lambda k, f: 900.0 + 50 * (k + f),
+            kv={"full": lambda k, f: 64.0 * 50 * k},
+        ),
+        synth(caching(140.0), rounds=12),
+        _arena_run(),
+    ]
     for recs in runs:
         text = _text(analyse_soak(recs, {"cpu_count": 16}), width=80)
         assert "…" not in text
@@ -82,13 +89,24 @@ def test_report_at_80_columns_truncates_nothing() -> None:
 
 def test_report_piped_at_80_columns_truncates_nothing(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
-    with RunWriter(path, make_header("soak", argv=["vramdoctor", "soak"], config={"min_growth_mib": 2.0})) as w:
-        for r in synth(leak(2.0), rounds=8, host_level=lambda k, f: 900.0 + 24 * k,
-                       kv={"full": lambda k, f: 64.0 * 50 * k, "swa": flat(0.0)}):
+    with RunWriter(
+        path, make_header("soak", argv=["vramdoctor", "soak"], config={"min_growth_mib": 2.0})
+    ) as w:
+        for r in synth(
+            leak(2.0),
+            rounds=8,
+            host_level=lambda k, f: 900.0 + 24 * k,
+            kv={"full": lambda k, f: 64.0 * 50 * k, "swa": flat(0.0)},
+        ):
             w.write(r)
     env = {**os.environ, "COLUMNS": "80", "NO_COLOR": "1"}
-    r = subprocess.run([sys.executable, "-m", "vramdoctor", "report", str(path)],
-                       capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "vramdoctor", "report", str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 1, r.stderr
     assert "…" not in r.stdout and "Traceback" not in r.stderr
     assert max(len(line) for line in r.stdout.splitlines()) <= 80
@@ -115,7 +133,13 @@ def test_live_view_renders_progress_errors_sparklines_and_undecided_layers() -> 
 
 
 def test_html_report_is_self_contained_and_png_is_a_png(tmp_path: Path) -> None:
-    res = analyse_soak(synth(leak(5.0), host_level=lambda k, f: 900.0 + 10 * k, kv={"full": lambda k, f: 64.0 * 50 * k}))
+    res = analyse_soak(
+        synth(
+            leak(5.0),
+            host_level=lambda k, f: 900.0 + 10 * k,
+            kv={"full": lambda k, f: 64.0 * 50 * k},
+        )
+    )
     html = tmp_path / "r.html"
     write_report_file(res, html, target="http://h:1")
     page = html.read_text()
@@ -157,7 +181,9 @@ def test_report_survives_nan_none_and_out_of_order_lines(tmp_path: Path, capsys)
 
 def test_report_run_reads_a_run_cut_mid_line(tmp_path: Path, capsys) -> None:
     path = tmp_path / "run.jsonl"
-    w = RunWriter(path, make_header("soak", argv=["vramdoctor", "soak"], config={"min_growth_mib": 2.0}))
+    w = RunWriter(
+        path, make_header("soak", argv=["vramdoctor", "soak"], config={"min_growth_mib": 2.0})
+    )
     for r in synth(leak(4.0)):
         w.write(r)
     w._fh.write('{"kind":"gpu","t":1')  # the writer killed mid-line: no end mark, torn tail
@@ -175,8 +201,12 @@ def test_collector_and_live_view_can_share_samples_across_threads() -> None:
     view = LiveView(con, rounds=1, per_round=100)
     recs = synth(leak(1.0), rounds=1)
     with view:
-        ts = [threading.Thread(target=lambda: [view.on_sample("gpu", r) for r in recs]),
-              threading.Thread(target=lambda: [view.on_result(None, Outcome("ok", 200, 0.0)) for _ in range(100)])]
+        ts = [
+            threading.Thread(target=lambda: [view.on_sample("gpu", r) for r in recs]),
+            threading.Thread(
+                target=lambda: [view.on_result(None, Outcome("ok", 200, 0.0)) for _ in range(100)]
+            ),
+        ]
         for t in ts:
             t.start()
         for t in ts:
@@ -209,7 +239,11 @@ def test_huge_values_reach_neither_stderr_nor_a_crash(big: float) -> None:
 
     from vramdoctor.report.soak import chart_png, soak_json
 
-    recs = synth(lambda k, f: big * (k + f), host_level=lambda k, f: big * k, kv={"full": lambda k, f: big * k})
+    recs = synth(
+        lambda k, f: big * (k + f),
+        host_level=lambda k, f: big * k,
+        kv={"full": lambda k, f: big * k},
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         res = analyse_soak(recs)

@@ -33,16 +33,31 @@ from vramdoctor.sources.server_info import base_url, identify
 
 SGLANG_INFO = {
     # dataclasses.asdict(server_args) (a few of the many fields) + scheduler_info + internal states
-    "model_path": "Qwen/Qwen2.5-VL-7B-Instruct", "served_model_name": "Qwen/Qwen2.5-VL-7B-Instruct",
-    "tp_size": 1, "mem_fraction_static": 0.7835956249999999, "enable_metrics": False,
-    "max_total_num_tokens": 412345, "max_req_input_len": 128000,
-    "internal_states": [{"last_gen_throughput": 0.0, "memory_usage": {
-        "weight": 15.6, "kvcache": 22.09, "token_capacity": 412345, "graph": 1.2}}],
+    "model_path": "Qwen/Qwen2.5-VL-7B-Instruct",
+    "served_model_name": "Qwen/Qwen2.5-VL-7B-Instruct",
+    "tp_size": 1,
+    "mem_fraction_static": 0.7835956249999999,
+    "enable_metrics": False,
+    "max_total_num_tokens": 412345,
+    "max_req_input_len": 128000,
+    "internal_states": [
+        {
+            "last_gen_throughput": 0.0,
+            "memory_usage": {
+                "weight": 15.6,
+                "kvcache": 22.09,
+                "token_capacity": 412345,
+                "graph": 1.2,
+            },
+        }
+    ],
     "version": "0.5.9",
 }
 
 
-def _serve(routes: dict[str, tuple[int, object]], delay: float = 0.0) -> tuple[ThreadingHTTPServer, str]:
+def _serve(
+    routes: dict[str, tuple[int, object]], delay: float = 0.0
+) -> tuple[ThreadingHTTPServer, str]:
     class H(BaseHTTPRequestHandler):
         def log_message(self, *a: object) -> None:
             pass
@@ -85,8 +100,17 @@ def serve() -> Iterator:
         s.server_close()
 
 
-MODELS = {"/v1/models": (200, {"object": "list", "data": [{"id": "Qwen/Qwen2.5-VL-7B-Instruct",
-                                                           "object": "model", "owned_by": "sglang"}]})}
+MODELS = {
+    "/v1/models": (
+        200,
+        {
+            "object": "list",
+            "data": [
+                {"id": "Qwen/Qwen2.5-VL-7B-Instruct", "object": "model", "owned_by": "sglang"}
+            ],
+        },
+    )
+}
 
 
 def test_identify_sglang_gives_version_and_startup_memory(serve) -> None:
@@ -94,7 +118,12 @@ def test_identify_sglang_gives_version_and_startup_memory(serve) -> None:
     info = identify(url + "/v1")
     assert info.kind == "sglang"
     assert info.version == "0.5.9"
-    assert info.memory_usage == {"weight": 15.6, "kvcache": 22.09, "token_capacity": 412345, "graph": 1.2}
+    assert info.memory_usage == {
+        "weight": 15.6,
+        "kvcache": 22.09,
+        "token_capacity": 412345,
+        "graph": 1.2,
+    }
     assert info.model == "Qwen/Qwen2.5-VL-7B-Instruct"
     assert "SGLang 0.5.9" in info.describe() and "kvcache=22.09" in info.describe()
 
@@ -106,8 +135,12 @@ def test_identify_sglang_0523_server_info(serve) -> None:
 
 
 def test_identify_vllm(serve) -> None:
-    url = serve({"/version": (200, {"version": "0.11.0"}),
-                 "/v1/models": (200, {"object": "list", "data": [{"id": "m", "owned_by": "vllm"}]})})
+    url = serve(
+        {
+            "/version": (200, {"version": "0.11.0"}),
+            "/v1/models": (200, {"object": "list", "data": [{"id": "m", "owned_by": "vllm"}]}),
+        }
+    )
     info = identify(url)
     assert (info.kind, info.version, info.model) == ("vllm", "0.11.0", "m")
 
@@ -249,7 +282,11 @@ def test_request_set_is_identical_every_round() -> None:
     b = build_requests(8, model="m", images=imgs, max_tokens=4)
     assert [json.dumps(r.body) for r in a] == [json.dumps(r.body) for r in b]
     assert sum(r.images for r in a) == 6  # every fourth request is text only
-    assert a[0].body["messages"][0]["content"][0]["image_url"]["url"].startswith("data:image/png;base64,")
+    assert (
+        a[0]
+        .body["messages"][0]["content"][0]["image_url"]["url"]
+        .startswith("data:image/png;base64,")
+    )
     c = build_requests(3, model="m", images=imgs, api="completions")
     assert all(r.path == "/v1/completions" and "prompt" in r.body for r in c)
 
@@ -257,16 +294,31 @@ def test_request_set_is_identical_every_round() -> None:
 def test_client_classifies_errors_timeouts_and_a_missing_server(serve) -> None:
     url = serve({"/v1/chat/completions": (500, {"error": {"message": "boom sk-abcdefghijklmnop"}})})
     reqs = build_requests(6, model="m", images=[], text_only=True)
-    res = run_round(LoadClient(url, "sk-abcdefghijklmnop"), reqs, concurrency=3, budget=Budget(),
-                    stop=threading.Event())
+    res = run_round(
+        LoadClient(url, "sk-abcdefghijklmnop"),
+        reqs,
+        concurrency=3,
+        budget=Budget(),
+        stop=threading.Event(),
+    )
     assert res.outcomes["http_error"] == 6 and res.ok == 0
     assert all("sk-abcdefghijklmnop" not in e for e in res.errors)
     slow = serve({"/v1/chat/completions": (200, {})}, delay=1.0)
-    res = run_round(LoadClient(slow, timeout=0.2), reqs[:2], concurrency=2, budget=Budget(),
-                    stop=threading.Event())
+    res = run_round(
+        LoadClient(slow, timeout=0.2),
+        reqs[:2],
+        concurrency=2,
+        budget=Budget(),
+        stop=threading.Event(),
+    )
     assert res.outcomes["timeout"] == 2
-    res = run_round(LoadClient("http://127.0.0.1:1"), reqs[:2], concurrency=1, budget=Budget(),
-                    stop=threading.Event())
+    res = run_round(
+        LoadClient("http://127.0.0.1:1"),
+        reqs[:2],
+        concurrency=1,
+        budget=Budget(),
+        stop=threading.Event(),
+    )
     assert res.outcomes["connection"] == 2 and res.reached == 0
 
 
@@ -274,8 +326,10 @@ def test_budget_holds_across_rounds_and_threads(serve) -> None:
     url = serve({"/v1/chat/completions": (200, {"ok": True})})
     reqs = build_requests(10, model="m", images=[], text_only=True)
     budget = Budget(max_requests=13)
-    sent = [run_round(LoadClient(url), reqs, concurrency=4, budget=budget, stop=threading.Event()).sent
-            for _ in range(3)]
+    sent = [
+        run_round(LoadClient(url), reqs, concurrency=4, budget=budget, stop=threading.Event()).sent
+        for _ in range(3)
+    ]
     assert sent == [10, 3, 0]
     stop = threading.Event()
     stop.set()
@@ -286,15 +340,25 @@ def test_gpu_peers_are_the_other_visible_processes_on_the_servers_gpus() -> None
     from vramdoctor.model import GpuMemory, GpuSample, ProcessGpuMemory
     from vramdoctor.sources.discover import ServerProcesses, gpu_peers, roles
 
-    sample = GpuSample(t=0.0, wall=0.0, source="nvml",
-                       gpus=[GpuMemory(0, 81559, 1000, 80559), GpuMemory(1, 81559, 1000, 80559)],
-                       processes=[ProcessGpuMemory(100, 0, 20000.0, name="sglang::scheduler"),
-                                  ProcessGpuMemory(101, 0, 700.0, name="python3"),  # tokenizer on GPU 0
-                                  ProcessGpuMemory(102, 1, 5000.0, name="other-job"),
-                                  ProcessGpuMemory(999999, 0, 500.0, visible=False)])
+    sample = GpuSample(
+        t=0.0,
+        wall=0.0,
+        source="nvml",
+        gpus=[GpuMemory(0, 81559, 1000, 80559), GpuMemory(1, 81559, 1000, 80559)],
+        processes=[
+            ProcessGpuMemory(100, 0, 20000.0, name="sglang::scheduler"),
+            ProcessGpuMemory(101, 0, 700.0, name="python3"),  # tokenizer on GPU 0
+            ProcessGpuMemory(102, 1, 5000.0, name="other-job"),
+            ProcessGpuMemory(999999, 0, 500.0, visible=False),
+        ],
+    )
     assert gpu_peers(sample, [100]) == {101: "python3"}
     found = ServerProcesses(root_pids=[50], tree={50: "python3", 100: "sglang::scheduler"})
-    assert roles(found, gpu_peers(sample, found.tree)) == {50: "server", 100: "child", 101: "gpu-peer"}
+    assert roles(found, gpu_peers(sample, found.tree)) == {
+        50: "server",
+        100: "child",
+        101: "gpu-peer",
+    }
     # Server processes invisible to NVML (a container): every visible process on every GPU.
     assert gpu_peers(sample, [7]) == {100: "sglang::scheduler", 101: "python3", 102: "other-job"}
 
@@ -307,8 +371,10 @@ def test_a_port_forwarder_is_not_taken_for_the_server(tmp_path: Path) -> None:
 
     proxy = tmp_path / "docker-proxy"
     proxy.symlink_to(sys.executable)  # the kernel names the process after the path exec'd
-    code = ("import socket,sys,time; s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(); "
-            "print(s.getsockname()[1], flush=True); time.sleep(30)")
+    code = (
+        "import socket,sys,time; s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(); "
+        "print(s.getsockname()[1], flush=True); time.sleep(30)"
+    )
     p = subprocess.Popen([str(proxy), "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         port = int(p.stdout.readline())

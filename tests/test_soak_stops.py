@@ -27,8 +27,22 @@ from helpers_procs import RefServer
 from vramdoctor.record import read_run
 from vramdoctor.redact import REDACTED, forget_secrets, redact_argv, redact_text
 
-FAST = ["--rounds", "4", "--no-adapt", "--requests", "8", "--concurrency", "4", "--idle", "0.5",
-        "--interval", "0.1", "--text-only", "--timeout", "10"]
+FAST = [
+    "--rounds",
+    "4",
+    "--no-adapt",
+    "--requests",
+    "8",
+    "--concurrency",
+    "4",
+    "--idle",
+    "0.5",
+    "--interval",
+    "0.1",
+    "--text-only",
+    "--timeout",
+    "10",
+]
 
 
 class Recorder:
@@ -65,9 +79,20 @@ class Recorder:
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 outer.seen.append(("POST", self.path, self.headers.get("Authorization")))
                 if status == 200:
-                    return self._send(200, {"id": "x", "object": "chat.completion", "choices": [
-                        {"index": 0, "message": {"role": "assistant", "content": "ok"},
-                         "finish_reason": "stop"}]})
+                    return self._send(
+                        200,
+                        {
+                            "id": "x",
+                            "object": "chat.completion",
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "message": {"role": "assistant", "content": "ok"},
+                                    "finish_reason": "stop",
+                                }
+                            ],
+                        },
+                    )
                 self._send(status, {"error": {"message": f"refused with {status}"}})
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -103,13 +128,31 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def soak(url: str, tmp: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def soak(
+    url: str, tmp: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "vramdoctor", "soak", "--url", url, "--out", str(tmp / "run.jsonl"), *args],
-        capture_output=True, text=True, timeout=120, env=env or _env(), cwd=tmp)
+        [
+            sys.executable,
+            "-m",
+            "vramdoctor",
+            "soak",
+            "--url",
+            url,
+            "--out",
+            str(tmp / "run.jsonl"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env or _env(),
+        cwd=tmp,
+    )
 
 
 # --- 1. every request failing: stop after round 1, say why, never healthy ----------------------
+
 
 def test_a_server_failing_every_request_stops_after_round_one_exit_1(recorder, tmp_path) -> None:
     srv = recorder(500)
@@ -122,13 +165,20 @@ def test_a_server_failing_every_request_stops_after_round_one_exit_1(recorder, t
     assert d["healthy"] is False and d["exit_code"] == 1 and d["stopped_by"] == "requests-failed"
     assert len(d["rounds"]) == 1
     # Offline the run file says the same.
-    rep = subprocess.run([sys.executable, "-m", "vramdoctor", "report", str(tmp_path / "run.jsonl"), "--json"],
-                         capture_output=True, text=True, timeout=120, env=_env())
+    rep = subprocess.run(
+        [sys.executable, "-m", "vramdoctor", "report", str(tmp_path / "run.jsonl"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
     assert rep.returncode == 1 and json.loads(rep.stdout)["healthy"] is False
 
 
 @pytest.mark.parametrize("status", [401, 403])
-def test_a_refused_key_stops_after_round_one_names_api_key_exit_2(recorder, tmp_path, status) -> None:
+def test_a_refused_key_stops_after_round_one_names_api_key_exit_2(
+    recorder, tmp_path, status
+) -> None:
     srv = recorder(status)
     r = soak(srv.url, tmp_path, *FAST, "--json", "--api-key", "wrong-key-123")
     assert r.returncode == 2, r.stderr
@@ -158,8 +208,11 @@ def test_a_working_server_is_not_stopped(recorder, tmp_path) -> None:
 
 # --- 2. a password in the URL never replaces --api-key --------------------------------------
 
+
 @pytest.mark.parametrize("how", ["flag", "env"])
-def test_url_credentials_and_an_api_key_are_refused_before_anything_is_sent(recorder, tmp_path, how) -> None:
+def test_url_credentials_and_an_api_key_are_refused_before_anything_is_sent(
+    recorder, tmp_path, how
+) -> None:
     srv = recorder(200)
     url = srv.url.replace("http://", "http://admin:pw-secret-77@")
     if how == "flag":
@@ -169,13 +222,19 @@ def test_url_credentials_and_an_api_key_are_refused_before_anything_is_sent(reco
         r = soak(url, tmp_path, *FAST, env=_env(OPENAI_API_KEY="bearer-key-42"))
         where = "$OPENAI_API_KEY"
     assert r.returncode == 2, r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1 and where in r.stderr and "Authorization" in r.stderr
+    assert (
+        len(r.stderr.strip().splitlines()) == 1
+        and where in r.stderr
+        and "Authorization" in r.stderr
+    )
     assert "pw-secret-77" not in r.stderr and "bearer-key-42" not in r.stderr
     assert srv.seen == []  # nothing was sent, with either credential
     assert not (tmp_path / "run.jsonl").exists()
 
 
-def test_the_key_is_sent_as_a_bearer_token_and_url_credentials_alone_as_basic(recorder, tmp_path) -> None:
+def test_the_key_is_sent_as_a_bearer_token_and_url_credentials_alone_as_basic(
+    recorder, tmp_path
+) -> None:
     srv = recorder(200)
     r = soak(srv.url, tmp_path, *FAST, "--rounds", "1", "--api-key", "bearer-key-42")
     assert r.returncode == 0, r.stderr
@@ -189,11 +248,27 @@ def test_the_key_is_sent_as_a_bearer_token_and_url_credentials_alone_as_basic(re
 
 # --- 3. Ctrl-C: interrupted is said, never healthy, exit 130 (1 when a LEAK was found) --------
 
+
 def _popen(url: str, tmp: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "vramdoctor", "soak", "--url", url, "--out", str(tmp / "run.jsonl"), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        [
+            sys.executable,
+            "-m",
+            "vramdoctor",
+            "soak",
+            "--url",
+            url,
+            "--out",
+            str(tmp / "run.jsonl"),
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        cwd=tmp,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def test_ctrl_c_before_measuring_says_so_in_one_line_exit_130(recorder, tmp_path) -> None:
@@ -237,33 +312,96 @@ def _as_interrupted(src: Path, dst: Path) -> None:
 def test_an_interrupted_run_exits_1_when_a_leak_was_found_else_130(tmp_path) -> None:
     leaking = RefServer("leaking", "--leak-kib", "1024")
     try:
-        r = soak(leaking.url, tmp_path, "--rounds", "4", "--max-rounds", "6", "--requests", "20",
-                 "--idle", "1", "--interval", "0.1", "--image-size", "128x128", "--json")
+        r = soak(
+            leaking.url,
+            tmp_path,
+            "--rounds",
+            "4",
+            "--max-rounds",
+            "6",
+            "--requests",
+            "20",
+            "--idle",
+            "1",
+            "--interval",
+            "0.1",
+            "--image-size",
+            "128x128",
+            "--json",
+        )
     finally:
         leaking.stop()
     assert r.returncode == 1 and json.loads(r.stdout)["verdict"] == "LEAK", r.stderr
     _as_interrupted(tmp_path / "run.jsonl", tmp_path / "leak-interrupted.jsonl")
-    rep = subprocess.run([sys.executable, "-m", "vramdoctor", "report", str(tmp_path / "leak-interrupted.jsonl"),
-                          "--json"], capture_output=True, text=True, timeout=120, env=_env())
+    rep = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vramdoctor",
+            "report",
+            str(tmp_path / "leak-interrupted.jsonl"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
     d = json.loads(rep.stdout)
-    assert rep.returncode == 1 and d["exit_code"] == 1 and d["interrupted"] is True and d["healthy"] is False
+    assert (
+        rep.returncode == 1
+        and d["exit_code"] == 1
+        and d["interrupted"] is True
+        and d["healthy"] is False
+    )
     (tmp_path / "run.jsonl").rename(tmp_path / "leak.jsonl")
 
     stable = RefServer("stable")
     try:
-        r = soak(stable.url, tmp_path, "--rounds", "3", "--no-adapt", "--requests", "10", "--idle", "0.5",
-                 "--interval", "0.1", "--image-size", "64x64")
+        r = soak(
+            stable.url,
+            tmp_path,
+            "--rounds",
+            "3",
+            "--no-adapt",
+            "--requests",
+            "10",
+            "--idle",
+            "0.5",
+            "--interval",
+            "0.1",
+            "--image-size",
+            "64x64",
+        )
     finally:
         stable.stop()
     assert r.returncode == 0, r.stderr
     _as_interrupted(tmp_path / "run.jsonl", tmp_path / "stable-interrupted.jsonl")
-    rep = subprocess.run([sys.executable, "-m", "vramdoctor", "report", str(tmp_path / "stable-interrupted.jsonl"),
-                          "--json"], capture_output=True, text=True, timeout=120, env=_env())
+    rep = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vramdoctor",
+            "report",
+            str(tmp_path / "stable-interrupted.jsonl"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
     d = json.loads(rep.stdout)
-    assert rep.returncode == 130 and d["exit_code"] == 130 and d["interrupted"] is True and d["healthy"] is False
+    assert (
+        rep.returncode == 130
+        and d["exit_code"] == 130
+        and d["interrupted"] is True
+        and d["healthy"] is False
+    )
 
 
 # --- 4. redaction masks values, not the prose around a flag ----------------------------------
+
 
 @pytest.fixture
 def fresh_secrets() -> Iterator[None]:
@@ -272,26 +410,32 @@ def fresh_secrets() -> Iterator[None]:
     forget_secrets()
 
 
-@pytest.mark.parametrize("text", [
-    "(pass a key with --api-key or OPENAI_API_KEY)",
-    "the key given with --api-key (or $OPENAI_API_KEY / ${VRAMDOCTOR_API_KEY}) is not accepted",
-    "set --hf-token HF_TOKEN, or --api-key is missing",
-    "usage: --api-key KEY, --api-key <key>",
-    "the server wants a key: pass it with --api-key",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "(pass a key with --api-key or OPENAI_API_KEY)",
+        "the key given with --api-key (or $OPENAI_API_KEY / ${VRAMDOCTOR_API_KEY}) is not accepted",
+        "set --hf-token HF_TOKEN, or --api-key is missing",
+        "usage: --api-key KEY, --api-key <key>",
+        "the server wants a key: pass it with --api-key",
+    ],
+)
 def test_prose_about_a_secret_flag_is_kept(fresh_secrets, text) -> None:
     assert redact_text(text) == text
 
 
-@pytest.mark.parametrize("text, secret", [
-    ("server --api-key hunter2 --port 1", "hunter2"),
-    ("server --api-key swordfish", "swordfish"),
-    ("server --admin-api-key ABCDEFGHIJKLMNOP", "ABCDEFGHIJKLMNOP"),
-    ("server --api-key=or", "=or"),
-    ("server --api-key 'or'", "'or'"),
-    ("password: swordfish", "swordfish"),
-    ("api_key:or", ":or"),
-])
+@pytest.mark.parametrize(
+    "text, secret",
+    [
+        ("server --api-key hunter2 --port 1", "hunter2"),
+        ("server --api-key swordfish", "swordfish"),
+        ("server --admin-api-key ABCDEFGHIJKLMNOP", "ABCDEFGHIJKLMNOP"),
+        ("server --api-key=or", "=or"),
+        ("server --api-key 'or'", "'or'"),
+        ("password: swordfish", "swordfish"),
+        ("api_key:or", ":or"),
+    ],
+)
 def test_values_after_a_secret_flag_are_still_masked(fresh_secrets, text, secret) -> None:
     out = redact_text(text)
     assert secret not in out and REDACTED in out
@@ -310,6 +454,7 @@ def test_a_secret_in_the_url_does_not_rewrite_the_error_line(tmp_path) -> None:
 
 
 # --- 5. no help page is cut off at 80 columns -------------------------------------------------
+
 
 def _commands() -> list[list[str]]:
     import typer
@@ -333,13 +478,25 @@ def test_every_help_page_fits_80_columns_without_cutting(tmp_path) -> None:
     commands = _commands()
     assert ["soak"] in commands and len(commands) > 5
     for cmd in commands:
-        r = subprocess.run([sys.executable, "-m", "vramdoctor", *cmd, "--help"], capture_output=True,
-                           text=True, timeout=60, env=_env(), cwd=tmp_path)
+        r = subprocess.run(
+            [sys.executable, "-m", "vramdoctor", *cmd, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=_env(),
+            cwd=tmp_path,
+        )
         assert r.returncode == 0, (cmd, r.stderr)
         text = r.stdout + r.stderr
         assert "…" not in text, (cmd, [ln for ln in text.splitlines() if "…" in ln])
         assert max(len(ln) for ln in text.splitlines()) <= 80, cmd
-    soak_help = subprocess.run([sys.executable, "-m", "vramdoctor", "soak", "--help"], capture_output=True,
-                               text=True, timeout=60, env=_env(), cwd=tmp_path).stdout
+    soak_help = subprocess.run(
+        [sys.executable, "-m", "vramdoctor", "soak", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(),
+        cwd=tmp_path,
+    ).stdout
     flat = re.sub(r"[\s│]+", "", soak_help)
     assert "runs/soak-UTCTIME-PID-RANDOM.jsonl" in flat  # folded onto two lines, not cut

@@ -23,14 +23,21 @@ from vramdoctor.model import GpuSample
 from vramdoctor.sources.nvml import NvmlSource, nvml_status
 
 NVML_OK, NVML_WHY = nvml_status()
-needs_nvml = pytest.mark.skipif(not NVML_OK, reason="no NVML here: " + NVML_WHY.split(";")[0].split(":")[0])
+needs_nvml = pytest.mark.skipif(
+    not NVML_OK, reason="no NVML here: " + NVML_WHY.split(";")[0].split(":")[0]
+)
 no_nvml_only = pytest.mark.skipif(NVML_OK, reason="NVML works here; this checks the no-driver path")
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "NO_COLOR": "1"}
-    return subprocess.run([sys.executable, "-m", "vramdoctor", *args], capture_output=True, text=True,
-                          env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "vramdoctor", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
 
 
 @no_nvml_only
@@ -81,9 +88,13 @@ CONTEXT_HOLDER = textwrap.dedent("""
 
 
 def hold_contexts(*specs: str) -> subprocess.Popen[str]:
-    if ctypes.util.find_library("cuda") is None and not os.path.exists("/usr/lib/x86_64-linux-gnu/libcuda.so.1"):
+    if ctypes.util.find_library("cuda") is None and not os.path.exists(
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+    ):
         pytest.skip("no libcuda")
-    proc = subprocess.Popen([sys.executable, "-c", CONTEXT_HOLDER, *specs], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CONTEXT_HOLDER, *specs], stdout=subprocess.PIPE, text=True
+    )
     line = proc.stdout.readline()  # type: ignore[union-attr]
     if line.strip() != "ready":
         proc.kill()
@@ -161,7 +172,9 @@ def test_census_flags_a_real_stray_context_on_a_second_gpu() -> None:
     assert "multi_gpu" in row.flags
     ctx = row.per_gpu[0]
     assert ctx is not None
-    assert CONTEXT_MIB[0] <= ctx <= CONTEXT_MIB[1], f"a bare context measured {ctx} MiB: outside {CONTEXT_MIB}"
+    assert CONTEXT_MIB[0] <= ctx <= CONTEXT_MIB[1], (
+        f"a bare context measured {ctx} MiB: outside {CONTEXT_MIB}"
+    )
     assert "stray_context" in row.flags
 
 

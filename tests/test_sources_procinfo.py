@@ -61,8 +61,13 @@ go.set()
 def _arena_child(threads: int, env: dict[str, str] | None = None) -> subprocess.Popen:
     import os
 
-    child = subprocess.Popen([sys.executable, "-c", ARENA_CHILD, str(threads)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+    child = subprocess.Popen(
+        [sys.executable, "-c", ARENA_CHILD, str(threads)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
     assert child.stdout is not None and child.stdout.readline().strip() == "ready"
     return child
 
@@ -103,17 +108,25 @@ def test_arena_heaps_are_found_through_merged_mappings() -> None:
     def line(lo: int, hi: int, perms: str, path: str = "") -> str:
         return f"{lo:x}-{hi:x} {perms} 00000000 00:00 0 {path}".rstrip()
 
-    text = "\n".join([
-        line(base - 3 * 4096, base + 5 * 2**20, "rw-p"),          # merged: other anon + heap 1 rw (5 MiB)
-        line(base + 5 * 2**20, base + m + 4096, "---p"),          # heap 1 tail + a stack guard page
-        line(base + m + 4096, base + m + 8 * 2**20, "rw-p"),      # that thread's stack (not a heap)
-        line(base + 2 * m, base + 3 * m, "rw-p"),                 # heap 2, grown to the full 64 MiB
-        line(base + 3 * m, base + 3 * m + 2**20, "rw-p", "/usr/lib/libfoo.so"),
-        line(base + 4 * m + 4096, base + 4 * m + 3 * 2**20, "rw-p"),  # not aligned: a big malloc block
-        line(base + 4 * m + 3 * 2**20, base + 5 * m - 4096, "---p"),  # ends short of the boundary
-        line(base + 6 * m - 4096, base + 6 * m, "---p"),          # a lone guard page at a boundary
-        line(base + 6 * m, base + 6 * m + 8 * 2**20, "rw-p"),     # its stack
-    ])
+    text = "\n".join(
+        [
+            line(
+                base - 3 * 4096, base + 5 * 2**20, "rw-p"
+            ),  # merged: other anon + heap 1 rw (5 MiB)
+            line(base + 5 * 2**20, base + m + 4096, "---p"),  # heap 1 tail + a stack guard page
+            line(base + m + 4096, base + m + 8 * 2**20, "rw-p"),  # that thread's stack (not a heap)
+            line(base + 2 * m, base + 3 * m, "rw-p"),  # heap 2, grown to the full 64 MiB
+            line(base + 3 * m, base + 3 * m + 2**20, "rw-p", "/usr/lib/libfoo.so"),
+            line(
+                base + 4 * m + 4096, base + 4 * m + 3 * 2**20, "rw-p"
+            ),  # not aligned: a big malloc block
+            line(
+                base + 4 * m + 3 * 2**20, base + 5 * m - 4096, "---p"
+            ),  # ends short of the boundary
+            line(base + 6 * m - 4096, base + 6 * m, "---p"),  # a lone guard page at a boundary
+            line(base + 6 * m, base + 6 * m + 8 * 2**20, "rw-p"),  # its stack
+        ]
+    )
     heaps = malloc_heaps(text)
     assert heaps.heaps == 2
     assert heaps.writable_bytes == 5 * 2**20 + m
@@ -124,7 +137,9 @@ def test_unreadable_proc_files_are_named_not_guessed(tmp_path) -> None:
 
     fake = tmp_path / "proc"
     (fake / "123").mkdir(parents=True)
-    (fake / "123" / "status").write_text("Name:\tx\nVmRSS:\t  2048 kB\nThreads:\t3\n")  # kernel < 4.5
+    (fake / "123" / "status").write_text(
+        "Name:\tx\nVmRSS:\t  2048 kB\nThreads:\t3\n"
+    )  # kernel < 4.5
     row = process_memory(123, 2 * 2**20, proc=str(fake))
     assert row.rss_mib == 2 and row.rss_anon_mib is None and row.threads == 3
     assert "no RssAnon" in row.unreadable and "maps: not found" in row.unreadable

@@ -18,8 +18,16 @@ def scrape(text: str, **kw) -> MetricsSample:
 
 
 def test_sglang_059_maps_memory_series_and_keeps_everything_raw() -> None:
-    s = scrape(sglang_text(version="0.5.9", token_usage=0.73, used_tokens=146000, running=9, queued=4,
-                           hit_rate=0.61))
+    s = scrape(
+        sglang_text(
+            version="0.5.9",
+            token_usage=0.73,
+            used_tokens=146000,
+            running=9,
+            queued=4,
+            hit_rate=0.61,
+        )
+    )
     assert s.flavour == "sglang"
     assert s.values["kv_usage_ratio"] == pytest.approx(0.73)
     assert s.values["used_tokens"] == 146000
@@ -28,7 +36,9 @@ def test_sglang_059_maps_memory_series_and_keeps_everything_raw() -> None:
     assert s.values["cache_hit_rate"] == pytest.approx(0.61)
     assert s.values["max_total_tokens"] == 200000
     assert "weight_memory_gib" not in s.values  # that gauge arrived in 0.5.17
-    labels = 'engine_type="unified",model_name="Qwen/Qwen2.5-VL-7B-Instruct",pp_rank="0",tp_rank="0"'
+    labels = (
+        'engine_type="unified",model_name="Qwen/Qwen2.5-VL-7B-Instruct",pp_rank="0",tp_rank="0"'
+    )
     assert s.raw[f"sglang:token_usage{{{labels}}}"] == pytest.approx(0.73)
     # Counters keep their scraped _total name; histograms keep _sum/_count, not buckets.
     assert any(k.startswith("sglang:prompt_tokens_total{") for k in s.raw)
@@ -49,8 +59,15 @@ def test_sglang_all_schedulers_fold_tp_ranks_and_sum_dp_replicas() -> None:
     # --enable-metrics-for-all-schedulers with dp=2, tp=2: each DP replica's two TP ranks
     # report the same batch; the replicas' batches add up.
     ranks = [
-        {"model_name": "m", "engine_type": "unified", "dp_rank": str(dp), "tp_rank": str(tp), "pp_rank": "0"}
-        for dp in (0, 1) for tp in (0, 1)
+        {
+            "model_name": "m",
+            "engine_type": "unified",
+            "dp_rank": str(dp),
+            "tp_rank": str(tp),
+            "pp_rank": "0",
+        }
+        for dp in (0, 1)
+        for tp in (0, 1)
     ]
     s = scrape(sglang_text(version="0.5.23", ranks=ranks, running=5, queued=2, used_tokens=1000))
     assert s.values["running_requests"] == 10  # 2 replicas x 5, not 4 ranks x 5
@@ -86,7 +103,10 @@ def test_vllm_010_prefers_new_kv_name_and_sums_engines() -> None:
     assert s.values["queued_requests"] == 2
     assert s.values["preemptions_total"] == 14
     assert s.values["cache_hit_rate"] == pytest.approx(0.4)  # hits/queries from V1 counters
-    assert 'vllm:gpu_cache_usage_perc{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"}' in s.raw
+    assert (
+        'vllm:gpu_cache_usage_perc{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"}'
+        in s.raw
+    )
 
 
 def test_vllm_012_new_name_only() -> None:
@@ -117,8 +137,16 @@ def test_no_known_flavour_is_kept_not_rejected() -> None:
 
 
 def test_stable_names_cover_both_servers() -> None:
-    for name in ("kv_usage_ratio", "running_requests", "queued_requests", "cache_hit_rate",
-                 "used_tokens", "retractions_total", "preemptions_total", "weight_memory_gib"):
+    for name in (
+        "kv_usage_ratio",
+        "running_requests",
+        "queued_requests",
+        "cache_hit_rate",
+        "used_tokens",
+        "retractions_total",
+        "preemptions_total",
+        "weight_memory_gib",
+    ):
         assert name in STABLE_NAMES
 
 
@@ -162,7 +190,10 @@ def test_refused_connection_and_bad_urls() -> None:
 
 def test_credentials_never_in_errors() -> None:
     with serve(lambda path: (401, "text/plain", "no")) as url:
-        secret_url = url.replace("http://", "http://admin:hunter2secret@") + "/metrics?api_key=sk-live-abcdefgh"
+        secret_url = (
+            url.replace("http://", "http://admin:hunter2secret@")
+            + "/metrics?api_key=sk-live-abcdefgh"
+        )
         with ServerMetricsSource(secret_url) as src, pytest.raises(SourceUnavailable) as err:
             src.sample()
     message = str(err.value)
@@ -226,9 +257,17 @@ def test_sglang_pools_in_tokens_full_and_swa_with_evictable_beside_used() -> Non
 
 def test_sglang_older_pools_fall_back_to_num_used_tokens_then_ratio() -> None:
     s = scrape(sglang_text(version="0.5.9", token_usage=0.25, used_tokens=5000))
-    assert [(p.pool, p.used_tokens, p.source) for p in s.kv] == [("full", 5000, "sglang:num_used_tokens")]
-    ratio_only = "\n".join(line for line in sglang_text(version="0.5.9", token_usage=0.25).splitlines()
-                           if "num_used_tokens" not in line) + "\n"
+    assert [(p.pool, p.used_tokens, p.source) for p in s.kv] == [
+        ("full", 5000, "sglang:num_used_tokens")
+    ]
+    ratio_only = (
+        "\n".join(
+            line
+            for line in sglang_text(version="0.5.9", token_usage=0.25).splitlines()
+            if "num_used_tokens" not in line
+        )
+        + "\n"
+    )
     s = scrape(ratio_only)
     assert s.kv[0].used_tokens == pytest.approx(0.25 * 200000)
     assert s.kv[0].source == "sglang:token_usage*max_total_num_tokens"

@@ -17,8 +17,12 @@ from vramdoctor.watch import LEAK, STABLE, WatchConfig, WatchState, classify, re
 from vramdoctor.watch.trend import CACHING, INCONCLUSIVE, low_envelope, low_envelope_arrays
 
 
-def _run(h: History, at_hours: list[float], config: WatchConfig | None = None,
-         starts: dict[int, float] | None = None) -> tuple[dict[float, object], list[object]]:
+def _run(
+    h: History,
+    at_hours: list[float],
+    config: WatchConfig | None = None,
+    starts: dict[int, float] | None = None,
+) -> tuple[dict[float, object], list[object]]:
     state = WatchState(config or WatchConfig())
     if starts:
         state.set_start_times(starts)
@@ -36,14 +40,21 @@ def _series(result, layer: str, pid: int | None = None):
     return next(s for s in result.series if s.layer == layer and (pid is None or s.pid == pid))
 
 
-def test_a_leak_that_starts_after_hours_is_stable_before_and_leak_after_with_the_true_rate() -> None:
-    h = History(hours=12, step_s=15, procs=[Proc(pid=100, name="sglang::scheduler", leak_mib_per_request=0.02,
-                                                 leak_from_h=5.0)])
+def test_a_leak_that_starts_after_hours_is_stable_before_and_leak_after_with_the_true_rate() -> (
+    None
+):
+    h = History(
+        hours=12,
+        step_s=15,
+        procs=[Proc(pid=100, name="sglang::scheduler", leak_mib_per_request=0.02, leak_from_h=5.0)],
+    )
     res, _ = _run(h, [4.9, 12.0])
     before, after = _series(res[4.9], "vram", 100), _series(res[12.0], "vram", 100)
     assert before.verdict == STABLE
     assert after.verdict == LEAK and res[12.0].verdict == LEAK
-    assert after.mode.startswith("quiet")  # compared at the quietest quarter, against served requests
+    assert after.mode.startswith(
+        "quiet"
+    )  # compared at the quietest quarter, against served requests
     assert after.growth_per_request == pytest.approx(0.02, rel=0.15)
     rph = res[12.0].requests_per_hour
     assert after.growth_per_hour == pytest.approx(0.02 * rph, rel=0.15)
@@ -53,10 +64,14 @@ def test_a_leak_that_starts_after_hours_is_stable_before_and_leak_after_with_the
 
 
 def test_a_restart_that_drops_memory_is_an_event_not_a_trend() -> None:
-    h = History(hours=12, step_s=15, procs=[
-        Proc(pid=300, name="vllm", cache_mib=1500, cache_fill_h=0.5, end_h=6.0),
-        Proc(pid=301, name="vllm", cache_mib=1500, cache_fill_h=0.5, start_h=6.1),
-    ])
+    h = History(
+        hours=12,
+        step_s=15,
+        procs=[
+            Proc(pid=300, name="vllm", cache_mib=1500, cache_fill_h=0.5, end_h=6.0),
+            Proc(pid=301, name="vllm", cache_mib=1500, cache_fill_h=0.5, start_h=6.1),
+        ],
+    )
     res, events = _run(h, [11.0], starts={300: T0 - 86400})
     names = [e.name for e in events]
     assert names == [PROCESS_EXITED, PROCESS_APPEARED, SERVER_REPLACED]
@@ -70,7 +85,11 @@ def test_a_restart_that_drops_memory_is_an_event_not_a_trend() -> None:
 
 
 def test_a_caching_plateau_after_warm_up_is_not_a_leak() -> None:
-    h = History(hours=10, step_s=15, procs=[Proc(pid=200, name="python3", gpu=1, cache_mib=4000, cache_fill_h=1.5)])
+    h = History(
+        hours=10,
+        step_s=15,
+        procs=[Proc(pid=200, name="python3", gpu=1, cache_mib=4000, cache_fill_h=1.5)],
+    )
     res, _ = _run(h, [10.0], starts={200: T0})
     s = _series(res[10.0], "vram", 200)
     assert s.verdict in (CACHING, STABLE)
@@ -79,30 +98,44 @@ def test_a_caching_plateau_after_warm_up_is_not_a_leak() -> None:
 
 def test_caching_still_filling_inside_the_window_is_called_caching_once_it_levels_off() -> None:
     # The process started before watch (start unknown): its first hour of caching is in the window.
-    h = History(hours=6, step_s=15, procs=[Proc(pid=200, name="python3", cache_mib=4000, cache_fill_h=1.0)])
+    h = History(
+        hours=6, step_s=15, procs=[Proc(pid=200, name="python3", cache_mib=4000, cache_fill_h=1.0)]
+    )
     res, _ = _run(h, [6.0])
     assert _series(res[6.0], "vram", 200).verdict == CACHING
 
 
 def test_a_process_that_exits_leaves_the_live_verdict_and_says_so() -> None:
-    h = History(hours=8, step_s=15, procs=[
-        Proc(pid=400, name="worker", gpu=0, end_h=5.0, leak_mib_per_request=0.05),
-        Proc(pid=500, name="steady", gpu=1),
-    ])
+    h = History(
+        hours=8,
+        step_s=15,
+        procs=[
+            Proc(pid=400, name="worker", gpu=0, end_h=5.0, leak_mib_per_request=0.05),
+            Proc(pid=500, name="steady", gpu=1),
+        ],
+    )
     res, events = _run(h, [8.0])
     assert [(e.name, e.data["pid"]) for e in events] == [(PROCESS_EXITED, 400)]
     r = res[8.0]
     gone = _series(r, "vram", 400)
     assert not gone.alive and gone.hours_to_oom is None
     assert gone.verdict == LEAK  # it was leaking until it died: kept in the JSON
-    assert r.verdict == STABLE and r.culprit is None  # the live processes decide the overall verdict
+    assert (
+        r.verdict == STABLE and r.culprit is None
+    )  # the live processes decide the overall verdict
 
 
-def test_memory_that_follows_the_load_is_stable_at_comparable_moments_but_a_naive_fit_calls_it_growth() -> None:
+def test_memory_that_follows_the_load_is_stable_at_comparable_moments_but_a_naive_fit_calls_it_growth() -> (
+    None
+):
     # Activations scale with in-flight requests (300 MiB each); the daily cycle raises the load
     # through the window. Nothing is retained.
-    h = History(hours=12, step_s=15, procs=[Proc(pid=600, name="sglang", transient_mib_per_request=300.0)],
-                idle_share=0.05)
+    h = History(
+        hours=12,
+        step_s=15,
+        procs=[Proc(pid=600, name="sglang", transient_mib_per_request=300.0)],
+        idle_share=0.05,
+    )
     res, _ = _run(h, [12.0])
     s = _series(res[12.0], "vram", 600)
     assert s.verdict == STABLE
@@ -119,7 +152,9 @@ def test_memory_that_follows_the_load_is_stable_at_comparable_moments_but_a_naiv
 
 
 def test_kv_held_at_idle_moments_grows_per_request_and_healthy_kv_is_stable() -> None:
-    leak = History(hours=8, step_s=15, procs=[Proc(pid=1, name="sglang")], kv_leak_tokens_per_request=0.05)
+    leak = History(
+        hours=8, step_s=15, procs=[Proc(pid=1, name="sglang")], kv_leak_tokens_per_request=0.05
+    )
     ok = History(hours=8, step_s=15, procs=[Proc(pid=1, name="sglang")])
     r_leak, _ = _run(leak, [8.0])
     r_ok, _ = _run(ok, [8.0])
@@ -166,7 +201,11 @@ def test_state_stays_bounded_for_a_week_with_churning_processes() -> None:
 
 
 def test_a_recorded_watch_run_file_replays_to_the_same_verdict(tmp_path) -> None:
-    h = History(hours=10, step_s=30, procs=[Proc(pid=100, name="p", leak_mib_per_request=0.03, leak_from_h=3.0)])
+    h = History(
+        hours=10,
+        step_s=30,
+        procs=[Proc(pid=100, name="p", leak_mib_per_request=0.03, leak_from_h=3.0)],
+    )
     recs = records(h)
     path = tmp_path / "watch.jsonl"
     with RunWriter(path, make_header("watch", argv=["vramdoctor", "watch"])) as w:
@@ -179,7 +218,8 @@ def test_a_recorded_watch_run_file_replays_to_the_same_verdict(tmp_path) -> None
     again = replay(read_run(path).records)
     assert again.verdict == expected.verdict == LEAK
     assert _series(again, "vram", 100).growth_per_request == pytest.approx(
-        _series(expected, "vram", 100).growth_per_request)
+        _series(expected, "vram", 100).growth_per_request
+    )
 
 
 def test_classify_refuses_to_call_too_few_points_and_the_low_envelope_takes_block_minima() -> None:
@@ -195,7 +235,9 @@ def test_the_vectorised_low_envelope_matches_the_plain_one() -> None:
     rng = np.random.default_rng(5)
     t = np.sort(rng.random(3000) * 20_000)
     v = np.round(rng.random(3000) * 40)  # ties inside blocks: the first minimum wins in both
-    assert low_envelope_arrays(t, v, 60.0) == low_envelope(list(zip(t.tolist(), v.tolist(), strict=True)), 60.0)
+    assert low_envelope_arrays(t, v, 60.0) == low_envelope(
+        list(zip(t.tolist(), v.tolist(), strict=True)), 60.0
+    )
 
 
 def test_a_device_level_source_gives_a_device_series_with_its_time_to_oom() -> None:
@@ -213,7 +255,9 @@ def test_a_device_level_source_gives_a_device_series_with_its_time_to_oom() -> N
     assert not [s for s in res.series if s.layer == "vram"]
     assert dev.verdict == LEAK and dev.gpu == 0 and dev.mode.startswith("quiet")
     assert dev.growth_per_request == pytest.approx(0.02, rel=0.15)
-    assert dev.hours_to_oom == pytest.approx(res.gpus[0]["free_mib"] / dev.growth_per_hour, rel=1e-6)
+    assert dev.hours_to_oom == pytest.approx(
+        res.gpus[0]["free_mib"] / dev.growth_per_hour, rel=1e-6
+    )
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -221,12 +265,24 @@ def test_a_server_that_is_never_idle_still_shows_its_leak_and_not_its_load(seed:
     # Saturated around the clock (no idle moment, 20 requests in flight at the daily peak),
     # activations of 150 MiB a request in flight that follow the load through the day. Only the
     # first process leaks (0.01 MiB a request); the per-minute load cost is taken out.
-    leak = History(hours=10, step_s=15, procs=[Proc(pid=1, name="s", leak_mib_per_request=0.01,
-                                                    transient_mib_per_request=150)],
-                   idle_share=0.0, peak_inflight=20, seed=seed)
-    flat = History(hours=10, step_s=15, procs=[Proc(pid=1, name="s", cache_mib=3000, cache_fill_h=1.0,
-                                                    transient_mib_per_request=150)],
-                   idle_share=0.0, peak_inflight=20, seed=seed)
+    leak = History(
+        hours=10,
+        step_s=15,
+        procs=[Proc(pid=1, name="s", leak_mib_per_request=0.01, transient_mib_per_request=150)],
+        idle_share=0.0,
+        peak_inflight=20,
+        seed=seed,
+    )
+    flat = History(
+        hours=10,
+        step_s=15,
+        procs=[
+            Proc(pid=1, name="s", cache_mib=3000, cache_fill_h=1.0, transient_mib_per_request=150)
+        ],
+        idle_share=0.0,
+        peak_inflight=20,
+        seed=seed,
+    )
     r_leak, _ = _run(leak, [10.0])
     r_flat, _ = _run(flat, [10.0])
     s_leak, s_flat = _series(r_leak[10.0], "vram", 1), _series(r_flat[10.0], "vram", 1)
@@ -237,8 +293,11 @@ def test_a_server_that_is_never_idle_still_shows_its_leak_and_not_its_load(seed:
 
 def test_a_level_that_does_not_follow_the_load_is_not_adjusted() -> None:
     # PyTorch's caching allocator: NVML's level stays put while requests come and go.
-    h = History(hours=8, step_s=15, procs=[Proc(pid=1, name="s", leak_mib_per_request=0.02,
-                                                transient_mib_per_request=0.0)])
+    h = History(
+        hours=8,
+        step_s=15,
+        procs=[Proc(pid=1, name="s", leak_mib_per_request=0.02, transient_mib_per_request=0.0)],
+    )
     res, _ = _run(h, [8.0])
     s = _series(res[8.0], "vram", 1)
     assert s.mode == "quiet" and s.verdict == LEAK
@@ -247,7 +306,9 @@ def test_a_level_that_does_not_follow_the_load_is_not_adjusted() -> None:
 def test_without_a_request_counter_a_level_that_stopped_rising_is_not_called_caching() -> None:
     # Against time alone, memory that rose and then stopped looks the same whether a cache
     # filled or a per-request leak stopped with the traffic: watch must not say CACHING.
-    h = History(hours=5, step_s=15, procs=[Proc(pid=210, name="python3", cache_mib=3000, cache_fill_h=2.5)])
+    h = History(
+        hours=5, step_s=15, procs=[Proc(pid=210, name="python3", cache_mib=3000, cache_fill_h=2.5)]
+    )
     state = WatchState(WatchConfig())
     state.set_start_times({210: T0})
     for r in records(h):

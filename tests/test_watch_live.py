@@ -33,7 +33,7 @@ from vramdoctor.watch import (
 
 SECRET = "sk-live-DO-NOT-EXPORT-4f2a"
 
-SERVER = r'''
+SERVER = r"""
 import sys, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 mode = sys.argv[1]
@@ -77,7 +77,7 @@ class H(BaseHTTPRequestHandler):
 srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
 print(srv.server_address[1], flush=True)
 srv.serve_forever()
-'''
+"""
 
 
 @pytest.fixture
@@ -88,8 +88,12 @@ def server(tmp_path: Path):
         script = tmp_path / "server.py"
         script.write_text(SERVER)
         env = {**os.environ, "HF_TOKEN": SECRET}
-        proc = subprocess.Popen([sys.executable, str(script), mode, "--api-key", SECRET],
-                                stdout=subprocess.PIPE, text=True, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, str(script), mode, "--api-key", SECRET],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         started.append(proc)
         port = int(proc.stdout.readline())
         return proc, f"http://127.0.0.1:{port}"
@@ -115,17 +119,37 @@ def _traffic(urls: list[str], seconds: float) -> int:
 
 
 def _config() -> WatchConfig:
-    return WatchConfig(bucket_s=0.1, max_buckets=400, warmup_s=0.0,
-                       memory=TrendThresholds(min_growth=4.0), kv=TrendThresholds(min_growth=4.0))
+    return WatchConfig(
+        bucket_s=0.1,
+        max_buckets=400,
+        warmup_s=0.0,
+        memory=TrendThresholds(min_growth=4.0),
+        kv=TrendThresholds(min_growth=4.0),
+    )
 
 
-def test_watch_calls_a_per_request_host_leak_and_not_a_plateau_and_exports_it_without_secrets(server, tmp_path) -> None:
+def test_watch_calls_a_per_request_host_leak_and_not_a_plateau_and_exports_it_without_secrets(
+    server, tmp_path
+) -> None:
     leak_proc, leak_url = server("leak")
     cache_proc, cache_url = server("cache")
-    watchers = [Watcher(WatchOptions(interval_s=0.04, analyse_every_s=3600, server_url=url, pids=[p.pid],
-                                     use_nvml=False, config=_config(), listen="127.0.0.1:0",
-                                     out_dir=tmp_path / name, rotate_bytes=16 * 1024, keep_files=3))
-                for name, url, p in (("leak", leak_url, leak_proc), ("cache", cache_url, cache_proc))]
+    watchers = [
+        Watcher(
+            WatchOptions(
+                interval_s=0.04,
+                analyse_every_s=3600,
+                server_url=url,
+                pids=[p.pid],
+                use_nvml=False,
+                config=_config(),
+                listen="127.0.0.1:0",
+                out_dir=tmp_path / name,
+                rotate_bytes=16 * 1024,
+                keep_files=3,
+            )
+        )
+        for name, url, p in (("leak", leak_url, leak_proc), ("cache", cache_url, cache_proc))
+    ]
     stop = threading.Event()
     threads = []
     for w in watchers:
@@ -141,7 +165,9 @@ def test_watch_calls_a_per_request_host_leak_and_not_a_plateau_and_exports_it_wi
     try:
         leak_res, cache_res = (w.analyse() for w in watchers)
         leak = next(s for s in leak_res.series if s.layer == "rss_anon" and s.pid == leak_proc.pid)
-        cache = next(s for s in cache_res.series if s.layer == "rss_anon" and s.pid == cache_proc.pid)
+        cache = next(
+            s for s in cache_res.series if s.layer == "rss_anon" and s.pid == cache_proc.pid
+        )
         assert sent > 30
         assert leak.verdict == LEAK, leak
         assert leak.mode == "quiet"
@@ -151,18 +177,34 @@ def test_watch_calls_a_per_request_host_leak_and_not_a_plateau_and_exports_it_wi
 
         text = requests.get(watchers[0].exporter.url, timeout=5).text
         families = {f.name: f for f in text_string_to_metric_families(text)}
-        for name in ("vramdoctor_process_memory_bytes", "vramdoctor_process_memory_growth_bytes_per_request",
-                     "vramdoctor_process_memory_verdict", "vramdoctor_sampler_up", "vramdoctor_sampler_samples"):
+        for name in (
+            "vramdoctor_process_memory_bytes",
+            "vramdoctor_process_memory_growth_bytes_per_request",
+            "vramdoctor_process_memory_verdict",
+            "vramdoctor_sampler_up",
+            "vramdoctor_sampler_samples",
+        ):
             assert name in families, name
         exported = {s.name for f in families.values() for s in f.samples}
-        assert exported <= set(EXPORTED_METRICS) | {"vramdoctor_sampler_samples_total", "vramdoctor_sampler_errors_total",
-                                                    "vramdoctor_events_total"}
-        verdicts = [s for s in families["vramdoctor_process_memory_verdict"].samples
-                    if s.labels["layer"] == "rss_anon" and s.labels["pid"] == str(leak_proc.pid) and s.value == 1.0]
+        assert exported <= set(EXPORTED_METRICS) | {
+            "vramdoctor_sampler_samples_total",
+            "vramdoctor_sampler_errors_total",
+            "vramdoctor_events_total",
+        }
+        verdicts = [
+            s
+            for s in families["vramdoctor_process_memory_verdict"].samples
+            if s.labels["layer"] == "rss_anon"
+            and s.labels["pid"] == str(leak_proc.pid)
+            and s.value == 1.0
+        ]
         assert [s.labels["verdict"] for s in verdicts] == ["LEAK"]
         assert verdicts[0].labels["process"].startswith("python")
-        growth = [s for s in families["vramdoctor_process_memory_growth_bytes_per_request"].samples
-                  if s.labels["layer"] == "rss_anon" and s.labels["pid"] == str(leak_proc.pid)]
+        growth = [
+            s
+            for s in families["vramdoctor_process_memory_growth_bytes_per_request"].samples
+            if s.labels["layer"] == "rss_anon" and s.labels["pid"] == str(leak_proc.pid)
+        ]
         assert growth[0].value == pytest.approx(0.25 * 2**20, rel=0.35)
         up = {s.labels["source"]: s.value for s in families["vramdoctor_sampler_up"].samples}
         assert up == {"server_metrics": 1.0, "host": 1.0}
@@ -183,9 +225,35 @@ def test_watch_calls_a_per_request_host_leak_and_not_a_plateau_and_exports_it_wi
 def test_watch_cli_runs_without_nvml_rotates_and_prints_json(server, tmp_path) -> None:
     proc, url = server("cache")
     out = tmp_path / "runs"
-    cmd = [sys.executable, "-m", "vramdoctor", "watch", "--server", url, "--pid", str(proc.pid),
-           "--duration", "2s", "--interval", "0.1s", "--bucket", "0.2s", "--window", "20s", "--warmup", "0s",
-           "--listen", "127.0.0.1:0", "--out", str(out), "--rotate-mib", "0.01", "--keep", "2", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vramdoctor",
+        "watch",
+        "--server",
+        url,
+        "--pid",
+        str(proc.pid),
+        "--duration",
+        "2s",
+        "--interval",
+        "0.1s",
+        "--bucket",
+        "0.2s",
+        "--window",
+        "20s",
+        "--warmup",
+        "0s",
+        "--listen",
+        "127.0.0.1:0",
+        "--out",
+        str(out),
+        "--rotate-mib",
+        "0.01",
+        "--keep",
+        "2",
+        "--json",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert done.returncode in (0, 1), done.stderr
     doc = json.loads(done.stdout)
@@ -200,15 +268,22 @@ def test_watch_cli_runs_without_nvml_rotates_and_prints_json(server, tmp_path) -
     assert "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--listen", "nonsense"], "--listen wants HOST:PORT"),
-    (["--pid", "999999999"], "--pid 999999999: no such process"),
-    (["--window", "1s", "--bucket", "1m", "--pid", "1"], "--window at least two buckets"),
-    (["--interval", "soon", "--pid", "1"], "--interval wants a duration"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--listen", "nonsense"], "--listen wants HOST:PORT"),
+        (["--pid", "999999999"], "--pid 999999999: no such process"),
+        (["--window", "1s", "--bucket", "1m", "--pid", "1"], "--window at least two buckets"),
+        (["--interval", "soon", "--pid", "1"], "--interval wants a duration"),
+    ],
+)
 def test_watch_bad_input_is_one_line_and_exit_2(args, message) -> None:
-    done = subprocess.run([sys.executable, "-m", "vramdoctor", "watch", "--no-exporter", "--duration", "1s", *args],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "vramdoctor", "watch", "--no-exporter", "--duration", "1s", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
@@ -220,9 +295,32 @@ def test_ctrl_c_gives_the_report_and_keeps_the_data(server, tmp_path) -> None:
     proc, url = server("leak")
     out = tmp_path / "runs"
     cli = subprocess.Popen(
-        [sys.executable, "-m", "vramdoctor", "watch", "--server", url, "--pid", str(proc.pid), "--interval", "0.1s",
-         "--bucket", "0.2s", "--window", "20s", "--warmup", "0s", "--no-exporter", "--out", str(out), "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "vramdoctor",
+            "watch",
+            "--server",
+            url,
+            "--pid",
+            str(proc.pid),
+            "--interval",
+            "0.1s",
+            "--bucket",
+            "0.2s",
+            "--window",
+            "20s",
+            "--warmup",
+            "0s",
+            "--no-exporter",
+            "--out",
+            str(out),
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 30
     while not list(out.glob("watch-*.jsonl")) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -245,14 +343,28 @@ def test_report_re_analyses_a_recorded_watch_part(tmp_path) -> None:
 
     from vramdoctor.record import RunWriter, make_header
 
-    h = History(hours=8, step_s=30, procs=[Proc(pid=100, name="p", leak_mib_per_request=0.03, leak_from_h=2.0)])
+    h = History(
+        hours=8,
+        step_s=30,
+        procs=[Proc(pid=100, name="p", leak_mib_per_request=0.03, leak_from_h=2.0)],
+    )
     path = tmp_path / "watch-part.jsonl"
-    with RunWriter(path, make_header("watch", argv=["vramdoctor", "watch"],
-                                     config={"bucket_s": 60.0, "max_buckets": 360, "warmup_s": 1800.0})) as w:
+    with RunWriter(
+        path,
+        make_header(
+            "watch",
+            argv=["vramdoctor", "watch"],
+            config={"bucket_s": 60.0, "max_buckets": 360, "warmup_s": 1800.0},
+        ),
+    ) as w:
         for r in records(h):
             w.write(r)
-    done = subprocess.run([sys.executable, "-m", "vramdoctor", "report", str(path), "--json"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "vramdoctor", "report", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1, done.stderr
     doc = json.loads(done.stdout)
     assert doc["schema"] == "vramdoctor.watch/1" and doc["culprit"]["pid"] == 100
@@ -268,17 +380,40 @@ def test_watch_reads_gpu_processes_from_an_exporter_and_flags_a_stray_context() 
     def respond(path: str) -> tuple[int, str, str]:
         scrapes[0] += 1
         n = scrapes[0]
-        gpus = [{"index": i, "name": "NVIDIA H200", "uuid": f"GPU-{i}", "total": 143771, "used": 60000 + 3 * n,
-                 "free": 83771 - 3 * n} for i in (0, 1)]
-        procs = [{"index": 0, "pid": 4242, "username": "svc", "mib": 40000 + 3 * n,
-                  "command": f"python3 -m sglang.launch_server --api-key {SECRET}"},
-                 {"index": 1, "pid": 4242, "username": "svc", "mib": 520, "command": "python3"},
-                 {"index": 1, "pid": 5151, "username": "svc", "mib": 50000, "command": "python3"}]
+        gpus = [
+            {
+                "index": i,
+                "name": "NVIDIA H200",
+                "uuid": f"GPU-{i}",
+                "total": 143771,
+                "used": 60000 + 3 * n,
+                "free": 83771 - 3 * n,
+            }
+            for i in (0, 1)
+        ]
+        procs = [
+            {
+                "index": 0,
+                "pid": 4242,
+                "username": "svc",
+                "mib": 40000 + 3 * n,
+                "command": f"python3 -m sglang.launch_server --api-key {SECRET}",
+            },
+            {"index": 1, "pid": 4242, "username": "svc", "mib": 520, "command": "python3"},
+            {"index": 1, "pid": 5151, "username": "svc", "mib": 50000, "command": "python3"},
+        ]
         return 200, "text/plain; version=0.0.4", nvitop_text("gpu-host", gpus, procs)
 
     with serve(respond) as url:
-        w = Watcher(WatchOptions(interval_s=0.03, analyse_every_s=3600, gpu_metrics=[url + "/metrics"],
-                                 config=_config(), listen="127.0.0.1:0")).open()
+        w = Watcher(
+            WatchOptions(
+                interval_s=0.03,
+                analyse_every_s=3600,
+                gpu_metrics=[url + "/metrics"],
+                config=_config(),
+                listen="127.0.0.1:0",
+            )
+        ).open()
         try:
             for _ in range(60):
                 w.tick()
@@ -292,9 +427,14 @@ def test_watch_reads_gpu_processes_from_an_exporter_and_flags_a_stray_context() 
     assert vram.growth_per_hour and vram.growth_per_hour > 0
     assert vram.hours_to_oom is not None
     assert [(f["code"], f["pid"], f["gpu"]) for f in res.strays] == [("stray_context", 4242, 1)]
-    strays = [s for f in text_string_to_metric_families(text) if f.name == "vramdoctor_stray_context_bytes"
-              for s in f.samples]
+    strays = [
+        s
+        for f in text_string_to_metric_families(text)
+        if f.name == "vramdoctor_stray_context_bytes"
+        for s in f.samples
+    ]
     assert [(s.labels["gpu"], s.labels["pid"], s.labels["flag"], s.value) for s in strays] == [
-        ("1", "4242", "stray_context", 520 * 2**20)]
+        ("1", "4242", "stray_context", 520 * 2**20)
+    ]
     assert SECRET not in text and "sglang.launch_server" not in text
     assert "no server /metrics read" in " ".join(res.notes)

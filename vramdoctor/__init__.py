@@ -62,10 +62,26 @@ _LAZY: dict[str, str] = {
 }
 
 # Subpackages and modules reachable as attributes of the root without importing them first.
-_SUBMODULES = frozenset({
-    "abtest", "agent", "analysis", "attribute", "errors", "fixes", "fleet", "load", "logs",
-    "model", "record", "report", "soak", "sources", "units", "watch",
-})
+_SUBMODULES = frozenset(
+    {
+        "abtest",
+        "agent",
+        "analysis",
+        "attribute",
+        "errors",
+        "fixes",
+        "fleet",
+        "load",
+        "logs",
+        "model",
+        "record",
+        "report",
+        "soak",
+        "sources",
+        "units",
+        "watch",
+    }
+)
 
 __all__ = [
     "Event",

@@ -21,7 +21,10 @@ def load(package: str, name: str, names: Mapping[str, str], submodules: Iterable
     """
     if name in names:
         module = names[name]
-        value = getattr(importlib.import_module(module if module.startswith(".") else f".{module}", package), name)
+        value = getattr(
+            importlib.import_module(module if module.startswith(".") else f".{module}", package),
+            name,
+        )
         setattr(sys.modules[package], name, value)
         return value
     if name in submodules:

@@ -38,4 +38,6 @@ def require(module: str, *, what: str, extra: str | None = None) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise MissingExtra(what, module.split(".")[0], extra or EXTRA_OF.get(module.split(".")[0], "gpu")) from None
+        raise MissingExtra(
+            what, module.split(".")[0], extra or EXTRA_OF.get(module.split(".")[0], "gpu")
+        ) from None

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-__all__ = ["ExitCode", "InputError", "Interrupted", "MissingExtra", "SourceUnavailable", "VramdoctorError"]
+__all__ = [
+    "ExitCode",
+    "InputError",
+    "Interrupted",
+    "MissingExtra",
+    "SourceUnavailable",
+    "VramdoctorError",
+]
 
 
 class ExitCode(IntEnum):

@@ -217,7 +217,9 @@ PROCESS_EXITED = "process_exited"  # data: pid, name, exit_code (optional)
 SERVER_DIED = "server_died"  # data: reason ("connection refused", "process gone"), pid
 SERVER_REPLACED = "server_replaced"  # data: old_pid, new_pid (a new pid owns the port)
 SOURCE_ERROR = "source_error"  # data: source, error (recorded once per kind of error)
-SOURCE_ERROR_COUNT = "source_error_count"  # data: source, error, count, first_t, last_t (at the end)
+SOURCE_ERROR_COUNT = (
+    "source_error_count"  # data: source, error, count, first_t, last_t (at the end)
+)
 COLLECTOR_FAILED = "collector_failed"  # data: error; the run's status becomes "failed"
 
 
@@ -230,7 +232,6 @@ class Event(_Record):
     wall: float
     name: str
     data: dict[str, Any] = field(default_factory=dict)
-
 
 
 SAMPLE_TYPES: dict[str, Any] = {

@@ -28,7 +28,21 @@ from .errors import InputError
 from .model import SAMPLE_TYPES, now
 from .redact import redact_argv, redact_obj, redact_url
 
-__all__ = ["HEADER_LIMIT_BYTES", "LINE_LIMIT_BYTES", "OUT_OF_ORDER_NOTE_S", "SCHEMA", "BadRecord", "Run", "RunWriter", "drop_non_finite", "dumps", "make_header", "read_run", "to_plain", "upgrade_v1"]
+__all__ = [
+    "HEADER_LIMIT_BYTES",
+    "LINE_LIMIT_BYTES",
+    "OUT_OF_ORDER_NOTE_S",
+    "SCHEMA",
+    "BadRecord",
+    "Run",
+    "RunWriter",
+    "drop_non_finite",
+    "dumps",
+    "make_header",
+    "read_run",
+    "to_plain",
+    "upgrade_v1",
+]
 
 SCHEMA = "vramdoctor.run/2"
 _SUPPORTED_MAJOR = SCHEMA.rsplit("/", 1)[1]
@@ -37,16 +51,21 @@ _OLDER_MAJORS = frozenset({"1"})
 # Schema 1 -> 2: `reserved_mib` meant two things. In a GPU's memory it is NVML's driver
 # reserve; in ab-test records it is PyTorch's reserved memory (torch.cuda.memory_reserved).
 _V1_GPU_RENAMES = {"reserved_mib": "driver_reserved_mib"}
-_V1_ABTEST_RENAMES = {"reserved_mib": "torch_reserved_mib", "peak_reserved_mib": "torch_peak_reserved_mib",
-                      "allocated_mib": "torch_allocated_mib"}
+_V1_ABTEST_RENAMES = {
+    "reserved_mib": "torch_reserved_mib",
+    "peak_reserved_mib": "torch_peak_reserved_mib",
+    "allocated_mib": "torch_allocated_mib",
+}
 
 
 def upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
     """A record of a schema-1 run file with schema 2's field names (a new dict; others kept)."""
     kind = str(data.get("kind", ""))
     if kind == "gpu" and isinstance(data.get("gpus"), list):
-        gpus = [{_V1_GPU_RENAMES.get(k, k): v for k, v in g.items()} if isinstance(g, dict) else g
-                for g in data["gpus"]]
+        gpus = [
+            {_V1_GPU_RENAMES.get(k, k): v for k, v in g.items()} if isinstance(g, dict) else g
+            for g in data["gpus"]
+        ]
         return {**data, "gpus": gpus}
     if kind.startswith("abtest."):
         return {_V1_ABTEST_RENAMES.get(k, k): v for k, v in data.items()}
@@ -144,8 +163,10 @@ class RunWriter:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:  # FileExistsError here: a part of the directory is a file
-            raise InputError(f"cannot create run file {self.path}: its directory {self.path.parent} "
-                             f"cannot be created ({exc.strerror})") from None
+            raise InputError(
+                f"cannot create run file {self.path}: its directory {self.path.parent} "
+                f"cannot be created ({exc.strerror})"
+            ) from None
         try:
             self._fh: IO[str] | None = open(self.path, "x", encoding="utf-8")  # noqa: SIM115
         except FileExistsError:
@@ -186,8 +207,9 @@ class RunWriter:
                 self._fh.flush()
                 self.written_records += 1
             except OSError as exc:
-                self.write_error = (f"{exc.strerror or exc} after {self.written_records} records "
-                                    f"were written")
+                self.write_error = (
+                    f"{exc.strerror or exc} after {self.written_records} records were written"
+                )
                 self._unwritten.append(json.loads(line))
                 with contextlib.suppress(OSError):
                     self._fh.close()
@@ -234,7 +256,8 @@ class RunWriter:
         run.records.sort(key=_time_of)
         run.problems.append(
             f"the run file {self.path} is incomplete ({self.write_error}); "
-            f"the analysis used all {len(pending)} later records from memory")
+            f"the analysis used all {len(pending)} later records from memory"
+        )
         return run
 
     def __enter__(self) -> RunWriter:
@@ -295,10 +318,15 @@ class Run:
                     counts[key] = max(counts.get(key, 1), count)
                 else:
                     counts.setdefault(key, 1)
-        out = [f"{source}: {error}" + (f" ({count} times)" if count > 1 else "")
-               for (source, error), count in counts.items()]
+        out = [
+            f"{source}: {error}" + (f" ({count} times)" if count > 1 else "")
+            for (source, error), count in counts.items()
+        ]
         if len(out) > limit:
-            out = [*out[:limit], f"and {len(out) - limit} more kinds of source errors (see the run file)"]
+            out = [
+                *out[:limit],
+                f"and {len(out) - limit} more kinds of source errors (see the run file)",
+            ]
         return out
 
 
@@ -319,6 +347,7 @@ class BadRecord(ValueError):
 
 def _json_line(text: str) -> Any:
     """JSON with NaN/Infinity (Python's json accepts them) and overflowing numbers as None."""
+
     def number(token: str) -> float | None:
         value = float(token)
         return value if math.isfinite(value) else None
@@ -327,8 +356,13 @@ def _json_line(text: str) -> Any:
 
 
 def _type_name(value: Any) -> str:
-    return "null" if value is None else {str: "a string", bool: "a boolean", list: "a list",
-                                         dict: "an object"}.get(type(value), type(value).__name__)
+    return (
+        "null"
+        if value is None
+        else {str: "a string", bool: "a boolean", list: "a list", dict: "an object"}.get(
+            type(value), type(value).__name__
+        )
+    )
 
 
 def _check(value: Any, hint: Any, where: str) -> Any:
@@ -382,8 +416,11 @@ def _check(value: Any, hint: Any, where: str) -> Any:
             raise BadRecord(f"{where} is {_type_name(value)}, not an object")
         _key, item = typing.get_args(hint) or (str, Any)
         if item is float:  # series of numbers: a null (was NaN) or junk entry is left out
-            return {k: float(v) for k, v in value.items()
-                    if isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) <= _MAX_ABS}
+            return {
+                k: float(v)
+                for k, v in value.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) <= _MAX_ABS
+            }
         return {k: _check(v, item, f"{where}.{k}") for k, v in value.items()}
     if dataclasses.is_dataclass(hint) and isinstance(hint, type):
         if not isinstance(value, dict):
@@ -416,7 +453,7 @@ def _typed(data: dict[str, Any]) -> Any:
     Raises BadRecord for a record whose fields have the wrong type."""
     kind = data.get("kind")
     if not isinstance(kind, str):
-        raise BadRecord("it has no \"kind\"")
+        raise BadRecord('it has no "kind"')
     for key in ("t", "wall"):
         if key in data:
             data[key] = _check(data[key], float, key)
@@ -469,8 +506,10 @@ def read_run(path: str | Path) -> Run:
         if not first:
             raise InputError(f"{path} is empty: not a vramdoctor run file")
         if not first.endswith(b"\n") and len(first) >= HEADER_LIMIT_BYTES:
-            raise InputError(f"{path} is not a vramdoctor run file (no header line in its first "
-                             f"{HEADER_LIMIT_BYTES // 1024} KiB)")
+            raise InputError(
+                f"{path} is not a vramdoctor run file (no header line in its first "
+                f"{HEADER_LIMIT_BYTES // 1024} KiB)"
+            )
         try:
             header = _json_line(first.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError):
@@ -506,7 +545,9 @@ def read_run(path: str | Path) -> Run:
                 while raw and not raw.endswith(b"\n"):  # skip the rest of an endless line
                     raw = fh.readline(LINE_LIMIT_BYTES)
                 run.bad_lines.append(number)
-                first_bad = first_bad or f"line {number} is longer than {LINE_LIMIT_BYTES // 2**20} MiB"
+                first_bad = (
+                    first_bad or f"line {number} is longer than {LINE_LIMIT_BYTES // 2**20} MiB"
+                )
                 continue
             text = raw.decode("utf-8", errors="replace").strip()
             if not text:
@@ -546,11 +587,15 @@ def read_run(path: str | Path) -> Run:
             run.records.append(record)
     if first_bad:
         more = len(run.bad_lines) - 1
-        run.problems.append(f"{path}: {first_bad}; skipped" + (
-            f" (and {more} more damaged line{'s' if more != 1 else ''})" if more > 0 else ""))
+        run.problems.append(
+            f"{path}: {first_bad}; skipped"
+            + (f" (and {more} more damaged line{'s' if more != 1 else ''})" if more > 0 else "")
+        )
     if disordered:
         run.records.sort(key=_time_of)  # stable: records of one instant keep their order
     if out_of_order:
-        run.problems.append(f"{path}: {out_of_order} record{'s were' if out_of_order != 1 else ' was'} "
-                            "out of time order; sorted by time before the analysis")
+        run.problems.append(
+            f"{path}: {out_of_order} record{'s were' if out_of_order != 1 else ' was'} "
+            "out of time order; sorted by time before the analysis"
+        )
     return run

@@ -33,19 +33,50 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["REDACTED", "escape_control", "forget_secrets", "redact_argv", "redact_obj", "redact_text", "redact_url", "register_secret", "safe_text", "secret_name"]
+__all__ = [
+    "REDACTED",
+    "escape_control",
+    "forget_secrets",
+    "redact_argv",
+    "redact_obj",
+    "redact_text",
+    "redact_url",
+    "register_secret",
+    "safe_text",
+    "secret_name",
+]
 
 REDACTED = "***"
 
 # Words that make a flag, variable, JSON key or URL parameter name secret when they are one of
 # its parts (split on -, _, ., space and camelCase): `--admin-api-key`, `HF_TOKEN`, `apiKey`.
-_SECRET_WORDS = frozenset({
-    "key", "apikey", "token", "secret", "password", "passwd", "pwd", "passphrase", "auth",
-    "authorization", "authentication", "credential", "credentials", "bearer", "cookie",
-    "accesskey", "jwt", "signature", "oauth",
-})
+_SECRET_WORDS = frozenset(
+    {
+        "key",
+        "apikey",
+        "token",
+        "secret",
+        "password",
+        "passwd",
+        "pwd",
+        "passphrase",
+        "auth",
+        "authorization",
+        "authentication",
+        "credential",
+        "credentials",
+        "bearer",
+        "cookie",
+        "accesskey",
+        "jwt",
+        "signature",
+        "oauth",
+    }
+)
 # Only in URL query/fragment parameters, where they carry secrets (OAuth codes, signed URLs).
-_URL_ONLY_WORDS = frozenset({"code", "sig", "sign", "signed", "hmac", "otp", "nonce", "state", "assertion"})
+_URL_ONLY_WORDS = frozenset(
+    {"code", "sig", "sign", "signed", "hmac", "otp", "nonce", "state", "assertion"}
+)
 _SPLIT = re.compile(r"[-_.\s]+|(?<=[a-z0-9])(?=[A-Z])")
 
 _SCHEME = r"[A-Za-z][A-Za-z0-9+.-]*://"
@@ -58,8 +89,10 @@ _PAIR = re.compile(
     r"(?P<name>(?<![\w-])--?[A-Za-z][\w.-]*|(?<![\w-])[A-Za-z_][\w.-]*)"
     r"(?P<q1>[\"']?)(?P<sep>\s*[=:]\s*|\s+)(?P<q2>[\"']?)(?P<value>(?!--?[A-Za-z])[^\s\"',;}]+)"
 )
-_BEARER = re.compile(r"\b([Bb]earer|BEARER)(\s+)[A-Za-z0-9._~+/=-]{3,}"
-                     r"|\b(Basic)(\s+)[A-Za-z0-9+/]{8,}=*")
+_BEARER = re.compile(
+    r"\b([Bb]earer|BEARER)(\s+)[A-Za-z0-9._~+/=-]{3,}"
+    r"|\b(Basic)(\s+)[A-Za-z0-9+/]{8,}=*"
+)
 _KEY_SHAPE = re.compile(
     r"\b(?:sk|rk|pk)-[A-Za-z0-9_-]{8,}|\b(?:hf|ghp|gho|ghs|ghu|github_pat|glpat|xox[abprs])[-_][A-Za-z0-9_-]{8,}"
     r"|\bAKIA[0-9A-Z]{16}\b"
@@ -67,7 +100,9 @@ _KEY_SHAPE = re.compile(
 _NUMBER = re.compile(r"^[-+]?[\d.,:%]+$")
 _FLAG = re.compile(r"^(--?[A-Za-z][\w.-]*)(=(.*))?$", re.DOTALL)
 # A fast pre-check: strings without any of these cannot need a rule (most metric keys, numbers).
-_SUSPECT = re.compile(r"[@=:]|bearer|basic|sk-|rk-|pk-|hf_|gh[pousr]_|github_pat|glpat|xox|AKIA|--", re.IGNORECASE)
+_SUSPECT = re.compile(
+    r"[@=:]|bearer|basic|sk-|rk-|pk-|hf_|gh[pousr]_|github_pat|glpat|xox|AKIA|--", re.IGNORECASE
+)
 
 _known: set[str] = set()
 _known_lock = threading.Lock()
@@ -86,7 +121,9 @@ def secret_name(name: str, *, url_param: bool = False) -> bool:
     if any(p in words for p in parts):
         return True
     # apikey / accesstoken / authtoken written as one word
-    return any(w in joined for w in ("apikey", "accesstoken", "authtoken", "secretkey", "accesskey"))
+    return any(
+        w in joined for w in ("apikey", "accesstoken", "authtoken", "secretkey", "accesskey")
+    )
 
 
 def register_secret(value: str | None) -> None:
@@ -128,7 +165,7 @@ def _redact_one_url(url: str) -> str:
         info = m.group(0)[:-1]
         for piece in info.split(":"):
             register_secret(piece)
-        url = url[: m.start()] + url[m.end():]
+        url = url[: m.start()] + url[m.end() :]
 
     def param(m: re.Match[str]) -> str:
         if secret_name(m.group(2), url_param=True) and m.group(3) and m.group(3) != REDACTED:
@@ -143,7 +180,7 @@ def _url_in_text(m: re.Match[str]) -> str:
     ("--url http://h/?token=X: give ..." keeps its colon)."""
     url = m.group(0)
     core = url.rstrip(".,:;!?)")
-    return _redact_one_url(core) + url[len(core):]
+    return _redact_one_url(core) + url[len(core) :]
 
 
 def redact_url(url: str) -> str:
@@ -154,19 +191,135 @@ def redact_url(url: str) -> str:
 # Words that follow a flag in prose ("pass a key with --api-key or OPENAI_API_KEY", "--api-key
 # is missing", "set --hf-token to your token"): function words and the placeholders help texts
 # use. A spaced flag value in free text that is one of them (any case) is not masked.
-_PROSE_WORDS = frozenset({
-    "a", "an", "and", "or", "nor", "but", "not", "no", "yes", "the", "to", "of", "in", "on", "at",
-    "by", "for", "with", "from", "as", "is", "are", "was", "were", "be", "been", "it", "its",
-    "this", "that", "these", "those", "there", "here", "then", "than", "if", "else", "when",
-    "where", "which", "who", "what", "how", "so", "also", "only", "just", "via", "into", "onto",
-    "per", "each", "every", "any", "all", "some", "none", "null", "nil", "empty", "unset", "set",
-    "given", "missing", "required", "optional", "default", "instead", "too", "either", "neither",
-    "both", "etc", "like", "such", "see", "use", "using", "used", "pass", "passed", "flag",
-    "option", "options", "value", "values", "key", "keys", "token", "tokens", "secret", "secrets",
-    "password", "passwords", "your", "you", "my", "our", "their", "them", "they", "we", "us", "he",
-    "she", "his", "her", "must", "may", "can", "will", "should", "would", "could", "has", "have",
-    "had", "does", "do", "did", "needs", "need", "wants", "want",
-})
+_PROSE_WORDS = frozenset(
+    {
+        "a",
+        "an",
+        "and",
+        "or",
+        "nor",
+        "but",
+        "not",
+        "no",
+        "yes",
+        "the",
+        "to",
+        "of",
+        "in",
+        "on",
+        "at",
+        "by",
+        "for",
+        "with",
+        "from",
+        "as",
+        "is",
+        "are",
+        "was",
+        "were",
+        "be",
+        "been",
+        "it",
+        "its",
+        "this",
+        "that",
+        "these",
+        "those",
+        "there",
+        "here",
+        "then",
+        "than",
+        "if",
+        "else",
+        "when",
+        "where",
+        "which",
+        "who",
+        "what",
+        "how",
+        "so",
+        "also",
+        "only",
+        "just",
+        "via",
+        "into",
+        "onto",
+        "per",
+        "each",
+        "every",
+        "any",
+        "all",
+        "some",
+        "none",
+        "null",
+        "nil",
+        "empty",
+        "unset",
+        "set",
+        "given",
+        "missing",
+        "required",
+        "optional",
+        "default",
+        "instead",
+        "too",
+        "either",
+        "neither",
+        "both",
+        "etc",
+        "like",
+        "such",
+        "see",
+        "use",
+        "using",
+        "used",
+        "pass",
+        "passed",
+        "flag",
+        "option",
+        "options",
+        "value",
+        "values",
+        "key",
+        "keys",
+        "token",
+        "tokens",
+        "secret",
+        "secrets",
+        "password",
+        "passwords",
+        "your",
+        "you",
+        "my",
+        "our",
+        "their",
+        "them",
+        "they",
+        "we",
+        "us",
+        "he",
+        "she",
+        "his",
+        "her",
+        "must",
+        "may",
+        "can",
+        "will",
+        "should",
+        "would",
+        "could",
+        "has",
+        "have",
+        "had",
+        "does",
+        "do",
+        "did",
+        "needs",
+        "need",
+        "wants",
+        "want",
+    }
+)
 # An environment variable's NAME ($OPENAI_API_KEY, ${HF_TOKEN}, OPENAI_API_KEY): a reference
 # to a secret, not one.
 _ENV_NAME = re.compile(r"^(?:\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)$")
@@ -183,8 +336,11 @@ def _looks_like_value(value: str) -> bool:
         return False
     if _ENV_NAME.match(word):
         return False
-    return not (word.isalpha() and (word.islower() or word.isupper() or word.istitle())
-                and word.lower() in _PROSE_WORDS)
+    return not (
+        word.isalpha()
+        and (word.islower() or word.isupper() or word.istitle())
+        and word.lower() in _PROSE_WORDS
+    )
 
 
 def _pair(m: re.Match[str]) -> str:
@@ -193,8 +349,12 @@ def _pair(m: re.Match[str]) -> str:
         return m.group(0)  # numbers are counts ("#token: 1234" in SGLang's logs), not secrets
     if m.group("sep").strip() == "" and not name.startswith("-"):
         return m.group(0)  # "word value" in prose is not a pair; only flags take a spaced value
-    if m.group("sep") != m.group("sep").strip() and not m.group("q1") and not m.group("q2") \
-            and not _looks_like_value(value):
+    if (
+        m.group("sep") != m.group("sep").strip()
+        and not m.group("q1")
+        and not m.group("q2")
+        and not _looks_like_value(value)
+    ):
         return m.group(0)  # "--api-key or OPENAI_API_KEY", "a key: pass it": prose, not a value
     # Free-text guesses are masked here; only long ones are remembered for elsewhere.
     masked = _mask(value) if len(value) >= 8 else REDACTED
@@ -210,7 +370,9 @@ def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
     if _SUSPECT.search(text):
         if "://" in text:
             text = _URL.sub(_url_in_text, text)
-        text = _BEARER.sub(lambda m: (m.group(1) or m.group(3)) + (m.group(2) or m.group(4)) + REDACTED, text)
+        text = _BEARER.sub(
+            lambda m: (m.group(1) or m.group(3)) + (m.group(2) or m.group(4)) + REDACTED, text
+        )
         text = _KEY_SHAPE.sub(REDACTED, text)
         text = _PAIR.sub(_pair, text)
     pattern = _known_re
@@ -246,8 +408,11 @@ def redact_argv(argv: Iterable[str], secrets: Iterable[str] = ()) -> list[str]:
 
 
 def _looks_like_argv(items: list[Any]) -> bool:
-    return len(items) > 1 and all(isinstance(i, str) for i in items) and any(
-        i.startswith("-") for i in items)
+    return (
+        len(items) > 1
+        and all(isinstance(i, str) for i in items)
+        and any(i.startswith("-") for i in items)
+    )
 
 
 def redact_obj(obj: Any) -> Any:

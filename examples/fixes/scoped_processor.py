@@ -51,7 +51,9 @@ def main() -> None:
         for h, w in sizes:
             image = make_image(h, w, seed=0)  # the same images both times
             with request_scoped_pool("cuda:0", enabled=scoped):
-                features = outputs_to_cpu(processor(images=[image], return_tensors="pt", device="cuda:0"))
+                features = outputs_to_cpu(
+                    processor(images=[image], return_tensors="pt", device="cuda:0")
+                )
             levels.append(round(torch.cuda.memory_reserved(0) / MIB))
         print(f"  {'scoped pool' if scoped else 'no pool    '}: {levels}")
     assert features is not None

@@ -137,7 +137,9 @@ class State:
             try:
                 import vramdoctor  # noqa: F401
             except ImportError:  # run from a checkout without installing: use the checkout's copy
-                sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+                sys.path.insert(
+                    0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                )
             from vramdoctor.fixes import outputs_to_cpu, request_scoped_pool
 
             self.request_scoped_pool = request_scoped_pool
@@ -146,10 +148,18 @@ class State:
         self.registry = registry
         self.m_requests = Counter("reference_requests", "Requests served.", registry=registry)
         self.m_images = Counter("reference_images", "Images preprocessed.", registry=registry)
-        self.m_running = Gauge("reference_running_requests", "Requests in flight.", registry=registry)
-        self.m_kept = Gauge("reference_kept_bytes", "Bytes kept by the leak so far.", registry=registry)
-        self.m_cache = Gauge("reference_cache_bytes", "Bytes in the bounded cache.", registry=registry)
-        self.m_kv = Gauge("reference_kv_usage", "KV pool usage 0..1 (token accounting).", registry=registry)
+        self.m_running = Gauge(
+            "reference_running_requests", "Requests in flight.", registry=registry
+        )
+        self.m_kept = Gauge(
+            "reference_kept_bytes", "Bytes kept by the leak so far.", registry=registry
+        )
+        self.m_cache = Gauge(
+            "reference_cache_bytes", "Bytes in the bounded cache.", registry=registry
+        )
+        self.m_kv = Gauge(
+            "reference_kv_usage", "KV pool usage 0..1 (token accounting).", registry=registry
+        )
         # The same KV usage under a real server's metric names and labels (read off their source:
         # SGLang's collector.py, vLLM's v1 loggers.py), so soak's /metrics path runs for real.
         self.kv_capacity = int(args.kv_capacity)
@@ -160,7 +170,12 @@ class State:
         self.aborted = 0
         self.arena_threads = 0
         if args.metrics_flavour == "sglang":
-            labels = {"model_name": MODEL_ID, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"}
+            labels = {
+                "model_name": MODEL_ID,
+                "engine_type": "unified",
+                "tp_rank": "0",
+                "pp_rank": "0",
+            }
             names = list(labels)
 
             def gauge(name: str, doc: str) -> Any:
@@ -170,32 +185,91 @@ class State:
                 ("ratio", gauge("sglang:token_usage", "The token usage.")),
                 ("used", gauge("sglang:num_used_tokens", "The number of used tokens.")),
                 ("running", gauge("sglang:num_running_reqs", "The number of running requests.")),
-                ("queued", gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")),
+                (
+                    "queued",
+                    gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue."),
+                ),
                 # 0.5.12+: the pool's own triple (used = total - available - evictable).
-                ("used", gauge("sglang:kv_used_tokens", "Number of actively used token slots in the KV cache pool.")),
-                ("available", gauge("sglang:kv_available_tokens", "Number of free token slots in the KV cache pool.")),
-                ("evictable", gauge("sglang:kv_evictable_tokens", "Number of evictable (radix-cached) token slots in the KV cache pool.")),
+                (
+                    "used",
+                    gauge(
+                        "sglang:kv_used_tokens",
+                        "Number of actively used token slots in the KV cache pool.",
+                    ),
+                ),
+                (
+                    "available",
+                    gauge(
+                        "sglang:kv_available_tokens",
+                        "Number of free token slots in the KV cache pool.",
+                    ),
+                ),
+                (
+                    "evictable",
+                    gauge(
+                        "sglang:kv_evictable_tokens",
+                        "Number of evictable (radix-cached) token slots in the KV cache pool.",
+                    ),
+                ),
             ]
-            gauge("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.").set(self.kv_capacity)
+            gauge(
+                "sglang:max_total_num_tokens",
+                "Maximum total number of tokens in the KV cache pool.",
+            ).set(self.kv_capacity)
             self.m_engine_requests: Any = Counter(
-                "sglang:num_requests", "Number of requests processed.", names, registry=registry).labels(**labels)
+                "sglang:num_requests", "Number of requests processed.", names, registry=registry
+            ).labels(**labels)
         elif args.metrics_flavour == "vllm":
             labels = {"model_name": MODEL_ID, "engine": "0"}
             names = list(labels)
             self.flavoured = [
-                ("ratio", Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", names, registry=registry).labels(**labels)),
-                ("running", Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", names, registry=registry).labels(**labels)),
-                ("queued", Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", names, registry=registry).labels(**labels)),
+                (
+                    "ratio",
+                    Gauge(
+                        "vllm:kv_cache_usage_perc",
+                        "KV-cache usage. 1 means 100 percent usage.",
+                        names,
+                        registry=registry,
+                    ).labels(**labels),
+                ),
+                (
+                    "running",
+                    Gauge(
+                        "vllm:num_requests_running",
+                        "Number of requests in model execution batches.",
+                        names,
+                        registry=registry,
+                    ).labels(**labels),
+                ),
+                (
+                    "queued",
+                    Gauge(
+                        "vllm:num_requests_waiting",
+                        "Number of requests waiting to be processed.",
+                        names,
+                        registry=registry,
+                    ).labels(**labels),
+                ),
             ]
             # vLLM's cache config as labels of an info gauge (value 1): the pool size in blocks.
             block = max(1, args.kv_page_size)
-            info = {"block_size": str(block), "num_gpu_blocks": str(self.kv_capacity // block),
-                    "gpu_memory_utilization": "0.9"}
-            Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(info),
-                  registry=registry).labels(**info).set(1)
-            self.m_engine_requests = Counter("vllm:request_success", "Count of successfully processed requests.",
-                                             [*names, "finished_reason"], registry=registry).labels(
-                                                 **labels, finished_reason="length")
+            info = {
+                "block_size": str(block),
+                "num_gpu_blocks": str(self.kv_capacity // block),
+                "gpu_memory_utilization": "0.9",
+            }
+            Gauge(
+                "vllm:cache_config_info",
+                "Information of the LLMEngine CacheConfig",
+                list(info),
+                registry=registry,
+            ).labels(**info).set(1)
+            self.m_engine_requests = Counter(
+                "vllm:request_success",
+                "Count of successfully processed requests.",
+                [*names, "finished_reason"],
+                registry=registry,
+            ).labels(**labels, finished_reason="length")
 
     # --- per-request work -------------------------------------------------------------------
     def handle_image(self, data: bytes) -> None:
@@ -228,7 +302,9 @@ class State:
             if hit is None:
                 pixels = self.cpu(img)
                 # The cached "encoder output": a fixed-size feature block per unique image.
-                out = np.resize(pixels.ravel(), int(self.args.cache_entry_kib * 256)).astype(np.float32)
+                out = np.resize(pixels.ravel(), int(self.args.cache_entry_kib * 256)).astype(
+                    np.float32
+                )
                 with self.lock:
                     if key not in self.cache:
                         self.cache[key] = out
@@ -244,6 +320,7 @@ class State:
         """Decode on a fresh thread, as a thread-per-request server does: the thread's mallocs
         (Pillow's decode buffers, numpy's float arrays) come from the malloc arena glibc gives
         it; the memory is freed when the thread ends but stays in that arena."""
+
         def decode() -> None:
             img = Image.open(io.BytesIO(data))
             img.load()
@@ -297,8 +374,11 @@ class State:
             # The pool's segments that hold the escaped tensor stay reserved: that is the leak.
             snap = pool.snapshot()
             segments = snap.get("segments", []) if isinstance(snap, dict) else list(snap or [])
-            reserved = sum(seg.get("total_size", 0) for seg in segments
-                           if any(b.get("state") == "active_allocated" for b in seg.get("blocks", [])))
+            reserved = sum(
+                seg.get("total_size", 0)
+                for seg in segments
+                if any(b.get("state") == "active_allocated" for b in seg.get("blocks", []))
+            )
             with self.lock:
                 self.pool_escapes.append(pv)
                 self.kept_bytes += reserved or pv.numel() * pv.element_size()
@@ -336,8 +416,16 @@ class State:
             self.m_running.set(self.running)
             self.m_kv.set(ratio)
             for kind, gauge in self.flavoured:
-                gauge.set({"ratio": ratio, "used": self.kv_used, "running": self.running, "queued": 0,
-                           "available": self.kv_capacity - self.kv_used, "evictable": 0}[kind])
+                gauge.set(
+                    {
+                        "ratio": ratio,
+                        "used": self.kv_used,
+                        "running": self.running,
+                        "queued": 0,
+                        "available": self.kv_capacity - self.kv_used,
+                        "evictable": 0,
+                    }[kind]
+                )
 
     def torch_mod(self) -> Any:
         assert self.gpu is not None
@@ -346,9 +434,15 @@ class State:
     def after_request(self) -> None:
         with self.lock:
             self.requests += 1
-            if self.args.mode == "leaking" and self.gpu is not None and self.args.leak_kind == "bytes":
+            if (
+                self.args.mode == "leaking"
+                and self.gpu is not None
+                and self.args.leak_kind == "bytes"
+            ):
                 torch = self.gpu.torch
-                t = torch.ones(int(self.args.leak_kib * 1024), dtype=torch.uint8, device=self.device)
+                t = torch.ones(
+                    int(self.args.leak_kib * 1024), dtype=torch.uint8, device=self.device
+                )
                 self.kept.append(t)
                 self.kept_bytes += t.numel()
             if self.args.mode == "leaking" and self.gpu is None:
@@ -356,8 +450,11 @@ class State:
                 self.kept.append(buf)
                 self.kept_bytes += buf.nbytes
             self.m_kept.set(self.kept_bytes)
-            churn = (self.args.mode == "worker-churn" and not self.churned
-                     and self.requests >= self.args.churn_after)
+            churn = (
+                self.args.mode == "worker-churn"
+                and not self.churned
+                and self.requests >= self.args.churn_after
+            )
             self.churned = self.churned or churn
         if churn:
             spawn_churn_worker(self.args)
@@ -389,7 +486,9 @@ class State:
                 "kv_used_tokens": self.kv_used,
                 "kv_capacity_tokens": self.kv_capacity,
                 "kv_page_size_tokens": self.args.kv_page_size,
-                "kv_leak_tokens_per_request": self.args.kv_leak_tokens if self.args.mode == "kv-leaking" else 0,
+                "kv_leak_tokens_per_request": self.args.kv_leak_tokens
+                if self.args.mode == "kv-leaking"
+                else 0,
                 "aborted": self.aborted,
                 "churned": self.churned,
                 "pid": os.getpid(),
@@ -413,8 +512,18 @@ sys.exit(1)
 
 def spawn_churn_worker(args: argparse.Namespace) -> None:
     """A helper process that appears, fails to bind the server's port and exits (reaped)."""
-    proc = subprocess.Popen([sys.executable, "-c", CHURN_WORKER, args.host, str(args.bound_port),
-                             str(args.churn_lifetime)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            CHURN_WORKER,
+            args.host,
+            str(args.bound_port),
+            str(args.churn_lifetime),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     threading.Thread(target=proc.wait, daemon=True).start()
 
 
@@ -481,9 +590,15 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 self._send(200, {"status": "ok"})
             elif path == "/get_server_info" and state.args.metrics_flavour == "sglang":
                 # As SGLang's: the version and the server args soak reads (page_size).
-                self._send(200, {"version": "reference", "page_size": state.args.kv_page_size,
-                                 "max_total_num_tokens": state.kv_capacity,
-                                 "served_model_name": MODEL_ID})
+                self._send(
+                    200,
+                    {
+                        "version": "reference",
+                        "page_size": state.args.kv_page_size,
+                        "max_total_num_tokens": state.kv_capacity,
+                        "served_model_name": MODEL_ID,
+                    },
+                )
             elif path == "/reference/info":
                 self._send(200, state.info())
             elif path == "/v1/models" and state.args.models_status != 200:
@@ -491,8 +606,19 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 self._send(state.args.models_status, {"error": {"message": "no model list here"}})
             elif path == "/v1/models":
                 if self._authorised():
-                    self._send(200, {"object": "list", "data": [
-                        {"id": MODEL_ID, "object": "model", "owned_by": "vramdoctor-reference"}]})
+                    self._send(
+                        200,
+                        {
+                            "object": "list",
+                            "data": [
+                                {
+                                    "id": MODEL_ID,
+                                    "object": "model",
+                                    "owned_by": "vramdoctor-reference",
+                                }
+                            ],
+                        },
+                    )
             else:
                 self._send(404, {"error": {"message": f"no route {path}"}})
 
@@ -527,7 +653,9 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             finally:
                 # kv-leaking: some of the request's KV pages are never returned to the pool
                 # (--kv-leak-on abort: only when the client went away mid-stream).
-                leaks = state.args.mode == "kv-leaking" and (state.args.kv_leak_on == "every" or aborted)
+                leaks = state.args.mode == "kv-leaking" and (
+                    state.args.kv_leak_on == "every" or aborted
+                )
                 kept = state.args.kv_leak_tokens if leaks else 0
                 state.running_delta(-1, -(tokens - kept))
                 if aborted:
@@ -538,14 +666,26 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             usage = {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n}
             created = int(time.time())
             if path == "/v1/chat/completions":
-                choice = {"index": 0, "finish_reason": "length",
-                          "message": {"role": "assistant", "content": text}}
+                choice = {
+                    "index": 0,
+                    "finish_reason": "length",
+                    "message": {"role": "assistant", "content": text},
+                }
                 obj = "chat.completion"
             else:
                 choice = {"index": 0, "finish_reason": "length", "text": text}
                 obj = "text_completion"
-            self._send(200, {"id": f"ref-{created}", "object": obj, "created": created,
-                             "model": MODEL_ID, "choices": [choice], "usage": usage})
+            self._send(
+                200,
+                {
+                    "id": f"ref-{created}",
+                    "object": obj,
+                    "created": created,
+                    "model": MODEL_ID,
+                    "choices": [choice],
+                    "usage": usage,
+                },
+            )
 
         def _client_gone(self) -> bool:
             try:
@@ -567,13 +707,22 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             try:
                 for _ in range(n):
                     if path == "/v1/chat/completions":
-                        choice: dict[str, Any] = {"index": 0, "delta": {"content": "ok "}, "finish_reason": None}
+                        choice: dict[str, Any] = {
+                            "index": 0,
+                            "delta": {"content": "ok "},
+                            "finish_reason": None,
+                        }
                         obj = "chat.completion.chunk"
                     else:
                         choice = {"index": 0, "text": "ok ", "finish_reason": None}
                         obj = "text_completion"
-                    chunk = {"id": f"ref-{created}", "object": obj, "created": created,
-                             "model": MODEL_ID, "choices": [choice]}
+                    chunk = {
+                        "id": f"ref-{created}",
+                        "object": obj,
+                        "created": created,
+                        "model": MODEL_ID,
+                        "choices": [choice],
+                    }
                     self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                     self.wfile.flush()
                     time.sleep(state.args.stream_token_s)
@@ -592,42 +741,113 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed on stdout)")
-    p.add_argument("--mode", choices=["plain", "leaking", "fixed", "stable", "kv-leaking", "arena",
-                                      "pinned", "worker-churn"], default="plain")
-    p.add_argument("--leak-kib", type=float, default=1024.0,
-                   help="KiB kept per request (CPU leak, and GPU with --leak-kind bytes)")
-    p.add_argument("--leak-kind", choices=["kept", "escape", "bytes"], default="escape",
-                   help="GPU leak: keep each request's pixel tensor (kept), let it escape a "
-                        "request-scoped MemPool (escape), or keep --leak-kib KiB on the GPU (bytes)")
+    p.add_argument(
+        "--mode",
+        choices=[
+            "plain",
+            "leaking",
+            "fixed",
+            "stable",
+            "kv-leaking",
+            "arena",
+            "pinned",
+            "worker-churn",
+        ],
+        default="plain",
+    )
+    p.add_argument(
+        "--leak-kib",
+        type=float,
+        default=1024.0,
+        help="KiB kept per request (CPU leak, and GPU with --leak-kind bytes)",
+    )
+    p.add_argument(
+        "--leak-kind",
+        choices=["kept", "escape", "bytes"],
+        default="escape",
+        help="GPU leak: keep each request's pixel tensor (kept), let it escape a "
+        "request-scoped MemPool (escape), or keep --leak-kib KiB on the GPU (bytes)",
+    )
     p.add_argument("--cache-mib", type=float, default=64.0, help="CPU cache bound (plain/leaking)")
-    p.add_argument("--cache-entry-kib", type=float, default=4096.0,
-                   help="CPU cache: KiB of features kept per unique image")
-    p.add_argument("--no-malloc-tuning", action="store_true",
-                   help="leave glibc malloc as it is (its own caching then adds a few MiB of RSS)")
-    p.add_argument("--metrics-flavour", choices=["reference", "sglang", "vllm"], default="reference",
-                   help="also publish KV usage under SGLang's or vLLM's metric names")
-    p.add_argument("--kv-pool-tokens", "--kv-capacity", dest="kv_capacity", type=int, default=100_000,
-                   help="KV pool size in tokens")
-    p.add_argument("--kv-page-size", type=int, default=16,
-                   help="tokens per KV page (SGLang --page-size; vLLM block_size), published in "
-                        "/get_server_info (sglang flavour) and vllm:cache_config_info")
-    p.add_argument("--kv-leak-on", choices=["every", "abort"], default="every",
-                   help="kv-leaking: leak on every request, or only on requests the client abandons mid-stream")
-    p.add_argument("--stream-token-s", type=float, default=0.01, help="seconds between streamed tokens")
-    p.add_argument("--arena-threads", type=int, default=4,
-                   help="arena mode: decode threads started per image (each may get its own malloc arena)")
-    p.add_argument("--models-status", type=int, default=200,
-                   help="answer GET /v1/models with this HTTP status (500: as transformers serve without an HF cache)")
-    p.add_argument("--churn-after", type=int, default=5, help="worker-churn: requests before the helper starts")
-    p.add_argument("--churn-lifetime", type=float, default=1.5, help="worker-churn: seconds the helper lives")
-    p.add_argument("--kv-tokens-per-request", type=int, default=1024, help="KV tokens a request holds")
-    p.add_argument("--kv-leak-tokens", type=int, default=200,
-                   help="kv-leaking: tokens of each request never returned to the KV pool")
+    p.add_argument(
+        "--cache-entry-kib",
+        type=float,
+        default=4096.0,
+        help="CPU cache: KiB of features kept per unique image",
+    )
+    p.add_argument(
+        "--no-malloc-tuning",
+        action="store_true",
+        help="leave glibc malloc as it is (its own caching then adds a few MiB of RSS)",
+    )
+    p.add_argument(
+        "--metrics-flavour",
+        choices=["reference", "sglang", "vllm"],
+        default="reference",
+        help="also publish KV usage under SGLang's or vLLM's metric names",
+    )
+    p.add_argument(
+        "--kv-pool-tokens",
+        "--kv-capacity",
+        dest="kv_capacity",
+        type=int,
+        default=100_000,
+        help="KV pool size in tokens",
+    )
+    p.add_argument(
+        "--kv-page-size",
+        type=int,
+        default=16,
+        help="tokens per KV page (SGLang --page-size; vLLM block_size), published in "
+        "/get_server_info (sglang flavour) and vllm:cache_config_info",
+    )
+    p.add_argument(
+        "--kv-leak-on",
+        choices=["every", "abort"],
+        default="every",
+        help="kv-leaking: leak on every request, or only on requests the client abandons mid-stream",
+    )
+    p.add_argument(
+        "--stream-token-s", type=float, default=0.01, help="seconds between streamed tokens"
+    )
+    p.add_argument(
+        "--arena-threads",
+        type=int,
+        default=4,
+        help="arena mode: decode threads started per image (each may get its own malloc arena)",
+    )
+    p.add_argument(
+        "--models-status",
+        type=int,
+        default=200,
+        help="answer GET /v1/models with this HTTP status (500: as transformers serve without an HF cache)",
+    )
+    p.add_argument(
+        "--churn-after", type=int, default=5, help="worker-churn: requests before the helper starts"
+    )
+    p.add_argument(
+        "--churn-lifetime", type=float, default=1.5, help="worker-churn: seconds the helper lives"
+    )
+    p.add_argument(
+        "--kv-tokens-per-request", type=int, default=1024, help="KV tokens a request holds"
+    )
+    p.add_argument(
+        "--kv-leak-tokens",
+        type=int,
+        default=200,
+        help="kv-leaking: tokens of each request never returned to the KV pool",
+    )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--processor-dir", default=None,
-                   help="a local dir with preprocessor_config.json (default: Qwen2-VL's processor)")
-    p.add_argument("--api-key", default=os.environ.get("REFERENCE_API_KEY"),
-                   help="require this bearer key (default: $REFERENCE_API_KEY; none)")
+    p.add_argument(
+        "--processor-dir",
+        default=None,
+        help="a local dir with preprocessor_config.json (default: Qwen2-VL's processor)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("REFERENCE_API_KEY"),
+        help="require this bearer key (default: $REFERENCE_API_KEY; none)",
+    )
     args = p.parse_args(argv)
     if not args.no_malloc_tuning and args.mode != "arena":  # arena mode is glibc's defaults
         tune_malloc()
@@ -645,8 +865,11 @@ def main(argv: list[str] | None = None) -> int:
     host, port = server.server_address[:2]
     args.bound_port = port
     processor = state.gpu.name if state.gpu else "pillow-numpy (CPU)"
-    print(f"reference server listening on http://{host}:{port} mode={args.mode} "
-          f"device={args.device} processor={processor} pid={os.getpid()}", flush=True)
+    print(
+        f"reference server listening on http://{host}:{port} mode={args.mode} "
+        f"device={args.device} processor={processor} pid={os.getpid()}",
+        flush=True,
+    )
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     try:
         server.serve_forever(poll_interval=0.2)

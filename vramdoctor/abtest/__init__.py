@@ -34,7 +34,15 @@ _LAZY = {
     "supported": "models",
 }
 
-__all__ = ["ModelChoice", "WorkloadSpec", "analyse", "load_processor", "make_image", "resolve_model", "supported"]
+__all__ = [
+    "ModelChoice",
+    "WorkloadSpec",
+    "analyse",
+    "load_processor",
+    "make_image",
+    "resolve_model",
+    "supported",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -75,7 +75,9 @@ def _variant_summary(name: str, recs: dict[str, list[dict[str, Any]]]) -> dict[s
     raw_context = context.get("context_mib")
     # NVML attributes memory to our PID unless the worker ran in another PID namespace; then
     # every figure falls back to PyTorch's reserved memory (the allocator's view, no context).
-    nvml_ok = raw_context is not None and all(r.get("nvml_mib") is not None for r in [*requests, *rounds])
+    nvml_ok = raw_context is not None and all(
+        r.get("nvml_mib") is not None for r in [*requests, *rounds]
+    )
     context_mib = float(raw_context) if nvml_ok and raw_context is not None else None
     requests_t = [r for r in requests if r.get("latency_ms") is not None]
     latencies = [float(r["latency_ms"]) for r in requests_t]
@@ -98,7 +100,9 @@ def _variant_summary(name: str, recs: dict[str, list[dict[str, Any]]]) -> dict[s
     reserved_levels = [float(r.get("torch_reserved_mib") or 0.0) for r in rounds]
     growth = growth_per_round(levels)
     growth_reserved = growth_per_round(reserved_levels)
-    verdict = "n/a" if status != "ok" or growth is None else ("grows" if grows(levels) else "bounded")
+    verdict = (
+        "n/a" if status != "ok" or growth is None else ("grows" if grows(levels) else "bounded")
+    )
     escaped = max([int(r.get("escaped_bytes") or 0) for r in [*requests, *rounds]] or [0])
     return {
         "variant": name,
@@ -116,7 +120,9 @@ def _variant_summary(name: str, recs: dict[str, list[dict[str, Any]]]) -> dict[s
         "rounds": round_rows,
         "growth_per_round_mib": growth,
         "growth_per_round_torch_reserved_mib": growth_reserved,
-        "held_after_idle_mib": None if idle is None or (nvml_ok and idle.get("nvml_mib") is None) else level(idle),
+        "held_after_idle_mib": None
+        if idle is None or (nvml_ok and idle.get("nvml_mib") is None)
+        else level(idle),
         "torch_reserved_after_idle_mib": None if idle is None else idle.get("torch_reserved_mib"),
         "max_above_context_after_request_mib": max(above) if above else None,
         "escaped_mib": escaped / MIB,
@@ -129,8 +135,12 @@ def _variant_summary(name: str, recs: dict[str, list[dict[str, Any]]]) -> dict[s
 
 def _recommend(variants: list[dict[str, Any]], noise_pct: float | None = None) -> dict[str, Any]:
     usable = [
-        v for v in variants
-        if v["status"] == "ok" and v["mitigation"] and v["verdict"] == "bounded" and v["held_after_idle_mib"] is not None
+        v
+        for v in variants
+        if v["status"] == "ok"
+        and v["mitigation"]
+        and v["verdict"] == "bounded"
+        and v["held_after_idle_mib"] is not None
     ]
     if not usable:
         return {"variant": None, "reason": "no mitigation finished with bounded memory"}
@@ -172,19 +182,24 @@ def _ipc_summary(record: dict[str, Any]) -> dict[str, Any]:
     for c in consumers:
         own = c.get("census_gpu", c.get("gpu"))
         pid = c.get("pid")
-        rows.append({
-            "gpu": c.get("gpu"),
-            "pid": pid,
-            "peer_access": c.get("peer_access"),
-            "redirect_applied": c.get("redirect_applied"),
-            "correct": bool(c.get("slice_correct") and c.get("tensor_correct")),
-            "error": c.get("error"),
-            "held_during_census": c.get("held_during_census"),
-            "on_producer_gpu_mib": used(opened, pid, producer_census_gpu)
-            if measured and pid is not None and own != producer_census_gpu else None,
-            "on_own_gpu_mib": used(opened, pid, own) if measured and pid is not None else None,
-            "on_own_gpu_before_mib": used(before, pid, own) if pid is not None and "census_before" in record else None,
-        })
+        rows.append(
+            {
+                "gpu": c.get("gpu"),
+                "pid": pid,
+                "peer_access": c.get("peer_access"),
+                "redirect_applied": c.get("redirect_applied"),
+                "correct": bool(c.get("slice_correct") and c.get("tensor_correct")),
+                "error": c.get("error"),
+                "held_during_census": c.get("held_during_census"),
+                "on_producer_gpu_mib": used(opened, pid, producer_census_gpu)
+                if measured and pid is not None and own != producer_census_gpu
+                else None,
+                "on_own_gpu_mib": used(opened, pid, own) if measured and pid is not None else None,
+                "on_own_gpu_before_mib": used(before, pid, own)
+                if pid is not None and "census_before" in record
+                else None,
+            }
+        )
     cross = [r["on_producer_gpu_mib"] for r in rows if r["on_producer_gpu_mib"] is not None]
     # A consumer's own CUDA context before it opened anything: the unit of "extra contexts".
     contexts = sorted(r["on_own_gpu_before_mib"] for r in rows if r["on_own_gpu_before_mib"])
@@ -197,8 +212,13 @@ def _ipc_summary(record: dict[str, Any]) -> dict[str, Any]:
             "gpu": g.get("index"),
             "used_mib": g.get("used_mib"),
             "processes": [
-                {"pid": p.get("pid"), "role": roles.get(p.get("pid"), "other"), "used_mib": p.get("used_mib")}
-                for p in opened.get("processes", []) if p.get("gpu") == g.get("index")
+                {
+                    "pid": p.get("pid"),
+                    "role": roles.get(p.get("pid"), "other"),
+                    "used_mib": p.get("used_mib"),
+                }
+                for p in opened.get("processes", [])
+                if p.get("gpu") == g.get("index")
             ],
         }
         for g in opened.get("gpus", [])
@@ -216,7 +236,9 @@ def _ipc_summary(record: dict[str, Any]) -> dict[str, Any]:
         "extra_on_producer_gpu_total_mib": total_mib,
         "consumer_context_mib": context_mib,
         # total / one consumer's context: N-1 without the redirect (one context each), 0 with it
-        "extra_on_producer_gpu_contexts": total_mib / context_mib if total_mib is not None and context_mib else None,
+        "extra_on_producer_gpu_contexts": total_mib / context_mib
+        if total_mib is not None and context_mib
+        else None,
         "gpu_count": record.get("gpu_count"),
         "all_correct": bool(rows) and all(r["correct"] for r in rows),
         # Every GPU and every process on it while the consumers held the shared memory.
@@ -245,7 +267,9 @@ def analyse(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     base = next((v for v in variants if v["variant"] == "baseline" and v["p50_ms"]), None)
     for v in variants:
         v["overhead_pct"] = (
-            (v["p50_ms"] / base["p50_ms"] - 1.0) * 100.0 if base and v["p50_ms"] is not None else None
+            (v["p50_ms"] / base["p50_ms"] - 1.0) * 100.0
+            if base and v["p50_ms"] is not None
+            else None
         )
     again = next((v for v in variants if v["variant"] == "baseline_again" and v["p50_ms"]), None)
     noise = abs(again["p50_ms"] / base["p50_ms"] - 1.0) * 100.0 if base and again else None

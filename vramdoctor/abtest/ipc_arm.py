@@ -60,7 +60,9 @@ SETTLE_S = 0.3  # after the last "opened", before the census: NVML's process lis
 PRODUCER = 0  # member id of the producer; consumers are 1..N-1
 
 Census = Callable[[], dict[str, Any]]
-Sink = Callable[[dict[str, Any]], object]  # e.g. RunWriter.write: gets each record as it is measured
+Sink = Callable[
+    [dict[str, Any]], object
+]  # e.g. RunWriter.write: gets each record as it is measured
 
 
 class IpcPayload(Protocol):
@@ -77,8 +79,9 @@ class IpcPayload(Protocol):
         record ("peer_access", "uuid")."""
         ...
 
-    def open(self, message: dict[str, Any], gpu: int, producer_gpu: int,
-             redirect: bool) -> tuple[dict[str, Any], Any]:
+    def open(
+        self, message: dict[str, Any], gpu: int, producer_gpu: int, redirect: bool
+    ) -> tuple[dict[str, Any], Any]:
         """In a consumer: open the shared memory, check it; (facts: "tensor_device",
         "redirect_applied", "slice_correct", "tensor_correct", "warnings"; what it holds)."""
         ...
@@ -115,7 +118,9 @@ class CudaIpcPayload:
         piece = pool.put(feature)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            oversize = to_transport(pool, torch.zeros(OVERSIZE_BYTES, dtype=torch.uint8, device=dev))
+            oversize = to_transport(
+                pool, torch.zeros(OVERSIZE_BYTES, dtype=torch.uint8, device=dev)
+            )
         message = {
             "slice": piece,
             "tensor": share_cuda_tensor(plain),
@@ -141,8 +146,9 @@ class CudaIpcPayload:
         torch.cuda.synchronize(gpu)
         return {"peer_access": peer_access(gpu, producer_gpu), "uuid": _uuid(torch, gpu)}
 
-    def open(self, message: dict[str, Any], gpu: int, producer_gpu: int,
-             redirect: bool) -> tuple[dict[str, Any], Any]:
+    def open(
+        self, message: dict[str, Any], gpu: int, producer_gpu: int, redirect: bool
+    ) -> tuple[dict[str, Any], Any]:
         from ..fixes import open_cuda_tensor, open_slice
         from ..fixes._torch import load_torch
 
@@ -173,12 +179,20 @@ class CudaIpcPayload:
 
 
 def _error(member: int, gpu: int, phase: str, exc: BaseException) -> dict[str, Any]:
-    return {"member": member, "event": "error", "pid": os.getpid(), "gpu": gpu, "phase": phase,
-            "message": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc(limit=3)}
+    return {
+        "member": member,
+        "event": "error",
+        "pid": os.getpid(),
+        "gpu": gpu,
+        "phase": phase,
+        "message": f"{type(exc).__name__}: {exc}",
+        "trace": traceback.format_exc(limit=3),
+    }
 
 
-def _producer(payload: IpcPayload, gpu: int, inboxes: list[Any], status: Any, stop: Any,
-              hold_s: float) -> None:
+def _producer(
+    payload: IpcPayload, gpu: int, inboxes: list[Any], status: Any, stop: Any, hold_s: float
+) -> None:
     try:
         message, facts, keep = payload.share(gpu)
         status.put({"member": PRODUCER, "event": "ready", "pid": os.getpid(), "gpu": gpu, **facts})
@@ -190,8 +204,18 @@ def _producer(payload: IpcPayload, gpu: int, inboxes: list[Any], status: Any, st
         status.put(_error(PRODUCER, gpu, "share", exc))
 
 
-def _consumer(payload: IpcPayload, member: int, gpu: int, producer_gpu: int, redirect: bool,
-              inbox: Any, status: Any, stop: Any, wait_s: float, hold_s: float) -> None:
+def _consumer(
+    payload: IpcPayload,
+    member: int,
+    gpu: int,
+    producer_gpu: int,
+    redirect: bool,
+    inbox: Any,
+    status: Any,
+    stop: Any,
+    wait_s: float,
+    hold_s: float,
+) -> None:
     phase = "prepare"
     try:
         facts = payload.prepare(gpu, producer_gpu)
@@ -209,10 +233,26 @@ def _consumer(payload: IpcPayload, member: int, gpu: int, producer_gpu: int, red
         phase = "release"
         payload.release(held)
         del held
-        status.put({"member": member, "event": "released", "pid": os.getpid(), "gpu": gpu, "on_stop": on_stop})
+        status.put(
+            {
+                "member": member,
+                "event": "released",
+                "pid": os.getpid(),
+                "gpu": gpu,
+                "on_stop": on_stop,
+            }
+        )
     except queue.Empty:
-        status.put({"member": member, "event": "error", "pid": os.getpid(), "gpu": gpu, "phase": phase,
-                    "message": f"no message from the producer within {wait_s:g} s"})
+        status.put(
+            {
+                "member": member,
+                "event": "error",
+                "pid": os.getpid(),
+                "gpu": gpu,
+                "phase": phase,
+                "message": f"no message from the producer within {wait_s:g} s",
+            }
+        )
     except Exception as exc:
         status.put(_error(member, gpu, phase, exc))
 
@@ -317,19 +357,44 @@ def run_mode(
     stop = ctx.Event()
     producer_stop = ctx.Event()
     inboxes = [ctx.Queue() for _ in consumer_gpus]
-    producer = _Member(PRODUCER, producer_gpu, ctx.Process(
-        target=_producer, args=(payload, producer_gpu, inboxes, status_q, producer_stop, hold + 3 * timeout_s),
-        daemon=True))
+    producer = _Member(
+        PRODUCER,
+        producer_gpu,
+        ctx.Process(
+            target=_producer,
+            args=(payload, producer_gpu, inboxes, status_q, producer_stop, hold + 3 * timeout_s),
+            daemon=True,
+        ),
+    )
     consumers = [
-        _Member(i + 1, g, ctx.Process(
-            target=_consumer,
-            args=(payload, i + 1, g, producer_gpu, redirect, inboxes[i], status_q, stop, 3 * timeout_s, hold),
-            daemon=True))
+        _Member(
+            i + 1,
+            g,
+            ctx.Process(
+                target=_consumer,
+                args=(
+                    payload,
+                    i + 1,
+                    g,
+                    producer_gpu,
+                    redirect,
+                    inboxes[i],
+                    status_q,
+                    stop,
+                    3 * timeout_s,
+                    hold,
+                ),
+                daemon=True,
+            ),
+        )
         for i, g in enumerate(consumer_gpus)
     ]
     status = _Status(status_q, [producer, *consumers])
-    result: dict[str, Any] = {"redirect": redirect, "producer_gpu": producer_gpu,
-                              "consumer_gpus": list(consumer_gpus)}
+    result: dict[str, Any] = {
+        "redirect": redirect,
+        "producer_gpu": producer_gpu,
+        "consumer_gpus": list(consumer_gpus),
+    }
     try:
         for m in consumers:
             m.proc.start()
@@ -365,14 +430,18 @@ def run_mode(
     prod = producer.events.get("ready")
     if prod is not None:
         result["producer"] = {k: v for k, v in prod.items() if k not in ("member", "event")}
-        result["producer"]["census_gpu"] = _census_gpu(prod.get("uuid"), producer_gpu, opened_census)
+        result["producer"]["census_gpu"] = _census_gpu(
+            prod.get("uuid"), producer_gpu, opened_census
+        )
     elif producer.error:
         result["producer"] = {"gpu": producer_gpu, "error": producer.error}
     rows = []
     for m in consumers:
         row: dict[str, Any] = {"gpu": m.gpu}
         for event in ("ready", "opened"):
-            row.update({k: v for k, v in m.events.get(event, {}).items() if k not in ("member", "event")})
+            row.update(
+                {k: v for k, v in m.events.get(event, {}).items() if k not in ("member", "event")}
+            )
         row["census_gpu"] = _census_gpu(row.get("uuid"), m.gpu, opened_census)
         row["held_during_census"] = "census_opened" in result and m.error is None
         row["error"] = m.error
@@ -441,16 +510,24 @@ def run_ipc_arm(
         return []
     common = {"kind": "abtest.ipc", "gpu_count": n, "visible_gpu_count": gpu_count}
     if n < 2:
-        note = ("the IPC redirect arm needs two GPUs; checked the single-GPU round trip only"
-                if gpu_count < 2 else f"--ipc-gpus {n}: checked the single-GPU round trip only")
+        note = (
+            "the IPC redirect arm needs two GPUs; checked the single-GPU round trip only"
+            if gpu_count < 2
+            else f"--ipc-gpus {n}: checked the single-GPU round trip only"
+        )
         sink({**common, "mode": "same-gpu", "skipped_cross_gpu": True, "note": note})
-        record = {**common, "mode": "same-gpu",
-                  **run_mode(True, 0, [0], census, timeout_s, payload=payload, hold_s=hold_s)}
+        record = {
+            **common,
+            "mode": "same-gpu",
+            **run_mode(True, 0, [0], census, timeout_s, payload=payload, hold_s=hold_s),
+        }
         sink(record)
         return [record]
     out = []
     for redirect in (False, True):
-        res = run_mode(redirect, 0, list(range(1, n)), census, timeout_s, payload=payload, hold_s=hold_s)
+        res = run_mode(
+            redirect, 0, list(range(1, n)), census, timeout_s, payload=payload, hold_s=hold_s
+        )
         record = {**common, "mode": "redirect" if redirect else "no-redirect", **res}
         sink(record)
         out.append(record)
@@ -477,18 +554,35 @@ def run_ipc_subprocess(
     cmd = [*(command or [sys.executable, "-m", "vramdoctor.abtest.ipc_arm"]), str(gpu_count)]
     if max_gpus is not None:
         cmd += ["--max-gpus", str(max_gpus)]
+
     def on_record(record: dict[str, Any]) -> None:
         sink(record)
 
     rc, tail, timed_out = stream(cmd, on_record, timeout_s=timeout_s, tail_lines=20)
     if rc != 0:
-        error = f"IPC arm gave no result within {timeout_s:.0f} s" if timed_out else f"IPC arm exited with code {rc}"
-        sink({"kind": "abtest.ipc", "mode": "failed", "error": error, "log_tail": tail[-10:], "consumers": []})
+        error = (
+            f"IPC arm gave no result within {timeout_s:.0f} s"
+            if timed_out
+            else f"IPC arm exited with code {rc}"
+        )
+        sink(
+            {
+                "kind": "abtest.ipc",
+                "mode": "failed",
+                "error": error,
+                "log_tail": tail[-10:],
+                "consumers": [],
+            }
+        )
     return rc
 
 
-def main(argv: list[str] | None = None, *, census: Census | None = None,
-         payload: IpcPayload | None = None) -> int:
+def main(
+    argv: list[str] | None = None,
+    *,
+    census: Census | None = None,
+    payload: IpcPayload | None = None,
+) -> int:
     """`python -m vramdoctor.abtest.ipc_arm NVML_GPU_COUNT [--max-gpus N]`: records on stdout."""
     from .protocol import emit_record
 
@@ -500,7 +594,13 @@ def main(argv: list[str] | None = None, *, census: Census | None = None,
         from .gpumem import census as nvml_census
 
         census = nvml_census
-    run_ipc_arm(cuda_visible_count(args.gpu_count), census, emit_record, max_gpus=args.max_gpus, payload=payload)
+    run_ipc_arm(
+        cuda_visible_count(args.gpu_count),
+        census,
+        emit_record,
+        max_gpus=args.max_gpus,
+        payload=payload,
+    )
     return 0
 
 

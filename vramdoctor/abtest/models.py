@@ -96,7 +96,11 @@ def cached_snapshot(repo_id: str, cache: Path | None = None) -> Path | None:
         snap = repo_dir / "snapshots" / ref.read_text().strip()
         if snap.is_dir():
             return snap
-    snaps = sorted((repo_dir / "snapshots").glob("*"), key=lambda p: p.stat().st_mtime) if (repo_dir / "snapshots").is_dir() else []
+    snaps = (
+        sorted((repo_dir / "snapshots").glob("*"), key=lambda p: p.stat().st_mtime)
+        if (repo_dir / "snapshots").is_dir()
+        else []
+    )
     return snaps[-1] if snaps else None
 
 
@@ -132,7 +136,9 @@ def resolve_model(model: str, *, cache: Path | None = None) -> ModelChoice:
     if snapshot is not None:
         model_type = _model_type_of(snapshot)
         if model_type is not None:
-            return ModelChoice(model, ALIASES.get(model_type, model_type), "hf-cache", str(snapshot))
+            return ModelChoice(
+                model, ALIASES.get(model_type, model_type), "hf-cache", str(snapshot)
+            )
     family = family_of(model)
     if family is not None:
         return ModelChoice(model, family, "family")

@@ -39,8 +39,9 @@ def stream(
 
     Returns (return code, the last free-text lines, whether the timeout killed it)."""
     tail: deque[str] = deque(maxlen=tail_lines)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                            text=True, bufsize=1)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, bufsize=1
+    )
     if on_start is not None:
         on_start(proc.pid)
     fired = threading.Event()
@@ -56,7 +57,7 @@ def stream(
         for line in proc.stdout:
             if line.startswith(PREFIX):
                 try:
-                    record = json.loads(line[len(PREFIX):])
+                    record = json.loads(line[len(PREFIX) :])
                 except json.JSONDecodeError:
                     tail.append(line.rstrip("\n"))
                     continue

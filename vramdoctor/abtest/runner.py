@@ -76,11 +76,20 @@ def run_one(
         sink({"kind": f"abtest.{kind}", "variant": variant.name, **record})
 
     def on_start(pid: int) -> None:
-        sink({"kind": "abtest.variant", "variant": variant.name, "event": "start", "pid": pid,
-              "title": variant.title, "config": variant.to_dict()})
+        sink(
+            {
+                "kind": "abtest.variant",
+                "variant": variant.name,
+                "event": "start",
+                "pid": pid,
+                "title": variant.title,
+                "config": variant.to_dict(),
+            }
+        )
 
-    rc, tail, timed_out = stream(cmd, on_record, env=variant_env(variant), timeout_s=timeout_s,
-                                 on_start=on_start)
+    rc, tail, timed_out = stream(
+        cmd, on_record, env=variant_env(variant), timeout_s=timeout_s, on_start=on_start
+    )
     error: str | None = errors[-1] if errors else None
     if done and rc == 0:
         status = "ok"
@@ -91,8 +100,17 @@ def run_one(
     else:
         status = "failed"
         error = f"worker exited with code {rc}" + (f": {tail[-1]}" if tail else "")
-    sink({"kind": "abtest.variant", "variant": variant.name, "event": "end", "status": status,
-          "returncode": rc, "message": error, "log_tail": tail[-10:]})
+    sink(
+        {
+            "kind": "abtest.variant",
+            "variant": variant.name,
+            "event": "end",
+            "status": status,
+            "returncode": rc,
+            "message": error,
+            "log_tail": tail[-10:],
+        }
+    )
     return VariantOutcome(variant.name, status, rc, error)
 
 

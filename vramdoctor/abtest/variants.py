@@ -32,7 +32,9 @@ class Variant:
 VARIANTS: tuple[Variant, ...] = (
     Variant("baseline", "fast processor on the GPU (no mitigation)", mitigation=False),
     Variant("scoped_pool", "request-scoped MemPool (vramdoctor.fixes)", scope="guarded"),
-    Variant("empty_cache", "torch.cuda.empty_cache() after each request", empty_cache_each_request=True),
+    Variant(
+        "empty_cache", "torch.cuda.empty_cache() after each request", empty_cache_each_request=True
+    ),
     Variant(
         "expandable_segments",
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
@@ -56,7 +58,9 @@ VARIANTS: tuple[Variant, ...] = (
     # The baseline again, last: variants run one after another in separate processes, and on
     # an H200 the same variant's p50 moved by up to ±15% between runs. The two baselines'
     # p50s measure that drift in every run, so small overheads are read against it.
-    Variant("baseline_again", "the baseline again, last (measures latency drift)", mitigation=False),
+    Variant(
+        "baseline_again", "the baseline again, last (measures latency drift)", mitigation=False
+    ),
 )
 
 BY_NAME = {v.name: v for v in VARIANTS}

@@ -49,7 +49,9 @@ def run_variant(config: dict[str, Any]) -> None:
             "sees none (pip install 'vramdoctor[gpu]')"
         )
     if variant.scope != "none" and not has_mem_pool(torch):
-        raise VramdoctorError(f"torch {torch.__version__} has no torch.cuda.MemPool: cannot run {variant.name}")
+        raise VramdoctorError(
+            f"torch {torch.__version__} has no torch.cuda.MemPool: cannot run {variant.name}"
+        )
     processor, class_name = load_processor(choice)
     mem = ProcessMemory(gpu)
     on_gpu = variant.device == "cuda"
@@ -83,7 +85,9 @@ def run_variant(config: dict[str, Any]) -> None:
 
     warm = np.random.default_rng(0).integers(0, 256, size=(224, 224, 3), dtype=np.uint8)
     with scope():
-        outputs_to_cpu(processor(images=[warm], return_tensors="pt", device=device if on_gpu else "cpu"))
+        outputs_to_cpu(
+            processor(images=[warm], return_tensors="pt", device=device if on_gpu else "cpu")
+        )
     if on_gpu:
         torch.cuda.synchronize(gpu)
         torch.cuda.empty_cache()
@@ -112,7 +116,9 @@ def run_variant(config: dict[str, Any]) -> None:
         for i, image in enumerate(images):
             t0 = time.perf_counter()
             with scope():
-                out = processor(images=[image], return_tensors="pt", device=device if on_gpu else "cpu")
+                out = processor(
+                    images=[image], return_tensors="pt", device=device if on_gpu else "cpu"
+                )
                 if not variant.escape:
                     out = outputs_to_cpu(out)
             if variant.escape:

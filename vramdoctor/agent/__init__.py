@@ -25,7 +25,12 @@ if TYPE_CHECKING:  # the lazy names below, for type checkers
 
 # Public name -> the module that defines it (imported on first access: control brings psutil,
 # which `vramdoctor --help` and `vramdoctor agent-path` do not need).
-_LAZY = {"AgentInfo": ".control", "Controller": ".control", "SnapshotFile": ".control", "list_agents": ".control"}
+_LAZY = {
+    "AgentInfo": ".control",
+    "Controller": ".control",
+    "SnapshotFile": ".control",
+    "list_agents": ".control",
+}
 
 __all__ = [
     "AgentInfo",

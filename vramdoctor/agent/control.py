@@ -48,7 +48,10 @@ class AgentInfo:
         if not self.local:
             return None
         try:
-            return psutil.pid_exists(self.pid) and psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
+            return (
+                psutil.pid_exists(self.pid)
+                and psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
+            )
         except psutil.Error:
             return False
 
@@ -63,9 +66,17 @@ def list_agents(agent_dir: Path) -> list[AgentInfo]:
     for path in sorted((agent_dir / runtime.AGENTS_DIR).glob("*.json")):
         try:
             d = json.loads(path.read_text(encoding="utf-8"))
-            out.append(AgentInfo(int(d["pid"]), str(d["host"]), str(d.get("program", "?")),
-                                 str(d.get("state", "?")), d.get("reason"), d.get("torch"),
-                                 float(d.get("updated_wall", 0.0))))
+            out.append(
+                AgentInfo(
+                    int(d["pid"]),
+                    str(d["host"]),
+                    str(d.get("program", "?")),
+                    str(d.get("state", "?")),
+                    d.get("reason"),
+                    d.get("torch"),
+                    float(d.get("updated_wall", 0.0)),
+                )
+            )
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return sorted(out, key=lambda a: (a.host, a.pid))
@@ -86,9 +97,15 @@ class SnapshotFile:
     @classmethod
     def from_meta(cls, meta_path: Path) -> SnapshotFile:
         d = json.loads(meta_path.read_text(encoding="utf-8"))
-        return cls(meta_path.with_suffix(".pickle"), int(d["seq"]), int(d["pid"]), str(d["host"]),
-                   str(d.get("program", "?")), float(d["wall"]),
-                   float(d["snapshot_s"]) if d.get("snapshot_s") is not None else None)
+        return cls(
+            meta_path.with_suffix(".pickle"),
+            int(d["seq"]),
+            int(d["pid"]),
+            str(d["host"]),
+            str(d.get("program", "?")),
+            float(d["wall"]),
+            float(d["snapshot_s"]) if d.get("snapshot_s") is not None else None,
+        )
 
 
 class Controller:
@@ -98,8 +115,14 @@ class Controller:
     behind by a killed soak does nothing to a later server.
     """
 
-    def __init__(self, agent_dir: Path, *, token: str | None = None, expires_s: float = 120.0,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        agent_dir: Path,
+        *,
+        token: str | None = None,
+        expires_s: float = 120.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.dir = Path(agent_dir)
         self.token = token or secrets.token_hex(8)
         if not runtime.TOKEN_RE.fullmatch(self.token):
@@ -123,10 +146,17 @@ class Controller:
     def trigger(self, seq: int) -> None:
         """Write trigger.json atomically (agents pick it up at their next poll)."""
         now = self.clock()
-        data = {"protocol": runtime.PROTOCOL, "token": self.token, "seq": int(seq),
-                "created_wall": now, "expires_wall": now + self.expires_s}
+        data = {
+            "protocol": runtime.PROTOCOL,
+            "token": self.token,
+            "seq": int(seq),
+            "created_wall": now,
+            "expires_wall": now + self.expires_s,
+        }
         self.dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".vd-", suffix=".tmp")  # never through a planted link
+        fd, tmp = tempfile.mkstemp(
+            dir=self.dir, prefix=".vd-", suffix=".tmp"
+        )  # never through a planted link
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(json.dumps(data))
         os.replace(tmp, self.dir / runtime.TRIGGER_FILE)
@@ -141,8 +171,9 @@ class Controller:
                 continue
         return found
 
-    def snapshot(self, seq: int, *, timeout_s: float = 10.0,
-                 sleep: Callable[[float], None] = time.sleep) -> tuple[list[SnapshotFile], list[AgentInfo]]:
+    def snapshot(
+        self, seq: int, *, timeout_s: float = 10.0, sleep: Callable[[float], None] = time.sleep
+    ) -> tuple[list[SnapshotFile], list[AgentInfo]]:
         """Trigger `seq` and wait until every armed agent answered or `timeout_s` passed.
 
         Returns (snapshots written for this token and seq, armed agents that did not answer).
@@ -184,4 +215,3 @@ class Controller:
                 path.unlink()
         with contextlib.suppress(OSError):
             (self.dir / runtime.SNAPSHOTS_DIR / self.token).rmdir()
-

@@ -130,7 +130,10 @@ _ROLES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"sglang::detokenizer"), "sglang detokenizer"),
     (re.compile(r"sglang::tokenizer_worker"), "sglang tokenizer worker"),
     (re.compile(r"sglang::"), "sglang"),
-    (re.compile(r"sglang[./]launch_server|sglang serve\b|-m sglang\b"), "sglang server (tokenizer)"),
+    (
+        re.compile(r"sglang[./]launch_server|sglang serve\b|-m sglang\b"),
+        "sglang server (tokenizer)",
+    ),
     (re.compile(r"VLLM::EngineCore"), "vllm engine core"),
     (re.compile(r"VLLM::Worker"), "vllm worker"),
     (re.compile(r"vllm serve\b|vllm\.entrypoints|vllm/entrypoints"), "vllm API server"),
@@ -166,8 +169,14 @@ def census(
         row = rows.get(key)
         if row is None:
             row = rows[key] = ProcessRow(
-                pid=p.pid, host=p.host, name=p.name, cmdline=p.cmdline, visible=p.visible,
-                role=role_of(p.name, p.cmdline), per_gpu={}, group=groups.get(p.pid, p.pid),
+                pid=p.pid,
+                host=p.host,
+                name=p.name,
+                cmdline=p.cmdline,
+                visible=p.visible,
+                role=role_of(p.name, p.cmdline),
+                per_gpu={},
+                group=groups.get(p.pid, p.pid),
             )
         if p.gpu not in row.per_gpu:
             row.per_gpu[p.gpu] = p.used_mib
@@ -177,7 +186,9 @@ def census(
     flags: list[Flag] = []
     notes: list[str] = []
 
-    def flag(row: ProcessRow, code: str, message: str, gpu: int | None = None, mib: float | None = None) -> None:
+    def flag(
+        row: ProcessRow, code: str, message: str, gpu: int | None = None, mib: float | None = None
+    ) -> None:
         row.flags.append(code)
         flags.append(Flag(code=code, pid=row.pid, message=message, gpu=gpu, mib=mib, host=row.host))
 
@@ -186,15 +197,24 @@ def census(
         if len(row.per_gpu) > 1:
             main = row.main_gpu
             held_on = ", ".join(str(g) for g in sorted(row.per_gpu))
-            flag(row, "multi_gpu", f"PID {row.pid} holds memory on GPUs {held_on}"
-                 + (f" (main: GPU {main})" if main is not None else ""))
+            flag(
+                row,
+                "multi_gpu",
+                f"PID {row.pid} holds memory on GPUs {held_on}"
+                + (f" (main: GPU {main})" if main is not None else ""),
+            )
             for g, v in sorted(row.per_gpu.items()):
                 if g != main and v is not None and lo <= v <= hi:
-                    flag(row, "stray_context",
-                         f"PID {row.pid} holds {format_mib(v, 0)} on GPU {g} besides its main GPU {main}: "
-                         "the size of a CUDA context. A tensor-parallel rank that opens a CUDA IPC "
-                         "handle on the producer's GPU creates one there (~500 MiB a rank); so "
-                         "does any code that touches bare 'cuda' (GPU 0).", gpu=g, mib=v)
+                    flag(
+                        row,
+                        "stray_context",
+                        f"PID {row.pid} holds {format_mib(v, 0)} on GPU {g} besides its main GPU {main}: "
+                        "the size of a CUDA context. A tensor-parallel rank that opens a CUDA IPC "
+                        "handle on the producer's GPU creates one there (~500 MiB a rank); so "
+                        "does any code that touches bare 'cuda' (GPU 0).",
+                        gpu=g,
+                        mib=v,
+                    )
 
     # Per server (process tree): small processes on or off the server's main GPUs.
     members: dict[tuple[str | None, int], list[ProcessRow]] = {}
@@ -204,7 +224,8 @@ def census(
         if len(group_rows) < 2:
             continue
         big_gpus = {
-            r.main_gpu for r in group_rows
+            r.main_gpu
+            for r in group_rows
             if r.main_gpu is not None and (r.per_gpu.get(r.main_gpu) or 0) > helper_max_mib
         }
         if not big_gpus:
@@ -212,23 +233,31 @@ def census(
         for row in group_rows:
             if len(row.per_gpu) != 1:
                 continue
-            (g, v), = row.per_gpu.items()
+            ((g, v),) = row.per_gpu.items()
             if v is None or not lo <= v <= helper_max_mib:
                 continue
             who = row.role or row.name or "process"
             if g not in big_gpus:
                 where = ", ".join(str(x) for x in sorted(big_gpus))
-                flag(row, "off_main_gpu",
-                     f"PID {row.pid} ({who}) holds {format_mib(v, 0)} on GPU {g}, where none of its server's "
-                     f"model processes run (they are on GPU {where}): a CUDA context on the wrong GPU, "
-                     "e.g. SGLang's tokenizer running the fast image processor on bare 'cuda' (GPU 0)",
-                     gpu=g, mib=v)
+                flag(
+                    row,
+                    "off_main_gpu",
+                    f"PID {row.pid} ({who}) holds {format_mib(v, 0)} on GPU {g}, where none of its server's "
+                    f"model processes run (they are on GPU {where}): a CUDA context on the wrong GPU, "
+                    "e.g. SGLang's tokenizer running the fast image processor on bare 'cuda' (GPU 0)",
+                    gpu=g,
+                    mib=v,
+                )
             else:
-                flag(row, "helper_context",
-                     f"PID {row.pid} ({who}) holds {format_mib(v, 0)} on GPU {g} beside its server's model "
-                     "process: a CUDA context in a helper (e.g. the tokenizer's fast image "
-                     "processor). If it grows under load, `vramdoctor soak` will show it.",
-                     gpu=g, mib=v)
+                flag(
+                    row,
+                    "helper_context",
+                    f"PID {row.pid} ({who}) holds {format_mib(v, 0)} on GPU {g} beside its server's model "
+                    "process: a CUDA context in a helper (e.g. the tokenizer's fast image "
+                    "processor). If it grows under load, `vramdoctor soak` will show it.",
+                    gpu=g,
+                    mib=v,
+                )
 
     invisible = [r.pid for r in rows.values() if not r.visible]
     if invisible:
@@ -247,18 +276,37 @@ def census(
         proc_mib = sum(v for v in known if v is not None) if procs else 0.0
         all_known = all(v is not None for v in known)
         unattributed = mem.used_mib - proc_mib if all_known and sample.source != "dcgm" else None
-        gpus.append(GpuRow(
-            index=mem.index, host=mem.host, name=mem.name, uuid=mem.uuid, total_mib=mem.total_mib,
-            used_mib=mem.used_mib, free_mib=mem.free_mib, driver_reserved_mib=mem.driver_reserved_mib,
-            processes=len(procs), processes_mib=proc_mib if all_known else None,
-            unattributed_mib=unattributed,
-        ))
+        gpus.append(
+            GpuRow(
+                index=mem.index,
+                host=mem.host,
+                name=mem.name,
+                uuid=mem.uuid,
+                total_mib=mem.total_mib,
+                used_mib=mem.used_mib,
+                free_mib=mem.free_mib,
+                driver_reserved_mib=mem.driver_reserved_mib,
+                processes=len(procs),
+                processes_mib=proc_mib if all_known else None,
+                unattributed_mib=unattributed,
+            )
+        )
     if sample.source == "dcgm":
         notes.append(
             "dcgm-exporter reports device memory only: no process rows. For processes, run "
             "census on the GPU host or point --gpu-metrics at nvitop-exporter."
         )
 
-    ordered = sorted(rows.values(), key=lambda r: (r.host or "", r.main_gpu if r.main_gpu is not None else 1 << 30, r.pid))
-    return Census(source=sample.source, t=sample.t, wall=sample.wall, gpus=gpus,
-                  processes=ordered, flags=flags, notes=notes)
+    ordered = sorted(
+        rows.values(),
+        key=lambda r: (r.host or "", r.main_gpu if r.main_gpu is not None else 1 << 30, r.pid),
+    )
+    return Census(
+        source=sample.source,
+        t=sample.t,
+        wall=sample.wall,
+        gpus=gpus,
+        processes=ordered,
+        flags=flags,
+        notes=notes,
+    )

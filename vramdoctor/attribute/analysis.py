@@ -56,7 +56,9 @@ NO_GROWING_STACK = "no-growing-stack"
 TOO_FEW_SNAPSHOTS = "too-few-snapshots"
 
 # Packages that are PyTorch itself (their frames never name whose code holds memory).
-_TORCH_PACKAGES = frozenset({"torch", "torchvision", "torchaudio", "triton", "functorch", "torchgen"})
+_TORCH_PACKAGES = frozenset(
+    {"torch", "torchvision", "torchaudio", "triton", "functorch", "torchgen"}
+)
 # The last `site-packages/<pkg>` (or `dist-packages`) in a path; <pkg> may be a single file module.
 _PACKAGE_RE = re.compile(r"/(?:site|dist)-packages/([^/]+?)(?:\.py)?(?:/|$)")
 # The standard library: `.../lib/python3.X/<not site-packages>` (CPython, venv base, uv, conda).
@@ -124,7 +126,9 @@ def frame_origin(filename: str) -> tuple[str, str | None]:
         return "stdlib", None
     if path.endswith("/" + _AGENT_FILE) or path == _AGENT_FILE:
         return "agent", None
-    if _GENERATED_RE.search(path):  # code torch.compile / Triton generated: PyTorch's, not the server's
+    if _GENERATED_RE.search(
+        path
+    ):  # code torch.compile / Triton generated: PyTorch's, not the server's
         return "torch", "torch"
     found = list(_PACKAGE_RE.finditer(path))
     if found:
@@ -142,8 +146,11 @@ def _frames(raw: Any) -> list[Frame]:
     for fr in raw or []:
         if not isinstance(fr, Mapping):
             continue
-        out.append(Frame(str(fr.get("filename", "?")), int(fr.get("line", 0) or 0),
-                         str(fr.get("name", "?"))))
+        out.append(
+            Frame(
+                str(fr.get("filename", "?")), int(fr.get("line", 0) or 0), str(fr.get("name", "?"))
+            )
+        )
     return out
 
 
@@ -154,12 +161,14 @@ def stack_of(frames: Sequence[Frame]) -> Stack:
     origins = [frame_origin(f.filename) for f in frames]
     first = next((i for i, (o, _) in enumerate(origins) if o in ("package", "code")), None)
     if first is None:
-        inner = next((f for f, (o, _) in zip(frames, origins, strict=True) if o != "agent"), frames[0])
+        inner = next(
+            (f for f, (o, _) in zip(frames, origins, strict=True) if o != "agent"), frames[0]
+        )
         return Stack("library-only", (inner,))
     chain = [frames[first]]
     home = origins[first]
     if home[0] == "package":
-        for f, o in zip(frames[first + 1:], origins[first + 1:], strict=True):
+        for f, o in zip(frames[first + 1 :], origins[first + 1 :], strict=True):
             if o[0] not in ("package", "code"):
                 continue
             chain.append(f)
@@ -233,15 +242,28 @@ def summarise(snapshot: Mapping[str, Any]) -> SnapshotSummary:
             if private:
                 pp_live += size
             raw = blk.get("frames") or []
-            key = tuple((str(f.get("filename")), int(f.get("line", 0) or 0), str(f.get("name")))
-                        for f in raw if isinstance(f, Mapping))
+            key = tuple(
+                (str(f.get("filename")), int(f.get("line", 0) or 0), str(f.get("name")))
+                for f in raw
+                if isinstance(f, Mapping)
+            )
             stack = cache.get(key)
             if stack is None:
                 stack = cache[key] = stack_of(_frames(raw))
             by_stack[stack] = by_stack.get(stack, 0) + size
             count[stack] = count.get(stack, 0) + 1
-    return SnapshotSummary(reserved, live, pp_reserved, pp_live, len(pools), len(snapshot["segments"]),
-                           expandable, sorted(devices), by_stack, count)
+    return SnapshotSummary(
+        reserved,
+        live,
+        pp_reserved,
+        pp_live,
+        len(pools),
+        len(snapshot["segments"]),
+        expandable,
+        sorted(devices),
+        by_stack,
+        count,
+    )
 
 
 @dataclass(frozen=True)
@@ -272,11 +294,17 @@ class StackSeries:
         return self.live_bytes[-1] - self.live_bytes[0]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"stack": self.stack.to_dict(), "describe": self.stack.describe(),
-                "live_bytes": self.live_bytes, "blocks": self.blocks,
-                "growth_bytes": self.growth_bytes, "grows_every_interval": self.grows_every_interval,
-                "proportional": self.proportional, "bytes_per_request": self.bytes_per_request,
-                "growing": self.growing}
+        return {
+            "stack": self.stack.to_dict(),
+            "describe": self.stack.describe(),
+            "live_bytes": self.live_bytes,
+            "blocks": self.blocks,
+            "growth_bytes": self.growth_bytes,
+            "grows_every_interval": self.grows_every_interval,
+            "proportional": self.proportional,
+            "bytes_per_request": self.bytes_per_request,
+            "growing": self.growing,
+        }
 
 
 @dataclass
@@ -302,28 +330,40 @@ class NvmlSplit:
     @property
     def growth_per_request_bytes(self) -> float | None:
         """NVML growth (reserved growth without NVML) per request over the split's span."""
-        whole = self.nvml_growth_bytes if self.nvml_growth_bytes is not None else self.reserved_growth_bytes
+        whole = (
+            self.nvml_growth_bytes
+            if self.nvml_growth_bytes is not None
+            else self.reserved_growth_bytes
+        )
         return whole / self.requests if self.requests else None
 
     @property
     def explained_fraction(self) -> float | None:
         """The growing stacks' share of the NVML growth (of reserved growth without NVML)."""
-        whole = self.nvml_growth_bytes if self.nvml_growth_bytes is not None else self.reserved_growth_bytes
+        whole = (
+            self.nvml_growth_bytes
+            if self.nvml_growth_bytes is not None
+            else self.reserved_growth_bytes
+        )
         if not whole or whole <= 0:
             return None
         return self.growing_stacks_bytes / whole
 
     def to_dict(self) -> dict[str, Any]:
-        return {"from_snapshot": self.from_snapshot, "to_snapshot": self.to_snapshot,
-                "reserved_growth_bytes": self.reserved_growth_bytes,
-                "growing_stacks_bytes": self.growing_stacks_bytes,
-                "other_live_bytes": self.other_live_bytes,
-                "slack_default_bytes": self.slack_default_bytes,
-                "slack_private_pool_bytes": self.slack_private_pool_bytes,
-                "nvml_growth_bytes": self.nvml_growth_bytes,
-                "outside_allocator_bytes": self.outside_allocator_bytes,
-                "requests": self.requests, "growth_per_request_bytes": self.growth_per_request_bytes,
-                "explained_fraction": self.explained_fraction}
+        return {
+            "from_snapshot": self.from_snapshot,
+            "to_snapshot": self.to_snapshot,
+            "reserved_growth_bytes": self.reserved_growth_bytes,
+            "growing_stacks_bytes": self.growing_stacks_bytes,
+            "other_live_bytes": self.other_live_bytes,
+            "slack_default_bytes": self.slack_default_bytes,
+            "slack_private_pool_bytes": self.slack_private_pool_bytes,
+            "nvml_growth_bytes": self.nvml_growth_bytes,
+            "outside_allocator_bytes": self.outside_allocator_bytes,
+            "requests": self.requests,
+            "growth_per_request_bytes": self.growth_per_request_bytes,
+            "explained_fraction": self.explained_fraction,
+        }
 
 
 @dataclass
@@ -346,8 +386,11 @@ class ProcessAttribution:
     def to_dict(self, top: int = 10) -> dict[str, Any]:
         changed = [s for s in self.stacks if not s.growing and s.growth_bytes != 0][:top]
         return {
-            "label": self.label, "pid": self.pid, "verdict": self.verdict,
-            "snapshots": len(self.summaries), "requests_per_interval": self.requests,
+            "label": self.label,
+            "pid": self.pid,
+            "verdict": self.verdict,
+            "snapshots": len(self.summaries),
+            "requests_per_interval": self.requests,
             "reserved_bytes": [s.reserved_bytes for s in self.summaries],
             "live_bytes": [s.live_bytes for s in self.summaries],
             "private_pools": [s.private_pools for s in self.summaries],
@@ -359,27 +402,45 @@ class ProcessAttribution:
         }
 
 
-def _series(stack: Stack, summaries: Sequence[SnapshotSummary], requests: Sequence[int | None],
-            th: Thresholds) -> StackSeries:
+def _series(
+    stack: Stack,
+    summaries: Sequence[SnapshotSummary],
+    requests: Sequence[int | None],
+    th: Thresholds,
+) -> StackSeries:
     live = [s.live_by_stack.get(stack, 0) for s in summaries]
     blocks = [s.blocks_by_stack.get(stack, 0) for s in summaries]
     growth = [b - a for a, b in itertools.pairwise(live)]
     every = bool(growth) and all(g > th.min_interval_growth_bytes for g in growth)
     known = all(r is not None and r > 0 for r in requests) and len(requests) == len(growth)
-    rates = [g / r for g, r in zip(growth, requests, strict=False) if r] if known else [float(g) for g in growth]
+    rates = (
+        [g / r for g, r in zip(growth, requests, strict=False) if r]
+        if known
+        else [float(g) for g in growth]
+    )
     proportional = False
     if every and rates:
         mid = statistics.median(rates)
-        proportional = mid > 0 and all(mid / th.proportion <= x <= mid * th.proportion for x in rates)
+        proportional = mid > 0 and all(
+            mid / th.proportion <= x <= mid * th.proportion for x in rates
+        )
     total = live[-1] - live[0]
     per_request = total / sum(r for r in requests if r) if known and total else None
-    growing = every and proportional and total >= th.min_total_growth_bytes and stack.kind != "no-frames"
+    growing = (
+        every and proportional and total >= th.min_total_growth_bytes and stack.kind != "no-frames"
+    )
     return StackSeries(stack, live, blocks, every, proportional, per_request, growing)
 
 
-def attribute(snapshots: Sequence[Mapping[str, Any]], *, requests: Sequence[int | None] | None = None,
-              nvml_used_bytes: Sequence[float | None] | None = None, label: str = "process",
-              pid: int | None = None, th: Thresholds | None = None) -> ProcessAttribution:
+def attribute(
+    snapshots: Sequence[Mapping[str, Any]],
+    *,
+    requests: Sequence[int | None] | None = None,
+    nvml_used_bytes: Sequence[float | None] | None = None,
+    label: str = "process",
+    pid: int | None = None,
+    th: Thresholds | None = None,
+) -> ProcessAttribution:
     """Diff one process's snapshots (time order) by allocation stack.
 
     requests: requests served in each interval between consecutive snapshots (len = n - 1);
@@ -398,37 +459,56 @@ def attribute(snapshots: Sequence[Mapping[str, Any]], *, requests: Sequence[int 
         raise ValueError(f"nvml_used_bytes: {len(nvml_used_bytes)} values for {n} snapshots")
     notes: list[str] = []
     if n < 2:
-        return ProcessAttribution(label, TOO_FEW_SNAPSHOTS, summaries, reqs, [], None, pid,
-                                  ["one snapshot: nothing to diff (need 2, better 3 or more)"])
+        return ProcessAttribution(
+            label,
+            TOO_FEW_SNAPSHOTS,
+            summaries,
+            reqs,
+            [],
+            None,
+            pid,
+            ["one snapshot: nothing to diff (need 2, better 3 or more)"],
+        )
     stacks: set[Stack] = set()
     for s in summaries:
         stacks.update(s.live_by_stack)
     series = [_series(st, summaries, reqs, th) for st in stacks]
     series.sort(key=lambda s: (not s.growing, -abs(s.growth_bytes), s.stack))
     if n == 2:
-        notes.append("two snapshots: one interval, so growth was seen once; 3 or more snapshots "
-                     "tell a leak from a cache that fills once")
+        notes.append(
+            "two snapshots: one interval, so growth was seen once; 3 or more snapshots "
+            "tell a leak from a cache that fills once"
+        )
     a = 1 if n >= 3 else 0
     first, last = summaries[a], summaries[-1]
     growing_bytes = sum(s.live_bytes[-1] - s.live_bytes[a] for s in series if s.growing)
     live_growth = last.live_bytes - first.live_bytes
     nvml_growth = outside = None
-    if nvml_used_bytes is not None and nvml_used_bytes[a] is not None and nvml_used_bytes[-1] is not None:
+    if (
+        nvml_used_bytes is not None
+        and nvml_used_bytes[a] is not None
+        and nvml_used_bytes[-1] is not None
+    ):
         nvml_growth = float(nvml_used_bytes[-1]) - float(nvml_used_bytes[a])  # type: ignore[arg-type]
         outside = nvml_growth - (last.reserved_bytes - first.reserved_bytes)
     split = NvmlSplit(
-        from_snapshot=a, to_snapshot=n - 1,
+        from_snapshot=a,
+        to_snapshot=n - 1,
         reserved_growth_bytes=last.reserved_bytes - first.reserved_bytes,
         growing_stacks_bytes=growing_bytes,
         other_live_bytes=live_growth - growing_bytes,
         slack_default_bytes=(last.slack_bytes - last.private_pool_slack_bytes)
         - (first.slack_bytes - first.private_pool_slack_bytes),
         slack_private_pool_bytes=last.private_pool_slack_bytes - first.private_pool_slack_bytes,
-        nvml_growth_bytes=nvml_growth, outside_allocator_bytes=outside,
-        requests=sum(r for r in reqs[a:] if r) if all(r for r in reqs[a:]) else None)
+        nvml_growth_bytes=nvml_growth,
+        outside_allocator_bytes=outside,
+        requests=sum(r for r in reqs[a:] if r) if all(r for r in reqs[a:]) else None,
+    )
     no_frames = last.live_by_stack.get(Stack("no-frames"), 0)
     if no_frames:
-        notes.append(f"{format_bytes(no_frames)} live in blocks without a stack (allocated before history "
-                     "was armed); they cannot be attributed")
+        notes.append(
+            f"{format_bytes(no_frames)} live in blocks without a stack (allocated before history "
+            "was armed); they cannot be attributed"
+        )
     verdict = GROWING if any(s.growing for s in series) else NO_GROWING_STACK
     return ProcessAttribution(label, verdict, summaries, reqs, series, split, pid, notes)

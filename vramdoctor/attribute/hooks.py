@@ -32,9 +32,11 @@ from ..redact import redact_url
 
 __all__ = ["SGLANG_NOT_COVERED", "AgentHook", "SglangHook", "build_hook", "parse_attribute_option"]
 
-SGLANG_NOT_COVERED = ("the tokenizer/HTTP process (multimodal preprocessing runs there), the "
-                      "detokenizer and any data-parallel controller: SGLang's profiler runs only in "
-                      "the schedulers; start the server with the vramdoctor agent to cover them")
+SGLANG_NOT_COVERED = (
+    "the tokenizer/HTTP process (multimodal preprocessing runs there), the "
+    "detokenizer and any data-parallel controller: SGLang's profiler runs only in "
+    "the schedulers; start the server with the vramdoctor agent to cover them"
+)
 _SGLANG_FILE = re.compile(r"-TP-(\d+)-memory(?:-[^/]*)?\.pickle$")
 
 
@@ -60,8 +62,14 @@ def _write_collection(dest: Path, data: dict[str, Any]) -> None:
 class AgentHook:
     """Round hook for the agent: trigger, wait for every armed process, move the files to `dest`."""
 
-    def __init__(self, agent_dir: Path, dest: Path, *, timeout_s: float = 10.0,
-                 server_pids: dict[int, str] | None = None) -> None:
+    def __init__(
+        self,
+        agent_dir: Path,
+        dest: Path,
+        *,
+        timeout_s: float = 10.0,
+        server_pids: dict[int, str] | None = None,
+    ) -> None:
         self.ctl = Controller(agent_dir)
         self.ctl.check()
         self.dest = dest
@@ -75,9 +83,11 @@ class AgentHook:
         """One line for the start of soak: which processes are armed now."""
         armed = self.ctl.armed()
         if not armed:
-            return (f"attribution: no armed process in {self.ctl.dir} yet (start the server with "
-                    f"PYTHONPATH=$(vramdoctor agent-path) VRAMDOCTOR_AGENT_DIR={self.ctl.dir}); "
-                    "processes that initialise CUDA later are picked up")
+            return (
+                f"attribution: no armed process in {self.ctl.dir} yet (start the server with "
+                f"PYTHONPATH=$(vramdoctor agent-path) VRAMDOCTOR_AGENT_DIR={self.ctl.dir}); "
+                "processes that initialise CUDA later are picked up"
+            )
         return "attribution: armed " + ", ".join(a.label() for a in armed)
 
     def __call__(self, round_index: int, run_dir: Path | None = None) -> None:
@@ -91,13 +101,26 @@ class AgentHook:
 
     def _save(self) -> None:
         covered_pids = {int(k.split()[1]) for k in self.covered}
-        unarmed = [f"pid {p} ({n})" for p, n in sorted(self.server_pids.items()) if p not in covered_pids]
-        not_covered = [f"{k}: armed but did not answer {n} trigger(s)" for k, n in self.silent.items()]
+        unarmed = [
+            f"pid {p} ({n})" for p, n in sorted(self.server_pids.items()) if p not in covered_pids
+        ]
+        not_covered = [
+            f"{k}: armed but did not answer {n} trigger(s)" for k, n in self.silent.items()
+        ]
         if unarmed:
-            not_covered.append("server processes without an armed agent (no CUDA, or started without "
-                               "the agent): " + ", ".join(unarmed))
-        _write_collection(self.dest, {"source": "agent", "covered": sorted(self.covered),
-                                      "not_covered": not_covered, "notes": self.notes})
+            not_covered.append(
+                "server processes without an armed agent (no CUDA, or started without "
+                "the agent): " + ", ".join(unarmed)
+            )
+        _write_collection(
+            self.dest,
+            {
+                "source": "agent",
+                "covered": sorted(self.covered),
+                "not_covered": not_covered,
+                "notes": self.notes,
+            },
+        )
 
     def close(self) -> None:
         self.ctl.clear()
@@ -108,9 +131,16 @@ class AgentHook:
 class SglangHook:
     """Round hook for SGLang's own memory profiler (scheduler processes only)."""
 
-    def __init__(self, base_url: str, dest: Path, *, output_dir: Path | None = None,
-                 headers: dict[str, str] | None = None, timeout_s: float = 60.0,
-                 file_wait_s: float = 15.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        dest: Path,
+        *,
+        output_dir: Path | None = None,
+        headers: dict[str, str] | None = None,
+        timeout_s: float = 60.0,
+        file_wait_s: float = 15.0,
+    ) -> None:
         self.base = base_url.rstrip("/")
         self.dest = dest
         self.raw = output_dir or (dest / "sglang-output")
@@ -131,7 +161,9 @@ class SglangHook:
         except requests.RequestException as exc:
             raise SourceUnavailable(f"{redact_url(url)}: {type(exc).__name__}") from None
         if r.status_code != 200:
-            raise SourceUnavailable(f"{redact_url(url)} answered HTTP {r.status_code}: {r.text.strip()[:200]}")
+            raise SourceUnavailable(
+                f"{redact_url(url)} answered HTTP {r.status_code}: {r.text.strip()[:200]}"
+            )
         return r.text
 
     def start(self) -> None:
@@ -172,15 +204,28 @@ class SglangHook:
             rank = int(m.group(1)) if m else 0
             name = f"{round_index:04d}-sglang-TP{rank}"
             shutil.move(str(p), self.dest / f"{name}.pickle")
-            (self.dest / f"{name}.json").write_text(json.dumps({
-                "seq": round_index, "process": f"sglang-TP{rank}", "label": f"SGLang scheduler TP {rank}",
-                "pid": None, "host": self.host, "wall": wall, "source": "sglang",
-                "original": p.name}), encoding="utf-8")
+            (self.dest / f"{name}.json").write_text(
+                json.dumps(
+                    {
+                        "seq": round_index,
+                        "process": f"sglang-TP{rank}",
+                        "label": f"SGLang scheduler TP {rank}",
+                        "pid": None,
+                        "host": self.host,
+                        "wall": wall,
+                        "source": "sglang",
+                        "original": p.name,
+                    }
+                ),
+                encoding="utf-8",
+            )
             self.covered.add(f"SGLang scheduler TP {rank}")
         if not files:
-            self.notes.append(f"round {round_index}: /stop_profile wrote no memory pickle into {self.raw} "
-                              f"within {self.file_wait_s:.0f} s (SGLang older than 0.4.3.post3 has no \"MEM\" "
-                              "activity; or that directory is not the server's at the same path): gave up")
+            self.notes.append(
+                f"round {round_index}: /stop_profile wrote no memory pickle into {self.raw} "
+                f'within {self.file_wait_s:.0f} s (SGLang older than 0.4.3.post3 has no "MEM" '
+                "activity; or that directory is not the server's at the same path): gave up"
+            )
             self.given_up = True  # no further rounds: each would wait again for nothing
             self._save()
             return
@@ -188,8 +233,15 @@ class SglangHook:
         self.start()
 
     def _save(self) -> None:
-        _write_collection(self.dest, {"source": "sglang", "covered": sorted(self.covered),
-                                      "not_covered": [SGLANG_NOT_COVERED], "notes": self.notes})
+        _write_collection(
+            self.dest,
+            {
+                "source": "sglang",
+                "covered": sorted(self.covered),
+                "not_covered": [SGLANG_NOT_COVERED],
+                "notes": self.notes,
+            },
+        )
 
     def close(self) -> None:
         """Always stop an armed profile (its last dump is not part of any round and is dropped)."""
@@ -205,8 +257,15 @@ class SglangHook:
             self._save()
 
 
-def build_hook(value: str, *, url: str, run_path: Path, headers: dict[str, str] | None = None,
-               remote: bool = False, server_pids: dict[int, str] | None = None) -> AgentHook | SglangHook:
+def build_hook(
+    value: str,
+    *,
+    url: str,
+    run_path: Path,
+    headers: dict[str, str] | None = None,
+    remote: bool = False,
+    server_pids: dict[int, str] | None = None,
+) -> AgentHook | SglangHook:
     """The round hook for `soak --attribute VALUE`; snapshots go to `runs/soak-X.attribution/`.
 
     Raises InputError for an unusable value (an agent directory we cannot write; `sglang` for a
@@ -217,8 +276,10 @@ def build_hook(value: str, *, url: str, run_path: Path, headers: dict[str, str] 
     dest = attribution_dir(run_path)
     if kind == "sglang":
         if remote and directory is None:
-            raise InputError("--attribute sglang: the server is on another host; give a directory both "
-                             "see at the same path: --attribute sglang:/shared/dir")
+            raise InputError(
+                "--attribute sglang: the server is on another host; give a directory both "
+                "see at the same path: --attribute sglang:/shared/dir"
+            )
         dest.mkdir(parents=True, exist_ok=True)
         return SglangHook(url, dest, output_dir=directory, headers=headers)
     assert directory is not None

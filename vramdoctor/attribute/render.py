@@ -12,7 +12,12 @@ from ..units import format_bytes, format_percent
 from .analysis import GROWING, TOO_FEW_SNAPSHOTS, NvmlSplit, ProcessAttribution
 from .snapshots import AttributionReport
 
-__all__ = ["render_attribution", "render_run_attribution", "run_attribution", "run_attribution_json"]
+__all__ = [
+    "render_attribution",
+    "render_run_attribution",
+    "run_attribution",
+    "run_attribution_json",
+]
 
 
 def _split_lines(split: NvmlSplit) -> list[str]:
@@ -24,22 +29,34 @@ def _split_lines(split: NvmlSplit) -> list[str]:
     if whole is not None:
         lines.append(f"NVML growth {format_bytes(whole, signed=True)}{per} {span}:")
     else:
-        lines.append(f"PyTorch reserved growth {format_bytes(split.reserved_growth_bytes, signed=True)}{per} {span} "
-                     "(no NVML figures: memory outside the allocator not measured):")
+        lines.append(
+            f"PyTorch reserved growth {format_bytes(split.reserved_growth_bytes, signed=True)}{per} {span} "
+            "(no NVML figures: memory outside the allocator not measured):"
+        )
 
     def share(n: float) -> str:
         base = whole if whole else split.reserved_growth_bytes
         return f" ({format_percent(n / base)})" if base and base > 0 else ""
 
-    lines.append(f"  live tensors of the growing stacks   {format_bytes(split.growing_stacks_bytes, signed=True)}"
-                 f"{share(split.growing_stacks_bytes)}")
-    lines.append(f"  other live tensors                   {format_bytes(split.other_live_bytes, signed=True)}")
-    lines.append(f"  allocator slack, default pool        {format_bytes(split.slack_default_bytes, signed=True)}")
-    lines.append(f"  allocator slack, private pools       {format_bytes(split.slack_private_pool_bytes, signed=True)}"
-                 "  (dead request-scoped MemPools, CUDA graph pools)")
+    lines.append(
+        f"  live tensors of the growing stacks   {format_bytes(split.growing_stacks_bytes, signed=True)}"
+        f"{share(split.growing_stacks_bytes)}"
+    )
+    lines.append(
+        f"  other live tensors                   {format_bytes(split.other_live_bytes, signed=True)}"
+    )
+    lines.append(
+        f"  allocator slack, default pool        {format_bytes(split.slack_default_bytes, signed=True)}"
+    )
+    lines.append(
+        f"  allocator slack, private pools       {format_bytes(split.slack_private_pool_bytes, signed=True)}"
+        "  (dead request-scoped MemPools, CUDA graph pools)"
+    )
     if split.outside_allocator_bytes is not None:
-        lines.append(f"  outside the PyTorch allocator        {format_bytes(split.outside_allocator_bytes, signed=True)}"
-                     "  (NVML growth - reserved growth: NCCL, CUDA graphs, extensions)")
+        lines.append(
+            f"  outside the PyTorch allocator        {format_bytes(split.outside_allocator_bytes, signed=True)}"
+            "  (NVML growth - reserved growth: NCCL, CUDA graphs, extensions)"
+        )
     return lines
 
 
@@ -50,17 +67,25 @@ def _process(p: ProcessAttribution, out: Console) -> None:
     if p.verdict == GROWING:
         out.print(f"[bold red]{escape(p.label)}: memory held by a stack that grows every round[/]")
         for s in p.growing:
-            rate = (f"{format_bytes(s.bytes_per_request)} per request"
-                    if s.bytes_per_request is not None else
-                    f"{format_bytes(s.growth_bytes, signed=True)} over {len(s.live_bytes) - 1} intervals")
-            out.print(f"  {rate}, {format_bytes(s.live_bytes[-1])} live in {s.blocks[-1]} blocks now; allocated at:",
-                      soft_wrap=True)
+            rate = (
+                f"{format_bytes(s.bytes_per_request)} per request"
+                if s.bytes_per_request is not None
+                else f"{format_bytes(s.growth_bytes, signed=True)} over {len(s.live_bytes) - 1} intervals"
+            )
+            out.print(
+                f"  {rate}, {format_bytes(s.live_bytes[-1])} live in {s.blocks[-1]} blocks now; allocated at:",
+                soft_wrap=True,
+            )
             for i, fr in enumerate(s.stack.frames):
-                out.print(f"    {'' if i == 0 else 'called from '}{escape(str(fr))}", soft_wrap=True)
+                out.print(
+                    f"    {'' if i == 0 else 'called from '}{escape(str(fr))}", soft_wrap=True
+                )
     else:
         reserved = [format_bytes(s.reserved_bytes) for s in p.summaries]
-        out.print(f"{escape(p.label)}: no growing stack (PyTorch reserved at each snapshot: {', '.join(reserved)})",
-                  soft_wrap=True)
+        out.print(
+            f"{escape(p.label)}: no growing stack (PyTorch reserved at each snapshot: {', '.join(reserved)})",
+            soft_wrap=True,
+        )
     if p.split is not None and (p.verdict == GROWING or (p.split.nvml_growth_bytes or 0) > 0):
         for line in _split_lines(p.split):
             out.print(f"  {escape(line)}", soft_wrap=True)
@@ -71,7 +96,9 @@ def _process(p: ProcessAttribution, out: Console) -> None:
 def render_attribution(report: AttributionReport, out: Console) -> None:
     """Print the attribution section (terminal or piped text)."""
     out.print()
-    out.print(f"[bold]Attribution[/] (PyTorch allocator snapshots, source: {escape(report.source)})")
+    out.print(
+        f"[bold]Attribution[/] (PyTorch allocator snapshots, source: {escape(report.source)})"
+    )
     if report.covered:
         out.print(f"  covers: {escape(', '.join(report.covered))}", soft_wrap=True)
     if report.not_covered:

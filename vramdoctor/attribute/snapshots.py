@@ -39,7 +39,9 @@ SCHEMA = "vramdoctor.attribution/1"
 
 class _PlainUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: an allocator snapshot holds plain data only")
+        raise pickle.UnpicklingError(
+            f"refusing to load {module}.{name}: an allocator snapshot holds plain data only"
+        )
 
 
 def load_snapshot(path: Path) -> dict[str, Any]:
@@ -53,8 +55,16 @@ def load_snapshot(path: Path) -> dict[str, Any]:
         raise InputError(f"{path} is a directory, not a snapshot pickle") from None
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror}") from None
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError,
-            MemoryError, UnicodeDecodeError) as exc:
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        IndexError,
+        MemoryError,
+        UnicodeDecodeError,
+    ) as exc:
         raise InputError(f"{path}: not a PyTorch allocator snapshot pickle ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
         raise InputError(f"{path}: not a PyTorch allocator snapshot (no 'segments' list)")
@@ -85,8 +95,15 @@ class SnapshotMeta:
         host = str(d.get("host", "?"))
         process = str(d.get("process") or f"{host}-{pid}")
         label = str(d.get("label") or f"pid {pid} ({d.get('program', '?')})")
-        return cls(meta_path.with_suffix(".pickle"), int(d["seq"]), process, label, pid,
-                   float(d.get("wall", 0.0)), str(d.get("source", "agent")))
+        return cls(
+            meta_path.with_suffix(".pickle"),
+            int(d["seq"]),
+            process,
+            label,
+            pid,
+            float(d.get("wall", 0.0)),
+            str(d.get("source", "agent")),
+        )
 
 
 @dataclass
@@ -104,9 +121,15 @@ class AttributionReport:
         return any(p.growing for p in self.processes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "source": self.source, "growing": self.growing,
-                "covered": self.covered, "not_covered": self.not_covered, "notes": self.notes,
-                "processes": [p.to_dict() for p in self.processes]}
+        return {
+            "schema": SCHEMA,
+            "source": self.source,
+            "growing": self.growing,
+            "covered": self.covered,
+            "not_covered": self.not_covered,
+            "notes": self.notes,
+            "processes": [p.to_dict() for p in self.processes],
+        }
 
 
 def _requests_between(events: Sequence[Event]) -> dict[int, int]:
@@ -117,7 +140,11 @@ def _requests_between(events: Sequence[Event]) -> dict[int, int]:
             continue
         data = ev.data or {}
         outcomes = data.get("outcomes") or {}
-        n = sum(int(v) for k, v in outcomes.items() if k in REACHED_SERVER) if outcomes else int(data.get("sent") or 0)
+        n = (
+            sum(int(v) for k, v in outcomes.items() if k in REACHED_SERVER)
+            if outcomes
+            else int(data.get("sent") or 0)
+        )
         rnd = int(data.get("round", 0) or 0)
         out[rnd] = out.get(rnd, 0) + n
     return out
@@ -142,7 +169,9 @@ def _group(metas: Iterable[SnapshotMeta]) -> dict[str, list[SnapshotMeta]]:
     return {k: sorted(v, key=lambda m: m.seq) for k, v in sorted(groups.items())}
 
 
-def attribute_run(records: Sequence[Any], snap_dir: Path, *, th: Thresholds | None = None) -> AttributionReport | None:
+def attribute_run(
+    records: Sequence[Any], snap_dir: Path, *, th: Thresholds | None = None
+) -> AttributionReport | None:
     """The attribution of a soak run from its records and its snapshot folder (None: no folder)."""
     if not snap_dir.is_dir():
         return None
@@ -178,12 +207,20 @@ def attribute_run(records: Sequence[Any], snap_dir: Path, *, th: Thresholds | No
             continue
         reqs: list[int | None] = [
             sum(per_round.get(r, 0) for r in range(a.seq + 1, b.seq + 1)) or None
-            for a, b in itertools.pairwise(group)]
+            for a, b in itertools.pairwise(group)
+        ]
         nvml = [(_nvml_at(gpu, m.pid, m.wall) if m.pid is not None else None) for m in group]
         try:
-            processes.append(attribute(snaps, requests=reqs,
-                                       nvml_used_bytes=nvml if all(v is not None for v in nvml) else None,
-                                       label=group[0].label, pid=group[0].pid, th=th))
+            processes.append(
+                attribute(
+                    snaps,
+                    requests=reqs,
+                    nvml_used_bytes=nvml if all(v is not None for v in nvml) else None,
+                    label=group[0].label,
+                    pid=group[0].pid,
+                    th=th,
+                )
+            )
         except SnapshotError as exc:
             notes.append(f"{group[0].label}: {exc}")
     not_covered = list(coverage.get("not_covered", []))
@@ -191,16 +228,23 @@ def attribute_run(records: Sequence[Any], snap_dir: Path, *, th: Thresholds | No
         seen = {m.pid for m in metas if m.pid is not None}
         on_gpu = {p.pid: p.name for g in gpu for p in g.processes if p.pid not in seen}
         if on_gpu:
-            not_covered.append("GPU processes without snapshots (started without the agent, or "
-                               "another server): " + ", ".join(f"pid {pid} ({name or '?'})"
-                                                              for pid, name in sorted(on_gpu.items())))
-    return AttributionReport(processes, source="/".join(sorted(sources)) or str(coverage.get("source", "agent")),
-                             covered=list(coverage.get("covered", [])), not_covered=not_covered,
-                             notes=list(coverage.get("notes", [])) + notes)
+            not_covered.append(
+                "GPU processes without snapshots (started without the agent, or "
+                "another server): "
+                + ", ".join(f"pid {pid} ({name or '?'})" for pid, name in sorted(on_gpu.items()))
+            )
+    return AttributionReport(
+        processes,
+        source="/".join(sorted(sources)) or str(coverage.get("source", "agent")),
+        covered=list(coverage.get("covered", [])),
+        not_covered=not_covered,
+        notes=list(coverage.get("notes", [])) + notes,
+    )
 
 
-def attribute_files(paths: Sequence[Path], *, requests: Sequence[int] | None = None,
-                    th: Thresholds | None = None) -> AttributionReport:
+def attribute_files(
+    paths: Sequence[Path], *, requests: Sequence[int] | None = None, th: Thresholds | None = None
+) -> AttributionReport:
     """`vramdoctor attribute a.pickle b.pickle ...`: the files are one process's snapshots in time
     order. requests: one count for every interval, or a single count used for all of them."""
     snaps = [load_snapshot(p) for p in paths]
@@ -211,7 +255,9 @@ def attribute_files(paths: Sequence[Path], *, requests: Sequence[int] | None = N
         elif len(requests) == len(paths) - 1:
             reqs = list(requests)
         else:
-            raise InputError(f"--requests: give one count, or one per interval ({len(paths) - 1}), not {len(requests)}")
+            raise InputError(
+                f"--requests: give one count, or one per interval ({len(paths) - 1}), not {len(requests)}"
+            )
     label = f"{paths[0].name} .. {paths[-1].name} ({len(paths)} snapshots)"
     try:
         proc = attribute(snaps, requests=reqs, label=label, th=th)

@@ -88,10 +88,17 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: bool = typer.Option(
-        False, "--version", "-V", callback=_version, is_eager=True, help="Print the version and exit."
+        False,
+        "--version",
+        "-V",
+        callback=_version,
+        is_eager=True,
+        help="Print the version and exit.",
     ),
     no_color: bool = typer.Option(
-        False, "--no-color", help="No colour in any command's output (same as NO_COLOR=1; output is plain when piped)."
+        False,
+        "--no-color",
+        help="No colour in any command's output (same as NO_COLOR=1; output is plain when piped).",
     ),
 ) -> None:
     """vramdoctor: is it a leak or only caching, what causes it, does the fix work."""
@@ -177,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(OSError):  # no second error when Python flushes stdout at exit
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except OSError as exc:  # the output cannot be written (stdout on a full disk): one line, not a traceback
+    except (
+        OSError
+    ) as exc:  # the output cannot be written (stdout on a full disk): one line, not a traceback
         with contextlib.suppress(OSError):  # and no second error when Python flushes stdout at exit
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         where = f"{exc.filename}" if exc.filename else "cannot write the output"
@@ -189,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(
             f"internal error: {type(exc).__name__}: {exc} "
             "(run again with VRAMDOCTOR_DEBUG=1 for the traceback, and please report it)",
-            int(ExitCode.USAGE), args)
+            int(ExitCode.USAGE),
+            args,
+        )
     return code if isinstance(code, int) else 0
 
 

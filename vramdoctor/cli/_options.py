@@ -15,7 +15,9 @@ from ..errors import InputError
 GPU_HELP = "Only these NVML GPU indices: --gpu 0 --gpu 1, or --gpu 0,1."
 
 
-def parse_gpu_indices(values: Iterable[str | int] | str | None, option: str = "--gpu") -> list[int] | None:
+def parse_gpu_indices(
+    values: Iterable[str | int] | str | None, option: str = "--gpu"
+) -> list[int] | None:
     """GPU indices from `--gpu 0 --gpu 1`, `--gpu 0,1` or both; None when none is given.
 
     Returns the indices sorted, each once. Raises InputError naming `option` for anything but
@@ -30,7 +32,9 @@ def parse_gpu_indices(values: Iterable[str | int] | str | None, option: str = "-
             try:
                 index = int(part)
             except ValueError:
-                raise InputError(f"{option} wants NVML GPU indices like 0 or 0,1 (not {text!r})") from None
+                raise InputError(
+                    f"{option} wants NVML GPU indices like 0 or 0,1 (not {text!r})"
+                ) from None
             if index < 0:
                 raise InputError(f"{option} wants NVML GPU indices >= 0 (not {text!r})")
             out.append(index)

@@ -20,7 +20,11 @@ SCHEMA = "vramdoctor.abtest/1"
 
 
 def _records(run: Run) -> list[dict[str, Any]]:
-    return [r for r in run.records if isinstance(r, dict) and str(r.get("kind", "")).startswith("abtest.")]
+    return [
+        r
+        for r in run.records
+        if isinstance(r, dict) and str(r.get("kind", "")).startswith("abtest.")
+    ]
 
 
 def report_run(run: Run, *, json_out: bool, report_file: Path | None) -> int:
@@ -44,7 +48,11 @@ def report_run(run: Run, *, json_out: bool, report_file: Path | None) -> int:
             raise InputError(f"cannot write chart {report_file}: {exc.strerror or exc}") from None
     if json_out:
         out = {"schema": SCHEMA, **result}
-        out["run"] = {"path": str(run.path), "status": run.status, "config": run.header.get("config", {})}
+        out["run"] = {
+            "path": str(run.path),
+            "status": run.status,
+            "config": run.header.get("config", {}),
+        }
         if report_file is not None:
             out["chart"] = str(report_file)
         console.print_json(out)
@@ -55,7 +63,9 @@ def report_run(run: Run, *, json_out: bool, report_file: Path | None) -> int:
         if report_file is not None:
             console.note(f"chart: {report_file}")
     targets = result.get("targets", {})
-    pool_ok = all(targets.get(k, True) for k in ("scoped_pool_within_8mib_of_context", "scoped_pool_bounded"))
+    pool_ok = all(
+        targets.get(k, True) for k in ("scoped_pool_within_8mib_of_context", "scoped_pool_bounded")
+    )
     return int(ExitCode.PROBLEM) if result["problem"] or not pool_ok else int(ExitCode.OK)
 
 
@@ -67,29 +77,68 @@ def _gpus() -> list[dict[str, Any]]:
             return source.devices()
     except SourceUnavailable as exc:
         reason = str(exc).split(";")[0]
-        raise SourceUnavailable(f"vramdoctor ab-test needs a CUDA GPU and its NVIDIA driver: {reason}") from None
+        raise SourceUnavailable(
+            f"vramdoctor ab-test needs a CUDA GPU and its NVIDIA driver: {reason}"
+        ) from None
 
 
 @app.command("ab-test")
 def abtest_cmd(
-    model: str = typer.Option(..., "--model", "-m", help="Model id or local directory whose image processor to test (offline)."),
-    images: Path | None = typer.Option(None, "--images", help="Replay your own images from DIR instead of random ones."),
+    model: str = typer.Option(
+        ...,
+        "--model",
+        "-m",
+        help="Model id or local directory whose image processor to test (offline).",
+    ),
+    images: Path | None = typer.Option(
+        None, "--images", help="Replay your own images from DIR instead of random ones."
+    ),
     count: int = typer.Option(40, "--count", help="Requests (one image each) per round."),
     rounds: int = typer.Option(4, "--rounds", help="Rounds each variant replays."),
-    min_side: int = typer.Option(256, "--min-side", help="Smallest image side (px) of random images."),
-    max_side: int = typer.Option(2048, "--max-side", help="Largest image side (px) of random images."),
-    distribution: str = typer.Option("uniform", "--distribution", help="Side distribution: uniform, loguniform, fixed."),
+    min_side: int = typer.Option(
+        256, "--min-side", help="Smallest image side (px) of random images."
+    ),
+    max_side: int = typer.Option(
+        2048, "--max-side", help="Largest image side (px) of random images."
+    ),
+    distribution: str = typer.Option(
+        "uniform", "--distribution", help="Side distribution: uniform, loguniform, fixed."
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed of the random workload."),
-    same_images: bool = typer.Option(False, "--same-images", help="Replay the same images every round (default: new sizes each round)."),
-    variants: str | None = typer.Option(None, "--variants", help="Comma-separated subset (baseline always runs)."),
+    same_images: bool = typer.Option(
+        False,
+        "--same-images",
+        help="Replay the same images every round (default: new sizes each round).",
+    ),
+    variants: str | None = typer.Option(
+        None, "--variants", help="Comma-separated subset (baseline always runs)."
+    ),
     gpu: int = typer.Option(0, "--gpu", help="GPU index for the variants."),
-    idle: float = typer.Option(3.0, "--idle", help="Seconds idle after the last round before 'held after idle'."),
-    ipc: bool = typer.Option(True, "--ipc/--no-ipc", help="Also A/B-test the CUDA IPC device redirect (needs 2 GPUs; 1 GPU: round trip only)."),
-    ipc_gpus: int | None = typer.Option(None, "--ipc-gpus", help="GPUs for the IPC arm: producer on GPU 0, one consumer on each other (default: every visible GPU)."),
-    out: Path | None = typer.Option(None, "--out", help="Results file (run-record JSONL). Default runs/ab-test-TIME.jsonl."),
-    report_file: Path | None = typer.Option(None, "--report", metavar="FILE",
-                                            help="Also write the chart to FILE.png or FILE.svg (needs the charts extra)."),
-    chart: Path | None = typer.Option(None, "--chart", hidden=True, help="Old spelling of --report."),
+    idle: float = typer.Option(
+        3.0, "--idle", help="Seconds idle after the last round before 'held after idle'."
+    ),
+    ipc: bool = typer.Option(
+        True,
+        "--ipc/--no-ipc",
+        help="Also A/B-test the CUDA IPC device redirect (needs 2 GPUs; 1 GPU: round trip only).",
+    ),
+    ipc_gpus: int | None = typer.Option(
+        None,
+        "--ipc-gpus",
+        help="GPUs for the IPC arm: producer on GPU 0, one consumer on each other (default: every visible GPU).",
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", help="Results file (run-record JSONL). Default runs/ab-test-TIME.jsonl."
+    ),
+    report_file: Path | None = typer.Option(
+        None,
+        "--report",
+        metavar="FILE",
+        help="Also write the chart to FILE.png or FILE.svg (needs the charts extra).",
+    ),
+    chart: Path | None = typer.Option(
+        None, "--chart", hidden=True, help="Old spelling of --report."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds allowed per variant."),
 ) -> None:
@@ -114,13 +163,20 @@ def abtest_cmd(
     from ..fixes._torch import torch_available
 
     spec = WorkloadSpec(
-        count=count, rounds=rounds, min_side=min_side, max_side=max_side, distribution=distribution,
-        seed=seed, new_sizes_each_round=not same_images,
+        count=count,
+        rounds=rounds,
+        min_side=min_side,
+        max_side=max_side,
+        distribution=distribution,
+        seed=seed,
+        new_sizes_each_round=not same_images,
         images_dir=str(images) if images is not None else None,
     ).validate()
     chosen = select([v.strip() for v in variants.split(",") if v.strip()] if variants else None)
     if ipc_gpus is not None and ipc_gpus < 1:
-        raise InputError(f"--ipc-gpus {ipc_gpus}: give 1 or more GPUs (1: the same-GPU round trip only)")
+        raise InputError(
+            f"--ipc-gpus {ipc_gpus}: give 1 or more GPUs (1: the same-GPU round trip only)"
+        )
     chart = report_file or chart
     if chart is not None and chart.suffix.lower() not in (".png", ".svg"):
         raise InputError(f"--report {chart}: ab-test writes its chart as .png or .svg")
@@ -142,13 +198,28 @@ def abtest_cmd(
         "idle_s": idle,
     }
     header = make_header(
-        "ab-test", gpus=devices,
-        config={**config, "variants": [v.name for v in chosen], "ipc": ipc, "ipc_gpus": ipc_gpus,
-                "workload_text": describe(spec), "model_note": choice.note},
+        "ab-test",
+        gpus=devices,
+        config={
+            **config,
+            "variants": [v.name for v in chosen],
+            "ipc": ipc,
+            "ipc_gpus": ipc_gpus,
+            "workload_text": describe(spec),
+            "model_note": choice.note,
+        },
     )
     try:
-        run_abtest(out, header, config, chosen, ipc=ipc, gpu_count=len(devices), timeout_s=timeout,
-                   ipc_gpus=ipc_gpus)
+        run_abtest(
+            out,
+            header,
+            config,
+            chosen,
+            ipc=ipc,
+            gpu_count=len(devices),
+            timeout_s=timeout,
+            ipc_gpus=ipc_gpus,
+        )
     except KeyboardInterrupt:
         console.error("interrupted: partial results follow")
         report_run(read_run(out), json_out=json_out, report_file=chart)
@@ -159,8 +230,17 @@ def abtest_cmd(
     raise typer.Exit(code)
 
 
-def run_abtest(out: Path, header: dict[str, Any], config: dict[str, Any], chosen: list[Any], *,
-               ipc: bool, gpu_count: int, timeout_s: float, ipc_gpus: int | None = None) -> None:
+def run_abtest(
+    out: Path,
+    header: dict[str, Any],
+    config: dict[str, Any],
+    chosen: list[Any],
+    *,
+    ipc: bool,
+    gpu_count: int,
+    timeout_s: float,
+    ipc_gpus: int | None = None,
+) -> None:
     """Run every variant (and the IPC arm), appending each record to the run file as it comes."""
     from ..abtest.ipc_arm import run_ipc_subprocess
     from ..abtest.runner import run_variants
@@ -169,8 +249,13 @@ def run_abtest(out: Path, header: dict[str, Any], config: dict[str, Any], chosen
     started = time.monotonic()
     with RunWriter(out, header) as writer:
         outcomes = run_variants(
-            chosen, config, writer.write, timeout_s=timeout_s,
-            on_start=lambda v: console.note(f"[{time.monotonic() - started:5.0f}s] {v.name}: {v.title}"),
+            chosen,
+            config,
+            writer.write,
+            timeout_s=timeout_s,
+            on_start=lambda v: console.note(
+                f"[{time.monotonic() - started:5.0f}s] {v.name}: {v.title}"
+            ),
         )
         first = outcomes[0] if outcomes else None
         if first is not None and first.usage_error:
@@ -178,7 +263,9 @@ def run_abtest(out: Path, header: dict[str, Any], config: dict[str, Any], chosen
             raise VramdoctorError(first.message or "ab-test could not run")
         if ipc:
             n = gpu_count if ipc_gpus is None else min(gpu_count, ipc_gpus)
-            console.note(f"[{time.monotonic() - started:5.0f}s] IPC arm (up to {n} of {gpu_count} GPU(s))")
+            console.note(
+                f"[{time.monotonic() - started:5.0f}s] IPC arm (up to {n} of {gpu_count} GPU(s))"
+            )
             run_ipc_subprocess(gpu_count, writer.write, max_gpus=ipc_gpus)
         writer.close("complete", elapsed_s=round(time.monotonic() - started, 1))
     console.note(f"ab-test took {format_duration(time.monotonic() - started)}")

@@ -1,7 +1,7 @@
 """`vramdoctor agent-path`: where the in-process agent is, to put on a server's PYTHONPATH.
 
-    PYTHONPATH=$(vramdoctor agent-path) VRAMDOCTOR_AGENT_DIR=/tmp/vd-agent python -m sglang.launch_server ...
-    vramdoctor agent-path --pth > "$(python -c 'import site; print(site.getsitepackages()[0])')/vramdoctor-agent.pth"
+PYTHONPATH=$(vramdoctor agent-path) VRAMDOCTOR_AGENT_DIR=/tmp/vd-agent python -m sglang.launch_server ...
+vramdoctor agent-path --pth > "$(python -c 'import site; print(site.getsitepackages()[0])')/vramdoctor-agent.pth"
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from . import app
 
 @app.command("agent-path")
 def agent_path_cmd(
-    pth: bool = typer.Option(False, "--pth", help="Print a .pth file's content instead (for site-packages)."),
+    pth: bool = typer.Option(
+        False, "--pth", help="Print a .pth file's content instead (for site-packages)."
+    ),
 ) -> None:
     """Print the agent's directory (for PYTHONPATH) or a .pth file that loads it.
 

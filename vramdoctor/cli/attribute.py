@@ -23,11 +23,20 @@ from . import app
 
 @app.command("attribute")
 def attribute_cmd(
-    snapshots: list[Path] = typer.Argument(..., help="Two or more snapshot pickles of one process, oldest first."),
+    snapshots: list[Path] = typer.Argument(
+        ..., help="Two or more snapshot pickles of one process, oldest first."
+    ),
     requests_n: list[int] | None = typer.Option(
-        None, "--requests", help="Requests served between snapshots: once for all intervals, or once per interval."),
-    min_growth_mib: float = typer.Option(1.0, "--min-growth-mib", help="Smallest total growth (MiB) of a stack that counts."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object (schema vramdoctor.attribution/1)."),
+        None,
+        "--requests",
+        help="Requests served between snapshots: once for all intervals, or once per interval.",
+    ),
+    min_growth_mib: float = typer.Option(
+        1.0, "--min-growth-mib", help="Smallest total growth (MiB) of a stack that counts."
+    ),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print one JSON object (schema vramdoctor.attribution/1)."
+    ),
 ) -> None:
     """Name the allocation stack whose live GPU memory grows between snapshots.
 
@@ -38,13 +47,18 @@ def attribute_cmd(
       vramdoctor attribute /tmp/prof/*-TP-0-memory.pickle --json | jq '.processes[0].growing'
     """
     if len(snapshots) < 2:
-        raise InputError("give at least two snapshot files (three or more tell a leak from a cache that fills once)")
+        raise InputError(
+            "give at least two snapshot files (three or more tell a leak from a cache that fills once)"
+        )
     if any(n < 0 for n in requests_n or []):
         raise InputError("--requests must not be negative")
     if min_growth_mib < 0:
         raise InputError("--min-growth-mib must not be negative")
-    report = attribute_files(snapshots, requests=requests_n or None,
-                             th=Thresholds(min_total_growth_bytes=int(min_growth_mib * MIB)))
+    report = attribute_files(
+        snapshots,
+        requests=requests_n or None,
+        th=Thresholds(min_total_growth_bytes=int(min_growth_mib * MIB)),
+    )
     if json_out:
         console.print_json(report.to_dict())
     else:

@@ -22,21 +22,33 @@ def _parse_range(text: str) -> tuple[float, float]:
     try:
         lo, hi = (float(x) for x in text.replace(":", "-").split("-", 1))
     except ValueError:
-        raise InputError(f"--context-mib wants LOW-HIGH in MiB (e.g. 300-700), not {text!r}") from None
+        raise InputError(
+            f"--context-mib wants LOW-HIGH in MiB (e.g. 300-700), not {text!r}"
+        ) from None
     if not 0 <= lo < hi:
         raise InputError(f"--context-mib: LOW must be below HIGH, got {text!r}")
     return lo, hi
 
 
-def take_sample(exporters: list[str], gpus: list[int] | None) -> tuple[GpuSample, dict[int, int], list[dict[str, Any]]]:
+def take_sample(
+    exporters: list[str], gpus: list[int] | None
+) -> tuple[GpuSample, dict[int, int], list[dict[str, Any]]]:
     """One GPU sample from NVML here or from the exporters, plus server groups where visible."""
     if exporters:
         from ..sources.exporter import ExporterSource
 
         with ExporterSource(exporters) as src:
             sample = src.sample()
-        devices = [{"index": g.index, "uuid": g.uuid, "name": g.name, "total_mib": g.total_mib,
-                    "host": g.host} for g in sample.gpus]
+        devices = [
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "name": g.name,
+                "total_mib": g.total_mib,
+                "host": g.host,
+            }
+            for g in sample.gpus
+        ]
         return sample, {}, devices
     from ..sources.nvml import NvmlSource
     from ..sources.procinfo import server_groups
@@ -51,7 +63,9 @@ def take_sample(exporters: list[str], gpus: list[int] | None) -> tuple[GpuSample
 def _report_suffix(report_file: Path) -> str:
     suffix = report_file.suffix.lower()
     if suffix not in (".html", ".htm", ".txt"):
-        raise InputError(f"census writes --report as .html or .txt, not {suffix or 'a file without suffix'}")
+        raise InputError(
+            f"census writes --report as .html or .txt, not {suffix or 'a file without suffix'}"
+        )
     return suffix
 
 
@@ -62,8 +76,12 @@ def _emit(result: Census, *, json_out: bool, report_file: Path | None) -> int:
     else:
         render(result, console.stdout())
     if report_file is not None:
-        rec = console.make_console(record=True, width=140,  # redacted and escaped like the terminal
-                                   color_system=None if suffix == ".txt" else "truecolor", file=io.StringIO())
+        rec = console.make_console(
+            record=True,
+            width=140,  # redacted and escaped like the terminal
+            color_system=None if suffix == ".txt" else "truecolor",
+            file=io.StringIO(),
+        )
         render(result, rec)
         try:
             if suffix == ".txt":
@@ -79,18 +97,29 @@ def _emit(result: Census, *, json_out: bool, report_file: Path | None) -> int:
 def census_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     gpu_exporter: list[str] = typer.Option(
-        [], "--gpu-metrics", "--gpu-exporter", metavar="URL",
+        [],
+        "--gpu-metrics",
+        "--gpu-exporter",
+        metavar="URL",
         help="Read GPUs from dcgm-exporter or nvitop-exporter on another host instead of NVML here "
         "(repeat for several hosts).",
     ),
     gpu: list[str] = typer.Option([], "--gpu", metavar="N", help=GPU_HELP),
-    gpus_alias: str | None = typer.Option(None, "--gpus", hidden=True, help="Old spelling of --gpu."),
+    gpus_alias: str | None = typer.Option(
+        None, "--gpus", hidden=True, help="Old spelling of --gpu."
+    ),
     context_mib: str = typer.Option(
-        f"{CONTEXT_MIB[0]:g}-{CONTEXT_MIB[1]:g}", "--context-mib", metavar="LOW-HIGH",
+        f"{CONTEXT_MIB[0]:g}-{CONTEXT_MIB[1]:g}",
+        "--context-mib",
+        metavar="LOW-HIGH",
         help="What counts as a context-sized footprint, in MiB.",
     ),
-    out: Path | None = typer.Option(None, "--out", help="Also record the census as a run file (JSON lines)."),
-    report_file: Path | None = typer.Option(None, "--report", help="Also write the report to FILE.html or FILE.txt."),
+    out: Path | None = typer.Option(
+        None, "--out", help="Also record the census as a run file (JSON lines)."
+    ),
+    report_file: Path | None = typer.Option(
+        None, "--report", help="Also write the report to FILE.html or FILE.txt."
+    ),
 ) -> None:
     """Every GPU and every process on it, grouped by process; flags stray CUDA contexts.
 
@@ -120,9 +149,14 @@ def census_cmd(
     result = census(sample, groups=groups, context_mib=lo_hi)
     if out is not None:
         header = make_header(
-            "census", target=", ".join(gpu_exporter) or None, gpus=devices,
-            config={"context_mib": list(lo_hi), "groups": {str(k): v for k, v in groups.items()},
-                    "source": sample.source},
+            "census",
+            target=", ".join(gpu_exporter) or None,
+            gpus=devices,
+            config={
+                "context_mib": list(lo_hi),
+                "groups": {str(k): v for k, v in groups.items()},
+                "source": sample.source,
+            },
         )
         with RunWriter(out, header) as writer:
             writer.write(sample)

@@ -19,7 +19,9 @@ def diagnose_cmd(
         metavar="LOG",
         help="Server log files (one per TP rank is fine), .gz files, or - for stdin.",
     ),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object (schema vramdoctor.diagnose/1)."),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print one JSON object (schema vramdoctor.diagnose/1)."
+    ),
 ) -> None:
     """Find what explains GPU-memory growth or an OOM in SGLang/vLLM logs, with evidence and fixes.
 

@@ -15,17 +15,40 @@ from .watch import parse_duration
 
 @app.command("fleet")
 def fleet_cmd(
-    prometheus: str = typer.Option(..., "--prometheus", metavar="URL", help="Prometheus base URL, e.g. http://prometheus:9090."),
+    prometheus: str = typer.Option(
+        ..., "--prometheus", metavar="URL", help="Prometheus base URL, e.g. http://prometheus:9090."
+    ),
     since: str = typer.Option("7d", "--since", help="How far back to read (e.g. 36h, 7d)."),
-    until: str | None = typer.Option(None, "--until", metavar="UNIX_TIME", help="End of the range (unix seconds; default now)."),
-    step: str = typer.Option("5m", "--step", help="Resolution asked of Prometheus (each step's minimum)."),
-    block: str = typer.Option("1h", "--block", help="Compare the quietest moment of each block this long."),
-    warmup: str = typer.Option("2h", "--warmup", help="Left out after each process start or restart."),
-    match: list[str] = typer.Option([], "--match", metavar='LABEL="VALUE"', help='Only series with this label matcher (repeat), e.g. cluster="prod".'),
-    virtual_gpus: bool = typer.Option(False, "--kubernetes-virtual-gpus", help="dcgm-exporter runs with --kubernetes-virtual-gpus: one series per pod sharing a GPU."),
+    until: str | None = typer.Option(
+        None, "--until", metavar="UNIX_TIME", help="End of the range (unix seconds; default now)."
+    ),
+    step: str = typer.Option(
+        "5m", "--step", help="Resolution asked of Prometheus (each step's minimum)."
+    ),
+    block: str = typer.Option(
+        "1h", "--block", help="Compare the quietest moment of each block this long."
+    ),
+    warmup: str = typer.Option(
+        "2h", "--warmup", help="Left out after each process start or restart."
+    ),
+    match: list[str] = typer.Option(
+        [],
+        "--match",
+        metavar='LABEL="VALUE"',
+        help='Only series with this label matcher (repeat), e.g. cluster="prod".',
+    ),
+    virtual_gpus: bool = typer.Option(
+        False,
+        "--kubernetes-virtual-gpus",
+        help="dcgm-exporter runs with --kubernetes-virtual-gpus: one series per pod sharing a GPU.",
+    ),
     top: int = typer.Option(20, "--top", help="Rows in the table (0: all)."),
-    charts: Path | None = typer.Option(None, "--charts", metavar="DIR", help="Write a PNG chart per leaking series into DIR."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object (schema vramdoctor.fleet/1)."),
+    charts: Path | None = typer.Option(
+        None, "--charts", metavar="DIR", help="Write a PNG chart per leaking series into DIR."
+    ),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print one JSON object (schema vramdoctor.fleet/1)."
+    ),
 ) -> None:
     """Which of my servers is leaking, how fast, and when will it die? Reads days of GPU, process and KV memory history from Prometheus.
 
@@ -56,12 +79,21 @@ def fleet_cmd(
         end = float(until) if until else None
     except ValueError:
         raise InputError(f"--until wants unix seconds, not {until!r}") from None
-    config = FleetConfig(block_s=block_s, warmup_s=parse_duration(warmup, "--warmup"),
-                         gap_s=max(900.0, 3 * step_s))
+    config = FleetConfig(
+        block_s=block_s, warmup_s=parse_duration(warmup, "--warmup"), gap_s=max(900.0, 3 * step_s)
+    )
     token = os.environ.get("VRAMDOCTOR_PROMETHEUS_TOKEN")
     headers = {"Authorization": f"Bearer {token}"} if token else None
-    result = run_fleet(prometheus, days=since_s / 86400.0, end=end, step_s=step_s, matchers=list(match),
-                       virtual_gpus=virtual_gpus, config=config, headers=headers)
+    result = run_fleet(
+        prometheus,
+        days=since_s / 86400.0,
+        end=end,
+        step_s=step_s,
+        matchers=list(match),
+        virtual_gpus=virtual_gpus,
+        config=config,
+        headers=headers,
+    )
     written = []
     if charts is not None:
         from ..fleet.report import chart
@@ -70,7 +102,9 @@ def fleet_cmd(
             try:
                 written.append(str(chart(row, charts)))
             except OSError as exc:
-                raise InputError(f"--charts {charts}: cannot write ({exc.strerror or exc})") from None
+                raise InputError(
+                    f"--charts {charts}: cannot write ({exc.strerror or exc})"
+                ) from None
     if json_out:
         doc = result.to_dict()
         doc["charts"] = written

@@ -28,13 +28,20 @@ _RENDERERS = {
 @app.command("report")
 def report_cmd(
     run_file: Path = typer.Argument(..., help="A run file written by soak, census or ab-test."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of the report."),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print one JSON object instead of the report."
+    ),
     report_file: Path | None = typer.Option(
-        None, "--report", help="Also write the report as FILE.html or FILE.png (where the command has charts)."
+        None,
+        "--report",
+        help="Also write the report as FILE.html or FILE.png (where the command has charts).",
     ),
     production_rate: float | None = typer.Option(
-        None, "--production-rate", metavar="REQ_PER_S",
-        help="soak runs: the request rate production sees; time to out of memory is then also given in hours."),
+        None,
+        "--production-rate",
+        metavar="REQ_PER_S",
+        help="soak runs: the request rate production sees; time to out of memory is then also given in hours.",
+    ),
 ) -> None:
     """Re-analyse a recorded run offline and print its report.
 

@@ -43,8 +43,15 @@ def _server_died(run: Run) -> dict[str, Any] | None:
     return None
 
 
-def _emit(result: Any, *, json_out: bool, report_file: Path | None, target: str | None,
-          run_path: Path | None, died: dict[str, Any] | None) -> int:
+def _emit(
+    result: Any,
+    *,
+    json_out: bool,
+    report_file: Path | None,
+    target: str | None,
+    run_path: Path | None,
+    died: dict[str, Any] | None,
+) -> int:
     from ..report.soak import render, write_report_file
 
     if report_file is not None:
@@ -62,8 +69,10 @@ def _emit(result: Any, *, json_out: bool, report_file: Path | None, target: str 
     else:
         render(result, console.stdout())
         if died is not None:
-            console.note(f"the server died during the soak ({died.get('reason')}, round "
-                         f"{died.get('round')}): the rounds it cut short carry no verdict")
+            console.note(
+                f"the server died during the soak ({died.get('reason')}, round "
+                f"{died.get('round')}): the rounds it cut short carry no verdict"
+            )
         if run_path is not None:
             console.note(f"run file: {run_path}  (re-analyse: vramdoctor report {run_path})")
         if report_file is not None:
@@ -73,72 +82,123 @@ def _emit(result: Any, *, json_out: bool, report_file: Path | None, target: str 
     return int(ExitCode.OK)
 
 
-def report_run(run: Run, *, json_out: bool, report_file: Path | None, run_path: Path | None = None,
-               analysis: Any = None) -> int:
+def report_run(
+    run: Run,
+    *,
+    json_out: bool,
+    report_file: Path | None,
+    run_path: Path | None = None,
+    analysis: Any = None,
+) -> int:
     """A soak run's analysis and report from its run file: at the end of `soak` (which passes
     the run's path and its analysis) and offline in `vramdoctor report RUN.jsonl`.
     Exit 1 when a layer leaks or the server died during the run, else 0."""
     _check_report_suffix(report_file)
     from ..report.soak import report_run as report_soak_run
 
-    return report_soak_run(run, json_out=json_out, report_file=report_file, run_path=run_path,
-                           analysis=analysis)
+    return report_soak_run(
+        run, json_out=json_out, report_file=report_file, run_path=run_path, analysis=analysis
+    )
 
 
 @app.command("soak")
 def soak_cmd(
-    url: str = typer.Option(..., "--url", help="The server's base URL, e.g. http://127.0.0.1:30000"),
+    url: str = typer.Option(
+        ..., "--url", help="The server's base URL, e.g. http://127.0.0.1:30000"
+    ),
     gpu_metrics: str | None = typer.Option(
-        None, "--gpu-metrics",
+        None,
+        "--gpu-metrics",
         help="dcgm-exporter or nvitop-exporter URL when the server's GPUs are on another host "
-        "(also --gpu-exporter)."),
+        "(also --gpu-exporter).",
+    ),
     gpu_exporter: str | None = typer.Option(None, "--gpu-exporter", hidden=True),  # the old name
     gpus: list[str] | None = typer.Option(None, "--gpu", metavar="N", help=GPU_HELP),
     rounds: int = typer.Option(4, "--rounds", help="Rounds of identical traffic (at least)."),
     max_rounds: int | None = typer.Option(
-        None, "--max-rounds",
+        None,
+        "--max-rounds",
         help=f"While a memory layer is undecided after --rounds, run more rounds up to this many "
-        f"(default: {DEFAULT_MAX_ROUNDS}, or --rounds when larger)."),
+        f"(default: {DEFAULT_MAX_ROUNDS}, or --rounds when larger).",
+    ),
     no_adapt: bool = typer.Option(False, "--no-adapt", help="Run exactly --rounds rounds."),
     requests_n: int = typer.Option(50, "--requests", help="Requests per round."),
     concurrency: int = typer.Option(4, "--concurrency", help="Requests in flight at once."),
-    idle: float = typer.Option(10.0, "--idle", help="Idle seconds after each round (and the baseline)."),
-    baseline: float | None = typer.Option(None, "--baseline", help="Idle seconds before the first round (default: --idle)."),
+    idle: float = typer.Option(
+        10.0, "--idle", help="Idle seconds after each round (and the baseline)."
+    ),
+    baseline: float | None = typer.Option(
+        None, "--baseline", help="Idle seconds before the first round (default: --idle)."
+    ),
     image_size: list[str] | None = typer.Option(
-        None, "--image-size", help="Generated image size WxH (repeatable). Default: 448x448 and 896x672."),
-    image_dir: Path | None = typer.Option(None, "--image-dir", help="Send these images instead (sorted by name)."),
+        None,
+        "--image-size",
+        help="Generated image size WxH (repeatable). Default: 448x448 and 896x672.",
+    ),
+    image_dir: Path | None = typer.Option(
+        None, "--image-dir", help="Send these images instead (sorted by name)."
+    ),
     text_only: bool = typer.Option(False, "--text-only", help="No images: text prompts only."),
-    api: str = typer.Option("chat", "--api", help="chat (/v1/chat/completions) or completions (/v1/completions, text)."),
+    api: str = typer.Option(
+        "chat", "--api", help="chat (/v1/chat/completions) or completions (/v1/completions, text)."
+    ),
     model: str | None = typer.Option(
-        None, "--model", help="Model name to send (default: the server's first /v1/models id). "
-        "With --model, a failing /v1/models is only a note."),
+        None,
+        "--model",
+        help="Model name to send (default: the server's first /v1/models id). "
+        "With --model, a failing /v1/models is only a note.",
+    ),
     max_tokens: int = typer.Option(16, "--max-tokens", help="max_tokens of each request."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the generated images (same seed, same bytes)."),
-    stream: bool = typer.Option(False, "--stream", help="Stream every response (server-sent events)."),
+    seed: int = typer.Option(
+        0, "--seed", help="Seed of the generated images (same seed, same bytes)."
+    ),
+    stream: bool = typer.Option(
+        False, "--stream", help="Stream every response (server-sent events)."
+    ),
     abort_fraction: float = typer.Option(
-        0.0, "--abort-fraction",
-        help="Share of each round's requests (0..1) streamed and closed by the client after the first tokens."),
+        0.0,
+        "--abort-fraction",
+        help="Share of each round's requests (0..1) streamed and closed by the client after the first tokens.",
+    ),
     production_rate: float | None = typer.Option(
-        None, "--production-rate",
+        None,
+        "--production-rate",
         help="Your production request rate (requests/s) for time-to-OOM in hours (default: the "
-        "server's own request counters during the baseline, when they show traffic)."),
-    out: Path | None = typer.Option(None, "--out", help="Run file (default: runs/soak-UTCTIME-PID-RANDOM.jsonl)."),
-    report_file: Path | None = typer.Option(None, "--report", help="Also write FILE.html or FILE.png."),
+        "server's own request counters during the baseline, when they show traffic).",
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", help="Run file (default: runs/soak-UTCTIME-PID-RANDOM.jsonl)."
+    ),
+    report_file: Path | None = typer.Option(
+        None, "--report", help="Also write FILE.html or FILE.png."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
-    max_requests: int | None = typer.Option(None, "--max-requests", help="Never send more requests than this in total."),
-    duration: float | None = typer.Option(None, "--duration", help="Never run longer than this many seconds."),
+    max_requests: int | None = typer.Option(
+        None, "--max-requests", help="Never send more requests than this in total."
+    ),
+    duration: float | None = typer.Option(
+        None, "--duration", help="Never run longer than this many seconds."
+    ),
     api_key: str | None = typer.Option(
-        None, "--api-key", help="Bearer key (default: $OPENAI_API_KEY or $VRAMDOCTOR_API_KEY). Never printed or recorded."),
+        None,
+        "--api-key",
+        help="Bearer key (default: $OPENAI_API_KEY or $VRAMDOCTOR_API_KEY). Never printed or recorded.",
+    ),
     interval: float = typer.Option(0.5, "--interval", help="Seconds between memory samples."),
     timeout: float = typer.Option(120.0, "--timeout", help="Seconds to wait for one answer."),
     min_growth_mib: float = typer.Option(
-        MIN_GROWTH_MIB, "--min-growth-mib", help="Smallest change (MiB) that counts as growth."),
-    pids: list[int] | None = typer.Option(None, "--pid", help="Also sample this PID's host memory (repeatable)."),
+        MIN_GROWTH_MIB, "--min-growth-mib", help="Smallest change (MiB) that counts as growth."
+    ),
+    pids: list[int] | None = typer.Option(
+        None, "--pid", help="Also sample this PID's host memory (repeatable)."
+    ),
     attribute: str | None = typer.Option(
-        None, "--attribute",
+        None,
+        "--attribute",
         help="Name the code that holds growing GPU memory: DIR (the VRAMDOCTOR_AGENT_DIR of a server "
         "started with PYTHONPATH=$(vramdoctor agent-path)) or sglang[:DIR] (SGLang's /start_profile, "
-        "scheduler processes only). See docs/attribute.md."),
+        "scheduler processes only). See docs/attribute.md.",
+    ),
 ) -> None:
     """Replay identical traffic in rounds with idle windows; a verdict per memory layer.
 
@@ -159,13 +219,33 @@ def soak_cmd(
         raise InputError("--gpu-metrics and --gpu-exporter are one option: give it once")
     gpu_metrics = gpu_metrics or gpu_exporter
     cfg = SoakConfig(
-        url=url, rounds=rounds, requests=requests_n, concurrency=concurrency, idle_s=idle,
-        baseline_s=baseline, adapt=not no_adapt, max_rounds=max_rounds,
-        image_sizes=tuple(image_size or DEFAULT_SIZES), image_dir=image_dir, text_only=text_only,
-        api=api, model=model, max_tokens=max_tokens, seed=seed, stream=stream,
-        abort_fraction=abort_fraction, out=out, max_requests=max_requests, duration_s=duration,
-        api_key=api_key, interval_s=interval, timeout_s=timeout, min_growth_mib=min_growth_mib,
-        gpu_metrics=gpu_metrics, gpus=tuple(parse_gpu_indices(gpus) or ()) or None, pids=tuple(pids or ()),
+        url=url,
+        rounds=rounds,
+        requests=requests_n,
+        concurrency=concurrency,
+        idle_s=idle,
+        baseline_s=baseline,
+        adapt=not no_adapt,
+        max_rounds=max_rounds,
+        image_sizes=tuple(image_size or DEFAULT_SIZES),
+        image_dir=image_dir,
+        text_only=text_only,
+        api=api,
+        model=model,
+        max_tokens=max_tokens,
+        seed=seed,
+        stream=stream,
+        abort_fraction=abort_fraction,
+        out=out,
+        max_requests=max_requests,
+        duration_s=duration,
+        api_key=api_key,
+        interval_s=interval,
+        timeout_s=timeout,
+        min_growth_mib=min_growth_mib,
+        gpu_metrics=gpu_metrics,
+        gpus=tuple(parse_gpu_indices(gpus) or ()) or None,
+        pids=tuple(pids or ()),
         production_rate_rps=production_rate,
     ).validate()
     _check_report_suffix(report_file)
@@ -194,7 +274,9 @@ def soak_cmd(
             live = live_box[0]
             live.on_state(state)
             if state.undecided and state.round >= cfg.rounds:
-                live.phase += "; undecided: " + ", ".join(f"{layer} ({why})" for layer, why in state.undecided)
+                live.phase += "; undecided: " + ", ".join(
+                    f"{layer} ({why})" for layer, why in state.undecided
+                )
         else:
             plain(state)
 
@@ -209,25 +291,42 @@ def soak_cmd(
             from ..soak.runner import run_soak  # here: it brings requests, numpy, PIL, psutil
 
             plain = _plain_progress(cfg.requests, cfg.rounds)
-            hooks = _attribute_hooks(attribute, cfg)  # soak --attribute (vramdoctor.attribute.hooks)
+            hooks = _attribute_hooks(
+                attribute, cfg
+            )  # soak --attribute (vramdoctor.attribute.hooks)
         except KeyboardInterrupt:
-            raise Interrupted("interrupted before measuring: nothing was sent or recorded") from None
+            raise Interrupted(
+                "interrupted before measuring: nothing was sent or recorded"
+            ) from None
         if hooks:
             cfg = hooks[0].cfg
         try:  # run_soak turns its own interrupts into a partial report or `Interrupted`
-            outcome = run_soak(cfg, notify=console.note, progress=progress, on_sample=on_sample,
-                               before_run=before_run, hooks=[h.hook for h in hooks])
+            outcome = run_soak(
+                cfg,
+                notify=console.note,
+                progress=progress,
+                on_sample=on_sample,
+                before_run=before_run,
+                hooks=[h.hook for h in hooks],
+            )
         finally:
             for h in hooks:
                 h.hook.close()
         try:
             # Exit code (README "Exit codes"): the analysis's, interrupted runs included (130,
             # or 1 when a problem was found before the interrupt).
-            code = report_run(read_run(outcome.run_path), json_out=json_out, report_file=report_file,
-                              run_path=outcome.run_path, analysis=outcome.analysis)
+            code = report_run(
+                read_run(outcome.run_path),
+                json_out=json_out,
+                report_file=report_file,
+                run_path=outcome.run_path,
+                analysis=outcome.analysis,
+            )
         except KeyboardInterrupt:
-            raise Interrupted(f"interrupted while reporting; the run file is kept: {outcome.run_path} "
-                              f"(re-analyse: vramdoctor report {outcome.run_path})") from None
+            raise Interrupted(
+                f"interrupted while reporting; the run file is kept: {outcome.run_path} "
+                f"(re-analyse: vramdoctor report {outcome.run_path})"
+            ) from None
     finally:
         if previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)
@@ -248,8 +347,12 @@ def _attribute_hooks(value: str | None, cfg: SoakConfig) -> list[Any]:
         cfg = dataclasses.replace(cfg, out=default_run_path())
     assert cfg.out is not None
     key = cfg.resolved_api_key
-    hook = build_hook(value, url=cfg.url, run_path=cfg.out,
-                      headers={"Authorization": f"Bearer {key}"} if key else None)
+    hook = build_hook(
+        value,
+        url=cfg.url,
+        run_path=cfg.out,
+        headers={"Authorization": f"Bearer {key}"} if key else None,
+    )
     if hasattr(hook, "start_note"):
         console.note(hook.start_note())
     return [SimpleNamespace(hook=hook, cfg=cfg)]
@@ -279,13 +382,20 @@ def _plain_progress(per_round: int, rounds: int) -> Any:
         if state.phase == "load":
             extra = ""
             if state.round > rounds and state.undecided:
-                extra = " (extra round: undecided " + ", ".join(
-                    f"{layer}: {why}" for layer, why in state.undecided) + ")"
-            console.note(f"round {state.round}/{max(rounds, state.round)}: sending {per_round} requests{extra}")
+                extra = (
+                    " (extra round: undecided "
+                    + ", ".join(f"{layer}: {why}" for layer, why in state.undecided)
+                    + ")"
+                )
+            console.note(
+                f"round {state.round}/{max(rounds, state.round)}: sending {per_round} requests{extra}"
+            )
         elif state.phase == "idle" and state.results:
             r = state.results[-1]
             errs = r.sent - r.ok - r.outcomes["aborted"]
-            aborted = f", {r.outcomes['aborted']} aborted by the client" if r.outcomes["aborted"] else ""
+            aborted = (
+                f", {r.outcomes['aborted']} aborted by the client" if r.outcomes["aborted"] else ""
+            )
             console.note(f"round {state.round}: {r.sent} sent, {errs} failed{aborted}; idle")
         elif state.phase == "baseline":
             console.note("baseline: idle")

@@ -51,26 +51,57 @@ def _event_line(ev: Event) -> str:
 
 @app.command("watch")
 def watch_cmd(
-    server: str | None = typer.Option(None, "--server", metavar="URL",
-                                      help="The inference server (SGLang/vLLM) base URL: its /metrics is read and, on this host, its processes found."),
-    metrics: str | None = typer.Option(None, "--metrics", metavar="URL", help="The server's /metrics URL, when not SERVER/metrics."),
-    pid: list[int] = typer.Option([], "--pid", help="Also watch this process's host memory (repeat)."),
-    gpu_metrics: list[str] = typer.Option([], "--gpu-metrics", metavar="URL",
-                                          help="Read GPUs from dcgm-exporter or nvitop-exporter instead of NVML here (repeat)."),
+    server: str | None = typer.Option(
+        None,
+        "--server",
+        metavar="URL",
+        help="The inference server (SGLang/vLLM) base URL: its /metrics is read and, on this host, its processes found.",
+    ),
+    metrics: str | None = typer.Option(
+        None, "--metrics", metavar="URL", help="The server's /metrics URL, when not SERVER/metrics."
+    ),
+    pid: list[int] = typer.Option(
+        [], "--pid", help="Also watch this process's host memory (repeat)."
+    ),
+    gpu_metrics: list[str] = typer.Option(
+        [],
+        "--gpu-metrics",
+        metavar="URL",
+        help="Read GPUs from dcgm-exporter or nvitop-exporter instead of NVML here (repeat).",
+    ),
     gpu: list[str] = typer.Option([], "--gpu", metavar="N", help=GPU_HELP),
     gpus: str | None = typer.Option(None, "--gpus", hidden=True, help="Old spelling of --gpu."),
     interval: str = typer.Option("5s", "--interval", help="Time between samples."),
     window: str = typer.Option("6h", "--window", help="Length of the rolling analysis window."),
-    bucket: str = typer.Option("1m", "--bucket", help="History resolution: one bucket (min, max, mean) per this long."),
-    warmup: str = typer.Option("30m", "--warmup", help="Left out of the analysis after each process start."),
-    analyse_every: str = typer.Option("30s", "--analyse-every", help="How often the verdicts are recomputed."),
-    listen: str = typer.Option("127.0.0.1:9840", "--listen", metavar="HOST:PORT", help="Serve /metrics here (0.0.0.0:PORT to reach it from other hosts)."),
+    bucket: str = typer.Option(
+        "1m", "--bucket", help="History resolution: one bucket (min, max, mean) per this long."
+    ),
+    warmup: str = typer.Option(
+        "30m", "--warmup", help="Left out of the analysis after each process start."
+    ),
+    analyse_every: str = typer.Option(
+        "30s", "--analyse-every", help="How often the verdicts are recomputed."
+    ),
+    listen: str = typer.Option(
+        "127.0.0.1:9840",
+        "--listen",
+        metavar="HOST:PORT",
+        help="Serve /metrics here (0.0.0.0:PORT to reach it from other hosts).",
+    ),
     no_exporter: bool = typer.Option(False, "--no-exporter", help="Do not serve /metrics."),
-    out: Path | None = typer.Option(None, "--out", metavar="DIR", help="Record samples into rotating run files in DIR."),
-    rotate_mib: float = typer.Option(64.0, "--rotate-mib", help="Start a new run file past this size."),
+    out: Path | None = typer.Option(
+        None, "--out", metavar="DIR", help="Record samples into rotating run files in DIR."
+    ),
+    rotate_mib: float = typer.Option(
+        64.0, "--rotate-mib", help="Start a new run file past this size."
+    ),
     keep: int = typer.Option(8, "--keep", help="Keep this many run files (oldest deleted)."),
-    duration: str | None = typer.Option(None, "--duration", help="Stop after this long (default: until Ctrl-C or SIGTERM)."),
-    json_out: bool = typer.Option(False, "--json", help="At the end, print the result as one JSON object."),
+    duration: str | None = typer.Option(
+        None, "--duration", help="Stop after this long (default: until Ctrl-C or SIGTERM)."
+    ),
+    json_out: bool = typer.Option(
+        False, "--json", help="At the end, print the result as one JSON object."
+    ),
 ) -> None:
     """Watch one GPU host passively (no traffic): a rolling leak/caching verdict per process and layer, served as Prometheus /metrics.
 
@@ -95,16 +126,29 @@ def watch_cmd(
     window_s = parse_duration(window, "--window")
     bucket_s = parse_duration(bucket, "--bucket")
     if interval_s <= 0 or bucket_s <= 0 or window_s < 2 * bucket_s:
-        raise InputError("--interval and --bucket must be positive and --window at least two buckets")
+        raise InputError(
+            "--interval and --bucket must be positive and --window at least two buckets"
+        )
     if rotate_mib <= 0 or keep < 1:
         raise InputError("--rotate-mib must be positive and --keep at least 1")
-    config = WatchConfig(bucket_s=bucket_s, max_buckets=int(window_s // bucket_s),
-                         warmup_s=parse_duration(warmup, "--warmup"))
+    config = WatchConfig(
+        bucket_s=bucket_s,
+        max_buckets=int(window_s // bucket_s),
+        warmup_s=parse_duration(warmup, "--warmup"),
+    )
     options = WatchOptions(
-        interval_s=interval_s, analyse_every_s=parse_duration(analyse_every, "--analyse-every"),
-        server_url=server, metrics_url=metrics, pids=list(pid), gpu_metrics=list(gpu_metrics),
-        gpus=_gpus(gpu, gpus), config=config, out_dir=out, rotate_bytes=int(rotate_mib * 1024 * 1024),
-        keep_files=keep, listen=None if no_exporter else listen,
+        interval_s=interval_s,
+        analyse_every_s=parse_duration(analyse_every, "--analyse-every"),
+        server_url=server,
+        metrics_url=metrics,
+        pids=list(pid),
+        gpu_metrics=list(gpu_metrics),
+        gpus=_gpus(gpu, gpus),
+        config=config,
+        out_dir=out,
+        rotate_bytes=int(rotate_mib * 1024 * 1024),
+        keep_files=keep,
+        listen=None if no_exporter else listen,
     )
     stop_s = parse_duration(duration, "--duration") if duration else None
     raise typer.Exit(run_watch(options, stop_s, json_out=json_out))
@@ -167,8 +211,11 @@ def report_run(run: Run, *, json_out: bool, report_file: Path | None) -> int:
         raise InputError("watch reports have no file form: use --json, or the exporter's metrics")
     config = run.header.get("config") or {}
     try:
-        wc = WatchConfig(bucket_s=float(config.get("bucket_s", 60.0)), max_buckets=int(config.get("max_buckets", 360)),
-                         warmup_s=float(config.get("warmup_s", 1800.0)))
+        wc = WatchConfig(
+            bucket_s=float(config.get("bucket_s", 60.0)),
+            max_buckets=int(config.get("max_buckets", 360)),
+            warmup_s=float(config.get("warmup_s", 1800.0)),
+        )
     except (TypeError, ValueError):
         raise InputError(f"{run.path}: damaged watch settings in the header") from None
     if not run.records:

@@ -89,7 +89,11 @@ class FeatureBufferPool:
     def __init__(self, total_bytes: int, workers: int = 1, device: int | str | None = None) -> None:
         torch = load_torch("FeatureBufferPool")
         self.capacity = per_worker_bytes(total_bytes, workers)
-        dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        dev = (
+            torch.device("cuda", torch.cuda.current_device())
+            if device is None
+            else torch.device(device)
+        )
         if dev.type != "cuda":
             raise ValueError("FeatureBufferPool needs a CUDA device")
         self.device = dev

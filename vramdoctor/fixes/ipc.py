@@ -102,7 +102,9 @@ def peer_access(consumer: int, producer: int) -> bool:
 _warned_no_peer: set[tuple[int, int]] = set()
 
 
-def open_cuda_tensor(handle: CudaIpcHandle, device: int | None = None, *, redirect: bool = True) -> Any:
+def open_cuda_tensor(
+    handle: CudaIpcHandle, device: int | None = None, *, redirect: bool = True
+) -> Any:
     """Rebuild a shared tensor in this process.
 
     With `redirect` (the fix) the handle is opened on `device` (default: the current

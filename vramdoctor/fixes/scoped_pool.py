@@ -121,8 +121,10 @@ def _allocator_bytes(torch: Any, device: int) -> tuple[int, int, int]:
     """(allocated, reserved, large-pool reserved) bytes on the device, from the raw counters."""
     stats = torch._C._cuda_memoryStats(device)
     reserved = stats["reserved_bytes"]
-    return int(stats["allocated_bytes"]["all"]["current"]), int(reserved["all"]["current"]), int(
-        reserved["large_pool"]["current"]
+    return (
+        int(stats["allocated_bytes"]["all"]["current"]),
+        int(reserved["all"]["current"]),
+        int(reserved["large_pool"]["current"]),
     )
 
 
@@ -137,7 +139,11 @@ def release_parked(*, force: bool = True) -> int:
             return 0
         # New escapes are checked at the next scope; long-lived ones (a library's cached tensor)
         # only once per interval, so they cost nothing per request.
-        if not force and len(_state.orphans) <= _state.checked_count and time.monotonic() < _state.next_check:
+        if (
+            not force
+            and len(_state.orphans) <= _state.checked_count
+            and time.monotonic() < _state.next_check
+        ):
             return 0
         _state.next_check = time.monotonic() + ORPHAN_CHECK_INTERVAL_S
         torch = load_torch("request_scoped_pool")
@@ -246,7 +252,9 @@ def request_scoped_pool(
         with torch.cuda.use_mem_pool(pool, device=index):
             # No reserve while escaped tensors live: an escape would pin the whole segment.
             if reserve and recent and not _state.orphans:
-                result.reserve_bytes = _take_reserve(torch, index, min(max(recent), RESERVE_MAX_BYTES))
+                result.reserve_bytes = _take_reserve(
+                    torch, index, min(max(recent), RESERVE_MAX_BYTES)
+                )
             yield result
     finally:
         _, reserved1, large1 = _allocator_bytes(torch, index)

@@ -32,9 +32,16 @@ __all__ = [
 
 
 def run_fleet(
-    prometheus_url: str, *, days: float = 7.0, end: float | None = None, step_s: float = 300.0,
-    matchers: list[str] | None = None, virtual_gpus: bool = False, config: FleetConfig | None = None,
-    headers: dict[str, str] | None = None, timeout_s: float = 60.0,
+    prometheus_url: str,
+    *,
+    days: float = 7.0,
+    end: float | None = None,
+    step_s: float = 300.0,
+    matchers: list[str] | None = None,
+    virtual_gpus: bool = False,
+    config: FleetConfig | None = None,
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 60.0,
 ) -> FleetResult:
     """Query `days` of history ending at `end` (default now) and analyse every series."""
     from ..sources.prometheus import PrometheusClient  # here: it brings requests and numpy
@@ -42,11 +49,25 @@ def run_fleet(
     end = time.time() if end is None else end
     start = end - days * 86400.0
     with PrometheusClient(prometheus_url, headers=headers, timeout_s=timeout_s) as client:
-        series, free, notes = collect(client, start=start, end=end, step_s=step_s, matchers=matchers,
-                                      virtual_gpus=virtual_gpus)
+        series, free, notes = collect(
+            client,
+            start=start,
+            end=end,
+            step_s=step_s,
+            matchers=matchers,
+            virtual_gpus=virtual_gpus,
+        )
         result = analyse(series, start=start, end=end, step_s=step_s, free=free, config=config)
         result.notes.extend(notes)
         result.source_url = client.shown_url
-        result.queries = [{"query": s.query, "chunks": s.chunks, "series": s.series, "points": s.points,
-                           "seconds": round(s.seconds, 3)} for s in client.stats]
+        result.queries = [
+            {
+                "query": s.query,
+                "chunks": s.chunks,
+                "series": s.series,
+                "points": s.points,
+                "seconds": round(s.seconds, 3),
+            }
+            for s in client.stats
+        ]
     return result

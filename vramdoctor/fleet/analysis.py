@@ -31,7 +31,16 @@ import numpy as np
 from ..analysis.soak.results import finite
 from ..watch.trend import LEAK, VERDICT_RANK, Trend, TrendThresholds, classify, low_envelope_arrays
 
-__all__ = ["SCHEMA", "FleetConfig", "FleetResult", "FleetRow", "FleetSeries", "analyse", "analyse_series", "segments"]
+__all__ = [
+    "SCHEMA",
+    "FleetConfig",
+    "FleetResult",
+    "FleetRow",
+    "FleetSeries",
+    "analyse",
+    "analyse_series",
+    "segments",
+]
 
 SCHEMA = "vramdoctor.fleet/1"
 
@@ -55,7 +64,12 @@ class FleetSeries:
     @property
     def key(self) -> str:
         parts = [self.host, self.layer]
-        for k, v in (("gpu", self.gpu), ("pid", self.pid), ("pod", self.pod), ("process", self.process)):
+        for k, v in (
+            ("gpu", self.gpu),
+            ("pid", self.pid),
+            ("pod", self.pod),
+            ("process", self.process),
+        ):
             if v is not None:
                 parts.append(f"{k}={v}")
         return "/".join(parts)
@@ -117,10 +131,30 @@ class FleetRow:
         return "/".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in (
-            "host", "layer", "unit", "source", "gpu", "pid", "process", "pod", "verdict", "reason",
-            "level", "growth_per_hour", "hours_to_oom", "free", "restarts", "points",
-            "analysed_from", "analysed_to", "warmup_skipped")}
+        d = {
+            k: getattr(self, k)
+            for k in (
+                "host",
+                "layer",
+                "unit",
+                "source",
+                "gpu",
+                "pid",
+                "process",
+                "pod",
+                "verdict",
+                "reason",
+                "level",
+                "growth_per_hour",
+                "hours_to_oom",
+                "free",
+                "restarts",
+                "points",
+                "analysed_from",
+                "analysed_to",
+                "warmup_skipped",
+            )
+        }
         d["growth_per_hour_ci"] = list(self.growth_per_hour_ci) if self.growth_per_hour_ci else None
         d["trend"] = self.trend.to_dict() if self.trend else None
         return finite(d)
@@ -145,24 +179,31 @@ class FleetResult:
 
     def to_dict(self) -> dict[str, Any]:
         c = self.config
-        return finite({
-            "schema": SCHEMA,
-            "prometheus": self.source_url,
-            "start": self.start,
-            "end": self.end,
-            "step_s": self.step_s,
-            "block_s": c.block_s,
-            "warmup_s": c.warmup_s,
-            "leaks": len(self.leaks),
-            "rows": [r.to_dict() for r in self.rows],
-            "notes": self.notes,
-            "queries": self.queries,
-        })
+        return finite(
+            {
+                "schema": SCHEMA,
+                "prometheus": self.source_url,
+                "start": self.start,
+                "end": self.end,
+                "step_s": self.step_s,
+                "block_s": c.block_s,
+                "warmup_s": c.warmup_s,
+                "leaks": len(self.leaks),
+                "rows": [r.to_dict() for r in self.rows],
+                "notes": self.notes,
+                "queries": self.queries,
+            }
+        )
 
 
-
-def segments(t: np.ndarray, v: np.ndarray, config: FleetConfig, *, min_drop: float | None = None,
-             gaps: bool = True) -> list[tuple[int, int]]:
+def segments(
+    t: np.ndarray,
+    v: np.ndarray,
+    config: FleetConfig,
+    *,
+    min_drop: float | None = None,
+    gaps: bool = True,
+) -> list[tuple[int, int]]:
     """[i0, i1) pieces of a series between restarts (gaps or sudden large drops).
 
     `min_drop` is the smallest drop that counts (default `restart_drop_mib`); `gaps=False` for
@@ -182,8 +223,9 @@ def segments(t: np.ndarray, v: np.ndarray, config: FleetConfig, *, min_drop: flo
     return [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1) if bounds[i + 1] > bounds[i]]
 
 
-def analyse_series(s: FleetSeries, *, range_start: float, step_s: float, free: float | None,
-                   config: FleetConfig) -> FleetRow:
+def analyse_series(
+    s: FleetSeries, *, range_start: float, step_s: float, free: float | None, config: FleetConfig
+) -> FleetRow:
     """The verdict of one series' current piece (after its last restart, past warm-up)."""
     ok = np.isfinite(s.v) & np.isfinite(s.t)
     t, v = s.t[ok], s.v[ok]
@@ -192,12 +234,32 @@ def analyse_series(s: FleetSeries, *, range_start: float, step_s: float, free: f
         pieces = segments(t, v, config)
     else:  # KV at idle: gaps are the busy moments; a restart empties the pool (a large drop)
         pieces = segments(t, v, config, min_drop=4 * th.min_growth, gaps=False)
-    base = dict(host=s.host, layer=s.layer, unit=s.unit, source=s.source, gpu=s.gpu, pid=s.pid,
-                process=s.process, pod=s.pod, free=free, restarts=max(len(pieces) - 1, 0))
+    base = dict(
+        host=s.host,
+        layer=s.layer,
+        unit=s.unit,
+        source=s.source,
+        gpu=s.gpu,
+        pid=s.pid,
+        process=s.process,
+        pod=s.pod,
+        free=free,
+        restarts=max(len(pieces) - 1, 0),
+    )
     if not pieces:
-        return FleetRow(verdict="INCONCLUSIVE", reason="no data in the range", level=None,
-                        growth_per_hour=None, growth_per_hour_ci=None, hours_to_oom=None,
-                        points=0, analysed_from=None, analysed_to=None, warmup_skipped=False, **base)  # type: ignore[arg-type]
+        return FleetRow(
+            verdict="INCONCLUSIVE",
+            reason="no data in the range",
+            level=None,
+            growth_per_hour=None,
+            growth_per_hour_ci=None,
+            hours_to_oom=None,
+            points=0,
+            analysed_from=None,
+            analysed_to=None,
+            warmup_skipped=False,
+            **base,  # type: ignore[arg-type]
+        )
     i0, i1 = pieces[-1]
     pt, pv = t[i0:i1], v[i0:i1]
     started_inside = pt[0] > range_start + 2 * step_s
@@ -217,22 +279,43 @@ def analyse_series(s: FleetSeries, *, range_start: float, step_s: float, free: f
     if started_inside and not len(at):
         reason = "still in its warm-up hours after a start"
     return FleetRow(
-        verdict=trend.verdict, reason=reason, level=float(pv[-1]), growth_per_hour=per_hour,
-        growth_per_hour_ci=ci, hours_to_oom=hours, points=trend.n,
-        analysed_from=float(at[0]) if len(at) else None, analysed_to=float(at[-1]) if len(at) else None,
-        warmup_skipped=bool(started_inside), trend=trend, t=pt, v=pv, envelope=env, **base,  # type: ignore[arg-type]
+        verdict=trend.verdict,
+        reason=reason,
+        level=float(pv[-1]),
+        growth_per_hour=per_hour,
+        growth_per_hour_ci=ci,
+        hours_to_oom=hours,
+        points=trend.n,
+        analysed_from=float(at[0]) if len(at) else None,
+        analysed_to=float(at[-1]) if len(at) else None,
+        warmup_skipped=bool(started_inside),
+        trend=trend,
+        t=pt,
+        v=pv,
+        envelope=env,
+        **base,  # type: ignore[arg-type]
     )
 
 
 def rank_key(r: FleetRow) -> tuple[float, float, float, str]:
     """Leaks first, soonest OOM first, then fastest growth; then INCONCLUSIVE, CACHING, STABLE."""
-    return (-VERDICT_RANK.get(r.verdict, 0),
-            r.hours_to_oom if r.hours_to_oom is not None else math.inf,
-            -(r.growth_per_hour or 0.0) if r.unit == "MiB" else 0.0, r.key)
+    return (
+        -VERDICT_RANK.get(r.verdict, 0),
+        r.hours_to_oom if r.hours_to_oom is not None else math.inf,
+        -(r.growth_per_hour or 0.0) if r.unit == "MiB" else 0.0,
+        r.key,
+    )
 
 
-def analyse(series: list[FleetSeries], *, start: float, end: float, step_s: float,
-            free: dict[tuple[str, str], float] | None = None, config: FleetConfig | None = None) -> FleetResult:
+def analyse(
+    series: list[FleetSeries],
+    *,
+    start: float,
+    end: float,
+    step_s: float,
+    free: dict[tuple[str, str], float] | None = None,
+    config: FleetConfig | None = None,
+) -> FleetResult:
     """Every series' row, ranked. `free`: (host, gpu) -> free MiB now; (instance, "kv") -> free KV now."""
     config = config or FleetConfig()
     free = free or {}

@@ -76,10 +76,22 @@ class KvQuery:
 
 
 KV_QUERIES: tuple[KvQuery, ...] = (
-    KvQuery("sglang", "tokens", ("sglang:num_used_tokens", "sglang:kv_used_tokens"),
-            "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:max_total_num_tokens"),
-    KvQuery("vllm", "ratio", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-            "vllm:num_requests_running", "vllm:num_requests_waiting", None),
+    KvQuery(
+        "sglang",
+        "tokens",
+        ("sglang:num_used_tokens", "sglang:kv_used_tokens"),
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+        "sglang:max_total_num_tokens",
+    ),
+    KvQuery(
+        "vllm",
+        "ratio",
+        ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        None,
+    ),
 )
 
 _PORT = re.compile(r":\d+$")
@@ -102,7 +114,9 @@ def check_matchers(matchers: Iterable[str]) -> list[str]:
     out = []
     for m in matchers:
         if not _MATCH.match(m):
-            raise InputError(f'--match wants a PromQL label matcher like cluster="a" or node=~"gpu-.*", not {m!r}')
+            raise InputError(
+                f'--match wants a PromQL label matcher like cluster="a" or node=~"gpu-.*", not {m!r}'
+            )
         out.append(m.strip())
     return out
 
@@ -154,7 +168,10 @@ def _merge(series: list[RangeSeries]) -> tuple[np.ndarray, np.ndarray]:
 
 def to_series(family: Family, rows: list[RangeSeries], *, virtual_gpus: bool) -> list[FleetSeries]:
     """Map one family's range result to FleetSeries, one per host/GPU/process identity."""
-    groups: dict[tuple[str, str | None, int | None, str, str | None], tuple[dict[str, str], list[RangeSeries]]] = {}
+    groups: dict[
+        tuple[str, str | None, int | None, str, str | None],
+        tuple[dict[str, str], list[RangeSeries]],
+    ] = {}
     for r in rows:
         lab = r.labels
         host, gpu, pid = host_of(lab), _gpu(lab), _pid(lab)
@@ -169,17 +186,33 @@ def to_series(family: Family, rows: list[RangeSeries], *, virtual_gpus: bool) ->
     for (host, gpu, pid, layer, pod), (lab, rs) in groups.items():
         t, v = _merge(rs)
         unit = "MiB"
-        out.append(FleetSeries(
-            host=host, layer=layer, unit=unit, source=family.source, t=t, v=v * family.scale,
-            gpu=gpu, uuid=lab.get("UUID") or lab.get("uuid"), pid=pid,
-            process=lab.get("process") or lab.get("process_name") or None, pod=pod,
-        ))
+        out.append(
+            FleetSeries(
+                host=host,
+                layer=layer,
+                unit=unit,
+                source=family.source,
+                t=t,
+                v=v * family.scale,
+                gpu=gpu,
+                uuid=lab.get("UUID") or lab.get("uuid"),
+                pid=pid,
+                process=lab.get("process") or lab.get("process_name") or None,
+                pod=pod,
+            )
+        )
     return out
 
 
-def collect(client: PrometheusClient, *, start: float, end: float, step_s: float,
-            matchers: list[str] | None = None, virtual_gpus: bool = False,
-            ) -> tuple[list[FleetSeries], dict[tuple[str, str], float], list[str]]:
+def collect(
+    client: PrometheusClient,
+    *,
+    start: float,
+    end: float,
+    step_s: float,
+    matchers: list[str] | None = None,
+    virtual_gpus: bool = False,
+) -> tuple[list[FleetSeries], dict[tuple[str, str], float], list[str]]:
     """(memory series, free MiB now per (host, gpu), notes) from every family Prometheus holds."""
     matchers = check_matchers(matchers or [])
     present = client.metric_names(start, end)
@@ -195,12 +228,16 @@ def collect(client: PrometheusClient, *, start: float, end: float, step_s: float
             continue
         found_any = True
         if fam.layer == "free":  # only the latest value matters: one instant query at the end
-            for lab, value in client.query(f"last_over_time({_selector(fam.name, matchers)}[1h])", at=end):
+            for lab, value in client.query(
+                f"last_over_time({_selector(fam.name, matchers)}[1h])", at=end
+            ):
                 gpu = _gpu(lab)
                 if gpu is not None and np.isfinite(value):
                     free[(host_of(lab), gpu)] = value * fam.scale
             continue
-        rows = client.query_range(f"min_over_time({_selector(fam.name, matchers)}[{step}])", start, end, step_s)
+        rows = client.query_range(
+            f"min_over_time({_selector(fam.name, matchers)}[{step}])", start, end, step_s
+        )
         series.extend(to_series(fam, rows, virtual_gpus=virtual_gpus))
     for q in KV_QUERIES:
         used = next((u for u in q.used if u in present), None)
@@ -208,27 +245,41 @@ def collect(client: PrometheusClient, *, start: float, end: float, step_s: float
             continue
         found_any = True
         if q.running not in present or q.queued not in present:
-            notes.append(f"{used} is stored but not {q.running} and {q.queued}: its idle moments cannot be told, so it is left out")
+            notes.append(
+                f"{used} is stored but not {q.running} and {q.queued}: its idle moments cannot be told, so it is left out"
+            )
             continue
         sel = lambda n: _selector(n, matchers)  # noqa: E731
-        query = (f"max by (instance) ({sel(used)}) unless on (instance) "
-                 f"(sum by (instance) ({sel(q.running)}) + sum by (instance) ({sel(q.queued)}) > 0)")
+        query = (
+            f"max by (instance) ({sel(used)}) unless on (instance) "
+            f"(sum by (instance) ({sel(q.running)}) + sum by (instance) ({sel(q.queued)}) > 0)"
+        )
         kv_rows = client.query_range(query, start, end, step_s)
         capacity: dict[str, float] = {}
         if q.capacity is None:
-            capacity = {r.labels.get("instance", "?"): 1.0 for r in kv_rows}  # a 0..1 ratio: the pool is 1
+            capacity = {
+                r.labels.get("instance", "?"): 1.0 for r in kv_rows
+            }  # a 0..1 ratio: the pool is 1
         elif q.capacity in present:
-            capacity = {lab.get("instance", "?"): v for lab, v in client.query(
-                f"max by (instance) (last_over_time({sel(q.capacity)}[1h]))", at=end)}
+            capacity = {
+                lab.get("instance", "?"): v
+                for lab, v in client.query(
+                    f"max by (instance) (last_over_time({sel(q.capacity)}[1h]))", at=end
+                )
+            }
         for r in kv_rows:
             inst = r.labels.get("instance", "?")
-            series.append(FleetSeries(host=inst, layer="kv", unit=q.unit, source=q.source, t=r.t, v=r.v))
+            series.append(
+                FleetSeries(host=inst, layer="kv", unit=q.unit, source=q.source, t=r.t, v=r.v)
+            )
             ok = np.isfinite(r.v)
             if inst in capacity and ok.any():
                 free[(inst, "kv")] = capacity[inst] - float(r.v[ok][-1])
     if not found_any:
-        notes.append("Prometheus holds none of the memory metrics fleet reads (dcgm-exporter DCGM_FI_DEV_FB_USED, "
-                     "nvitop-exporter process_gpu_memory_MiB, nvidia_gpu_exporter "
-                     "nvidia_smi_compute_app_used_memory_bytes, vramdoctor watch, SGLang/vLLM KV gauges) "
-                     "in this range")
+        notes.append(
+            "Prometheus holds none of the memory metrics fleet reads (dcgm-exporter DCGM_FI_DEV_FB_USED, "
+            "nvitop-exporter process_gpu_memory_MiB, nvidia_gpu_exporter "
+            "nvidia_smi_compute_app_used_memory_bytes, vramdoctor watch, SGLang/vLLM KV gauges) "
+            "in this range"
+        )
     return series, free, notes

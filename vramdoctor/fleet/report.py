@@ -42,28 +42,54 @@ def sentence(result: FleetResult) -> str:
     if not leaks:
         return f"No leak in {len(result.rows)} series over {format_duration(result.end - result.start)}."
     r = leaks[0]
-    when = format_duration(r.hours_to_oom * 3600.0) if r.hours_to_oom is not None else "an unknown time (free memory not exported)"
+    when = (
+        format_duration(r.hours_to_oom * 3600.0)
+        if r.hours_to_oom is not None
+        else "an unknown time (free memory not exported)"
+    )
     more = f" ({len(leaks) - 1} more leaking series below)" if len(leaks) > 1 else ""
-    return (f"{_where(r)} is leaking {r.layer} memory: {_size(r, r.growth_per_hour, signed=True)} per hour; "
-            f"it runs out in {when}.{more}")
+    return (
+        f"{_where(r)} is leaking {r.layer} memory: {_size(r, r.growth_per_hour, signed=True)} per hour; "
+        f"it runs out in {when}.{more}"
+    )
 
 
 def render(result: FleetResult, console: Console, *, top: int | None = None) -> None:
     console.print(sentence(result), style="bold red" if result.leaks else "green", markup=False)
     span = format_duration(result.end - result.start)
-    table = Table(title=f"fleet: {span}, step {format_duration(result.step_s)}", title_justify="left")
-    for col in ("#", "where", "layer", "level", "growth/hour", "time to OOM", "restarts", "verdict", "source"):
+    table = Table(
+        title=f"fleet: {span}, step {format_duration(result.step_s)}", title_justify="left"
+    )
+    for col in (
+        "#",
+        "where",
+        "layer",
+        "level",
+        "growth/hour",
+        "time to OOM",
+        "restarts",
+        "verdict",
+        "source",
+    ):
         table.add_column(col, overflow="fold")
     rows = result.rows if top is None else result.rows[:top]
     for i, r in enumerate(rows, 1):
         table.add_row(
-            str(i), _where(r), r.layer, _size(r, r.level), _size(r, r.growth_per_hour, signed=True),
+            str(i),
+            _where(r),
+            r.layer,
+            _size(r, r.level),
+            _size(r, r.growth_per_hour, signed=True),
             format_duration(r.hours_to_oom * 3600.0) if r.hours_to_oom is not None else "-",
-            str(r.restarts), f"[{_STYLE.get(r.verdict, '')}]{r.verdict}[/]", r.source,
+            str(r.restarts),
+            f"[{_STYLE.get(r.verdict, '')}]{r.verdict}[/]",
+            r.source,
         )
     console.print(table)
     if top is not None and len(result.rows) > top:
-        console.print(f"({len(result.rows) - top} more series; --top 0 shows all)", style="dim", markup=False)
+        console.print(
+            f"({len(result.rows) - top} more series; --top 0 shows all)", style="dim", markup=False
+        )
     for note in result.notes:
         console.print(f"note: {note}", style="dim", markup=False)
 
@@ -97,8 +123,13 @@ def chart(row: FleetRow, directory: Path) -> Path:
             x_last, y_last = row.envelope[-1]
             xs = [row.envelope[0][0], x_last]
             ys = [y_last - tr.slope * (x_last - x) for x in xs]
-            ax.plot([(x - row.t[0]) / 3600.0 for x in xs], ys, "-", color="#d62728",
-                    label=f"{_size(row, row.growth_per_hour, signed=True)} per hour")
+            ax.plot(
+                [(x - row.t[0]) / 3600.0 for x in xs],
+                ys,
+                "-",
+                color="#d62728",
+                label=f"{_size(row, row.growth_per_hour, signed=True)} per hour",
+            )
     start = time.strftime("%Y-%m-%d %H:%M", time.gmtime(float(row.t[0])))
     ax.set_xlabel(f"hours since {start} UTC")
     ax.set_ylabel(row.unit)

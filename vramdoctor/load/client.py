@@ -60,8 +60,9 @@ class LoadClient:
     def _clean(self, text: str) -> str:
         return redact_text(text, [self._api_key] if self._api_key else [])[:200]
 
-    def _read_stream(self, req: PlannedRequest, resp: requests.Response, start: float,
-                     limit: float) -> Outcome:
+    def _read_stream(
+        self, req: PlannedRequest, resp: requests.Response, start: float, limit: float
+    ) -> Outcome:
         """Read SSE chunks until [DONE], the planned abort, or the deadline (raises what
         requests raises; `send` classifies it)."""
         chunks = 0
@@ -82,28 +83,43 @@ class LoadClient:
             resp.close()
         if chunks and req.abort_after_chunks is None:
             return Outcome("ok", resp.status_code, time.monotonic() - start)  # no [DONE] sent
-        return Outcome("http_error", resp.status_code, time.monotonic() - start,
-                       "stream ended before any chunk" if not chunks else
-                       "stream ended before the planned abort")
+        return Outcome(
+            "http_error",
+            resp.status_code,
+            time.monotonic() - start,
+            "stream ended before any chunk"
+            if not chunks
+            else "stream ended before the planned abort",
+        )
 
     def send(self, req: PlannedRequest, timeout: float | None = None) -> Outcome:
         """Send one request; `timeout` can only shorten the client's own (a --duration deadline)."""
         limit = self.timeout if timeout is None else min(self.timeout, timeout)
         start = time.monotonic()
         try:
-            resp = self._session().post(self.base_url + req.path, json=req.body, timeout=limit,
-                                        stream=req.stream)
-            if req.stream and 200 <= resp.status_code < 300 and "event-stream" in resp.headers.get(
-                    "content-type", ""):
+            resp = self._session().post(
+                self.base_url + req.path, json=req.body, timeout=limit, stream=req.stream
+            )
+            if (
+                req.stream
+                and 200 <= resp.status_code < 300
+                and "event-stream" in resp.headers.get("content-type", "")
+            ):
                 return self._read_stream(req, resp, start, limit)
         except requests.Timeout:
             return Outcome("timeout", None, time.monotonic() - start, f"no answer in {limit:g} s")
         except requests.ConnectionError as exc:
             self._local.session = None  # the server may come back: reconnect next time
-            return Outcome("connection", None, time.monotonic() - start,
-                           self._clean(type(exc).__name__ + ": server not reachable"))
+            return Outcome(
+                "connection",
+                None,
+                time.monotonic() - start,
+                self._clean(type(exc).__name__ + ": server not reachable"),
+            )
         except Exception as exc:  # never let one request end the soak
-            return Outcome("other", None, time.monotonic() - start, self._clean(f"{type(exc).__name__}: {exc}"))
+            return Outcome(
+                "other", None, time.monotonic() - start, self._clean(f"{type(exc).__name__}: {exc}")
+            )
         latency = time.monotonic() - start
         if 200 <= resp.status_code < 300:
             try:
@@ -114,8 +130,14 @@ class LoadClient:
                 return Outcome("ok", resp.status_code, latency)
             # A proxy's HTML page or some other service: the model did no work, so it is no
             # evidence about memory (counting it as ok made a soak of a wrong URL look STABLE).
-            return Outcome("http_error", resp.status_code, latency, self._clean(
-                f"HTTP {resp.status_code} but not a completion (no 'choices'): {resp.text[:80]!r}"))
+            return Outcome(
+                "http_error",
+                resp.status_code,
+                latency,
+                self._clean(
+                    f"HTTP {resp.status_code} but not a completion (no 'choices'): {resp.text[:80]!r}"
+                ),
+            )
         detail = None
         try:
             detail = self._clean(str(resp.json().get("error", {}).get("message") or resp.text))

@@ -64,10 +64,18 @@ IdleEnd = Callable[[int], None]
 
 
 class Protocol:
-    def __init__(self, cfg: ProtocolConfig, *, client: LoadClient, plan: Sequence[PlannedRequest],
-                 writer: RunWriter, on_result: Callable[[PlannedRequest, Outcome], None] | None = None,
-                 progress: Progress | None = None, more_rounds: MoreRounds | None = None,
-                 on_idle_end: IdleEnd | None = None) -> None:
+    def __init__(
+        self,
+        cfg: ProtocolConfig,
+        *,
+        client: LoadClient,
+        plan: Sequence[PlannedRequest],
+        writer: RunWriter,
+        on_result: Callable[[PlannedRequest, Outcome], None] | None = None,
+        progress: Progress | None = None,
+        more_rounds: MoreRounds | None = None,
+        on_idle_end: IdleEnd | None = None,
+    ) -> None:
         self.cfg = cfg
         self.client = client
         self.plan = plan
@@ -116,7 +124,9 @@ class Protocol:
                 return
             self.state.server_died = {"reason": reason, **data}
             self.state.stopped_by = "server-died"
-        self._event(SERVER_DIED, reason=reason, round=self.state.round, phase=self.state.phase, **data)
+        self._event(
+            SERVER_DIED, reason=reason, round=self.state.round, phase=self.state.phase, **data
+        )
         self.stop.set()
 
     def _wait(self, seconds: float) -> None:
@@ -148,8 +158,11 @@ class Protocol:
             return False
         if not self.state.undecided:
             return False
-        self._event("extra_round", round=rnd,
-                    undecided=[{"layer": layer, "reason": why} for layer, why in self.state.undecided])
+        self._event(
+            "extra_round",
+            round=rnd,
+            undecided=[{"layer": layer, "reason": why} for layer, why in self.state.undecided],
+        )
         return True
 
     def _ask_undecided(self, rnd: int) -> None:
@@ -159,7 +172,9 @@ class Protocol:
             self.state.undecided = list(self.more_rounds(self.state))
         except Exception as exc:  # the analysis must not end the measurement
             self.state.undecided = []
-            self._event("source_error", source="adaptive-rounds", error=f"{type(exc).__name__}: {exc}"[:300])
+            self._event(
+                "source_error", source="adaptive-rounds", error=f"{type(exc).__name__}: {exc}"[:300]
+            )
 
     def run(self) -> ProtocolState:
         """Run the protocol; KeyboardInterrupt propagates after the open window is closed."""
@@ -178,20 +193,33 @@ class Protocol:
                     break
                 if self.budget.exhausted():
                     self.state.stopped_by = (
-                        "duration" if self.budget.seconds_left() == 0 else "max-requests")
+                        "duration" if self.budget.seconds_left() == 0 else "max-requests"
+                    )
                     break
                 self.state.phase, self.state.round = "load", rnd
                 self._notify()
                 with self._lock:
                     self.round_outcomes = Counter()
                 self._begin("round", rnd)
-                res = run_round(self.client, self.plan, concurrency=cfg.concurrency,
-                                budget=self.budget, stop=self.stop, on_result=self._count)
+                res = run_round(
+                    self.client,
+                    self.plan,
+                    concurrency=cfg.concurrency,
+                    budget=self.budget,
+                    stop=self.stop,
+                    on_result=self._count,
+                )
                 self.state.results.append(res)
-                self._end(sent=res.sent, outcomes=dict(res.outcomes),
-                          complete=res.sent == len(self.plan), errors=res.errors,
-                          latency_p50_s=_p50(res.latencies), streamed=res.streamed,
-                          aborted=res.outcomes["aborted"], abort_fraction=cfg.abort_fraction)
+                self._end(
+                    sent=res.sent,
+                    outcomes=dict(res.outcomes),
+                    complete=res.sent == len(self.plan),
+                    errors=res.errors,
+                    latency_p50_s=_p50(res.latencies),
+                    streamed=res.streamed,
+                    aborted=res.outcomes["aborted"],
+                    abort_fraction=cfg.abort_fraction,
+                )
                 if self.stop.is_set():
                     break
                 self.state.phase = "idle"
@@ -213,8 +241,9 @@ class Protocol:
             if self._open is not None and self._open[0] == "round":
                 with self._lock:
                     counts = dict(self.round_outcomes)
-                self._end(sent=sum(counts.values()), outcomes=counts, complete=False,
-                          interrupted=True)
+                self._end(
+                    sent=sum(counts.values()), outcomes=counts, complete=False, interrupted=True
+                )
             self._end(interrupted=True)
             self._event("interrupted", round=self.state.round)
             raise

@@ -98,7 +98,11 @@ def run_round(
                 result.streamed += int(req.stream)
                 result.outcomes[outcome.kind] += 1
                 result.latencies.append(outcome.latency_s)
-                if outcome.detail and len(result.errors) < 5 and outcome.detail not in result.errors:
+                if (
+                    outcome.detail
+                    and len(result.errors) < 5
+                    and outcome.detail not in result.errors
+                ):
                     result.errors.append(outcome.detail)
             if on_result is not None:
                 with contextlib.suppress(Exception):
@@ -107,8 +111,10 @@ def run_round(
                 return
 
     stop_round = threading.Event()
-    threads = [threading.Thread(target=worker, name=f"soak-load-{k}", daemon=True)
-               for k in range(max(1, concurrency))]
+    threads = [
+        threading.Thread(target=worker, name=f"soak-load-{k}", daemon=True)
+        for k in range(max(1, concurrency))
+    ]
     for t in threads:
         t.start()
     # Join with a timeout loop so Ctrl-C reaches the main thread at once.

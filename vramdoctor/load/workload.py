@@ -50,7 +50,9 @@ def aborts(index: int, fraction: float) -> bool:
     round. The half step keeps F = 1/4 off the text-only fourth requests."""
     if fraction <= 0:
         return False
-    return math.floor((index + 1) * fraction + 0.5 + 1e-9) > math.floor(index * fraction + 0.5 + 1e-9)
+    return math.floor((index + 1) * fraction + 0.5 + 1e-9) > math.floor(
+        index * fraction + 0.5 + 1e-9
+    )
 
 
 class RequestPlan(Sequence[PlannedRequest]):
@@ -58,9 +60,19 @@ class RequestPlan(Sequence[PlannedRequest]):
     every fourth request is text only (servers see mixed traffic); `text_only` or
     `api="completions"` sends text. Aborted requests are always streamed."""
 
-    def __init__(self, n: int, *, model: str, images: list[PromptImage], max_tokens: int = 16,
-                 text_only: bool = False, api: str = "chat", stream: bool = False,
-                 abort_fraction: float = 0.0, abort_after_chunks: int = ABORT_AFTER_CHUNKS) -> None:
+    def __init__(
+        self,
+        n: int,
+        *,
+        model: str,
+        images: list[PromptImage],
+        max_tokens: int = 16,
+        text_only: bool = False,
+        api: str = "chat",
+        stream: bool = False,
+        abort_fraction: float = 0.0,
+        abort_after_chunks: int = ABORT_AFTER_CHUNKS,
+    ) -> None:
         self.n = n
         self.model = model
         self.max_tokens = max_tokens
@@ -97,8 +109,13 @@ class RequestPlan(Sequence[PlannedRequest]):
         after = self.abort_after_chunks if abort else None
         extra: dict[str, Any] = {"stream": True} if stream else {}
         if self.api == "completions":
-            body: dict[str, Any] = {"model": self.model, "prompt": text, "max_tokens": self.max_tokens,
-                                    "temperature": 0, **extra}
+            body: dict[str, Any] = {
+                "model": self.model,
+                "prompt": text,
+                "max_tokens": self.max_tokens,
+                "temperature": 0,
+                **extra,
+            }
             return PlannedRequest(i, ENDPOINTS["completions"], body, 0, stream, after)
         with_image = bool(self._urls) and i % 4 != 3
         if with_image:
@@ -108,8 +125,13 @@ class RequestPlan(Sequence[PlannedRequest]):
             ]
         else:
             content = text
-        body = {"model": self.model, "messages": [{"role": "user", "content": content}],
-                "max_tokens": self.max_tokens, "temperature": 0, **extra}
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": self.max_tokens,
+            "temperature": 0,
+            **extra,
+        }
         return PlannedRequest(i, ENDPOINTS["chat"], body, 1 if with_image else 0, stream, after)
 
 
@@ -125,5 +147,13 @@ def build_requests(
     abort_fraction: float = 0.0,
 ) -> RequestPlan:
     """The round's plan (lazy; see RequestPlan)."""
-    return RequestPlan(n, model=model, images=images, max_tokens=max_tokens, text_only=text_only,
-                       api=api, stream=stream, abort_fraction=abort_fraction)
+    return RequestPlan(
+        n,
+        model=model,
+        images=images,
+        max_tokens=max_tokens,
+        text_only=text_only,
+        api=api,
+        stream=stream,
+        abort_fraction=abort_fraction,
+    )

@@ -18,7 +18,9 @@ LAUNCH = re.compile(
     r"(?:sglang\.launch_server|sglang serve|vllm serve|vllm\.entrypoints\.openai\.api_server|vllm\.entrypoints\.api_server)\b"
 )
 _ENV = re.compile(r"^([A-Z][A-Z0-9_]*)=(\S*)$")
-_SECRET_FLAG = re.compile(r"^--?(?:api[-_]key|admin[-_]api[-_]key|hf[-_]token|token|password)$", re.IGNORECASE)
+_SECRET_FLAG = re.compile(
+    r"^--?(?:api[-_]key|admin[-_]api[-_]key|hf[-_]token|token|password)$", re.IGNORECASE
+)
 
 # flag -> (fact, type); SGLang and vLLM spellings side by side.
 FLAGS: dict[str, tuple[str, type]] = {
@@ -47,7 +49,12 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--image-processor-backend": ("image_processor_backend", str),
     "--mm-feature-transport": ("mm_feature_transport", str),
 }
-SWITCHES = {"--disable-fast-image-processor", "--disable-cuda-graph", "--enforce-eager", "--enable-multimodal"}
+SWITCHES = {
+    "--disable-fast-image-processor",
+    "--disable-cuda-graph",
+    "--enforce-eager",
+    "--enable-multimodal",
+}
 
 
 def parse_command(line: str) -> tuple[dict[str, Any], dict[str, str], list[str]]:
@@ -67,7 +74,11 @@ def parse_command(line: str) -> tuple[dict[str, Any], dict[str, str], list[str]]
     facts: dict[str, Any] = {}
     secrets: list[str] = []
     for j in range(len(words) - 2):
-        if words[j] in ("vllm", "sglang") and words[j + 1] == "serve" and not words[j + 2].startswith("-"):
+        if (
+            words[j] in ("vllm", "sglang")
+            and words[j + 1] == "serve"
+            and not words[j + 2].startswith("-")
+        ):
             facts["model"] = words[j + 2]  # vllm serve MODEL
             break
     i = 0

@@ -31,7 +31,9 @@ def extract_file(path: str | Path) -> tuple[FileExtractor, ReadStats]:
     return ex, stats
 
 
-PREFIX_LINES_RECOGNISED = 3  # lines with a server's own process/rank prefix that make a file its log
+PREFIX_LINES_RECOGNISED = (
+    3  # lines with a server's own process/rank prefix that make a file its log
+)
 
 
 def _sniff(ex: FileExtractor, head: bytes) -> None:
@@ -71,7 +73,9 @@ def _server(votes: dict[str, int]) -> str | None:
     return "sglang" if s >= v else "vllm"
 
 
-CLEAR_VOTES = 5  # a file this many votes for one server, twice the other's, is clearly that server's
+CLEAR_VOTES = (
+    5  # a file this many votes for one server, twice the other's, is clearly that server's
+)
 
 
 def _clearly(votes: dict[str, int], server: str) -> bool:
@@ -98,7 +102,9 @@ def _merge_facts(exs: Sequence[FileExtractor]) -> tuple[Facts, dict[str, Any]]:
     return facts, extra
 
 
-def _tp_from_ranks(exs: Sequence[FileExtractor], pp_size: int | None) -> tuple[int, bool, str] | None:
+def _tp_from_ranks(
+    exs: Sequence[FileExtractor], pp_size: int | None
+) -> tuple[int, bool, str] | None:
     """A lower bound of the TP size from the rank tags seen: (bound, ranks 0..bound-1 all seen, how).
 
     A log shows the ranks that printed something, so the highest TP rank seen + 1 is a lower bound
@@ -119,8 +125,14 @@ def _tp_from_ranks(exs: Sequence[FileExtractor], pp_size: int | None) -> tuple[i
         n = max(world) + 1
         assume = "" if pp_size == 1 else ", assuming no pipeline parallelism"
         whole = world == set(range(n))
-        return n, whole, (f"at least {n}: vLLM worker {_ranks_said(world)} in the process tags, so world size >= {n}"
-                          f" (TP x PP; tp >= {n}{assume})")
+        return (
+            n,
+            whole,
+            (
+                f"at least {n}: vLLM worker {_ranks_said(world)} in the process tags, so world size >= {n}"
+                f" (TP x PP; tp >= {n}{assume})"
+            ),
+        )
     return None
 
 
@@ -159,7 +171,9 @@ def _multimodal(facts: Facts, exs: Sequence[FileExtractor]) -> tuple[bool | None
     return None, None
 
 
-def _fast_processor(server: str | None, facts: Facts, exs: Sequence[FileExtractor]) -> tuple[bool | None, Evidence | None]:
+def _fast_processor(
+    server: str | None, facts: Facts, exs: Sequence[FileExtractor]
+) -> tuple[bool | None, Evidence | None]:
     for ex in exs:
         if ex.slow_processor is not None:
             return False, ex.slow_processor
@@ -173,6 +187,7 @@ def _fast_processor(server: str | None, facts: Facts, exs: Sequence[FileExtracto
             break
     if server != "sglang" or facts.multimodal is not True:
         return None, None
+
     def quote(key: str, value: object) -> Evidence | None:
         if args_ev is None:
             return None
@@ -182,7 +197,9 @@ def _fast_processor(server: str | None, facts: Facts, exs: Sequence[FileExtracto
     for ex in exs:
         cmd.update(ex.cmd_args)
     if "image_processor_backend" not in args and "disable_fast_image_processor" not in args:
-        cmd_ev = next((ex.facts["model"][2] for ex in exs if ex.cmd_args and "model" in ex.facts), None)
+        cmd_ev = next(
+            (ex.facts["model"][2] for ex in exs if ex.cmd_args and "model" in ex.facts), None
+        )
         if cmd.get("disable_fast_image_processor"):
             return False, cmd_ev
         if "image_processor_backend" in cmd:
@@ -211,24 +228,41 @@ def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
     for path in paths:
         ex, st = extract_file(path)
         exs.append(ex)
-        recognised = bool(ex.facts or ex.events or ex.version or ex.slow_processor
-                          or ex.prefix_lines >= PREFIX_LINES_RECOGNISED or ex.own_marks)
+        recognised = bool(
+            ex.facts
+            or ex.events
+            or ex.version
+            or ex.slow_processor
+            or ex.prefix_lines >= PREFIX_LINES_RECOGNISED
+            or ex.own_marks
+        )
         server = _server(ex.votes) if recognised else None
         notes = list(st.notes)
-        if recognised and not (ex.facts or ex.version or any(e.kind != "server_crash" for e in ex.events)):
-            notes.append("an excerpt recognised by the server's own marks (traceback paths, crash lines, argument "
-                         "names, rank prefixes); it lacks the lines a diagnosis needs: the error message after "
-                         "the traceback, the start-up lines with settings and memory figures")
+        if recognised and not (
+            ex.facts or ex.version or any(e.kind != "server_crash" for e in ex.events)
+        ):
+            notes.append(
+                "an excerpt recognised by the server's own marks (traceback paths, crash lines, argument "
+                "names, rank prefixes); it lacks the lines a diagnosis needs: the error message after "
+                "the traceback, the start-up lines with settings and memory figures"
+            )
         summaries.append(FileSummary(st.name, st.bytes_read, st.lines, server, recognised, notes))
     # Files are split by server only when each side has a file that is clearly its server's (a file
     # with only weak votes, a traceback excerpt, joins the others as before).
-    servers = {fs.server for ex, fs in zip(exs, summaries, strict=True)
-               if fs.recognised and fs.server and _clearly(ex.votes, fs.server)}
+    servers = {
+        fs.server
+        for ex, fs in zip(exs, summaries, strict=True)
+        if fs.recognised and fs.server and _clearly(ex.votes, fs.server)
+    }
     secrets = set().union(*(ex.secrets for ex in exs)) if exs else set()
     if len(servers) > 1:
         groups = []
         for srv in sorted(servers):
-            pairs = [(ex, fs) for ex, fs in zip(exs, summaries, strict=True) if fs.recognised and fs.server == srv]
+            pairs = [
+                (ex, fs)
+                for ex, fs in zip(exs, summaries, strict=True)
+                if fs.recognised and fs.server == srv
+            ]
             g = _diagnose_group([p[0] for p in pairs], [p[1] for p in pairs], srv)
             _redact(g, secrets)
             groups.append(g)
@@ -237,7 +271,9 @@ def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
         for g in groups:
             for k, n in g.event_counts.items():
                 counts[k] = counts.get(k, 0) + n
-        findings = sorted((f for g in groups for f in g.findings), key=lambda f: (SEVERITY_RANK[f.severity], f.id))
+        findings = sorted(
+            (f for g in groups for f in g.findings), key=lambda f: (SEVERITY_RANK[f.severity], f.id)
+        )
         return Diagnosis(summaries, None, None, Facts(), events, counts, findings, groups=groups)
     used = [ex for ex, fs in zip(exs, summaries, strict=True) if fs.recognised]
     d = _diagnose_group(used, summaries, None)
@@ -245,7 +281,9 @@ def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
     return d
 
 
-def _diagnose_group(used: list[FileExtractor], summaries: list[FileSummary], server: str | None) -> Diagnosis:
+def _diagnose_group(
+    used: list[FileExtractor], summaries: list[FileSummary], server: str | None
+) -> Diagnosis:
     """One server's files: merged facts, their events, the rules' findings (not yet redacted)."""
     if server is None and used:
         votes = {"sglang": 0, "vllm": 0}
@@ -266,13 +304,17 @@ def _diagnose_group(used: list[FileExtractor], summaries: list[FileSummary], ser
                 tp = 1
             elif facts.pp_size:
                 tp = int(world) // facts.pp_size
-            note = f"world size {world}" + (f" / pp_size {facts.pp_size}" if tp and int(world) > 1 else "")
+            note = f"world size {world}" + (
+                f" / pp_size {facts.pp_size}" if tp and int(world) > 1 else ""
+            )
             facts.tp_size_is_lower_bound = False if tp is not None else None
         bound = _tp_from_ranks(used, facts.pp_size) if tp is None else None
         if bound is not None:
             facts.tp_size_at_least = bound[0]
             facts.evidence["tp_size_at_least"] = Evidence(used[0].name, 0, bound[2])
-            if bound[1]:  # every rank below the highest one printed: the size itself, as a lower bound
+            if bound[
+                1
+            ]:  # every rank below the highest one printed: the size itself, as a lower bound
                 tp, note = bound[0], bound[2]
                 facts.tp_size_is_lower_bound = True
         if tp is not None:

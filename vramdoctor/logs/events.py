@@ -20,13 +20,28 @@ GIB = 1024.0
 MAX_TRACEBACKS = 64  # tracebacks read for model files and backend per file
 # Lowercase fragments of every line _memory handles (a cheap gate before its regexes).
 MEMORY_KEYS = (
-    "out of memory", "outofmemoryerror", "cudaerrormemoryallocation", "memory pool end",
-    "total_gpu_memory", "no available memory", "max seq len", "free memory on device",
-    "not enough memory", "alloc_req_slots", "out of resource", "ran out of gpu memory",
-    "not enough gpu memory", "failed to register memory", "out_of_memory", "alloc_failed",
-    "profiled value", "gpu-memory-utilization=",
+    "out of memory",
+    "outofmemoryerror",
+    "cudaerrormemoryallocation",
+    "memory pool end",
+    "total_gpu_memory",
+    "no available memory",
+    "max seq len",
+    "free memory on device",
+    "not enough memory",
+    "alloc_req_slots",
+    "out of resource",
+    "ran out of gpu memory",
+    "not enough gpu memory",
+    "failed to register memory",
+    "out_of_memory",
+    "alloc_failed",
+    "profiled value",
+    "gpu-memory-utilization=",
 )
-FRAME_GAP_LINES = 8  # the last frame of an error's own traceback is at most this many lines above it
+FRAME_GAP_LINES = (
+    8  # the last frame of an error's own traceback is at most this many lines above it
+)
 
 
 def size_mib(text: str) -> float | None:
@@ -67,12 +82,23 @@ def memory_plan(t: str) -> tuple[Any, ...] | None:
     sglang, vllm = (("sglang", 3),), (("vllm", 3),)
     if "Memory pool end" in text:
         m = P.SGL_POOL_END.search(text)
-        return ("facts", (("avail_after_pool_mib", gib_text_to_mib(m.group(1))),), sglang) if m else None
+        return (
+            ("facts", (("avail_after_pool_mib", gib_text_to_mib(m.group(1))),), sglang)
+            if m
+            else None
+        )
     if "total_gpu_memory" in text:
         m = P.VLLM_BUDGET.search(text)
         if not m:
             return None
-        return ("facts", (("total_gpu_mib", gib_text_to_mib(m.group(1))), ("gpu_memory_utilization", float(m.group(2)))), vllm)
+        return (
+            "facts",
+            (
+                ("total_gpu_mib", gib_text_to_mib(m.group(1))),
+                ("gpu_memory_utilization", float(m.group(2))),
+            ),
+            vllm,
+        )
     if "Desired GPU memory" in text and (m := P.VLLM_DESIRED.search(text)):
         # vLLM 0.11+ after start-up: the configured share and, in the same line, the KV cache size
         # that would fit it (negative when weights + activations + graphs already exceed it).
@@ -80,11 +106,21 @@ def memory_plan(t: str) -> tuple[Any, ...] | None:
         if fm := P.VLLM_FREE_STARTUP.search(text):
             facts.append(("total_gpu_mib", gib_text_to_mib(fm.group(2))))
         if (k := P.VLLM_KV_SUGGEST.search(text)) and int(k.group(1)) < 0:
-            return ("event", "kv_budget_negative", "startup",
-                    {"reason": "vllm_kv_cache_memory_negative", "kv_cache_memory_bytes": int(k.group(1)),
-                     "kv_cache_memory_mib": round(int(k.group(1)) / 1048576, 1),
-                     "gpu_memory_utilization": float(m.group(1)), "requested_mib": gib_text_to_mib(m.group(2))},
-                    vllm, text, tuple(facts))
+            return (
+                "event",
+                "kv_budget_negative",
+                "startup",
+                {
+                    "reason": "vllm_kv_cache_memory_negative",
+                    "kv_cache_memory_bytes": int(k.group(1)),
+                    "kv_cache_memory_mib": round(int(k.group(1)) / 1048576, 1),
+                    "gpu_memory_utilization": float(m.group(1)),
+                    "requested_mib": gib_text_to_mib(m.group(2)),
+                },
+                vllm,
+                text,
+                tuple(facts),
+            )
         return ("facts", tuple(facts), vllm)
     if "gpu-memory-utilization=" in text:
         m = P.VLLM_UTIL_EQUIV.search(text)
@@ -94,15 +130,29 @@ def memory_plan(t: str) -> tuple[Any, ...] | None:
         if not m:
             return None
         profiled = int(m.group(2))
-        return ("event", "kv_budget_negative" if profiled <= 0 else "kv_budget_capped", "kv_cache_alloc",
-                {"reason": "sglang_profiled_tokens_negative" if profiled <= 0 else "sglang_max_total_tokens_capped",
-                 "max_total_tokens": int(m.group(1)), "profiled_tokens": profiled},
-                (("sglang", 5),), text, (("max_total_tokens", int(m.group(1))),))
+        return (
+            "event",
+            "kv_budget_negative" if profiled <= 0 else "kv_budget_capped",
+            "kv_cache_alloc",
+            {
+                "reason": "sglang_profiled_tokens_negative"
+                if profiled <= 0
+                else "sglang_max_total_tokens_capped",
+                "max_total_tokens": int(m.group(1)),
+                "profiled_tokens": profiled,
+            },
+            (("sglang", 5),),
+            text,
+            (("max_total_tokens", int(m.group(1))),),
+        )
     if (m := P.SGL_RETRACT.search(text)) and ("retracted" in text or "Try to lower" in text):
         kind, phase = "retraction", m.group(1).lower()
         if m.group(2):
-            data = {"retracted_reqs": int(m.group(2)), "new_token_ratio_from": float(m.group(3)),
-                    "new_token_ratio_to": float(m.group(4))}
+            data = {
+                "retracted_reqs": int(m.group(2)),
+                "new_token_ratio_from": float(m.group(3)),
+                "new_token_ratio_to": float(m.group(4)),
+            }
         votes = sglang
     elif P.VLLM_NO_KV.search(text):
         kind, phase = "kv_budget_error", "kv_cache_alloc"
@@ -110,21 +160,34 @@ def memory_plan(t: str) -> tuple[Any, ...] | None:
         votes = vllm
     elif m := P.VLLM_MAX_SEQ.search(text):
         kind, phase = "kv_budget_error", "kv_cache_alloc"
-        data = {"reason": "max_seq_len_exceeds_kv_cache", "max_seq_len": int(m.group(1)),
-                "needed_mib": gib_text_to_mib(m.group(2)), "available_mib": gib_text_to_mib(m.group(3))}
+        data = {
+            "reason": "max_seq_len_exceeds_kv_cache",
+            "max_seq_len": int(m.group(1)),
+            "needed_mib": gib_text_to_mib(m.group(2)),
+            "available_mib": gib_text_to_mib(m.group(3)),
+        }
         votes = vllm
     elif m := P.VLLM_MAX_SEQ_V0.search(text):
         kind, phase = "kv_budget_error", "kv_cache_alloc"
-        data = {"reason": "max_seq_len_exceeds_kv_cache", "max_seq_len": int(m.group(1)),
-                "kv_cache_tokens": int(m.group(2))}
+        data = {
+            "reason": "max_seq_len_exceeds_kv_cache",
+            "max_seq_len": int(m.group(1)),
+            "kv_cache_tokens": int(m.group(2)),
+        }
         votes = vllm
     elif m := P.VLLM_FREE_LT.search(text):
         kind, phase = "kv_budget_error", "startup"
         free, total = gib_text_to_mib(m.group(2)), gib_text_to_mib(m.group(3))
-        data = {"reason": "free_memory_below_utilization", "free_mib": free, "total_mib": total,
-                "device": m.group(1)}
+        data = {
+            "reason": "free_memory_below_utilization",
+            "free_mib": free,
+            "total_mib": total,
+            "device": m.group(1),
+        }
         if m.group(4):
-            data.update(gpu_memory_utilization=float(m.group(4)), requested_mib=gib_text_to_mib(m.group(5)))
+            data.update(
+                gpu_memory_utilization=float(m.group(4)), requested_mib=gib_text_to_mib(m.group(5))
+            )
         votes = (("vllm", 5),)
         facts_: list[tuple[str, Any]] = [("total_gpu_mib", total)]
         if m.group(4):
@@ -178,11 +241,20 @@ def _chained_below(after: list[str]) -> str:
     """The frames of the traceback Python chains right after an error ("During handling of the above
     exception, another exception occurred:"), up to its own error line; "" when none follows."""
     for i, raw in enumerate(after[:FRAME_GAP_LINES]):
-        if "During handling of the above exception" in raw or "The above exception was the direct cause" in raw:
+        if (
+            "During handling of the above exception" in raw
+            or "The above exception was the direct cause" in raw
+        ):
             out: list[str] = []
-            for nxt in after[i + 1:]:
+            for nxt in after[i + 1 :]:
                 s = clean(nxt).text
-                if s and not nxt[:1].isspace() and 'File "' not in s and not s.startswith("Traceback") and out:
+                if (
+                    s
+                    and not nxt[:1].isspace()
+                    and 'File "' not in s
+                    and not s.startswith("Traceback")
+                    and out
+                ):
                     break
                 out.append(nxt)
             return "\n".join(out)
@@ -225,14 +297,21 @@ class EventsMixin:
         after = hit.after(150)
         if crash_kept:
             text = clean(t).text
-            data: dict[str, Any] = {"process": text.split(" hit an exception")[0].split()[-1]
-                                    if " hit an exception" in text else "run_tp_server"}
-            for raw in after:  # the exception's own last line ("ValueError: ..."), when the text has it
+            data: dict[str, Any] = {
+                "process": text.split(" hit an exception")[0].split()[-1]
+                if " hit an exception" in text
+                else "run_tp_server"
+            }
+            for (
+                raw
+            ) in after:  # the exception's own last line ("ValueError: ..."), when the text has it
                 s = clean(raw).text
                 if P.EXCEPTION_LINE.match(s):
                     data["error"] = s[:300]
                     break
-            self.add_event(LogEvent("server_crash", self.name, hit.lineno, text[:EVIDENCE_CHARS], None, data))
+            self.add_event(
+                LogEvent("server_crash", self.name, hit.lineno, text[:EVIDENCE_CHARS], None, data)
+            )
         else:
             self.event_counts["server_crash"] += 1
         if self.tracebacks_read < MAX_TRACEBACKS:
@@ -248,8 +327,12 @@ class EventsMixin:
         m = P.TRACE_BACKEND.search(text)
         if m:
             name = m.group(1) or "flashinfer"
-            self.put("attention_backend", name, INFERRED,
-                     Evidence(self.name, 0, "traceback: " + m.group(0)))
+            self.put(
+                "attention_backend",
+                name,
+                INFERRED,
+                Evidence(self.name, 0, "traceback: " + m.group(0)),
+            )
 
     def _region(self, hit: Hit) -> str:
         """The traceback that ends at this error line, or "" when the error has none of its own.
@@ -344,8 +427,16 @@ class EventsMixin:
             if n >= MAX_EVENTS_PER_KIND:
                 self.event_counts[kind] = n + 1  # counted; the first ones carry the detail
                 return
-            self.add_event(LogEvent(kind, self.name, hit.lineno, self._message(hit, text)[:EVIDENCE_CHARS],
-                                 phase, dict(data)))
+            self.add_event(
+                LogEvent(
+                    kind,
+                    self.name,
+                    hit.lineno,
+                    self._message(hit, text)[:EVIDENCE_CHARS],
+                    phase,
+                    dict(data),
+                )
+            )
 
     def _oom(self, hit: Hit, text: str) -> None:
         if self.event_counts.get("cuda_oom", 0) >= MAX_EVENTS_PER_KIND:
@@ -387,14 +478,23 @@ class EventsMixin:
         if "sampler" in marks:
             data["sampler"] = True  # vLLM's sampler warm-up: its own message names --max-num-seqs
         if phase == "prefill" and "mm" in marks:
-            data["multimodal_frames"] = True  # the vision encoder / embedding merge of a request with images
-        if ("mm" in marks or "mm_model" in marks) and (m := P.MM_MODEL_FRAMES.search(region)) is not None:
+            data["multimodal_frames"] = (
+                True  # the vision encoder / embedding merge of a request with images
+            )
+        if ("mm" in marks or "mm_model" in marks) and (
+            m := P.MM_MODEL_FRAMES.search(region)
+        ) is not None:
             self.mm_evidence = self.mm_evidence or Evidence(
-                self.name, hit.lineno, "traceback frame: " + m.group(0).strip()[:120])
-        self.add_event(LogEvent("cuda_oom", self.name, hit.lineno, msg[:EVIDENCE_CHARS], phase, data))
+                self.name, hit.lineno, "traceback frame: " + m.group(0).strip()[:120]
+            )
+        self.add_event(
+            LogEvent("cuda_oom", self.name, hit.lineno, msg[:EVIDENCE_CHARS], phase, data)
+        )
 
     def _leak(self, hit: Hit, t: str) -> None:
-        if self.event_counts.get("kv_leak_selfcheck", 0) >= MAX_EVENTS_PER_KIND and P.LEAK.search(t):
+        if self.event_counts.get("kv_leak_selfcheck", 0) >= MAX_EVENTS_PER_KIND and P.LEAK.search(
+            t
+        ):
             self.event_counts["kv_leak_selfcheck"] += 1
             return
         text = clean(t).text
@@ -422,8 +522,10 @@ class EventsMixin:
         # uncached and any other held count a fork prints).
         tagged: dict[str, dict[str, int]] = {}
         if "] total=" in body:
-            tagged = {name: {k: int(v) for k, v in P.LEAK_POOL_FIELD.findall(part)}
-                      for name, part in P.LEAK_POOL.findall(body)}
+            tagged = {
+                name: {k: int(v) for k, v in P.LEAK_POOL_FIELD.findall(part)}
+                for name, part in P.LEAK_POOL.findall(body)
+            }
             tagged = {name: f for name, f in tagged.items() if "total" in f and "available" in f}
         if wording.startswith("req_to_token"):
             pool = "req"
@@ -431,9 +533,15 @@ class EventsMixin:
             pool = "busy"
         elif "[swa]" in body and "[full]" not in body:
             pool = "swa"
-        total = fields.get("total") or fields.get("max_total_num_tokens") or fields.get(
-            "max_total_num_token") or fields.get("total_size")
-        avail = fields.get("available", fields.get("available_size", fields.get("full_available_size")))
+        total = (
+            fields.get("total")
+            or fields.get("max_total_num_tokens")
+            or fields.get("max_total_num_token")
+            or fields.get("total_size")
+        )
+        avail = fields.get(
+            "available", fields.get("available_size", fields.get("full_available_size"))
+        )
         evict = fields.get("evictable", fields.get("evictable_size", 0))
         prot = fields.get("protected", fields.get("protected_size", 0))
         held = fields.get("session_held", 0) + fields.get("uncached", 0)
@@ -442,8 +550,13 @@ class EventsMixin:
         if hybrid:
             pools = {}
             for name, (av, ev_, tot, pr) in hybrid.items():
-                pools[name] = {"total": tot, "available": av, "evictable": ev_, "protected": pr,
-                               "leaked": tot - av - ev_ - pr}
+                pools[name] = {
+                    "total": tot,
+                    "available": av,
+                    "evictable": ev_,
+                    "protected": pr,
+                    "leaked": tot - av - ev_ - pr,
+                }
             for name, pages in P.LEAK_PAGES.findall(body):
                 if name in pools:
                     pools[name]["leaked_pages"] = pages
@@ -454,7 +567,9 @@ class EventsMixin:
         if tagged:
             pools = {}
             for name, f in tagged.items():
-                counted = sum(v for k, v in f.items() if k != "total" and not k.startswith("leaked"))
+                counted = sum(
+                    v for k, v in f.items() if k != "total" and not k.startswith("leaked")
+                )
                 pools[name] = {**f, "leaked": f["total"] - counted}
             for name, pages in P.LEAK_PAGES.findall(body):
                 if name in pools:
@@ -466,6 +581,14 @@ class EventsMixin:
             evict, prot = w.get("evictable", 0), w.get("protected", 0)
             held = w["total"] - w["leaked"] - avail - evict - prot
         if total is not None and avail is not None:
-            data.update(total=total, available=avail, evictable=evict, protected=prot,
-                        leaked=total - avail - evict - prot - held, double_free=avail > total)
-        self.add_event(LogEvent("kv_leak_selfcheck", self.name, hit.lineno, body[:EVIDENCE_CHARS], None, data))
+            data.update(
+                total=total,
+                available=avail,
+                evictable=evict,
+                protected=prot,
+                leaked=total - avail - evict - prot - held,
+                double_free=avail > total,
+            )
+        self.add_event(
+            LogEvent("kv_leak_selfcheck", self.name, hit.lineno, body[:EVIDENCE_CHARS], None, data)
+        )

@@ -42,14 +42,22 @@ from .normalize import (
 from .reader import Hit
 
 # Argument names whose values are secrets (api_key, hf_token, admin_api_key, ssl_keyfile_password).
-SECRET_ARG = re.compile(r"^(?:\w+_)?(?:api_key|token|password|passwd|secret|secret_key|access_key)$")
+SECRET_ARG = re.compile(
+    r"^(?:\w+_)?(?:api_key|token|password|passwd|secret|secret_key|access_key)$"
+)
 MAX_DUMP_CHARS = 2 << 20  # an argument dump longer than this is parsed as far as it goes
 MAX_DUMPS = 8  # argument dumps parsed per file
 WRAP_MIN_COLUMNS = 80  # a pasted command at least this wide may continue on terminal-wrapped rows
 
 # Argument dumps and vLLM's engine-config line: long lines that name memory settings
 # (gpu_memory_utilization=, mem_fraction_static=) but never report a memory event.
-DUMP_MARKS = ("server_args=ServerArgs(", "server_args={", "non-default args: {", "args: Namespace(", " with config: ")
+DUMP_MARKS = (
+    "server_args=ServerArgs(",
+    "server_args={",
+    "non-default args: {",
+    "args: Namespace(",
+    " with config: ",
+)
 
 # Facts whose later value wins at equal priority (the last runtime line is the one in force).
 LAST_WINS = {"attention_backend"}
@@ -73,11 +81,25 @@ _VLLM_BACKEND_NAMES = {
 # The CUDA IPC pool line of each SGLang generation (facts.md): (pattern, group of the configured
 # budget in MiB, group of the tokenizer worker count, total MiB the pools reserve or None).
 # The last item: the oldest version that prints the line.
-_IPC_POOL_LINES: tuple[tuple[re.Pattern[str], int, int, Callable[[re.Match[str]], float] | None, str], ...] = (
+_IPC_POOL_LINES: tuple[
+    tuple[re.Pattern[str], int, int, Callable[[re.Match[str]], float] | None, str], ...
+] = (
     # 0.5.17+: "Using CUDA IPC ... reserving up to N MiB ... across W tokenizer worker(s)": N in total
     (P.IPC_USING_017, 1, 3, lambda m: float(m.group(1)), "0.5.17"),
-    (P.IPC_POOL_016, 5, 4, lambda m: float(m.group(1)), "0.5.16"),  # 0.5.16: "... reserve N MiB total ..."
-    (P.IPC_POOL_015, 2, 3, lambda m: float(m.group(1)) * int(m.group(3)), "0.5.15"),  # 0.5.15: per worker
+    (
+        P.IPC_POOL_016,
+        5,
+        4,
+        lambda m: float(m.group(1)),
+        "0.5.16",
+    ),  # 0.5.16: "... reserve N MiB total ..."
+    (
+        P.IPC_POOL_015,
+        2,
+        3,
+        lambda m: float(m.group(1)) * int(m.group(3)),
+        "0.5.15",
+    ),  # 0.5.15: per worker
 )
 
 
@@ -101,12 +123,16 @@ class FileExtractor(EventsMixin):
     cmd_args: dict[str, Any] = field(default_factory=dict)  # flags of a pasted launch command
     tracebacks_read: int = 0
     prefix_lines: int = 0  # lines of the first MiB with a server's own process/rank prefix
-    own_marks: int = 0  # a server's own traceback paths / crash lines in the first MiB (no log line needed)
+    own_marks: int = (
+        0  # a server's own traceback paths / crash lines in the first MiB (no log line needed)
+    )
     pids: dict[int, str] = field(default_factory=dict)  # pid -> the server's process tag naming it
     # redact_text results for the current secrets (the set only grows: its size names it)
     _redacted: dict[str, str] = field(default_factory=dict, repr=False)
     _redacted_for: int = field(default=0, repr=False)
-    _tags_seen: set[str] = field(default_factory=set, repr=False)  # process-tag prefixes already read
+    _tags_seen: set[str] = field(
+        default_factory=set, repr=False
+    )  # process-tag prefixes already read
 
     # -- helpers -----------------------------------------------------------------------
     def ev(self, hit: Hit, text: str | None = None) -> Evidence:
@@ -149,7 +175,7 @@ class FileExtractor(EventsMixin):
         """Run, in order, the handlers whose gates the line passes (see `dispatch`)."""
         t = hit.text
         # the memo called directly for short lines (dispatch's wrapper does the same, one frame more)
-        for step in (_dispatch_memo(t) if len(t) <= CACHE_LINE_CHARS else dispatch(t)):
+        for step in _dispatch_memo(t) if len(t) <= CACHE_LINE_CHARS else dispatch(t):
             step(self, hit, t)
 
     def _rank_tags(self, hit: Hit, t: str) -> None:
@@ -157,9 +183,13 @@ class FileExtractor(EventsMixin):
             self.ranks.setdefault(kind, set()).add(rank)
         i = t.find(" pid=", 0, 80)
         if i >= 0 and len(self.pids) < 1024:
-            tag = t[:t.find(")", i, i + 24) + 1]  # the line's prefix up to its process tag: one per process
+            tag = t[
+                : t.find(")", i, i + 24) + 1
+            ]  # the line's prefix up to its process tag: one per process
             if tag and tag not in self._tags_seen:
-                if len(self._tags_seen) >= 4096:  # a varying wrapper (timestamps) before the tag: stay bounded
+                if (
+                    len(self._tags_seen) >= 4096
+                ):  # a varying wrapper (timestamps) before the tag: stay bounded
                     self._tags_seen.clear()
                 self._tags_seen.add(tag)
                 if m := P.PROC_PID.search(tag):
@@ -286,8 +316,15 @@ class FileExtractor(EventsMixin):
         self.put("server_args", a, ARGS, e)
         self.put("model", a.get("model_path"), ARGS, e)
         for key in (
-            "tp_size", "dp_size", "pp_size", "tokenizer_worker_num", "cuda_graph_max_bs",
-            "chunked_prefill_size", "max_running_requests", "max_total_tokens", "context_length",
+            "tp_size",
+            "dp_size",
+            "pp_size",
+            "tokenizer_worker_num",
+            "cuda_graph_max_bs",
+            "chunked_prefill_size",
+            "max_running_requests",
+            "max_total_tokens",
+            "context_length",
         ):
             self._put_number(a, key, key, e, int)
         self._put_number(a, "mem_fraction_static", "mem_fraction_static", e, float)
@@ -345,9 +382,22 @@ class FileExtractor(EventsMixin):
             return
         self.votes["sglang" if "sglang" in t else "vllm"] += 5
         self.cmd_args.update(flags)
-        for fact in ("model", "tp_size", "dp_size", "pp_size", "mem_fraction_static", "gpu_memory_utilization",
-                     "attention_backend", "tokenizer_worker_num", "cuda_graph_max_bs", "chunked_prefill_size",
-                     "max_running_requests", "max_total_tokens", "context_length", "max_model_len"):
+        for fact in (
+            "model",
+            "tp_size",
+            "dp_size",
+            "pp_size",
+            "mem_fraction_static",
+            "gpu_memory_utilization",
+            "attention_backend",
+            "tokenizer_worker_num",
+            "cuda_graph_max_bs",
+            "chunked_prefill_size",
+            "max_running_requests",
+            "max_total_tokens",
+            "context_length",
+            "max_model_len",
+        ):
             if fact in flags:
                 self.put(fact, flags[fact], CMDLINE, hit)
         if flags.get("disable_cuda_graph") or flags.get("enforce_eager"):
@@ -433,7 +483,15 @@ class FileExtractor(EventsMixin):
             if m.group(1):
                 self.put("kv_tokens", int(m.group(1)), RUNTIME, e)
             if m.group(2):
-                self.put("kv_cache_mib", round((gib_text_to_mib(m.group(2)) or 0.0) + (gib_text_to_mib(m.group(3)) or 0.0), 1), RUNTIME, e)
+                self.put(
+                    "kv_cache_mib",
+                    round(
+                        (gib_text_to_mib(m.group(2)) or 0.0) + (gib_text_to_mib(m.group(3)) or 0.0),
+                        1,
+                    ),
+                    RUNTIME,
+                    e,
+                )
             elif m.group(4):
                 self.put("kv_cache_mib", gib_text_to_mib(m.group(4)), RUNTIME, e)
             return
@@ -448,8 +506,16 @@ class FileExtractor(EventsMixin):
                 # vLLM V1 gpu_worker "Available KV cache memory: -3.31 GiB": the share is used up before
                 # the KV cache (it then refuses with "No available memory for the cache blocks")
                 self.votes["vllm"] += 3
-                self.add_event(LogEvent("kv_budget_negative", self.name, hit.lineno, self.ev(hit).text, "kv_cache_alloc",
-                                     {"reason": "vllm_available_kv_negative", "kv_cache_memory_mib": mib}))
+                self.add_event(
+                    LogEvent(
+                        "kv_budget_negative",
+                        self.name,
+                        hit.lineno,
+                        self.ev(hit).text,
+                        "kv_cache_alloc",
+                        {"reason": "vllm_available_kv_negative", "kv_cache_memory_mib": mib},
+                    )
+                )
                 return
             self.put("kv_cache_mib", mib, RUNTIME, hit)
 
@@ -476,8 +542,14 @@ class FileExtractor(EventsMixin):
         if m:
             self.votes["sglang"] += 3
             self.add_event(
-                LogEvent("cuda_graph_capture_failed", self.name, hit.lineno, self.ev(hit).text,
-                      "cuda_graph", {"cause": m.group(1)[:300]})
+                LogEvent(
+                    "cuda_graph_capture_failed",
+                    self.name,
+                    hit.lineno,
+                    self.ev(hit).text,
+                    "cuda_graph",
+                    {"cause": m.group(1)[:300]},
+                )
             )
             return
         m = P.VLLM_GRAPH_DONE.search(t)
@@ -528,8 +600,16 @@ class FileExtractor(EventsMixin):
         if m:
             self.votes["sglang"] += 3
             self.put("cuda_ipc_transport", True, RUNTIME, e)
-            self.add_event(LogEvent("mm_feature_pool_full", self.name, hit.lineno, e.text, None,
-                                 {"tensor_mib": float(m.group(1)), "pool_mib": float(m.group(2))}))
+            self.add_event(
+                LogEvent(
+                    "mm_feature_pool_full",
+                    self.name,
+                    hit.lineno,
+                    e.text,
+                    None,
+                    {"tensor_mib": float(m.group(1)), "pool_mib": float(m.group(2))},
+                )
+            )
 
     # -- failures ----------------------------------------------------------------------
 
@@ -576,7 +656,12 @@ def dispatch(t: str) -> tuple[Step, ...]:
         steps.append(X._blocks)
     if "max_total_num_tokens" in t:
         steps.append(X._sgl_summary)
-    if "weights t" in t or "loading took" in t or "weights memory:" in t or "Requested memory:" in t:
+    if (
+        "weights t" in t
+        or "loading took" in t
+        or "weights memory:" in t
+        or "Requested memory:" in t
+    ):
         steps.append(X._weights)
     if "rchitecture" in t or "V1 Engine" in t:
         steps.append(X._architecture)
@@ -586,8 +671,14 @@ def dispatch(t: str) -> tuple[Step, ...]:
         steps.append(X._swap)
     if "long context length" in t:
         steps.append(X._long_context)
-    if "_vl.py" in t or "_vl_moe.py" in t or "_mm_encoder" in t or "multimodal_embeddings" in t \
-            or "_video_input" in t or "_image_input" in t:
+    if (
+        "_vl.py" in t
+        or "_vl_moe.py" in t
+        or "_mm_encoder" in t
+        or "multimodal_embeddings" in t
+        or "_video_input" in t
+        or "_image_input" in t
+    ):
         steps.append(X._mm_frame)
     if "hit an exception" in t or "run_tp_server" in t:
         steps.append(X._exception)
@@ -595,9 +686,17 @@ def dispatch(t: str) -> tuple[Step, ...]:
         steps.append(X._ready)
     if "eak d" in t or "eak D" in t:
         steps.append(X._leak)
-    if ("emory" in t or "out of resource" in t or "max seq len" in t or "profiled value" in t
-            or "OUT_OF_MEMORY" in t or "ALLOC_FAILED" in t) and not any(d in t for d in DUMP_MARKS):
-        steps.append(X._memory)  # (an argument dump or engine config names memory settings, no event)
+    if (
+        "emory" in t
+        or "out of resource" in t
+        or "max seq len" in t
+        or "profiled value" in t
+        or "OUT_OF_MEMORY" in t
+        or "ALLOC_FAILED" in t
+    ) and not any(d in t for d in DUMP_MARKS):
+        steps.append(
+            X._memory
+        )  # (an argument dump or engine config names memory settings, no event)
     return tuple(steps)
 
 
@@ -610,5 +709,3 @@ def engine_config(t: str) -> tuple[str | None, dict[str, str]] | None:
     memoised: the line is long and repeats on every engine restart)."""
     m = P.VLLM_ENGINE.search(t)
     return None if m is None else (m.group(1), dict(P.VLLM_CONFIG_KV.findall(m.group(2))))
-
-

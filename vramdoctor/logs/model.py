@@ -187,8 +187,13 @@ class Diagnosis:
             "event_counts": dict(self.event_counts),
             "findings": [f.to_json() for f in self.findings],
             "groups": [
-                {"server": g.server, "version": g.version, "files": [f.file for f in g.files],
-                 "facts": g.facts.to_json(), "findings": [f.to_json() for f in g.findings]}
+                {
+                    "server": g.server,
+                    "version": g.version,
+                    "files": [f.file for f in g.files],
+                    "facts": g.facts.to_json(),
+                    "findings": [f.to_json() for f in g.findings],
+                }
                 for g in self.groups
             ],
         }

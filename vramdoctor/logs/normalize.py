@@ -25,7 +25,9 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class Clean:
     text: str  # the message without prefixes
-    ranks: tuple[tuple[str, int], ...] = ()  # e.g. (("TP", 3),) from an SGLang prefix or a vLLM Worker_TP3 tag
+    ranks: tuple[
+        tuple[str, int], ...
+    ] = ()  # e.g. (("TP", 3),) from an SGLang prefix or a vLLM Worker_TP3 tag
 
 
 def strip_noise(line: str) -> str:
@@ -39,7 +41,9 @@ def strip_noise(line: str) -> str:
     return line.strip("`")
 
 
-def short_line_memo(maxsize: int = CACHE_LINES) -> Callable[[Callable[[str], T]], Callable[[str], T]]:
+def short_line_memo(
+    maxsize: int = CACHE_LINES,
+) -> Callable[[Callable[[str], T]], Callable[[str], T]]:
     """Memoise a pure function of one line, for lines up to CACHE_LINE_CHARS: an error repeated
     10^5 times is parsed once, and a megabyte argument dump is never kept."""
 
@@ -71,7 +75,10 @@ def clean(line: str) -> Clean:
         tag = m.group()
         if ("_" in tag or "rank=" in tag) and P.VLLM_PROC.match(tag):
             # vLLM's process tag: Worker_DP1_TP3 -> DP 1, TP 3; VllmWorker rank=N -> world rank N
-            ranks = tuple((k, int(v)) if k else ("WORLD", int(w)) for k, v, w in P.VLLM_PROC_RANKS.findall(tag))
+            ranks = tuple(
+                (k, int(v)) if k else ("WORLD", int(w))
+                for k, v, w in P.VLLM_PROC_RANKS.findall(tag)
+            )
         s = s[m.end() :]
     m = P.RANKTAG.match(s)
     if m:

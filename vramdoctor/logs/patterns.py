@@ -18,8 +18,10 @@ try:  # RE2 (a declared dependency) scans a traceback for a long alternation of 
         """A regex for scanning long traceback text (RE2; the stdlib engine as a fallback)."""
         return _re2.compile(pattern)
 except ImportError:  # pragma: no cover
+
     def _fast(pattern: str) -> Any:
         return re.compile(pattern)
+
 
 # Literal fragments (bytes) of the lines below. Short, shared fragments keep the set small:
 # b"emory" covers "out of memory", "OutOfMemoryError", "Memory pool end", "memory leak",
@@ -67,9 +69,16 @@ ANCHORS: tuple[bytes, ...] = (
     b"gpu-memory-utilization=",  # vLLM "The current --gpu-memory-utilization=0.8800 is equivalent to ..."
     # traceback frames only a multimodal model runs (vision model files, encoder calls): read even
     # without the traceback's header (an excerpt that starts mid-traceback)
-    *(MM_FRAME_ANCHORS := (
-        b"_vl.py", b"_vl_moe.py", b"_mm_encoder", b"multimodal_embeddings", b"_video_input", b"_image_input",
-    )),
+    *(
+        MM_FRAME_ANCHORS := (
+            b"_vl.py",
+            b"_vl_moe.py",
+            b"_mm_encoder",
+            b"multimodal_embeddings",
+            b"_video_input",
+            b"_image_input",
+        )
+    ),
     b"run_tp_server",  # SGLang 2024 "Exception in run_tp_server:"
 )
 
@@ -80,7 +89,9 @@ COMPOSE = re.compile(  # docker-compose "name-1  | ", log shippers "2026-05-01 2
     r"^(?:\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?Z? |[\w.-]*\s*)\| "
 )
 JOURNALD = re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d (?:\S+ )?[\w.@/-]+(?:\[\d+\])?: ")
-PROC = re.compile(r"^\((?:VllmWorker(?:Process)?|EngineCore\w*|APIServer|Worker\w*|\w+)[^)]*pid=\d+\)\s*")
+PROC = re.compile(
+    r"^\((?:VllmWorker(?:Process)?|EngineCore\w*|APIServer|Worker\w*|\w+)[^)]*pid=\d+\)\s*"
+)
 # vLLM's own process tags (vllm/v1/executor/multiproc_executor.py `setup_proc_title_and_log_prefix`,
 # vllm/utils `decorate_logs`): "(APIServer pid=P)", "(EngineCore pid=P)", "(EngineCore_DP0 pid=P)",
 # "(EngineCore_0 pid=P)" (0.10), "(Worker pid=P)", "(Worker_DP1_PP0_PCP0_TP3_DCP0_EP1 pid=P)" (0.10.2+:
@@ -109,7 +120,9 @@ SGL_OWN_SNIFF = re.compile(
     rb"|schedule_conservativeness=|enable_priority_scheduling=|disable_radix_cache=|cuda_graph_max_bs="
 )
 VLLM_OWN_SNIFF = re.compile(rb"/vllm/(?:v1|engine|worker|executor|model_executor|entrypoints)/")
-SGL_PREFIX_SNIFF = re.compile(rb"\[(?:\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d(?:[.,]\d+)?(?: (?:DP|TP|EP|PP)\d+)+\] ")
+SGL_PREFIX_SNIFF = re.compile(
+    rb"\[(?:\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d(?:[.,]\d+)?(?: (?:DP|TP|EP|PP)\d+)+\] "
+)
 # The rank parts of those tags: "_TP3" in Worker_TP3, "rank=1" in VllmWorker rank=1 (a world rank).
 VLLM_PROC_RANKS = re.compile(r"_(DP|PP|TP|EP)(\d+)|VllmWorker rank=(\d+)")
 RANKTAG = re.compile(r"^\[rank\d+\]:\s*")
@@ -147,7 +160,9 @@ VLLM_NONDEFAULT = re.compile(r"non-default args: (\{)")
 VLLM_ENGINE = re.compile(
     r"Initializing an? (?:V[01] )?LLM engine(?: \(v([\w.+-]+)\))? with config: (.*)"
 )
-VLLM_CONFIG_KV = re.compile(r"\b(model|tensor_parallel_size|pipeline_parallel_size|data_parallel_size|gpu_memory_utilization|enforce_eager|kv_cache_dtype|max_seq_len)=('(?:[^']*)'|[^,)\s]+)")
+VLLM_CONFIG_KV = re.compile(
+    r"\b(model|tensor_parallel_size|pipeline_parallel_size|data_parallel_size|gpu_memory_utilization|enforce_eager|kv_cache_dtype|max_seq_len)=('(?:[^']*)'|[^,)\s]+)"
+)
 
 # --- versions -------------------------------------------------------------------------
 VLLM_VERSION = re.compile(r"\bvLLM (?:API )?server version ([\w.+-]+)(?:, serving model (\S+))?")
@@ -187,7 +202,9 @@ SGL_USE_BACKEND = re.compile(r"\bUse (\w+) backend\b")
 VLLM_USING_BACKEND = re.compile(
     r"\bUsing (?:[A-Za-z_]+\.)?([A-Za-z][\w-]*(?: [A-Z][\w-]*)?) (?:attention )?backend\b(?! with)"
 )
-VLLM_TP_RANK = re.compile(r"rank \d+ in world size (\d+) is assigned as DP rank \d+, PP rank \d+, TP rank \d+")
+VLLM_TP_RANK = re.compile(
+    r"rank \d+ in world size (\d+) is assigned as DP rank \d+, PP rank \d+, TP rank \d+"
+)
 VLLM_ARCH = re.compile(r"Resolved architecture: (\w+)")
 VLLM_ARCH_V1 = re.compile(r"\['(\w+)'\] is not supported by the V1 Engine")
 # vLLM V1 gpu_model_runner: "Starting to load model %s..."
@@ -205,7 +222,9 @@ VLLM_WEIGHTS = re.compile(
 VLLM_REQUESTED = re.compile(r"Requested memory: ([\d.]+) \(util\), ([\d.]+) ?GiB")
 VLLM_BLOCKS = re.compile(r"# (?:GPU|cuda) blocks: (\d+)(?:, # CPU blocks: (\d+))?")
 VLLM_KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
-VLLM_KV_MEM = re.compile(r"Available KV cache memory: (-?[\d.]+) GiB")  # negative when nothing is left
+VLLM_KV_MEM = re.compile(
+    r"Available KV cache memory: (-?[\d.]+) GiB"
+)  # negative when nothing is left
 VLLM_BUDGET = re.compile(
     r"total_gpu_memory \(([\d.]+) ?GiB\) x gpu_memory_utilization \(([\d.]+)\) = ([\d.]+) ?GiB"
 )
@@ -263,7 +282,9 @@ CUDA_OOM = re.compile(
     re.IGNORECASE,
 )
 # The device an OOM message names (CUDA unless it says HIP or NPU).
-OOM_DEVICE = re.compile(r"\b(HIP|NPU)(?: out of memory|ErrorOutOfMemory)|\bhip(?=ErrorOutOfMemory)", re.IGNORECASE)
+OOM_DEVICE = re.compile(
+    r"\b(HIP|NPU)(?: out of memory|ErrorOutOfMemory)|\bhip(?=ErrorOutOfMemory)", re.IGNORECASE
+)
 # torch before 2.1 and torch_npu: "Tried to allocate X (GPU 0; 23.69 GiB total capacity; 21.95 GiB already
 # allocated; 2.94 MiB free; 22.01 GiB reserved in total by PyTorch)"
 OOM_GPU_OLD = re.compile(
@@ -312,7 +333,9 @@ VLLM_FREE_LT = re.compile(
 # `--kv-cache-memory=N` (%s GiB) to fit into requested memory, or `--kv-cache-memory=N` (%s GiB) to fully
 # utilize gpu memory." (later: "... %s GiB for consumed memory (weights + non-torch), %s GiB for peak
 # activation, and %s GiB for CUDAGraph memory ...", backticks dropped in some releases).
-VLLM_FREE_STARTUP = re.compile(r"Free memory on device (?:\S+ )?\(([\d.]+)/([\d.]+) GiB\) on startup")
+VLLM_FREE_STARTUP = re.compile(
+    r"Free memory on device (?:\S+ )?\(([\d.]+)/([\d.]+) GiB\) on startup"
+)
 VLLM_DESIRED = re.compile(r"Desired GPU memory utilization is \(([\d.]+), ([\d.]+) GiB\)")
 VLLM_KV_SUGGEST = re.compile(
     r"--kv-cache-memory=(-?\d+)`? \((-?[\d.]+) GiB\) to fit into requested memory"
@@ -325,12 +348,18 @@ VLLM_UTIL_EQUIV = re.compile(
     r"The current --gpu-memory-utilization=([\d.]+) is equivalent to --gpu-memory-utilization=([\d.]+)"
 )
 VLLM_NOT_ENOUGH_LOAD = re.compile(r"Failed to load model - not enough GPU memory")
-TRITON_SMEM = re.compile(r"out of resource: shared memory(?:, Required: (\d+), Hardware limit: (\d+))?")
-RAY_OOM = re.compile(r"ray\.exceptions\.OutOfMemoryError: Task was killed due to the node running low on memory")
+TRITON_SMEM = re.compile(
+    r"out of resource: shared memory(?:, Required: (\d+), Hardware limit: (\d+))?"
+)
+RAY_OOM = re.compile(
+    r"ray\.exceptions\.OutOfMemoryError: Task was killed due to the node running low on memory"
+)
 # Mooncake transfer engine (SGLang PD disaggregation), glog format:
 # "E0529 23:22:59.553362 67580 rdma_context.cpp:203] Failed to register memory 0x7c1cda000000: Bad address [14]"
 RDMA_REGISTER = re.compile(r"Failed to register memory (0x[0-9a-f]+)(?:: (.*))?")
-MM_CPU_RETRY = re.compile(r"Multimodal preprocessing ran out of GPU memory on (.*?); retrying on CPU")
+MM_CPU_RETRY = re.compile(
+    r"Multimodal preprocessing ran out of GPU memory on (.*?); retrying on CPU"
+)
 
 # --- KV self-check (SGLang) -----------------------------------------------------------
 # up to 0.5.9: "token_to_kv_pool_allocator memory leak detected! self.max_total_num_tokens=N,
@@ -374,10 +403,30 @@ LEAK_FIELD = re.compile(
 # `determine_available_memory` -> `profile_run`; `compile_or_warm_up_model` -> `_dummy_run`,
 # `capture_model`, `_dummy_sampler_run`; SGLang `ModelRunner.init_memory_pool`, `CudaGraphRunner.capture`.
 PHASE_MARKERS: tuple[tuple[str, Any], ...] = (
-    ("cuda_graph", _fast(r"torch\.cuda\.graph\(|capture_end\(|capture_begin\(|capture_model|capture_one_batch_size|cuda_graph_runner\.py|CudaGraphRunner|_capture_cudagraphs|, in capture\b|Capture (?:cuda|CUDA) graph failed")),
-    ("profiling", _fast(r"profile_run|determine_num_available_blocks|determine_available_memory|profile_max_batched")),
-    ("kv_cache_alloc", _fast(r"init_cache_engine|allocate_(?:cpu|gpu)_cache|_allocate_kv_cache|initialize_kv_cache_tensors|init_memory_pool|_create_buffers|\b_init_cache\b|TokenToKVPool\b.*__init__|in _init_cache\b")),
-    ("weight_load", _fast(r"\bload_model\b|load_weights|create_weights|_initialize_model|\binitialize_model\b|weight_loader|[Ll]oad weight begin")),
+    (
+        "cuda_graph",
+        _fast(
+            r"torch\.cuda\.graph\(|capture_end\(|capture_begin\(|capture_model|capture_one_batch_size|cuda_graph_runner\.py|CudaGraphRunner|_capture_cudagraphs|, in capture\b|Capture (?:cuda|CUDA) graph failed"
+        ),
+    ),
+    (
+        "profiling",
+        _fast(
+            r"profile_run|determine_num_available_blocks|determine_available_memory|profile_max_batched"
+        ),
+    ),
+    (
+        "kv_cache_alloc",
+        _fast(
+            r"init_cache_engine|allocate_(?:cpu|gpu)_cache|_allocate_kv_cache|initialize_kv_cache_tensors|init_memory_pool|_create_buffers|\b_init_cache\b|TokenToKVPool\b.*__init__|in _init_cache\b"
+        ),
+    ),
+    (
+        "weight_load",
+        _fast(
+            r"\bload_model\b|load_weights|create_weights|_initialize_model|\binitialize_model\b|weight_loader|[Ll]oad weight begin"
+        ),
+    ),
     ("warmup", _fast(r"compile_or_warm_up_model|_warmup|warm_up|kernel_warmup")),
     # SGLang's scheduler being constructed (Scheduler.__init__ -> init_model_worker -> TpModelWorker):
     # start-up; the outermost marker, so a deeper one (weight load, KV pool, graphs) wins
@@ -402,7 +451,10 @@ MM_FRAMES = _fast(
 MM_MODEL_FRAMES = _fast(r"general_mm_embed_routine|" + MM_FRAMES.pattern)
 FORWARD_MARKERS: tuple[tuple[str, Any], ...] = (
     ("decode", _fast(r"forward_decode|ForwardMode\.DECODE|decode_wrapper|BatchDecode")),
-    ("prefill", _fast(r"forward_extend|forward_prefill|ForwardMode\.EXTEND|prefill_wrapper|BatchPrefill")),
+    (
+        "prefill",
+        _fast(r"forward_extend|forward_prefill|ForwardMode\.EXTEND|prefill_wrapper|BatchPrefill"),
+    ),
 )
 CONTEXT_PHASES = tuple(name for name, _ in PHASE_MARKERS)
 # Substrings without which no multimodal frame can match (a cheap gate before MM_FRAMES).

@@ -72,6 +72,7 @@ try:
 except (ImportError, AttributeError):  # another RE2 binding or the stdlib fallback
     _spans = _spans_generic
 
+
 def _mm_frame(raw: bytes) -> bool:
     """A frame in a vision model file or encoder call: yielded (it says the log is multimodal, also in
     an excerpt without the traceback's header); other frames are read only through lookback."""
@@ -145,9 +146,11 @@ def display_name(path: str | Path) -> str:
 def _open(path: str | Path) -> BinaryIO:
     """Open a path, '-' (stdin) or a gzip (by magic bytes, whatever its name)."""
     if str(path) == STDIN:
-        raw: BinaryIO = io.BufferedReader(sys.stdin.buffer.raw) if hasattr(
-            sys.stdin.buffer, "raw"
-        ) else sys.stdin.buffer
+        raw: BinaryIO = (
+            io.BufferedReader(sys.stdin.buffer.raw)
+            if hasattr(sys.stdin.buffer, "raw")
+            else sys.stdin.buffer
+        )
     else:
         p = Path(path)
         if not p.exists():
@@ -179,8 +182,10 @@ def _utf16(sample: bytes) -> str | None:
         return None
     odd_nul = sample[1 : 2 * pairs : 2].count(0)
     even_nul = sample[0 : 2 * pairs : 2].count(0)
-    for nul, other, enc in ((odd_nul, sample[0 : 2 * pairs : 2], "utf-16-le"),
-                            (even_nul, sample[1 : 2 * pairs : 2], "utf-16-be")):
+    for nul, other, enc in (
+        (odd_nul, sample[0 : 2 * pairs : 2], "utf-16-le"),
+        (even_nul, sample[1 : 2 * pairs : 2], "utf-16-be"),
+    ):
         if nul >= 0.4 * pairs and other.count(0) <= 0.05 * pairs:
             printable = sum(1 for b in other if b >= 32 or b in (9, 10, 13))
             if printable >= 0.9 * (pairs - other.count(0)):
@@ -247,7 +252,9 @@ def _read(src: BinaryIO, name: str, st: ReadStats) -> tuple[bytes, bool]:
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
         if st.bytes_read == 0 and not parts:
             raise InputError(f"{name}: not a readable gzip file ({exc})") from None
-        st.notes.append("compressed data ends early or is damaged (truncated gzip): read as far as it is valid")
+        st.notes.append(
+            "compressed data ends early or is damaged (truncated gzip): read as far as it is valid"
+        )
         return b"".join(parts), True
     except OSError as exc:
         raise InputError(f"{name}: read error ({exc})") from None
@@ -274,7 +281,9 @@ def _scan_stream(src: BinaryIO, name: str, st: ReadStats) -> Iterator[Hit]:
                     data = data[2:]
                 st.notes.append(f"{mode.upper()} text: decoded to UTF-8 to read it")
             elif mode == "nul":
-                st.notes.append("NUL bytes in the file (padding, or a log rotated with copytruncate): skipped")
+                st.notes.append(
+                    "NUL bytes in the file (padding, or a log rotated with copytruncate): skipped"
+                )
         if decoder is not None:
             data = decoder.decode(data, final).encode("utf-8")
         elif mode == "nul":

@@ -30,15 +30,26 @@ def _levels(rounds: list[dict[str, Any]], key: str) -> str:
 
 
 def variants_table(result: dict[str, Any]) -> Table:
-    table = Table(title="Image-processor memory per variant (MiB; NVML is above the process's CUDA context)")
+    table = Table(
+        title="Image-processor memory per variant (MiB; NVML is above the process's CUDA context)"
+    )
     for col, justify in (
-        ("variant", "left"), ("PyTorch reserved per round", "right"), ("NVML per round", "right"),
-        ("growth/round", "right"), ("held after idle", "right"), ("escaped", "right"),
-        ("p50 ms", "right"), ("p99 ms", "right"), ("vs baseline", "right"), ("verdict", "left"),
+        ("variant", "left"),
+        ("PyTorch reserved per round", "right"),
+        ("NVML per round", "right"),
+        ("growth/round", "right"),
+        ("held after idle", "right"),
+        ("escaped", "right"),
+        ("p50 ms", "right"),
+        ("p99 ms", "right"),
+        ("vs baseline", "right"),
+        ("verdict", "left"),
     ):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for v in result["variants"]:
-        verdict = v["verdict"] if v["status"] == "ok" else f"{v['status']}: {v.get('message') or ''}"
+        verdict = (
+            v["verdict"] if v["status"] == "ok" else f"{v['status']}: {v.get('message') or ''}"
+        )
         style = {"grows": "red", "bounded": "green"}.get(v["verdict"], "yellow")
         table.add_row(
             v["variant"],
@@ -59,21 +70,46 @@ def ipc_table(result: dict[str, Any]) -> Table | None:
     rows = result.get("ipc") or []
     if not rows:
         return None
-    table = Table(title="CUDA IPC: consumers on other GPUs (NVML census while they hold the shared memory)")
-    for col in ("mode", "producer GPU", "consumer GPU", "peer access", "redirect applied",
-                "consumer MiB on producer GPU", "consumer MiB on own GPU", "data correct"):
+    table = Table(
+        title="CUDA IPC: consumers on other GPUs (NVML census while they hold the shared memory)"
+    )
+    for col in (
+        "mode",
+        "producer GPU",
+        "consumer GPU",
+        "peer access",
+        "redirect applied",
+        "consumer MiB on producer GPU",
+        "consumer MiB on own GPU",
+        "data correct",
+    ):
         table.add_column(col)
     for arm in rows:
         if arm.get("error") and not arm["consumers"]:
-            table.add_row(arm["mode"], str(arm["producer_gpu"]), "-", "-", "-", "-", "-", f"error: {arm['error']}")
+            table.add_row(
+                arm["mode"],
+                str(arm["producer_gpu"]),
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                f"error: {arm['error']}",
+            )
             continue
         for c in arm["consumers"]:
             data = "yes" if c["correct"] else "NO"
             if c.get("error"):
                 data = f"error: {c['error']}"
             table.add_row(
-                arm["mode"], str(arm["producer_gpu"]), str(c["gpu"]), str(c["peer_access"]),
-                str(c["redirect_applied"]), _f(c["on_producer_gpu_mib"]), _f(c["on_own_gpu_mib"]), data,
+                arm["mode"],
+                str(arm["producer_gpu"]),
+                str(c["gpu"]),
+                str(c["peer_access"]),
+                str(c["redirect_applied"]),
+                _f(c["on_producer_gpu_mib"]),
+                _f(c["on_own_gpu_mib"]),
+                data,
             )
     return table
 
@@ -86,11 +122,15 @@ def ipc_extra_line(arm: dict[str, Any]) -> str | None:
     rows = [c for c in arm["consumers"] if c.get("on_producer_gpu_mib") is not None]
     each = ", ".join(format_mib(c["on_producer_gpu_mib"], 0) for c in rows)
     total = arm.get("extra_on_producer_gpu_total_mib")
-    line = (f"{arm['mode']}: {format_mib(per, 0)} extra on producer GPU {arm['producer_gpu']} per consumer "
-            f"({each}), {format_mib(total, 0)} in all over {format_count(len(rows), 'consumer(s)')}")
+    line = (
+        f"{arm['mode']}: {format_mib(per, 0)} extra on producer GPU {arm['producer_gpu']} per consumer "
+        f"({each}), {format_mib(total, 0)} in all over {format_count(len(rows), 'consumer(s)')}"
+    )
     if arm.get("extra_on_producer_gpu_contexts") is not None:
-        line += (f" = {arm['extra_on_producer_gpu_contexts']:.1f} x a consumer's own CUDA context "
-                 f"({format_mib(arm['consumer_context_mib'], 0)})")
+        line += (
+            f" = {arm['extra_on_producer_gpu_contexts']:.1f} x a consumer's own CUDA context "
+            f"({format_mib(arm['consumer_context_mib'], 0)})"
+        )
     return line
 
 
@@ -105,12 +145,19 @@ def render(result: dict[str, Any], header: dict[str, Any] | None = None) -> None
         gpus = header.get("gpus") or []
         if gpus:
             g = gpus[int(cfg.get("gpu", 0))] if int(cfg.get("gpu", 0)) < len(gpus) else gpus[0]
-            out.print(f"GPU: {g.get('name')} ({len(gpus)} visible), driver {g.get('driver')}", markup=False)
+            out.print(
+                f"GPU: {g.get('name')} ({len(gpus)} visible), driver {g.get('driver')}",
+                markup=False,
+            )
     if not out.is_terminal:  # piped or saved: do not squeeze the table into 80 columns
         out.width = max(out.width, 170)
     out.print(variants_table(result))
     ctx = [v for v in result["variants"] if v.get("context_mib")]
-    fallback = [v["variant"] for v in result["variants"] if v.get("memory_basis") == "pytorch-reserved" and v["requests"]]
+    fallback = [
+        v["variant"]
+        for v in result["variants"]
+        if v.get("memory_basis") == "pytorch-reserved" and v["requests"]
+    ]
     if fallback:
         out.print(
             f"NVML could not attribute memory to the worker process ({', '.join(fallback)}: another PID "
@@ -122,7 +169,8 @@ def render(result: dict[str, Any], header: dict[str, Any] | None = None) -> None
         out.print(
             f"CUDA context: {format_mib(ctx[0]['context_mib'], 0)} after a warm-up request with caches emptied "
             f"(kernels loaded; {format_mib(bare, 0)} before any kernel ran). 'NVML' columns are above it."
-            if bare else f"CUDA context: {format_mib(ctx[0]['context_mib'], 0)}.",
+            if bare
+            else f"CUDA context: {format_mib(ctx[0]['context_mib'], 0)}.",
             markup=False,
         )
     noise = result.get("latency_noise_pct")
@@ -135,7 +183,9 @@ def render(result: dict[str, Any], header: dict[str, Any] | None = None) -> None
         )
     rec = result["recommendation"]
     if rec.get("variant"):
-        out.print(f"Recommended for this model on this GPU: [bold]{rec['variant']}[/bold] ({rec['title']}): {rec['reason']}")
+        out.print(
+            f"Recommended for this model on this GPU: [bold]{rec['variant']}[/bold] ({rec['title']}): {rec['reason']}"
+        )
     else:
         out.print(f"No recommendation: {rec['reason']}", markup=False)
     for key, ok in result.get("targets", {}).items():
@@ -148,22 +198,38 @@ def render(result: dict[str, Any], header: dict[str, Any] | None = None) -> None
             if extra is not None:
                 good = sum(1 for c in arm["consumers"] if c["correct"])
                 out.print(f"  {extra}", markup=False, soft_wrap=True)
-                out.print(f"  {arm['mode']}: data read back {'correct' if arm['all_correct'] else 'WRONG'} on {good} "
-                          f"of {format_count(len(arm['consumers']), 'consumer(s)')}", markup=False, soft_wrap=True)
+                out.print(
+                    f"  {arm['mode']}: data read back {'correct' if arm['all_correct'] else 'WRONG'} on {good} "
+                    f"of {format_count(len(arm['consumers']), 'consumer(s)')}",
+                    markup=False,
+                    soft_wrap=True,
+                )
             if arm.get("error") and arm["consumers"]:
                 out.print(f"  {arm['mode']}: error: {arm['error']}", markup=False, soft_wrap=True)
             for g in arm.get("census", []):
-                procs = ", ".join(
-                    f"{p['role']} {p['pid']} {format_mib(p['used_mib'], 0)}" for p in g["processes"]
-                ) or "no process"
-                out.print(f"    census GPU {g['gpu']}: {format_mib(g['used_mib'], 0)} used; {procs}", markup=False)
+                procs = (
+                    ", ".join(
+                        f"{p['role']} {p['pid']} {format_mib(p['used_mib'], 0)}"
+                        for p in g["processes"]
+                    )
+                    or "no process"
+                )
+                out.print(
+                    f"    census GPU {g['gpu']}: {format_mib(g['used_mib'], 0)} used; {procs}",
+                    markup=False,
+                )
             if arm.get("mode") == "same-gpu" and not arm.get("error"):
-                out.print(f"  same-GPU round trip: data read back {'correct' if arm['all_correct'] else 'WRONG'}", markup=False)
+                out.print(
+                    f"  same-GPU round trip: data read back {'correct' if arm['all_correct'] else 'WRONG'}",
+                    markup=False,
+                )
     for note in result.get("ipc_notes", []):
         out.print(f"  {note}", markup=False)
 
 
-def write_chart(result: dict[str, Any], requests: dict[str, list[dict[str, Any]]], path: Path) -> Path:
+def write_chart(
+    result: dict[str, Any], requests: dict[str, list[dict[str, Any]]], path: Path
+) -> Path:
     """PNG: memory above the CUDA context after every request, and p50 latency per variant.
 
     Needs matplotlib (the `charts` extra): raises MissingExtra without it."""
@@ -171,7 +237,9 @@ def write_chart(result: dict[str, Any], requests: dict[str, list[dict[str, Any]]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_mem, ax_lat) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [2.2, 1]})
+    fig, (ax_mem, ax_lat) = plt.subplots(
+        1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [2.2, 1]}
+    )
     by = {v["variant"]: v for v in result["variants"]}
     for name, recs in requests.items():
         v = by.get(name, {})

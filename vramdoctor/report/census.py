@@ -30,8 +30,13 @@ def gpu_table(c: Census) -> Table:
         t.add_column("host", no_wrap=True)
     t.add_column("GPU", justify="right", no_wrap=True, min_width=3)
     t.add_column("name", no_wrap=True, overflow="ellipsis", max_width=26, min_width=8)
-    for name in ("used", "total", "free", *(("driver reserved",) if show_reserved else ()),
-                 *(("procs", "in procs", "other") if per_proc else ())):
+    for name in (
+        "used",
+        "total",
+        "free",
+        *(("driver reserved",) if show_reserved else ()),
+        *(("procs", "in procs", "other") if per_proc else ()),
+    ):
         t.add_column(name, justify="right", no_wrap=True)
     for g in c.gpus:
         cells = [str(g.index), g.name or "?", _mib(g.used_mib), _mib(g.total_mib), _mib(g.free_mib)]
@@ -63,8 +68,15 @@ def process_table(c: Census) -> Table:
         else:
             command = p.name or "?"
         flags = ", ".join(dict.fromkeys(p.flags))
-        t.add_row(*([p.host or "?"] if multi_host else []), str(p.pid), per_gpu, _mib(p.total_mib),
-                  p.role or "", command, flags)
+        t.add_row(
+            *([p.host or "?"] if multi_host else []),
+            str(p.pid),
+            per_gpu,
+            _mib(p.total_mib),
+            p.role or "",
+            command,
+            flags,
+        )
     return t
 
 
@@ -73,7 +85,9 @@ def render(c: Census, console: Console) -> None:
     if not console.is_terminal and "COLUMNS" not in os.environ and console.width < 160:
         console.width = 160  # piped to a file or pager: do not wrap at rich's default 80
     width = console.width
-    console.print(f"GPU memory census: source {c.source}, {_when(c.wall)}", markup=False, style="bold")
+    console.print(
+        f"GPU memory census: source {c.source}, {_when(c.wall)}", markup=False, style="bold"
+    )
     console.print(gpu_table(c), width=width)
     if c.processes:
         console.print(process_table(c), width=width)
@@ -88,8 +102,13 @@ def render(c: Census, console: Console) -> None:
     problems = [f for f in c.flags if f.problem]
     if problems:
         pids = sorted({f.pid for f in problems})
-        console.print(Text(
-            f"PROBLEM: {len(problems)} finding(s) on PID {', '.join(map(str, pids))}", style="bold yellow"
-        ))
+        console.print(
+            Text(
+                f"PROBLEM: {len(problems)} finding(s) on PID {', '.join(map(str, pids))}",
+                style="bold yellow",
+            )
+        )
     else:
-        console.print(Text("OK: no process shows a stray-context or multi-GPU pattern", style="bold green"))
+        console.print(
+            Text("OK: no process shows a stray-context or multi-GPU pattern", style="bold green")
+        )

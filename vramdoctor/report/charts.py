@@ -72,33 +72,66 @@ _PLAUSIBLE = 1e15
 
 
 def _finite(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    return [(x, y) for x, y in points
-            if math.isfinite(x) and math.isfinite(y) and abs(x) < _PLAUSIBLE and abs(y) < _PLAUSIBLE]
+    return [
+        (x, y)
+        for x, y in points
+        if math.isfinite(x) and math.isfinite(y) and abs(x) < _PLAUSIBLE and abs(y) < _PLAUSIBLE
+    ]
 
 
-def memory_chart(panels: Sequence[Panel], spans: Sequence[Span], title: str, *,
-                 fits: Sequence[LeakFit] = (), width: float = 10.0, dpi: int = 110) -> bytes:
+def memory_chart(
+    panels: Sequence[Panel],
+    spans: Sequence[Span],
+    title: str,
+    *,
+    fits: Sequence[LeakFit] = (),
+    width: float = 10.0,
+    dpi: int = 110,
+) -> bytes:
     """The figure described in the module docstring, as PNG bytes."""
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return _chart(panels, spans, title, fits, width, dpi)
 
 
-def _chart(panels: Sequence[Panel], spans: Sequence[Span], title: str, fits: Sequence[LeakFit],
-           width: float, dpi: int) -> bytes:
-    panels = [p for p in panels if any(_finite(line.points) for line in p.lines)] or [Panel("memory", "MiB")]
+def _chart(
+    panels: Sequence[Panel],
+    spans: Sequence[Span],
+    title: str,
+    fits: Sequence[LeakFit],
+    width: float,
+    dpi: int,
+) -> bytes:
+    panels = [p for p in panels if any(_finite(line.points) for line in p.lines)] or [
+        Panel("memory", "MiB")
+    ]
     n = len(panels) + len(fits)
-    Figure = require("matplotlib.figure", what="a chart (--report .png/.html)", extra="charts").Figure
+    Figure = require(
+        "matplotlib.figure", what="a chart (--report .png/.html)", extra="charts"
+    ).Figure
     fig = Figure(figsize=(width, 2.6 * n + 0.8), dpi=dpi)
     axes = fig.subplots(n, 1, squeeze=False)[:, 0]
     time_axes = axes[: len(panels)]
     for ax, panel in zip(time_axes, panels, strict=True):
         for span in spans:
-            ax.axvspan(span.start, span.end, color=_COLOURS.get(span.kind, "#eeeeee"),
-                       alpha=0.45 if span.kind == "load" else 0.35, lw=0)
+            ax.axvspan(
+                span.start,
+                span.end,
+                color=_COLOURS.get(span.kind, "#eeeeee"),
+                alpha=0.45 if span.kind == "load" else 0.35,
+                lw=0,
+            )
             if span.label and ax is time_axes[0]:
-                ax.text((span.start + span.end) / 2, 0.985, span.label, transform=ax.get_xaxis_transform(),
-                        ha="center", va="top", fontsize=7, color="#555555")
+                ax.text(
+                    (span.start + span.end) / 2,
+                    0.985,
+                    span.label,
+                    transform=ax.get_xaxis_transform(),
+                    ha="center",
+                    va="top",
+                    fontsize=7,
+                    color="#555555",
+                )
         for line in panel.lines:
             pts = _finite(line.points)
             if not pts:
@@ -106,7 +139,13 @@ def _chart(panels: Sequence[Panel], spans: Sequence[Span], title: str, fits: Seq
             (drawn,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=1.3, label=line.label)
             settled = _finite(line.settled)
             if settled:
-                ax.plot([p[0] for p in settled], [p[1] for p in settled], "o", ms=4, color=drawn.get_color())
+                ax.plot(
+                    [p[0] for p in settled],
+                    [p[1] for p in settled],
+                    "o",
+                    ms=4,
+                    color=drawn.get_color(),
+                )
         ax.set_ylabel(panel.ylabel)
         ax.set_title(panel.title, fontsize=9, loc="left")
         ax.grid(alpha=0.3)
@@ -116,7 +155,7 @@ def _chart(panels: Sequence[Panel], spans: Sequence[Span], title: str, fits: Seq
         for ax in time_axes[1:]:
             ax.sharex(time_axes[0])
     time_axes[-1].set_xlabel("seconds since start")
-    for ax, fit in zip(axes[len(panels):], fits, strict=True):
+    for ax, fit in zip(axes[len(panels) :], fits, strict=True):
         _fit_panel(ax, fit)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -132,18 +171,34 @@ def _fit_panel(ax: Axes, fit: LeakFit) -> None:
     ax.plot(xs, [p[1] for p in pts], "o", ms=5, label="settled level after each round")
     x_end = max(xs, default=0.0)
     full_at = None
-    if not pts or not all(math.isfinite(v) and abs(v) < _PLAUSIBLE for v in (fit.slope, fit.intercept)):
+    if not pts or not all(
+        math.isfinite(v) and abs(v) < _PLAUSIBLE for v in (fit.slope, fit.intercept)
+    ):
         ax.set_axis_off()
         return
-    if fit.capacity_level is not None and fit.slope > 0 and math.isfinite(fit.capacity_level) \
-            and abs(fit.capacity_level) < _PLAUSIBLE:
+    if (
+        fit.capacity_level is not None
+        and fit.slope > 0
+        and math.isfinite(fit.capacity_level)
+        and abs(fit.capacity_level) < _PLAUSIBLE
+    ):
         full_at = (fit.capacity_level - fit.intercept) / fit.slope
     x_max = full_at if full_at is not None and math.isfinite(full_at) and full_at > x_end else x_end
-    ax.plot([0.0, x_end], [fit.intercept, fit.intercept + fit.slope * x_end], "-", color="#b00020",
-            label=f"fit: {fit.slope:.4g} {fit.unit} per request")
+    ax.plot(
+        [0.0, x_end],
+        [fit.intercept, fit.intercept + fit.slope * x_end],
+        "-",
+        color="#b00020",
+        label=f"fit: {fit.slope:.4g} {fit.unit} per request",
+    )
     if full_at is not None and x_max > x_end:
-        ax.plot([x_end, x_max], [fit.intercept + fit.slope * x_end, fit.intercept + fit.slope * x_max],
-                "--", color="#b00020", label="projection at this rate")
+        ax.plot(
+            [x_end, x_max],
+            [fit.intercept + fit.slope * x_end, fit.intercept + fit.slope * x_max],
+            "--",
+            color="#b00020",
+            label="projection at this rate",
+        )
     if full_at is not None and fit.capacity_level is not None:
         ax.axhline(fit.capacity_level, color="#555555", ls=":", label=f"capacity ({fit.unit})")
     ax.set_xlim(0.0, max(1.0, x_max) * 1.03)

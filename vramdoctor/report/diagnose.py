@@ -23,8 +23,17 @@ _HIGHLIGHT = re.compile(
     "|".join(
         rx.pattern
         for rx in (
-            P.CUDA_OOM, P.LEAK, P.SGL_RETRACT, P.VLLM_NO_KV, P.TRITON_SMEM, P.RAY_OOM, P.SGL_GRAPH_FAILED,
-            P.OOM_TRIED, P.OOM_GPU, P.OOM_PROCESS, P.LEAK_FIELD,
+            P.CUDA_OOM,
+            P.LEAK,
+            P.SGL_RETRACT,
+            P.VLLM_NO_KV,
+            P.TRITON_SMEM,
+            P.RAY_OOM,
+            P.SGL_GRAPH_FAILED,
+            P.OOM_TRIED,
+            P.OOM_GPU,
+            P.OOM_PROCESS,
+            P.LEAK_FIELD,
         )
     )
     + r"|disable_fast_image_processor=\w+|image_processor_backend='?\w+'?|type=\w+|mem_fraction_static=[\d.]+"
@@ -56,13 +65,20 @@ def verdict(d: Diagnosis) -> tuple[str, str]:
     server = _server_name(d)
     ver = f" {d.version}" if d.version else ""
     if d.groups:
-        server = "Logs of different servers (" + "; ".join(
-            f"{_server_name(g)}{' ' + g.version if g.version else ''}: {', '.join(f.file for f in g.files)}"
-            for g in d.groups
-        ) + "), each diagnosed on its own"
+        server = (
+            "Logs of different servers ("
+            + "; ".join(
+                f"{_server_name(g)}{' ' + g.version if g.version else ''}: {', '.join(f.file for f in g.files)}"
+                for g in d.groups
+            )
+            + "), each diagnosed on its own"
+        )
         ver = ""
     if not d.findings:
-        return f"{server}{ver}: no known cause of GPU-memory growth or OOM found in the log.", "green"
+        return (
+            f"{server}{ver}: no known cause of GPU-memory growth or OOM found in the log.",
+            "green",
+        )
     top = d.findings[0]
     n = {s: sum(1 for f in d.findings if f.severity == s) for s in ("critical", "warning", "info")}
     counts = ", ".join(f"{v} {k}" for k, v in n.items() if v)
@@ -81,7 +97,9 @@ def _fmt(name: str, v: object) -> str:
     return str(v)
 
 
-def facts_table(d: Diagnosis, single: bool = False, title: str = "Facts read from the log") -> Table:
+def facts_table(
+    d: Diagnosis, single: bool = False, title: str = "Facts read from the log"
+) -> Table:
     t = Table(title=title, show_header=True, header_style="bold", expand=False)
     t.add_column("fact")
     t.add_column("value", overflow="fold")
@@ -93,7 +111,11 @@ def facts_table(d: Diagnosis, single: bool = False, title: str = "Facts read fro
         v = getattr(f, name)
         if name == "tp_size" and v is None and f.tp_size_at_least is not None:
             # only some ranks printed: a lower bound, said as one
-            t.add_row(label, f"at least {f.tp_size_at_least}", _where(f.evidence.get("tp_size_at_least"), single))
+            t.add_row(
+                label,
+                f"at least {f.tp_size_at_least}",
+                _where(f.evidence.get("tp_size_at_least"), single),
+            )
             continue
         if v is None:
             continue
@@ -130,7 +152,9 @@ def finding_panel(f: Finding, single: bool = False) -> Panel:
         parts.append(Text("Evidence:", style="bold"))
         parts.extend(_evidence_text(e, single) for e in f.evidence)
     parts.append(Text.assemble(("Fix: ", "bold green"), f.fix))
-    title = Text.assemble((f"{f.severity.upper()} ", _STYLE[f.severity]), (f.title, "bold"), (f"  [{f.id}]", "dim"))
+    title = Text.assemble(
+        (f"{f.severity.upper()} ", _STYLE[f.severity]), (f.title, "bold"), (f"  [{f.id}]", "dim")
+    )
     return Panel(Group(*parts), title=title, title_align="left", border_style=_STYLE[f.severity])
 
 
@@ -142,7 +166,12 @@ def render(d: Diagnosis, con: Console) -> None:
         for note in fs.notes:
             con.print(Text(f"note: {fs.file}: {note}", style="dim"))
         if not fs.recognised:
-            con.print(Text(f"note: {fs.file}: not an SGLang or vLLM server log (no known line found)", style="yellow"))
+            con.print(
+                Text(
+                    f"note: {fs.file}: not an SGLang or vLLM server log (no known line found)",
+                    style="yellow",
+                )
+            )
     if d.groups:  # different servers: one facts table each, never merged
         for g in d.groups:
             names = ", ".join(f.file for f in g.files)

@@ -24,7 +24,9 @@ if TYPE_CHECKING:  # the lazy names below, for type checkers
     from .runner import RoundHook, SoakOutcome, default_run_path, run_soak
 
 
-def analyse_soak(records: list[Any], header: dict[str, Any] | None = None, **kwargs: Any) -> SoakAnalysis:
+def analyse_soak(
+    records: list[Any], header: dict[str, Any] | None = None, **kwargs: Any
+) -> SoakAnalysis:
     """The per-layer soak analysis of a run's records (`vramdoctor.analysis.soak.analyse_soak`:
     pure; keyword arguments production_rate_rps, raw_host, status, th). Imported on use, so
     `import vramdoctor.soak` does not pay for scipy."""
@@ -35,7 +37,12 @@ def analyse_soak(records: list[Any], header: dict[str, Any] | None = None, **kwa
 
 # Public name -> the module that defines it (imported on first access: the runner brings
 # requests, numpy and PIL, which `vramdoctor --help` and the analysis do not need).
-_LAZY = {"RoundHook": ".runner", "SoakOutcome": ".runner", "default_run_path": ".runner", "run_soak": ".runner"}
+_LAZY = {
+    "RoundHook": ".runner",
+    "SoakOutcome": ".runner",
+    "default_run_path": ".runner",
+    "run_soak": ".runner",
+}
 
 
 __all__ = [

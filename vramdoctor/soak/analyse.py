@@ -16,8 +16,9 @@ if TYPE_CHECKING:  # scipy is imported with the analysis: only when a run is ana
     from ..analysis.soak import SoakAnalysis
 
 
-def analyse_run(run: Run, *, production_rate_rps: float | None = None,
-                min_growth_mib: float | None = None) -> SoakAnalysis:
+def analyse_run(
+    run: Run, *, production_rate_rps: float | None = None, min_growth_mib: float | None = None
+) -> SoakAnalysis:
     """The per-layer soak analysis of a recorded run."""
     from ..analysis.soak import Thresholds, analyse_soak
 
@@ -27,9 +28,19 @@ def analyse_run(run: Run, *, production_rate_rps: float | None = None,
         rate = cfg.get("production_rate_rps")
         production_rate_rps = float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
     growth = min_growth_mib if min_growth_mib is not None else cfg.get("min_growth_mib")
-    th = Thresholds(min_growth_mib=float(growth)) if isinstance(growth, (int, float)) else Thresholds()
-    analysis = analyse_soak(run.records, run.header, production_rate_rps=production_rate_rps,
-                            raw_host=run.raw("host_memory"), status=run.status, th=th)
+    th = (
+        Thresholds(min_growth_mib=float(growth))
+        if isinstance(growth, (int, float))
+        else Thresholds()
+    )
+    analysis = analyse_soak(
+        run.records,
+        run.header,
+        production_rate_rps=production_rate_rps,
+        raw_host=run.raw("host_memory"),
+        status=run.status,
+        th=th,
+    )
     # The run file's own damage (bad lines, disorder, a file the disk could not hold, a torn
     # last line) and what the sampler left out: notes, so every report says what was not analysed.
     extra = [*run.problems, *run.dropped()]
@@ -50,6 +61,8 @@ def undecided_layers(analysis: Any) -> list[tuple[str, str]]:
 def is_leak(analysis: Any) -> bool:
     """Whether any layer (or the run's verdict) is LEAK."""
     layers = getattr(analysis, "layers", None)
-    if isinstance(layers, dict) and any(getattr(v, "verdict", None) == "LEAK" for v in layers.values()):
+    if isinstance(layers, dict) and any(
+        getattr(v, "verdict", None) == "LEAK" for v in layers.values()
+    ):
         return True
     return getattr(analysis, "verdict", None) == "LEAK"

@@ -77,8 +77,10 @@ class SoakConfig:
         if self.max_rounds is not None:
             _int_range("--max-rounds", self.max_rounds, 1, MAX_ROUNDS)
         if self.adapt and self.max_rounds is not None and self.max_rounds < self.rounds:
-            raise InputError(f"--max-rounds {self.max_rounds} is below --rounds {self.rounds}: "
-                             "raise it, or pass --no-adapt")
+            raise InputError(
+                f"--max-rounds {self.max_rounds} is below --rounds {self.rounds}: "
+                "raise it, or pass --no-adapt"
+            )
         if self.max_requests is not None:
             _int_range("--max-requests", self.max_requests, 1, 10**12)
         _seconds("--idle", self.idle_s, zero_ok=True)
@@ -99,8 +101,10 @@ class SoakConfig:
         if self.production_rate_rps is not None:
             _finite("--production-rate", self.production_rate_rps)
             if not 0 < self.production_rate_rps <= 1e9:
-                raise InputError(f"--production-rate {self.production_rate_rps:g}: give requests per "
-                                 "second, more than 0")
+                raise InputError(
+                    f"--production-rate {self.production_rate_rps:g}: give requests per "
+                    "second, more than 0"
+                )
         if self.api not in ("chat", "completions"):
             raise InputError(f"--api {self.api!r}: use chat or completions")
         if self.text_only and self.image_dir:
@@ -119,11 +123,18 @@ class SoakConfig:
         netloc = urlsplit(self.url if "://" in self.url else "http://" + self.url).netloc
         if "@" not in netloc:
             return
-        source = ("--api-key" if self.api_key else "$OPENAI_API_KEY" if os.environ.get("OPENAI_API_KEY")
-                  else "$VRAMDOCTOR_API_KEY")
-        raise InputError(f"--url carries a user:password and an API key is set ({source}): both would "
-                         "go in the one Authorization header; drop the user:password from --url to "
-                         f"send the key, or unset {source} to send the URL's password (HTTP Basic)")
+        source = (
+            "--api-key"
+            if self.api_key
+            else "$OPENAI_API_KEY"
+            if os.environ.get("OPENAI_API_KEY")
+            else "$VRAMDOCTOR_API_KEY"
+        )
+        raise InputError(
+            f"--url carries a user:password and an API key is set ({source}): both would "
+            "go in the one Authorization header; drop the user:password from --url to "
+            f"send the key, or unset {source} to send the URL's password (HTTP Basic)"
+        )
 
     @property
     def rounds_cap(self) -> int:
@@ -131,7 +142,9 @@ class SoakConfig:
         (default the larger of 12 and `rounds`)."""
         if not self.adapt:
             return self.rounds
-        return self.max_rounds if self.max_rounds is not None else max(DEFAULT_MAX_ROUNDS, self.rounds)
+        return (
+            self.max_rounds if self.max_rounds is not None else max(DEFAULT_MAX_ROUNDS, self.rounds)
+        )
 
     @property
     def baseline(self) -> float:
@@ -140,16 +153,22 @@ class SoakConfig:
     @property
     def resolved_api_key(self) -> str | None:
         """The key to send: the field, else $OPENAI_API_KEY, else $VRAMDOCTOR_API_KEY."""
-        return (self.api_key or os.environ.get("OPENAI_API_KEY")
-                or os.environ.get("VRAMDOCTOR_API_KEY") or None)
+        return (
+            self.api_key
+            or os.environ.get("OPENAI_API_KEY")
+            or os.environ.get("VRAMDOCTOR_API_KEY")
+            or None
+        )
 
     def to_record(self) -> dict[str, Any]:
         """The settings as recorded in the run file's header (no key, paths as strings)."""
         d = asdict(self)
         d.pop("api_key", None)
         d.pop("url", None)  # the header's target carries it, redacted
-        return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
-                for k, v in d.items()}
+        return {
+            k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
+            for k, v in d.items()
+        }
 
 
 def _finite(option: str, value: float) -> None:
@@ -160,7 +179,9 @@ def _finite(option: str, value: float) -> None:
 def _seconds(option: str, value: float, *, zero_ok: bool = False) -> None:
     _finite(option, value)
     if value < 0 or (value == 0 and not zero_ok):
-        raise InputError(f"{option} {value:g}: must be {'0 or more' if zero_ok else 'more than 0'} seconds")
+        raise InputError(
+            f"{option} {value:g}: must be {'0 or more' if zero_ok else 'more than 0'} seconds"
+        )
     if value > MAX_SECONDS:
         raise InputError(f"{option} {value:g}: more than 30 days; give seconds")
 

@@ -106,8 +106,10 @@ def _gpu_source(cfg: SoakConfig, remote: bool) -> tuple[Any, str | None]:
         src.sample()  # fail now, with its one line, if it is not an exporter
         return src, None
     if remote:
-        return None, ("server is on another host and no --gpu-metrics was given: GPU memory is "
-                      "not measured (pass --gpu-metrics http://HOST:9400/metrics)")
+        return None, (
+            "server is on another host and no --gpu-metrics was given: GPU memory is "
+            "not measured (pass --gpu-metrics http://HOST:9400/metrics)"
+        )
     try:
         from ..sources.nvml import NvmlSource
 
@@ -227,18 +229,27 @@ class _FirstRoundCheck:
             return self.verdict()
 
     def verdict(self) -> tuple[str, str] | None:
-        counts = ", ".join(f"{n} x {what}" for what, n in sorted(self.statuses.items(), key=lambda x: -x[1]))
+        counts = ", ".join(
+            f"{n} x {what}" for what, n in sorted(self.statuses.items(), key=lambda x: -x[1])
+        )
         if self.refused > AUTH_SHARE * self.done:
-            fix = ("the key given with --api-key (or $OPENAI_API_KEY / $VRAMDOCTOR_API_KEY) is not "
-                   "accepted: pass the server's key with --api-key" if self.key_given else
-                   "the server wants an API key; pass it with --api-key (or $OPENAI_API_KEY)")
-            return STOPPED_AUTH, (f"stopped after round 1: {self.refused} of {self.done} requests "
-                                  f"refused as unauthorized ({counts}); {fix}")
+            fix = (
+                "the key given with --api-key (or $OPENAI_API_KEY / $VRAMDOCTOR_API_KEY) is not "
+                "accepted: pass the server's key with --api-key"
+                if self.key_given
+                else "the server wants an API key; pass it with --api-key (or $OPENAI_API_KEY)"
+            )
+            return STOPPED_AUTH, (
+                f"stopped after round 1: {self.refused} of {self.done} requests "
+                f"refused as unauthorized ({counts}); {fix}"
+            )
         if self.ok == 0:
             first = f"; first error: {self.first_error[:120]}" if self.first_error else ""
-            return STOPPED_FAILING, (f"stopped after round 1: none of its {self.done} requests "
-                                     f"succeeded ({counts}{first}): the server is failing, so "
-                                     "memory was never exercised")
+            return STOPPED_FAILING, (
+                f"stopped after round 1: none of its {self.done} requests "
+                f"succeeded ({counts}{first}): the server is failing, so "
+                "memory was never exercised"
+            )
         return None
 
 
@@ -266,17 +277,30 @@ def run_soak(
     """
     made: list[RunWriter] = []
     try:
-        return _run_soak(config, hooks=hooks, notify=notify, progress=progress, on_result=on_result,
-                         on_sample=on_sample, argv=argv, before_run=before_run, made=made)
+        return _run_soak(
+            config,
+            hooks=hooks,
+            notify=notify,
+            progress=progress,
+            on_result=on_result,
+            on_sample=on_sample,
+            argv=argv,
+            before_run=before_run,
+            made=made,
+        )
     except KeyboardInterrupt:
         if not made:
-            raise Interrupted("interrupted before measuring: nothing was sent or recorded") from None
+            raise Interrupted(
+                "interrupted before measuring: nothing was sent or recorded"
+            ) from None
         writer = made[0]
         with contextlib.suppress(Exception):
             if not writer.closed:
                 writer.close("interrupted", stopped_by="interrupt")
-        raise Interrupted(f"interrupted; the run file is kept: {writer.path} (re-analyse: "
-                          f"vramdoctor report {writer.path})") from None
+        raise Interrupted(
+            f"interrupted; the run file is kept: {writer.path} (re-analyse: "
+            f"vramdoctor report {writer.path})"
+        ) from None
 
 
 def _run_soak(
@@ -309,9 +333,16 @@ def _run_soak(
     for note in info.notes:
         say(note)
     send_model = cfg.model or info.model or "default"
-    plan = build_requests(cfg.requests, model=send_model, images=images, max_tokens=cfg.max_tokens,
-                          text_only=cfg.text_only, api=cfg.api, stream=cfg.stream,
-                          abort_fraction=cfg.abort_fraction)
+    plan = build_requests(
+        cfg.requests,
+        model=send_model,
+        images=images,
+        max_tokens=cfg.max_tokens,
+        text_only=cfg.text_only,
+        api=cfg.api,
+        stream=cfg.stream,
+        abort_fraction=cfg.abort_fraction,
+    )
 
     # --- sources ----------------------------------------------------------------------------
     found = discover_server(base)
@@ -336,7 +367,8 @@ def _run_soak(
     if not sources:
         raise SourceUnavailable(
             "nothing to measure: no GPU source and the server's processes are not on this host; "
-            "pass --gpu-metrics http://HOST:9400/metrics (dcgm-exporter or nvitop-exporter)")
+            "pass --gpu-metrics http://HOST:9400/metrics (dcgm-exporter or nvitop-exporter)"
+        )
     try:
         from ..sources.server_metrics import ServerMetricsSource
 
@@ -353,23 +385,36 @@ def _run_soak(
         with contextlib.suppress(Exception):
             devices = gpu_src.devices()
     record_cfg = cfg.to_record()
-    record_cfg.update({
-        "baseline_s": cfg.baseline, "idle_s": cfg.idle_s, "model": send_model,
-        "images": [img.label for img in images], "sources": sorted(sources),
-        "server": info.to_dict(), "server_pids": found.root_pids,
-        "server_tree": {str(k): v for k, v in found.tree.items()}, "notes": notes,
-        "max_rounds": cfg.rounds_cap,
-        # glibc's arena cap is 8 x cores unless MALLOC_ARENA_MAX says otherwise (the host
-        # layer's bound on arena growth): this host's cores, the server's own setting.
-        "cpu_count": os.cpu_count() if not found.remote else None,
-        "server_malloc_arena_max": _malloc_arena_max(found.root_pids),
-    })
+    record_cfg.update(
+        {
+            "baseline_s": cfg.baseline,
+            "idle_s": cfg.idle_s,
+            "model": send_model,
+            "images": [img.label for img in images],
+            "sources": sorted(sources),
+            "server": info.to_dict(),
+            "server_pids": found.root_pids,
+            "server_tree": {str(k): v for k, v in found.tree.items()},
+            "notes": notes,
+            "max_rounds": cfg.rounds_cap,
+            # glibc's arena cap is 8 x cores unless MALLOC_ARENA_MAX says otherwise (the host
+            # layer's bound on arena growth): this host's cores, the server's own setting.
+            "cpu_count": os.cpu_count() if not found.remote else None,
+            "server_malloc_arena_max": _malloc_arena_max(found.root_pids),
+        }
+    )
     # Imported before the run file exists: scipy takes a second to import, and a Ctrl-C in that
     # second must land inside the try below (partial report, run file closed), not before it.
     from ..analysis import soak as _analysis  # noqa: F401
 
-    header = make_header("soak", argv=argv, target=base, gpus=devices, config=record_cfg,
-                         secrets=[key] if key else [])
+    header = make_header(
+        "soak",
+        argv=argv,
+        target=base,
+        gpus=devices,
+        config=record_cfg,
+        secrets=[key] if key else [],
+    )
     writer = RunWriter(run_path, header)
     made.append(writer)
     run_dir = run_path.parent
@@ -390,11 +435,16 @@ def _run_soak(
     if on_sample is not None:
         collector.add_listener(on_sample)
     client = LoadClient(base, key, timeout=cfg.timeout_s)
-    proto_cfg = ProtocolConfig(rounds=cfg.rounds, concurrency=cfg.concurrency, idle_s=cfg.idle_s,
-                               baseline_s=cfg.baseline, max_requests=cfg.max_requests,
-                               duration_s=cfg.duration_s,
-                               max_rounds=cfg.rounds_cap if cfg.adapt else None,
-                               abort_fraction=cfg.abort_fraction)
+    proto_cfg = ProtocolConfig(
+        rounds=cfg.rounds,
+        concurrency=cfg.concurrency,
+        idle_s=cfg.idle_s,
+        baseline_s=cfg.baseline,
+        max_requests=cfg.max_requests,
+        duration_s=cfg.duration_s,
+        max_rounds=cfg.rounds_cap if cfg.adapt else None,
+        abort_fraction=cfg.abort_fraction,
+    )
     production = [cfg.production_rate_rps]
 
     def more_rounds(_state: ProtocolState) -> list[tuple[str, str]]:
@@ -407,17 +457,28 @@ def _run_soak(
             writer.write(Event(*now(), name="baseline_traffic", data=data))
             if production[0] is None and rate is not None:
                 production[0] = rate
-                say(f"production rate from the server's own counters during the baseline: "
-                    f"{rate * 3600:.0f} requests/hour")
+                say(
+                    f"production rate from the server's own counters during the baseline: "
+                    f"{rate * 3600:.0f} requests/hour"
+                )
         for hook in hooks:
             try:
                 hook(rnd, run_dir)
             except Exception as exc:  # a hook must not end the measurement
-                writer.write(Event(*now(), name="source_error", data={
-                    "source": f"round-hook {getattr(hook, '__name__', type(hook).__name__)}",
-                    "error": f"{type(exc).__name__}: {exc}"[:300]}))
+                writer.write(
+                    Event(
+                        *now(),
+                        name="source_error",
+                        data={
+                            "source": f"round-hook {getattr(hook, '__name__', type(hook).__name__)}",
+                            "error": f"{type(exc).__name__}: {exc}"[:300],
+                        },
+                    )
+                )
 
-    first_round = _FirstRoundCheck(min(len(plan), cfg.max_requests or len(plan)), key_given=key is not None)
+    first_round = _FirstRoundCheck(
+        min(len(plan), cfg.max_requests or len(plan)), key_given=key is not None
+    )
     refused: list[str] = []
 
     def on_request(req: PlannedRequest, outcome: Outcome) -> None:
@@ -433,9 +494,16 @@ def _run_soak(
         if on_result is not None:
             on_result(req, outcome)
 
-    protocol = Protocol(proto_cfg, client=client, plan=plan, writer=writer, on_result=on_request,
-                        progress=progress, more_rounds=more_rounds if cfg.adapt else None,
-                        on_idle_end=on_idle_end)
+    protocol = Protocol(
+        proto_cfg,
+        client=client,
+        plan=plan,
+        writer=writer,
+        on_result=on_request,
+        progress=progress,
+        more_rounds=more_rounds if cfg.adapt else None,
+        on_idle_end=on_idle_end,
+    )
 
     # A sampler that dies (COLLECTOR_FAILED) ends the traffic: the rest could not be measured.
     collector.on_failure = lambda _reason: protocol.stop.set()
@@ -480,8 +548,9 @@ def _run_soak(
             writer.write(Event(*now(), name="stopped", data={"by": stopped}))
         if collector.failed and status == "complete":
             status = "failed"  # exit code non-zero; the report says sampling stopped and why
-        writer.close(status, stopped_by=stopped,
-                     **({"error": collector.failed} if collector.failed else {}))
+        writer.close(
+            status, stopped_by=stopped, **({"error": collector.failed} if collector.failed else {})
+        )
         for src in sources.values():
             with contextlib.suppress(Exception):
                 src.close()
@@ -489,14 +558,26 @@ def _run_soak(
     if refused:
         say(refused[0])
     if state.server_died is not None:
-        say(f"the server died ({state.server_died.get('reason')}) in round {state.round}: "
-            "no request was sent after it; the rounds it cut short carry no verdict")
+        say(
+            f"the server died ({state.server_died.get('reason')}) in round {state.round}: "
+            "no request was sent after it; the rounds it cut short carry no verdict"
+        )
     elif state.stopped_by == "max-rounds" and state.undecided:
-        say("still undecided after --max-rounds: " + "; ".join(f"{layer}: {why}" for layer, why in state.undecided))
+        say(
+            "still undecided after --max-rounds: "
+            + "; ".join(f"{layer}: {why}" for layer, why in state.undecided)
+        )
     run = writer.read_back()  # the file, plus what only memory holds if the disk filled
     analysis = analyse_run(run, production_rate_rps=production[0])
-    return SoakOutcome(run_path=run_path, status=run.status if run.end else status,
-                       stopped_by=state.stopped_by, rounds=len(state.results), server=info,
-                       server_died=state.server_died, undecided=list(state.undecided),
-                       production_rate_rps=production[0], notes=notes, analysis=analysis)
-
+    return SoakOutcome(
+        run_path=run_path,
+        status=run.status if run.end else status,
+        stopped_by=state.stopped_by,
+        rounds=len(state.results),
+        server=info,
+        server_died=state.server_died,
+        undecided=list(state.undecided),
+        production_rate_rps=production[0],
+        notes=notes,
+        analysis=analysis,
+    )

@@ -40,7 +40,17 @@ from ..model import COLLECTOR_FAILED, SOURCE_ERROR, SOURCE_ERROR_COUNT, Event, n
 from ..record import RunWriter
 from ..redact import redact_text
 
-__all__ = ["EXTRA", "FATAL", "RAW_EVERY_S", "RAW_KEY_LIMIT", "RAW_SERIES_LIMIT", "Collector", "Listener", "Source", "SourceErrorCount"]
+__all__ = [
+    "EXTRA",
+    "FATAL",
+    "RAW_EVERY_S",
+    "RAW_KEY_LIMIT",
+    "RAW_SERIES_LIMIT",
+    "Collector",
+    "Listener",
+    "Source",
+    "SourceErrorCount",
+]
 
 
 class Source(Protocol):
@@ -80,9 +90,14 @@ class Collector:
     sampling stops for good (the soak runner stops its traffic then).
     """
 
-    def __init__(self, writer: RunWriter, sources: dict[str, Source], interval: float = 0.5,
-                 extra: Callable[[], list[Any]] | None = None,
-                 on_failure: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        writer: RunWriter,
+        sources: dict[str, Source],
+        interval: float = 0.5,
+        extra: Callable[[], list[Any]] | None = None,
+        on_failure: Callable[[str], None] | None = None,
+    ) -> None:
         self.writer = writer
         self.sources = dict(sources)
         self.interval = interval
@@ -147,9 +162,12 @@ class Collector:
         if len(kept) > RAW_SERIES_LIMIT:
             kept = dict(list(kept.items())[:RAW_SERIES_LIMIT])
         if len(kept) < len(raw):
-            self._error(name, f"raw series limited to {len(kept)} of {len(raw)} (at most "
-                              f"{RAW_SERIES_LIMIT} series of at most {RAW_KEY_LIMIT} characters are kept)",
-                        failing=False)
+            self._error(
+                name,
+                f"raw series limited to {len(kept)} of {len(raw)} (at most "
+                f"{RAW_SERIES_LIMIT} series of at most {RAW_KEY_LIMIT} characters are kept)",
+                failing=False,
+            )
         record.raw = kept
 
     def _write(self, name: str, record: Any) -> None:
@@ -157,12 +175,18 @@ class Collector:
         try:
             dropped = self.writer.write(record)
         except (ValueError, TypeError) as exc:  # cannot be a JSON line at all: skip it
-            self._error(name, f"a sample could not be recorded and was skipped ({type(exc).__name__}: {exc})")
+            self._error(
+                name,
+                f"a sample could not be recorded and was skipped ({type(exc).__name__}: {exc})",
+            )
             return
         if dropped:
             fields = ", ".join(sorted({re.sub(r"\[\d+\]", "[]", p) for p in dropped})[:5])
-            self._error(name, f"non-finite value (NaN or overflow) left out of the sample: {fields}",
-                        failing=False)
+            self._error(
+                name,
+                f"non-finite value (NaN or overflow) left out of the sample: {fields}",
+                failing=False,
+            )
         with self._lock:
             self.samples += 1
         if self._listeners:
@@ -220,8 +244,12 @@ class Collector:
         first and the last point of a run): a slow source delays the others here neither."""
         if self.failed:
             return
-        threads = [threading.Thread(target=self._guarded, args=(name, step), daemon=True,
-                                    name=f"vramdoctor-tick-{name}") for name, step in self._steps()]
+        threads = [
+            threading.Thread(
+                target=self._guarded, args=(name, step), daemon=True, name=f"vramdoctor-tick-{name}"
+            )
+            for name, step in self._steps()
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -260,8 +288,9 @@ class Collector:
             return self
         self._stop.clear()
         for name, step in self._steps():
-            thread = threading.Thread(target=self._loop, args=(name, step),
-                                      name=f"vramdoctor-sampler-{name}", daemon=True)
+            thread = threading.Thread(
+                target=self._loop, args=(name, step), name=f"vramdoctor-sampler-{name}", daemon=True
+            )
             try:
                 thread.start()
             except RuntimeError as exc:  # cannot start a thread (limits): sampling cannot run
@@ -280,9 +309,16 @@ class Collector:
         self._threads = []
         for err in self.source_errors:
             if err.count > 1:
-                self._write_event(SOURCE_ERROR_COUNT, {
-                    "source": err.source, "error": err.error, "count": err.count,
-                    "first_t": err.first_t, "last_t": err.last_t})
+                self._write_event(
+                    SOURCE_ERROR_COUNT,
+                    {
+                        "source": err.source,
+                        "error": err.error,
+                        "count": err.count,
+                        "first_t": err.first_t,
+                        "last_t": err.last_t,
+                    },
+                )
 
     @property
     def running(self) -> bool:

@@ -84,7 +84,10 @@ def listening_pids(port: int) -> tuple[list[int], str | None]:
     if pids:
         return sorted(pids), None
     if denied:
-        return [], f"port {port} is served by a process we may not inspect (another user or container)"
+        return (
+            [],
+            f"port {port} is served by a process we may not inspect (another user or container)",
+        )
     return [], f"no process on this host listens on port {port} (server in a container or remote?)"
 
 
@@ -106,15 +109,29 @@ def process_tree(pids: Iterable[int]) -> dict[int, str]:
 
 
 # Processes that only forward a published container port: the server is inside a container.
-PORT_FORWARDERS = frozenset({"docker-proxy", "rootlesskit", "rootlessport", "slirp4netns",
-                             "pasta", "pasta.avx2", "conmon", "gvproxy", "kubectl"})
+PORT_FORWARDERS = frozenset(
+    {
+        "docker-proxy",
+        "rootlesskit",
+        "rootlessport",
+        "slirp4netns",
+        "pasta",
+        "pasta.avx2",
+        "conmon",
+        "gvproxy",
+        "kubectl",
+    }
+)
 
 
 def discover_server(url: str) -> ServerProcesses:
     """The listening port's owner and its process tree, when the server is on this host."""
     if not is_local(url):
-        return ServerProcesses(reason="server is on another host: no per-process memory here "
-                               "(use --gpu-metrics for its GPUs)", remote=True)
+        return ServerProcesses(
+            reason="server is on another host: no per-process memory here "
+            "(use --gpu-metrics for its GPUs)",
+            remote=True,
+        )
     port = url_port(url)
     roots, reason = listening_pids(port)
     if not roots:
@@ -122,8 +139,10 @@ def discover_server(url: str) -> ServerProcesses:
     names = process_tree(roots)
     if all(names.get(pid, "?") in PORT_FORWARDERS for pid in roots):
         forwarder = names.get(roots[0], "?")
-        return ServerProcesses(reason=f"port {port} is forwarded by {forwarder}: the server runs in "
-                               "a container; its GPU processes are watched instead")
+        return ServerProcesses(
+            reason=f"port {port} is forwarded by {forwarder}: the server runs in "
+            "a container; its GPU processes are watched instead"
+        )
     return ServerProcesses(root_pids=roots, tree=names)
 
 
@@ -135,8 +154,11 @@ def gpu_peers(sample: GpuSample, server_pids: Iterable[int]) -> dict[int, str]:
         gpus = {g.index for g in sample.gpus}
     # Rows NVML reports with a PID outside our namespace (visible=False) are not ours to read:
     # the same number here may be an unrelated process.
-    return {p.pid: p.name or "?" for p in sample.processes
-            if p.gpu in gpus and p.pid not in server and p.visible}
+    return {
+        p.pid: p.name or "?"
+        for p in sample.processes
+        if p.gpu in gpus and p.pid not in server and p.visible
+    }
 
 
 def roles(found: ServerProcesses, peers: dict[int, str] | None = None) -> dict[int, str]:
@@ -161,7 +183,9 @@ def port_refuses(url: str, timeout: float = 1.0) -> bool:
     False when it connects or the answer is anything else (a timeout proves nothing)."""
     parts = urlsplit(url if "://" in url else "http://" + url)
     try:
-        with socket.create_connection((parts.hostname or "127.0.0.1", url_port(url)), timeout=timeout):
+        with socket.create_connection(
+            (parts.hostname or "127.0.0.1", url_port(url)), timeout=timeout
+        ):
             return False
     except ConnectionRefusedError:
         return True
@@ -224,8 +248,12 @@ class ServerWatch:
         owners, _ = listening_pids(self.port)
         if owners and set(owners) != set(self.roots):
             if not any(_alive(p) for p in self.roots) or any(p not in owners for p in self.roots):
-                events.append((SERVER_REPLACED, {"old_pid": self.roots[0] if self.roots else None,
-                                                 "new_pid": owners[0]}))
+                events.append(
+                    (
+                        SERVER_REPLACED,
+                        {"old_pid": self.roots[0] if self.roots else None, "new_pid": owners[0]},
+                    )
+                )
             self.roots = owners
         if owners:
             self._gone_at = None

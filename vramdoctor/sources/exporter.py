@@ -33,9 +33,12 @@ _DCGM_FIELDS = {
     "DCGM_FI_DEV_FB_TOTAL": "total",
 }
 _NVITOP_GPU = {
-    "gpu_memory_total_MiB": "total", "gpu_memory_total": "total",
-    "gpu_memory_used_MiB": "used", "gpu_memory_used": "used",
-    "gpu_memory_free_MiB": "free", "gpu_memory_free": "free",
+    "gpu_memory_total_MiB": "total",
+    "gpu_memory_total": "total",
+    "gpu_memory_used_MiB": "used",
+    "gpu_memory_used": "used",
+    "gpu_memory_free_MiB": "free",
+    "gpu_memory_free": "free",
 }
 _NVITOP_PROC = ("process_gpu_memory_MiB", "process_gpu_memory")
 _NVITOP_INFO = "process_info_info"
@@ -61,8 +64,15 @@ class _Gpu:
         if free is None:
             free = max(total - used - (reserved or 0.0), 0.0)
         return GpuMemory(
-            index=self.index, total_mib=total, used_mib=used, free_mib=free, uuid=self.uuid,
-            name=self.name, driver_reserved_mib=reserved, host=self.host, pod=",".join(self.pods) or None,
+            index=self.index,
+            total_mib=total,
+            used_mib=used,
+            free_mib=free,
+            uuid=self.uuid,
+            name=self.name,
+            driver_reserved_mib=reserved,
+            host=self.host,
+            pod=",".join(self.pods) or None,
         )
 
 
@@ -105,7 +115,9 @@ def parse_dcgm(families: Iterable[Any]) -> list[GpuMemory]:
                 name = labels.get("modelName") or None
                 if mig and name:
                     name = f"{name} MIG {labels.get('GPU_I_PROFILE', '')} #{mig}".replace("  ", " ")
-                gpu = gpus[key] = _Gpu(index=_index(labels.get("gpu")), uuid=uuid, name=name, host=host)
+                gpu = gpus[key] = _Gpu(
+                    index=_index(labels.get("gpu")), uuid=uuid, name=name, host=host
+                )
             pod = labels.get("pod")
             if pod and pod not in gpu.pods:
                 gpu.pods.append(pod)
@@ -134,8 +146,10 @@ def parse_nvitop(families: Iterable[Any]) -> tuple[list[GpuMemory], list[Process
                 gpu = gpus.get(key)
                 if gpu is None:
                     gpu = gpus[key] = _Gpu(
-                        index=_index(labels.get("index")), uuid=labels.get("uuid") or None,
-                        name=labels.get("devicename") or None, host=host or None,
+                        index=_index(labels.get("index")),
+                        uuid=labels.get("uuid") or None,
+                        name=labels.get("devicename") or None,
+                        host=host or None,
                     )
                 value = _finite(s.value)
                 if value is not None:
@@ -153,11 +167,18 @@ def parse_nvitop(families: Iterable[Any]) -> tuple[list[GpuMemory], list[Process
             continue
         command = commands.get((host, labels.get("uuid", ""), labels.get("pid", "")))
         cmdline = _split_command(command)
-        procs.append(ProcessGpuMemory(
-            pid=pid, gpu=_index(labels.get("index")), used_mib=used,
-            name=cmdline[0].rsplit("/", 1)[-1] if cmdline else None,
-            cmdline=cmdline, kind="compute", visible=True, host=host or None,
-        ))
+        procs.append(
+            ProcessGpuMemory(
+                pid=pid,
+                gpu=_index(labels.get("index")),
+                used_mib=used,
+                name=cmdline[0].rsplit("/", 1)[-1] if cmdline else None,
+                cmdline=cmdline,
+                kind="compute",
+                visible=True,
+                host=host or None,
+            )
+        )
     procs.sort(key=lambda p: (p.host or "", p.gpu, p.pid))
     return _sorted([g.to_memory() for g in gpus.values()]), procs
 
@@ -176,7 +197,10 @@ class ExporterSource:
     """Scrapes one or more exporter URLs (one per GPU host) into a single `GpuSample`."""
 
     def __init__(
-        self, urls: str | Sequence[str], *, timeout: float = DEFAULT_TIMEOUT_S,
+        self,
+        urls: str | Sequence[str],
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
         headers: dict[str, str] | None = None,
     ) -> None:
         urls = [urls] if isinstance(urls, str) else list(urls)
@@ -203,7 +227,13 @@ class ExporterSource:
 
     def devices(self) -> list[dict[str, Any]]:
         return [
-            {"index": g.index, "uuid": g.uuid, "name": g.name, "total_mib": g.total_mib, "host": g.host}
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "name": g.name,
+                "total_mib": g.total_mib,
+                "host": g.host,
+            }
             for g in self.sample().gpus
         ]
 
@@ -213,8 +243,9 @@ class ExporterSource:
         if len(self._scrapers) == 1:
             return [self._scrapers[0].get_text()]
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=min(len(self._scrapers), 16),
-                                            thread_name_prefix="vramdoctor-exporter")
+            self._pool = ThreadPoolExecutor(
+                max_workers=min(len(self._scrapers), 16), thread_name_prefix="vramdoctor-exporter"
+            )
         futures = [self._pool.submit(s.get_text) for s in self._scrapers]
         return [f.result() for f in futures]
 

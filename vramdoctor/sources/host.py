@@ -125,8 +125,15 @@ def _why(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 
 
-def process_memory(pid: int, rss_bytes: int, *, name: str | None = None, role: str | None = None,
-                   proc: str = PROC, with_maps: bool = True) -> HostProcessMemory:
+def process_memory(
+    pid: int,
+    rss_bytes: int,
+    *,
+    name: str | None = None,
+    role: str | None = None,
+    proc: str = PROC,
+    with_maps: bool = True,
+) -> HostProcessMemory:
     """One process's host memory by kind; what could not be read is named in `unreadable`."""
     row = HostProcessMemory(pid=pid, rss_mib=rss_bytes / MIB, name=name, role=role)
     missing: list[str] = []
@@ -140,7 +147,9 @@ def process_memory(pid: int, rss_bytes: int, *, name: str | None = None, role: s
             missing.append(f"{proc}/{pid}/status: no RssAnon (kernel < 4.5)")
         row.threads = kinds.get("Threads")
     except (OSError, ValueError) as exc:
-        missing.append(f"{proc}/{pid}/status: {_why(exc) if isinstance(exc, OSError) else 'unparsable'}")
+        missing.append(
+            f"{proc}/{pid}/status: {_why(exc) if isinstance(exc, OSError) else 'unparsable'}"
+        )
     if with_maps:
         try:
             with open(f"{proc}/{pid}/maps", encoding="ascii", errors="replace") as fh:
@@ -163,8 +172,14 @@ class HostSource:
 
     name = "host"
 
-    def __init__(self, pids: PidRoles | dict[int, str] | Iterable[int], *, proc: str = PROC,
-                 maps_every: int = 1, dev_shm: str | None = "/dev/shm") -> None:
+    def __init__(
+        self,
+        pids: PidRoles | dict[int, str] | Iterable[int],
+        *,
+        proc: str = PROC,
+        maps_every: int = 1,
+        dev_shm: str | None = "/dev/shm",
+    ) -> None:
         if callable(pids):
             self._pids: PidRoles = pids
         else:
@@ -201,13 +216,21 @@ class HostSource:
                 continue
             except psutil.AccessDenied:  # not even its RSS: nothing to judge on
                 continue
-            row = process_memory(pid, rss, name=name, role=role, proc=self.proc, with_maps=with_maps)
+            row = process_memory(
+                pid, rss, name=name, role=role, proc=self.proc, with_maps=with_maps
+            )
             if with_maps:
-                self._last_heaps[pid] = (row.malloc_arenas, row.malloc_arena_reserved_mib,
-                                         row.malloc_arena_writable_mib)
+                self._last_heaps[pid] = (
+                    row.malloc_arenas,
+                    row.malloc_arena_reserved_mib,
+                    row.malloc_arena_writable_mib,
+                )
             elif pid in self._last_heaps:
-                (row.malloc_arenas, row.malloc_arena_reserved_mib,
-                 row.malloc_arena_writable_mib) = self._last_heaps[pid]
+                (
+                    row.malloc_arenas,
+                    row.malloc_arena_reserved_mib,
+                    row.malloc_arena_writable_mib,
+                ) = self._last_heaps[pid]
             rows.append(row)
         shm = dev_shm_used_mib(self.dev_shm) if self.dev_shm else None
         return HostSample(t=t, wall=wall, processes=rows, dev_shm_used_mib=shm)

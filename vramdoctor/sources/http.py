@@ -45,7 +45,9 @@ def metrics_url(url: str, default_path: str = "/metrics") -> str:
     except ValueError as exc:
         raise InputError(f"not a valid URL: {redact_url(url)} ({exc})") from None
     if parts.scheme not in ("http", "https"):
-        raise InputError(f"unsupported URL scheme {parts.scheme!r} in {redact_url(url)}: use http or https")
+        raise InputError(
+            f"unsupported URL scheme {parts.scheme!r} in {redact_url(url)}: use http or https"
+        )
     if not parts.hostname:
         raise InputError(f"no host in URL {redact_url(url)}")
     path = parts.path if parts.path not in ("", "/") else default_path
@@ -117,9 +119,15 @@ class Scraper:
                     f"{self.what} at {self.shown_url} refused access (HTTP {resp.status_code}): pass the API key"
                 )
             if resp.status_code >= 400:
-                raise SourceUnavailable(f"{self.what} at {self.shown_url} answered HTTP {resp.status_code}")
+                raise SourceUnavailable(
+                    f"{self.what} at {self.shown_url} answered HTTP {resp.status_code}"
+                )
             body = self._read_body(resp, deadline)
-            encoding = resp.encoding if "charset=" in resp.headers.get("content-type", "").lower() else None
+            encoding = (
+                resp.encoding
+                if "charset=" in resp.headers.get("content-type", "").lower()
+                else None
+            )
         # Prometheus text is UTF-8 (requests would guess Latin-1 without a charset).
         try:
             return body.decode(encoding or "utf-8", errors="replace")

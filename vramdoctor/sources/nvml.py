@@ -134,13 +134,19 @@ class NvmlSource:
             for index in wanted:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(index)
                 self._handles.append(
-                    (index, handle, self._safe(pynvml.nvmlDeviceGetUUID, handle),
-                     self._safe(pynvml.nvmlDeviceGetName, handle))
+                    (
+                        index,
+                        handle,
+                        self._safe(pynvml.nvmlDeviceGetUUID, handle),
+                        self._safe(pynvml.nvmlDeviceGetName, handle),
+                    )
                 )
             self.driver_version = self._safe(pynvml.nvmlSystemGetDriverVersion)
         except pynvml.NVMLError as exc:
             self.close()
-            raise SourceUnavailable(f"NVML failed while listing GPUs: {exc}; {REMOTE_HINT}") from None
+            raise SourceUnavailable(
+                f"NVML failed while listing GPUs: {exc}; {REMOTE_HINT}"
+            ) from None
         except SourceUnavailable:
             self.close()
             raise
@@ -172,10 +178,15 @@ class NvmlSource:
         out = []
         for index, handle, uuid, name in self._handles:
             total = self._memory(handle)[0]
-            out.append({
-                "index": index, "uuid": uuid, "name": name,
-                "total_mib": round(total / MIB, 1), "driver": self.driver_version,
-            })
+            out.append(
+                {
+                    "index": index,
+                    "uuid": uuid,
+                    "name": name,
+                    "total_mib": round(total / MIB, 1),
+                    "driver": self.driver_version,
+                }
+            )
         return out
 
     def _memory(self, handle: Any) -> tuple[int, int, int, int | None]:
@@ -186,10 +197,16 @@ class NvmlSource:
                 mem = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
                 self._mem_v2 = True
                 return mem.total, mem.used, mem.free, mem.reserved
-            except (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NotSupported,
-                    pynvml.NVMLError_InvalidArgument,
-                    getattr(pynvml, "NVMLError_ArgumentVersionMismatch", pynvml.NVMLError_InvalidArgument),
-                    AttributeError, TypeError):
+            except (
+                pynvml.NVMLError_FunctionNotFound,
+                pynvml.NVMLError_NotSupported,
+                pynvml.NVMLError_InvalidArgument,
+                getattr(
+                    pynvml, "NVMLError_ArgumentVersionMismatch", pynvml.NVMLError_InvalidArgument
+                ),
+                AttributeError,
+                TypeError,
+            ):
                 # Old driver or old binding: no v2 struct. Remember and use v1 from now on.
                 self._mem_v2 = False
         mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
@@ -223,12 +240,21 @@ class NvmlSource:
                 total, used, free, reserved = self._memory(handle)
             except pynvml.NVMLError as exc:
                 if type(exc).__name__ == "NVMLError_GpuIsLost":
-                    raise SourceUnavailable(f"GPU {index} fell off the bus (NVML: GPU is lost)") from None
+                    raise SourceUnavailable(
+                        f"GPU {index} fell off the bus (NVML: GPU is lost)"
+                    ) from None
                 raise SourceUnavailable(f"NVML failed reading GPU {index} memory: {exc}") from None
-            gpus.append(GpuMemory(
-                index=index, total_mib=total / MIB, used_mib=used / MIB, free_mib=free / MIB,
-                uuid=uuid, name=name, driver_reserved_mib=None if reserved is None else reserved / MIB,
-            ))
+            gpus.append(
+                GpuMemory(
+                    index=index,
+                    total_mib=total / MIB,
+                    used_mib=used / MIB,
+                    free_mib=free / MIB,
+                    uuid=uuid,
+                    name=name,
+                    driver_reserved_mib=None if reserved is None else reserved / MIB,
+                )
+            )
             if self.processes:
                 procs.extend(self._processes(index, handle))
         return GpuSample(t=t, wall=wall, source=self.name, gpus=gpus, processes=procs)
@@ -252,7 +278,12 @@ class NvmlSource:
                     continue
                 info = self._procs.get(pid)
                 rows[pid] = ProcessGpuMemory(
-                    pid=pid, gpu=index, used_mib=used_mib, name=info.name,
-                    cmdline=info.cmdline, kind=kind, visible=info.visible,
+                    pid=pid,
+                    gpu=index,
+                    used_mib=used_mib,
+                    name=info.name,
+                    cmdline=info.cmdline,
+                    kind=kind,
+                    visible=info.visible,
                 )
         return list(rows.values())

@@ -87,13 +87,47 @@ class ProcInfoCache:
 
 
 # Processes that start servers without being part of one: a group stops below them.
-_BOUNDARY = frozenset({
-    "bash", "sh", "zsh", "fish", "dash", "ksh", "tmux", "tmux: server", "screen", "sshd",
-    "systemd", "init", "tini", "docker-init", "dumb-init", "containerd-shim",
-    "containerd-shim-runc-v2", "conmon", "su", "sudo", "login", "supervisord", "runsv",
-    "nohup", "srun", "slurmstepd", "sshd-session", "code", "node", "jupyter-lab", "SCREEN",
-    "launchd", "kthreadd", "runc", "catatonit", "s6-svscan", "s6-supervise",
-})
+_BOUNDARY = frozenset(
+    {
+        "bash",
+        "sh",
+        "zsh",
+        "fish",
+        "dash",
+        "ksh",
+        "tmux",
+        "tmux: server",
+        "screen",
+        "sshd",
+        "systemd",
+        "init",
+        "tini",
+        "docker-init",
+        "dumb-init",
+        "containerd-shim",
+        "containerd-shim-runc-v2",
+        "conmon",
+        "su",
+        "sudo",
+        "login",
+        "supervisord",
+        "runsv",
+        "nohup",
+        "srun",
+        "slurmstepd",
+        "sshd-session",
+        "code",
+        "node",
+        "jupyter-lab",
+        "SCREEN",
+        "launchd",
+        "kthreadd",
+        "runc",
+        "catatonit",
+        "s6-svscan",
+        "s6-supervise",
+    }
+)
 
 
 def server_groups(pids: list[int]) -> dict[int, int]:
@@ -120,4 +154,3 @@ def server_groups(pids: list[int]) -> dict[int, int]:
             pass
         groups[pid] = root
     return groups
-

@@ -109,22 +109,34 @@ class PrometheusClient:
         try:
             resp = self._session.post(url, data=data, timeout=self.timeout_s)
         except requests.exceptions.Timeout:
-            raise SourceUnavailable(f"Prometheus at {self.shown_url} did not answer within {self.timeout_s:g} s") from None
+            raise SourceUnavailable(
+                f"Prometheus at {self.shown_url} did not answer within {self.timeout_s:g} s"
+            ) from None
         except requests.exceptions.ConnectionError:
-            raise SourceUnavailable(f"cannot connect to Prometheus at {self.shown_url}: is it running, and is the port right?") from None
+            raise SourceUnavailable(
+                f"cannot connect to Prometheus at {self.shown_url}: is it running, and is the port right?"
+            ) from None
         except requests.exceptions.RequestException as exc:
-            raise SourceUnavailable(f"Prometheus at {self.shown_url} failed: {type(exc).__name__}") from None
+            raise SourceUnavailable(
+                f"Prometheus at {self.shown_url} failed: {type(exc).__name__}"
+            ) from None
         try:
             body = resp.json()
         except ValueError:
             body = None
         if not isinstance(body, dict):
             if resp.status_code == 404:
-                raise SourceUnavailable(f"{self.shown_url} has no Prometheus API ({path} answered 404): is it the Prometheus base URL?")
-            raise SourceUnavailable(f"{self.shown_url}{path} answered HTTP {resp.status_code}, not Prometheus JSON")
+                raise SourceUnavailable(
+                    f"{self.shown_url} has no Prometheus API ({path} answered 404): is it the Prometheus base URL?"
+                )
+            raise SourceUnavailable(
+                f"{self.shown_url}{path} answered HTTP {resp.status_code}, not Prometheus JSON"
+            )
         if body.get("status") != "success":
             kind = body.get("errorType", f"HTTP {resp.status_code}")
-            raise SourceUnavailable(f"Prometheus at {self.shown_url} refused the query ({kind}): {str(body.get('error'))[:300]}")
+            raise SourceUnavailable(
+                f"Prometheus at {self.shown_url} refused the query ({kind}): {str(body.get('error'))[:300]}"
+            )
         return body.get("data")
 
     def metric_names(self, start: float | None = None, end: float | None = None) -> set[str]:
@@ -138,13 +150,19 @@ class PrometheusClient:
         try:
             resp = self._session.get(url, params=data, timeout=self.timeout_s)
         except requests.exceptions.RequestException:
-            raise SourceUnavailable(f"cannot connect to Prometheus at {self.shown_url}: is it running, and is the port right?") from None
+            raise SourceUnavailable(
+                f"cannot connect to Prometheus at {self.shown_url}: is it running, and is the port right?"
+            ) from None
         try:
             body = resp.json()
         except ValueError:  # requests' JSONDecodeError is a ValueError
-            raise SourceUnavailable(f"{self.shown_url} did not answer as a Prometheus server (no JSON from /api/v1/label/__name__/values)") from None
+            raise SourceUnavailable(
+                f"{self.shown_url} did not answer as a Prometheus server (no JSON from /api/v1/label/__name__/values)"
+            ) from None
         if not isinstance(body, dict) or body.get("status") != "success":
-            raise SourceUnavailable(f"Prometheus at {self.shown_url} could not list its metric names")
+            raise SourceUnavailable(
+                f"Prometheus at {self.shown_url} could not list its metric names"
+            )
         return {str(n) for n in body.get("data") or []}
 
     def query(self, query: str, at: float | None = None) -> list[tuple[dict[str, str], float]]:
@@ -171,18 +189,30 @@ class PrometheusClient:
         t0 = time.perf_counter()
         bounds = chunk_bounds(start, end, step_s, self.max_points)
 
-        def fetch(bound: tuple[float, float]) -> list[tuple[dict[str, str], np.ndarray, np.ndarray]]:
-            result = self._post("/api/v1/query_range", {
-                "query": query, "start": _ts(bound[0]), "end": _ts(bound[1]), "step": _ts(step_s),
-            })
+        def fetch(
+            bound: tuple[float, float],
+        ) -> list[tuple[dict[str, str], np.ndarray, np.ndarray]]:
+            result = self._post(
+                "/api/v1/query_range",
+                {
+                    "query": query,
+                    "start": _ts(bound[0]),
+                    "end": _ts(bound[1]),
+                    "step": _ts(step_s),
+                },
+            )
             if not result or result.get("resultType") != "matrix":
-                raise SourceUnavailable(f"Prometheus at {self.shown_url} answered a range query without a matrix")
+                raise SourceUnavailable(
+                    f"Prometheus at {self.shown_url} answered a range query without a matrix"
+                )
             got = []
             for item in result.get("result") or []:
                 values = item.get("values") or []
                 if values:
                     t = np.fromiter((p[0] for p in values), dtype=float, count=len(values))
-                    v = np.array([p[1] for p in values], dtype=float)  # "NaN", "+Inf" parse as floats
+                    v = np.array(
+                        [p[1] for p in values], dtype=float
+                    )  # "NaN", "+Inf" parse as floats
                     got.append((dict(item.get("metric") or {}), t, v))
             return got
 
@@ -192,7 +222,9 @@ class PrometheusClient:
         else:
             with ThreadPoolExecutor(max_workers=min(self.parallel, len(bounds))) as pool:
                 pieces = list(pool.map(fetch, bounds))
-        parts: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], list[np.ndarray], list[np.ndarray]]] = {}
+        parts: dict[
+            tuple[tuple[str, str], ...], tuple[dict[str, str], list[np.ndarray], list[np.ndarray]]
+        ] = {}
         for got in pieces:  # in time order
             stats.chunks += 1
             for labels, t, v in got:
@@ -200,7 +232,10 @@ class PrometheusClient:
                 entry[1].append(t)
                 entry[2].append(v)
                 stats.points += len(t)
-        out = [RangeSeries(labels, np.concatenate(ts), np.concatenate(vs)) for labels, ts, vs in parts.values()]
+        out = [
+            RangeSeries(labels, np.concatenate(ts), np.concatenate(vs))
+            for labels, ts, vs in parts.values()
+        ]
         stats.series = len(out)
         stats.seconds = time.perf_counter() - t0
         self.stats.append(stats)
@@ -213,7 +248,9 @@ def _ts(value: float) -> str:
     return f"{value:.3f}"
 
 
-def chunk_bounds(start: float, end: float, step_s: float, max_points: int) -> Sequence[tuple[float, float]]:
+def chunk_bounds(
+    start: float, end: float, step_s: float, max_points: int
+) -> Sequence[tuple[float, float]]:
     """The [start, end] pieces `query_range` asks for (each at most `max_points` steps)."""
     out = []
     span = step_s * (max_points - 1)

@@ -39,24 +39,33 @@ class ServerInfo:
         if self.owned_by and self.kind == "openai":
             parts.append(f"({self.owned_by})")
         if self.memory_usage:
-            mem = ", ".join(f"{k}={v}" for k, v in self.memory_usage.items()
-                            if isinstance(v, (int, float)))
+            mem = ", ".join(
+                f"{k}={v}" for k, v in self.memory_usage.items() if isinstance(v, (int, float))
+            )
             if mem:
                 parts.append(f"startup memory: {mem}")
         return " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "base_url": redact_url(self.base_url), "version": self.version,
-                "model": self.model, "memory_usage": self.memory_usage, "owned_by": self.owned_by,
-                "page_size_tokens": self.page_size_tokens}
+        return {
+            "kind": self.kind,
+            "base_url": redact_url(self.base_url),
+            "version": self.version,
+            "model": self.model,
+            "memory_usage": self.memory_usage,
+            "owned_by": self.owned_by,
+            "page_size_tokens": self.page_size_tokens,
+        }
 
 
 def base_url(url: str) -> str:
     """http://host:port from what the user typed (a /v1 suffix or trailing path dropped)."""
     full = metrics_url(url, default_path="/")
     if "?" in full or "#" in full:  # /v1/models etc. are appended to this: a query would break them
-        raise InputError(f"--url {redact_url(url)}: give the server's base URL without a query string "
-                         "(pass a key with --api-key or OPENAI_API_KEY)")
+        raise InputError(
+            f"--url {redact_url(url)}: give the server's base URL without a query string "
+            "(pass a key with --api-key or OPENAI_API_KEY)"
+        )
     for suffix in ("/v1/", "/v1", "/"):
         if full.endswith(suffix):
             full = full[: -len(suffix)]
@@ -90,8 +99,13 @@ def _sglang_memory(info: dict[str, Any]) -> dict[str, Any] | None:
     return mem if isinstance(mem, dict) else None
 
 
-def identify(url: str, headers: dict[str, str] | None = None, timeout: float = 5.0, *,
-             model: str | None = None) -> ServerInfo:
+def identify(
+    url: str,
+    headers: dict[str, str] | None = None,
+    timeout: float = 5.0,
+    *,
+    model: str | None = None,
+) -> ServerInfo:
     """Probe the server; raise SourceUnavailable when nothing OpenAI-like answers at url.
 
     With `model` (the user's --model), a failing or empty `/v1/models` is a note in
@@ -112,18 +126,26 @@ def _page_size(data: dict[str, Any]) -> int | None:
     return int(value) if isinstance(value, (int, float)) and 0 < value < 1e6 else None
 
 
-def _identify(s: requests.Session, base: str, timeout: float, model: str | None = None) -> ServerInfo:
+def _identify(
+    s: requests.Session, base: str, timeout: float, model: str | None = None
+) -> ServerInfo:
     shown = redact_url(base)
     try:
         models = _body(s.get(base + "/v1/models", timeout=timeout))
     except requests.exceptions.SSLError:  # a subclass of ConnectionError: the port is there
-        raise SourceUnavailable(f"TLS handshake with {shown} failed: does the server speak plain "
-                                "http (try http://), or is its certificate not trusted?") from None
+        raise SourceUnavailable(
+            f"TLS handshake with {shown} failed: does the server speak plain "
+            "http (try http://), or is its certificate not trusted?"
+        ) from None
     except requests.ConnectionError:
-        raise SourceUnavailable(f"no server answers at {shown}: is it running, and is the port right?") from None
+        raise SourceUnavailable(
+            f"no server answers at {shown}: is it running, and is the port right?"
+        ) from None
     except requests.Timeout:
         if model is None:
-            raise SourceUnavailable(f"the server at {shown} did not answer within {timeout:g} s") from None
+            raise SourceUnavailable(
+                f"the server at {shown} did not answer within {timeout:g} s"
+            ) from None
         models = "timeout"
     except requests.RequestException as exc:
         raise InputError(f"cannot reach {shown}: {type(exc).__name__}") from None
@@ -131,10 +153,14 @@ def _identify(s: requests.Session, base: str, timeout: float, model: str | None 
     for path in ("/get_server_info", "/server_info"):
         data = _get(s, base + path, timeout)
         if isinstance(data, dict) and ("version" in data or "memory_usage" in data):
-            info = ServerInfo("sglang", base, version=str(data.get("version") or "") or None,
-                              memory_usage=_sglang_memory(data),
-                              model=data.get("served_model_name") or data.get("model_path"),
-                              page_size_tokens=_page_size(data))
+            info = ServerInfo(
+                "sglang",
+                base,
+                version=str(data.get("version") or "") or None,
+                memory_usage=_sglang_memory(data),
+                model=data.get("served_model_name") or data.get("model_path"),
+                page_size_tokens=_page_size(data),
+            )
             break
     if info is None:
         data = _get(s, base + "/version", timeout)
@@ -144,16 +170,22 @@ def _identify(s: requests.Session, base: str, timeout: float, model: str | None 
         raise SourceUnavailable(
             f"the server at {shown} refused /v1/models (HTTP {models}): pass --api-key or set OPENAI_API_KEY"
         )
-    listed = (isinstance(models, dict) and isinstance(models.get("data"), list) and models["data"])
+    listed = isinstance(models, dict) and isinstance(models.get("data"), list) and models["data"]
     if not listed:
-        what = ("did not answer /v1/models in time" if models == "timeout" else
-                f"answered /v1/models with HTTP {models}" if isinstance(models, int) else
-                "listed no model on /v1/models" if isinstance(models, dict) else
-                "gave no JSON on /v1/models")
+        what = (
+            "did not answer /v1/models in time"
+            if models == "timeout"
+            else f"answered /v1/models with HTTP {models}"
+            if isinstance(models, int)
+            else "listed no model on /v1/models"
+            if isinstance(models, dict)
+            else "gave no JSON on /v1/models"
+        )
         if model is None and info is None:
             raise SourceUnavailable(
                 f"the server at {shown} answers, but not as an OpenAI-compatible server (it {what}): "
-                "if it serves chat completions anyway, name the model with --model")
+                "if it serves chat completions anyway, name the model with --model"
+            )
         if info is None:
             info = ServerInfo("openai", base)
         info.notes.append(f"the server {what}; sending model {model or info.model!r} as given")

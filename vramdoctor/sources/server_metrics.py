@@ -81,37 +81,133 @@ def _s(stable: str, names: str | Sequence[str], agg: Callable[[Rows], float], do
 
 
 SGLANG: tuple[Series, ...] = (
-    _s("kv_usage_ratio", "sglang:token_usage", agg_max, "KV pool usage 0..1 (0.5.23: max over full/SWA/mamba pools)"),
-    _s("used_tokens", ("sglang:num_used_tokens", "sglang:kv_used_tokens"), agg_replicas_sum, "tokens held in the KV pool"),
-    _s("running_requests", "sglang:num_running_reqs", agg_replicas_sum, "requests in the running batch"),
+    _s(
+        "kv_usage_ratio",
+        "sglang:token_usage",
+        agg_max,
+        "KV pool usage 0..1 (0.5.23: max over full/SWA/mamba pools)",
+    ),
+    _s(
+        "used_tokens",
+        ("sglang:num_used_tokens", "sglang:kv_used_tokens"),
+        agg_replicas_sum,
+        "tokens held in the KV pool",
+    ),
+    _s(
+        "running_requests",
+        "sglang:num_running_reqs",
+        agg_replicas_sum,
+        "requests in the running batch",
+    ),
     _s("queued_requests", "sglang:num_queue_reqs", agg_replicas_sum, "requests waiting"),
     _s("cache_hit_rate", "sglang:cache_hit_rate", agg_mean, "prefix (radix) cache hit rate 0..1"),
-    _s("retracted_requests", "sglang:num_retracted_reqs", agg_replicas_sum, "requests retracted (decode out of KV), gauge"),
-    _s("retractions_total", "sglang:num_retracted_requests_total", agg_replicas_sum, "requests retracted since start, counter"),
+    _s(
+        "retracted_requests",
+        "sglang:num_retracted_reqs",
+        agg_replicas_sum,
+        "requests retracted (decode out of KV), gauge",
+    ),
+    _s(
+        "retractions_total",
+        "sglang:num_retracted_requests_total",
+        agg_replicas_sum,
+        "requests retracted since start, counter",
+    ),
     _s("gen_throughput", "sglang:gen_throughput", agg_replicas_sum, "generated tokens/s"),
-    _s("max_total_tokens", "sglang:max_total_num_tokens", agg_max, "KV pool capacity in tokens (0.5.9+)"),
-    _s("kv_available_tokens", "sglang:kv_available_tokens", agg_replicas_sum, "free KV tokens (0.5.12+)"),
-    _s("kv_evictable_tokens", "sglang:kv_evictable_tokens", agg_replicas_sum, "radix-cached, evictable KV tokens (0.5.12+)"),
-    _s("startup_available_gpu_memory_gib", "sglang:startup_available_gpu_memory_gb", agg_min, "free GPU memory after start-up, GiB, lowest rank (0.5.12+)"),
-    _s("weight_memory_gib", "sglang:weight_memory_usage_gb", agg_max, "weights per GPU, GiB (0.5.17+)"),
-    _s("kv_cache_memory_gib", "sglang:kv_cache_memory_usage_gb", agg_max, "KV cache per GPU, GiB (0.5.17+)"),
-    _s("graph_memory_gib", "sglang:graph_memory_usage_gb", agg_rank_sum_max, "CUDA graphs per GPU, all phases, GiB (0.5.17+)"),
-    _s("encoder_cache_mib", "sglang:encoder_cache_size_mb", agg_max, "multimodal encoder cache, MiB (0.5.15+)"),
+    _s(
+        "max_total_tokens",
+        "sglang:max_total_num_tokens",
+        agg_max,
+        "KV pool capacity in tokens (0.5.9+)",
+    ),
+    _s(
+        "kv_available_tokens",
+        "sglang:kv_available_tokens",
+        agg_replicas_sum,
+        "free KV tokens (0.5.12+)",
+    ),
+    _s(
+        "kv_evictable_tokens",
+        "sglang:kv_evictable_tokens",
+        agg_replicas_sum,
+        "radix-cached, evictable KV tokens (0.5.12+)",
+    ),
+    _s(
+        "startup_available_gpu_memory_gib",
+        "sglang:startup_available_gpu_memory_gb",
+        agg_min,
+        "free GPU memory after start-up, GiB, lowest rank (0.5.12+)",
+    ),
+    _s(
+        "weight_memory_gib",
+        "sglang:weight_memory_usage_gb",
+        agg_max,
+        "weights per GPU, GiB (0.5.17+)",
+    ),
+    _s(
+        "kv_cache_memory_gib",
+        "sglang:kv_cache_memory_usage_gb",
+        agg_max,
+        "KV cache per GPU, GiB (0.5.17+)",
+    ),
+    _s(
+        "graph_memory_gib",
+        "sglang:graph_memory_usage_gb",
+        agg_rank_sum_max,
+        "CUDA graphs per GPU, all phases, GiB (0.5.17+)",
+    ),
+    _s(
+        "encoder_cache_mib",
+        "sglang:encoder_cache_size_mb",
+        agg_max,
+        "multimodal encoder cache, MiB (0.5.15+)",
+    ),
 )
 
 VLLM: tuple[Series, ...] = (
-    _s("kv_usage_ratio", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"), agg_max,
-       "KV cache usage 0..1 (kv_cache_usage_perc from 0.9.2; gpu_cache_usage_perc up to 0.10.x)"),
-    _s("running_requests", "vllm:num_requests_running", agg_replicas_sum, "requests in the running batch"),
+    _s(
+        "kv_usage_ratio",
+        ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        agg_max,
+        "KV cache usage 0..1 (kv_cache_usage_perc from 0.9.2; gpu_cache_usage_perc up to 0.10.x)",
+    ),
+    _s(
+        "running_requests",
+        "vllm:num_requests_running",
+        agg_replicas_sum,
+        "requests in the running batch",
+    ),
     _s("queued_requests", "vllm:num_requests_waiting", agg_replicas_sum, "requests waiting"),
-    _s("swapped_requests", "vllm:num_requests_swapped", agg_replicas_sum, "requests swapped to CPU (V0)"),
-    _s("preemptions_total", "vllm:num_preemptions_total", agg_replicas_sum, "preemptions since start, counter"),
-    _s("cache_hit_rate", "vllm:gpu_prefix_cache_hit_rate", agg_mean, "prefix cache hit rate 0..1 (V0 gauge)"),
-    _s("cpu_kv_usage_ratio", "vllm:cpu_cache_usage_perc", agg_max, "CPU swap-space KV usage 0..1 (V0)"),
+    _s(
+        "swapped_requests",
+        "vllm:num_requests_swapped",
+        agg_replicas_sum,
+        "requests swapped to CPU (V0)",
+    ),
+    _s(
+        "preemptions_total",
+        "vllm:num_preemptions_total",
+        agg_replicas_sum,
+        "preemptions since start, counter",
+    ),
+    _s(
+        "cache_hit_rate",
+        "vllm:gpu_prefix_cache_hit_rate",
+        agg_mean,
+        "prefix cache hit rate 0..1 (V0 gauge)",
+    ),
+    _s(
+        "cpu_kv_usage_ratio",
+        "vllm:cpu_cache_usage_perc",
+        agg_max,
+        "CPU swap-space KV usage 0..1 (V0)",
+    ),
 )
 
 FLAVOURS: dict[str, tuple[Series, ...]] = {"sglang": SGLANG, "vllm": VLLM}
-STABLE_NAMES: tuple[str, ...] = tuple(dict.fromkeys(s.stable for fl in FLAVOURS.values() for s in fl))
+STABLE_NAMES: tuple[str, ...] = tuple(
+    dict.fromkeys(s.stable for fl in FLAVOURS.values() for s in fl)
+)
 
 
 def detect_flavour(names: Iterable[str]) -> str | None:
@@ -136,16 +232,20 @@ def raw_key(name: str, labels: Labels) -> str:
 def _vllm_derived(by_name: dict[str, Rows], values: dict[str, float]) -> None:
     """vLLM values that are not one series: V1 hit rate from counters, cache config labels."""
     if "cache_hit_rate" not in values:
-        for hits, queries in (("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
-                              ("vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total")):
+        for hits, queries in (
+            ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
+            ("vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total"),
+        ):
             if hits in by_name and queries in by_name:
                 q = agg_replicas_sum(by_name[queries])
                 if q > 0:
                     values["cache_hit_rate"] = agg_replicas_sum(by_name[hits]) / q
                 break
     for labels, _ in by_name.get("vllm:cache_config_info", []):
-        for label, stable in (("num_gpu_blocks", "num_gpu_blocks"),
-                              ("gpu_memory_utilization", "gpu_memory_utilization")):
+        for label, stable in (
+            ("num_gpu_blocks", "num_gpu_blocks"),
+            ("gpu_memory_utilization", "gpu_memory_utilization"),
+        ):
             try:
                 number = float(labels[label])
             except (KeyError, ValueError):
@@ -166,12 +266,19 @@ def _sum(by_name: dict[str, Rows], name: str) -> float | None:
 SGLANG_POOLS = (("full", "sglang:kv"), ("swa", "sglang:swa"), ("mamba", "sglang:mamba"))
 # Request counters: SGLang's tokenizer manager (`sglang:num_requests_total`, every request
 # processed) and vLLM's (`vllm:request_success_total`, by finished_reason, aborts included).
-REQUEST_COUNTERS = {"sglang": ("sglang:num_requests_total",),
-                    "vllm": ("vllm:request_success_total",)}
+REQUEST_COUNTERS = {
+    "sglang": ("sglang:num_requests_total",),
+    "vllm": ("vllm:request_success_total",),
+}
 
 
-def kv_pools(flavour: str | None, by_name: dict[str, Rows], *, page_size_tokens: int | None = None,
-             bytes_per_token: float | None = None) -> list[KvPoolSample]:
+def kv_pools(
+    flavour: str | None,
+    by_name: dict[str, Rows],
+    *,
+    page_size_tokens: int | None = None,
+    bytes_per_token: float | None = None,
+) -> list[KvPoolSample]:
     """The KV pools a server exposes, in tokens (one KvPoolSample per pool). Pure.
 
     SGLang: 0.5.12+ `kv_used_tokens` (+ available, evictable) per pool (full, swa, mamba);
@@ -202,34 +309,59 @@ def kv_pools(flavour: str | None, by_name: dict[str, Rows], *, page_size_tokens:
                 if used is None and (rows := by_name.get("sglang:num_used_tokens")):
                     used, source = agg_replicas_sum(rows), "sglang:num_used_tokens"
                 if used is None and capacity and (ratio := by_name.get("sglang:token_usage")):
-                    used, source = agg_max(ratio) * capacity, "sglang:token_usage*max_total_num_tokens"
+                    used, source = (
+                        agg_max(ratio) * capacity,
+                        "sglang:token_usage*max_total_num_tokens",
+                    )
             if used is None:
                 continue
             if total is None and avail is not None:
                 total = used + avail + (evict or 0.0)
             if pool != "full" and not total:
                 continue  # a hybrid pool the model does not have (gauges left at 0)
-            out.append(KvPoolSample(pool=pool, used_tokens=used, total_tokens=total,
-                                    evictable_tokens=evict, running_requests=running,
-                                    queued_requests=queued, page_size_tokens=page_size_tokens,
-                                    bytes_per_token=per_token if pool == "full" else None,
-                                    source=source))
+            out.append(
+                KvPoolSample(
+                    pool=pool,
+                    used_tokens=used,
+                    total_tokens=total,
+                    evictable_tokens=evict,
+                    running_requests=running,
+                    queued_requests=queued,
+                    page_size_tokens=page_size_tokens,
+                    bytes_per_token=per_token if pool == "full" else None,
+                    source=source,
+                )
+            )
     elif flavour == "vllm":
         rows = by_name.get("vllm:kv_cache_usage_perc") or by_name.get("vllm:gpu_cache_usage_perc")
-        name = "vllm:kv_cache_usage_perc" if by_name.get("vllm:kv_cache_usage_perc") else "vllm:gpu_cache_usage_perc"
+        name = (
+            "vllm:kv_cache_usage_perc"
+            if by_name.get("vllm:kv_cache_usage_perc")
+            else "vllm:gpu_cache_usage_perc"
+        )
         config = _vllm_cache_config(by_name)
         if rows and config is not None:
             blocks, block_size = config
             engines = {_key(labels, REPLICA_LABELS) for labels, _ in rows}
             used = 0.0
             for key in engines:
-                used += max(v for labels, v in rows if _key(labels, REPLICA_LABELS) == key) * blocks * block_size
-            out.append(KvPoolSample(
-                pool="kv", used_tokens=used, total_tokens=float(blocks * block_size * len(engines)),
-                running_requests=_sum(by_name, "vllm:num_requests_running"),
-                queued_requests=_sum(by_name, "vllm:num_requests_waiting"),
-                page_size_tokens=block_size, bytes_per_token=bytes_per_token,
-                source=f"{name}*num_gpu_blocks*block_size"))
+                used += (
+                    max(v for labels, v in rows if _key(labels, REPLICA_LABELS) == key)
+                    * blocks
+                    * block_size
+                )
+            out.append(
+                KvPoolSample(
+                    pool="kv",
+                    used_tokens=used,
+                    total_tokens=float(blocks * block_size * len(engines)),
+                    running_requests=_sum(by_name, "vllm:num_requests_running"),
+                    queued_requests=_sum(by_name, "vllm:num_requests_waiting"),
+                    page_size_tokens=block_size,
+                    bytes_per_token=bytes_per_token,
+                    source=f"{name}*num_gpu_blocks*block_size",
+                )
+            )
     return out
 
 
@@ -254,7 +386,9 @@ def requests_total(flavour: str | None, by_name: dict[str, Rows]) -> float | Non
     return None
 
 
-def _by_name(families: Iterable[Any], keep_buckets: bool) -> tuple[dict[str, Rows], dict[str, float]]:
+def _by_name(
+    families: Iterable[Any], keep_buckets: bool
+) -> tuple[dict[str, Rows], dict[str, float]]:
     by_name: dict[str, Rows] = {}
     raw: dict[str, float] = {}
     for fam in families:
@@ -295,16 +429,27 @@ def map_families(
 def _filter_text(text: str) -> str:
     # Most of a vLLM/SGLang page is histogram buckets; the pure-Python parser costs
     # ~12 us a line, so drop them (and counters' _created lines) before parsing.
-    return "\n".join(
-        line for line in text.splitlines()
-        if "_bucket{" not in line and "_created{" not in line and not line.endswith("_created")
-        and "_created " not in line
-    ) + "\n"
+    return (
+        "\n".join(
+            line
+            for line in text.splitlines()
+            if "_bucket{" not in line
+            and "_created{" not in line
+            and not line.endswith("_created")
+            and "_created " not in line
+        )
+        + "\n"
+    )
 
 
-def parse_metrics_text(text: str, *, keep_buckets: bool = False, shown_url: str = "text",
-                       page_size_tokens: int | None = None,
-                       bytes_per_token: float | None = None) -> MetricsSample:
+def parse_metrics_text(
+    text: str,
+    *,
+    keep_buckets: bool = False,
+    shown_url: str = "text",
+    page_size_tokens: int | None = None,
+    bytes_per_token: float | None = None,
+) -> MetricsSample:
     """Prometheus exposition text -> MetricsSample (timestamped now), KV pools and the
     request counter included. `page_size_tokens`/`bytes_per_token` come from elsewhere
     (SGLang's server info) when the metrics do not carry them."""
@@ -315,17 +460,29 @@ def parse_metrics_text(text: str, *, keep_buckets: bool = False, shown_url: str 
     by_name, raw = _by_name(families, keep_buckets)
     flavour = detect_flavour(by_name)
     return MetricsSample(
-        t=t, wall=wall, flavour=flavour, values=_stable_values(flavour, by_name), raw=raw,
-        kv=kv_pools(flavour, by_name, page_size_tokens=page_size_tokens, bytes_per_token=bytes_per_token),
-        requests_total=requests_total(flavour, by_name))
+        t=t,
+        wall=wall,
+        flavour=flavour,
+        values=_stable_values(flavour, by_name),
+        raw=raw,
+        kv=kv_pools(
+            flavour, by_name, page_size_tokens=page_size_tokens, bytes_per_token=bytes_per_token
+        ),
+        requests_total=requests_total(flavour, by_name),
+    )
 
 
 class ServerMetricsSource:
     """Scrapes a server's /metrics. Life cycle: sample()* -> close()."""
 
     def __init__(
-        self, url: str, *, timeout: float = DEFAULT_TIMEOUT_S, headers: dict[str, str] | None = None,
-        keep_buckets: bool = False, page_size_tokens: int | None = None,
+        self,
+        url: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        headers: dict[str, str] | None = None,
+        keep_buckets: bool = False,
+        page_size_tokens: int | None = None,
         bytes_per_token: float | None = None,
     ) -> None:
         self._scraper = Scraper(url, what="server /metrics", timeout=timeout, headers=headers)
@@ -341,9 +498,13 @@ class ServerMetricsSource:
     def sample(self) -> MetricsSample:
         t, wall = now()
         text = self._scraper.get_text()
-        sample = parse_metrics_text(text, keep_buckets=self.keep_buckets, shown_url=self.shown_url,
-                                    page_size_tokens=self.page_size_tokens,
-                                    bytes_per_token=self.bytes_per_token)
+        sample = parse_metrics_text(
+            text,
+            keep_buckets=self.keep_buckets,
+            shown_url=self.shown_url,
+            page_size_tokens=self.page_size_tokens,
+            bytes_per_token=self.bytes_per_token,
+        )
         sample.t, sample.wall = t, wall
         self.flavour = sample.flavour or self.flavour
         return sample

@@ -29,7 +29,14 @@ from ..units import MIB
 from .state import WatchResult
 from .trend import VERDICTS
 
-__all__ = ["EXPORTED_METRICS", "ExporterServer", "SamplerHealth", "WatchCollector", "parse_listen", "serve"]
+__all__ = [
+    "EXPORTED_METRICS",
+    "ExporterServer",
+    "SamplerHealth",
+    "WatchCollector",
+    "parse_listen",
+    "serve",
+]
 
 _SERIES_LABELS = ["gpu", "pid", "process", "layer"]
 
@@ -85,8 +92,12 @@ def _ok(value: float | None) -> bool:
 class WatchCollector(Collector):
     """A custom collector over `result()` (the latest WatchResult) and `health` (SamplerHealth)."""
 
-    def __init__(self, result: Callable[[], WatchResult | None], health: SamplerHealth,
-                 series_count: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        result: Callable[[], WatchResult | None],
+        health: SamplerHealth,
+        series_count: Callable[[], int] | None = None,
+    ) -> None:
         self._result = result
         self._health = health
         self._series_count = series_count
@@ -148,8 +159,15 @@ class WatchCollector(Collector):
         stray = self._g("vramdoctor_stray_context_bytes", ["gpu", "pid", "process", "flag"])
         for f in res.strays:
             if f.get("mib") is not None:
-                stray.add_metric([_lbl(f.get("gpu")), _lbl(f.get("pid")), _lbl(f.get("process")),
-                                  _lbl(f.get("code"))], float(f["mib"]) * MIB)
+                stray.add_metric(
+                    [
+                        _lbl(f.get("gpu")),
+                        _lbl(f.get("pid")),
+                        _lbl(f.get("process")),
+                        _lbl(f.get("code")),
+                    ],
+                    float(f["mib"]) * MIB,
+                )
         yield stray
         rph = self._g("vramdoctor_server_requests_per_hour", [])
         if _ok(res.requests_per_hour):
@@ -166,8 +184,16 @@ class WatchCollector(Collector):
     def _health_metrics(self) -> Iterator[Metric]:
         h = self._health
         up = self._g("vramdoctor_sampler_up", ["source"])
-        samples = CounterMetricFamily("vramdoctor_sampler_samples", EXPORTED_METRICS["vramdoctor_sampler_samples_total"], labels=["source"])
-        errors = CounterMetricFamily("vramdoctor_sampler_errors", EXPORTED_METRICS["vramdoctor_sampler_errors_total"], labels=["source"])
+        samples = CounterMetricFamily(
+            "vramdoctor_sampler_samples",
+            EXPORTED_METRICS["vramdoctor_sampler_samples_total"],
+            labels=["source"],
+        )
+        errors = CounterMetricFamily(
+            "vramdoctor_sampler_errors",
+            EXPORTED_METRICS["vramdoctor_sampler_errors_total"],
+            labels=["source"],
+        )
         last = self._g("vramdoctor_sampler_last_success_timestamp_seconds", ["source"])
         dur = self._g("vramdoctor_sampler_duration_seconds", ["source"])
         for src in sorted(set(h.samples) | set(h.errors) | set(h.up)):
@@ -178,7 +204,9 @@ class WatchCollector(Collector):
                 last.add_metric([src], h.last_success_wall[src])
             if src in h.last_duration_s:
                 dur.add_metric([src], h.last_duration_s[src])
-        events = CounterMetricFamily("vramdoctor_events", EXPORTED_METRICS["vramdoctor_events_total"], labels=["event"])
+        events = CounterMetricFamily(
+            "vramdoctor_events", EXPORTED_METRICS["vramdoctor_events_total"], labels=["event"]
+        )
         for name, count in sorted(h.events.items()):
             events.add_metric([name], float(count))
         yield from (up, samples, errors, last, dur, events)
@@ -242,11 +270,19 @@ def serve(collector: Collector, listen: str = "127.0.0.1:9840") -> ExporterServe
     registry.register(collector)
     server_class = _Server6 if ":" in host else _Server
     try:
-        server = make_server(host, port, make_wsgi_app(registry), server_class, handler_class=_QuietHandler)
+        server = make_server(
+            host, port, make_wsgi_app(registry), server_class, handler_class=_QuietHandler
+        )
     except (OSError, socket.gaierror) as exc:
-        raise InputError(f"--listen {listen}: cannot serve there ({getattr(exc, 'strerror', None) or exc})") from None
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
-                              name="vramdoctor-exporter", daemon=True)
+        raise InputError(
+            f"--listen {listen}: cannot serve there ({getattr(exc, 'strerror', None) or exc})"
+        ) from None
+    thread = threading.Thread(
+        target=server.serve_forever,
+        kwargs={"poll_interval": 0.2},
+        name="vramdoctor-exporter",
+        daemon=True,
+    )
     thread.start()
     bound = server.server_address[1]
     shown = f"[{host}]" if ":" in host else host

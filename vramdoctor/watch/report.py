@@ -22,7 +22,11 @@ def _size(s: SeriesVerdict, value: float | None, *, signed: bool = False) -> str
 
 
 def _where(s: SeriesVerdict) -> str:
-    who = f"PID {s.pid}" + (f" ({s.process})" if s.process else "") if s.pid is not None else (s.process or "")
+    who = (
+        f"PID {s.pid}" + (f" ({s.process})" if s.process else "")
+        if s.pid is not None
+        else (s.process or "")
+    )
     if s.layer == "kv":
         return f"KV pool {s.pool or 'kv'}"
     gpu = f" on GPU {s.gpu}" if s.gpu is not None else ""
@@ -37,25 +41,44 @@ def sentence(result: WatchResult) -> str:
             return "Not enough comparable moments yet to call a leak or caching (see notes)."
         return f"No leak: every watched layer is {result.verdict.lower()} over the window."
     rate = _size(c, c.growth_per_hour, signed=True)
-    when = format_duration(c.hours_to_oom * 3600.0) if c.hours_to_oom is not None else "an unknown time"
+    when = (
+        format_duration(c.hours_to_oom * 3600.0)
+        if c.hours_to_oom is not None
+        else "an unknown time"
+    )
     per_req = ""
     if c.growth_per_request is not None:
         per_req = f" ({_size(c, c.growth_per_request, signed=True)} per served request)"
-    return (f"LEAK in {c.layer} of {_where(c)}: {rate} per hour{per_req}; "
-            f"runs out in {when} at the traffic it serves.")
+    return (
+        f"LEAK in {c.layer} of {_where(c)}: {rate} per hour{per_req}; "
+        f"runs out in {when} at the traffic it serves."
+    )
 
 
 def render(result: WatchResult, console: Console) -> None:
     console.print(sentence(result), style=_STYLE.get(result.verdict, ""), markup=False)
     table = Table(title=f"watch: {format_duration(result.window_s)} window", title_justify="left")
-    for col in ("where", "layer", "level", "growth/hour", "growth/request", "time to OOM", "verdict", "basis"):
+    for col in (
+        "where",
+        "layer",
+        "level",
+        "growth/hour",
+        "growth/request",
+        "time to OOM",
+        "verdict",
+        "basis",
+    ):
         table.add_column(col, overflow="fold")
     for s in result.series:
         table.add_row(
-            _where(s) + ("" if s.alive else " (exited)"), s.layer, _size(s, s.level),
-            _size(s, s.growth_per_hour, signed=True), _size(s, s.growth_per_request, signed=True),
+            _where(s) + ("" if s.alive else " (exited)"),
+            s.layer,
+            _size(s, s.level),
+            _size(s, s.growth_per_hour, signed=True),
+            _size(s, s.growth_per_request, signed=True),
             format_duration(s.hours_to_oom * 3600.0) if s.hours_to_oom is not None else "-",
-            f"[{_STYLE.get(s.verdict, '')}]{s.verdict}[/]", f"{s.mode}, {s.points} points",
+            f"[{_STYLE.get(s.verdict, '')}]{s.verdict}[/]",
+            f"{s.mode}, {s.points} points",
         )
     console.print(table)
     for f in result.strays:

@@ -23,8 +23,15 @@ __all__ = ["RotatingRunWriter"]
 class RotatingRunWriter:
     """Writes records into rotating parts. Thread-safe per write (RunWriter's lock)."""
 
-    def __init__(self, directory: str | Path, header: Callable[[], dict[str, Any]], *,
-                 max_bytes: int = 64 * 1024 * 1024, keep: int = 8, prefix: str = "watch") -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        header: Callable[[], dict[str, Any]],
+        *,
+        max_bytes: int = 64 * 1024 * 1024,
+        keep: int = 8,
+        prefix: str = "watch",
+    ) -> None:
         if max_bytes < 4096:
             raise InputError("--rotate-mib: a part must hold at least 4 KiB")
         if keep < 1:

@@ -55,7 +55,9 @@ class WatchOptions:
 class Watcher:
     """One host's passive watcher. Thread use: `run` in one thread; the exporter reads `result`."""
 
-    def __init__(self, options: WatchOptions, *, on_event: Callable[[Event], None] | None = None) -> None:
+    def __init__(
+        self, options: WatchOptions, *, on_event: Callable[[Event], None] | None = None
+    ) -> None:
         if options.interval_s <= 0:
             raise InputError("--interval must be positive")
         self.options = options
@@ -94,7 +96,9 @@ class Watcher:
                 self._local_gpu = True
             except SourceUnavailable as exc:
                 self.notes.append(f"GPU memory is not watched: {exc}")
-        metrics_url = o.metrics_url or (o.server_url.rstrip("/") + "/metrics" if o.server_url else None)
+        metrics_url = o.metrics_url or (
+            o.server_url.rstrip("/") + "/metrics" if o.server_url else None
+        )
         if metrics_url:
             from ..sources.server_metrics import ServerMetricsSource
 
@@ -103,7 +107,9 @@ class Watcher:
             from ..sources.discover import is_local
 
             if not is_local(o.server_url):
-                self.notes.append("the server is on another host: its processes' host memory is not watched here")
+                self.notes.append(
+                    "the server is on another host: its processes' host memory is not watched here"
+                )
         from ..sources.host import HostSource
 
         self._host = HostSource(self._host_pids)
@@ -113,21 +119,31 @@ class Watcher:
                 "was given" + (f" ({self.notes[0]})" if self.notes else "")
             )
         if o.out_dir is not None:
-            self.writer = RotatingRunWriter(o.out_dir, self._header, max_bytes=o.rotate_bytes,
-                                            keep=o.keep_files)
+            self.writer = RotatingRunWriter(
+                o.out_dir, self._header, max_bytes=o.rotate_bytes, keep=o.keep_files
+            )
         if o.listen:
-            self.exporter = serve(WatchCollector(lambda: self.result, self.health,
-                                                 lambda: self.state.series_count), o.listen)
+            self.exporter = serve(
+                WatchCollector(lambda: self.result, self.health, lambda: self.state.series_count),
+                o.listen,
+            )
         return self
 
     def _header(self) -> dict[str, Any]:
         o = self.options
         c = o.config
         return make_header(
-            "watch", target=o.metrics_url or o.server_url,
-            config={"interval_s": o.interval_s, "bucket_s": c.bucket_s, "max_buckets": c.max_buckets,
-                    "warmup_s": c.warmup_s, "quiet_quantile": c.quiet_quantile,
-                    "sources": [*sorted(self._sources), "host"], "notes": list(self.notes)},
+            "watch",
+            target=o.metrics_url or o.server_url,
+            config={
+                "interval_s": o.interval_s,
+                "bucket_s": c.bucket_s,
+                "max_buckets": c.max_buckets,
+                "warmup_s": c.warmup_s,
+                "quiet_quantile": c.quiet_quantile,
+                "sources": [*sorted(self._sources), "host"],
+                "notes": list(self.notes),
+            },
         )
 
     def close(self, status: str = "complete") -> None:
@@ -147,7 +163,11 @@ class Watcher:
         return self.open()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.close("interrupted" if exc_type is KeyboardInterrupt else ("failed" if exc_type else "complete"))
+        self.close(
+            "interrupted"
+            if exc_type is KeyboardInterrupt
+            else ("failed" if exc_type else "complete")
+        )
 
     # -- sampling ---------------------------------------------------------------------------
     def _host_pids(self) -> dict[int, str]:
@@ -190,8 +210,11 @@ class Watcher:
                 self.health.last_error[name] = msg
                 t, wall = now()
                 if self.writer is not None:
-                    self.writer.write(Event(t=t, wall=wall, name="source_error",
-                                            data={"source": name, "error": msg}))
+                    self.writer.write(
+                        Event(
+                            t=t, wall=wall, name="source_error", data={"source": name, "error": msg}
+                        )
+                    )
             return None
         finally:
             self.health.last_duration_s[name] = time.perf_counter() - t0
@@ -243,8 +266,12 @@ class Watcher:
         self._last_analysis = time.monotonic()
         return result
 
-    def run(self, stop: threading.Event, duration_s: float | None = None,
-            on_result: Callable[[WatchResult], None] | None = None) -> WatchResult:
+    def run(
+        self,
+        stop: threading.Event,
+        duration_s: float | None = None,
+        on_result: Callable[[WatchResult], None] | None = None,
+    ) -> WatchResult:
         """Tick every `interval_s` and analyse every `analyse_every_s` until `stop` or `duration_s`."""
         o = self.options
         started = time.monotonic()

@@ -78,8 +78,12 @@ LAYERS: dict[str, str] = {
     "rss_shmem": "MiB",  # shared memory, CUDA pinned host memory
     "kv": "tokens",  # KV pool used tokens at idle moments
 }
-_HOST_FIELDS = {"rss": "rss_mib", "rss_anon": "rss_anon_mib", "rss_file": "rss_file_mib",
-                "rss_shmem": "rss_shmem_mib"}
+_HOST_FIELDS = {
+    "rss": "rss_mib",
+    "rss_anon": "rss_anon_mib",
+    "rss_file": "rss_file_mib",
+    "rss_shmem": "rss_shmem_mib",
+}
 
 # Request counters of the servers (finished requests), summed over label sets.
 _REQUEST_COUNTERS = ("sglang:num_requests_total", "vllm:request_success_total")
@@ -157,10 +161,29 @@ class SeriesVerdict:
     trend: Trend | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in (
-            "layer", "unit", "pid", "gpu", "pool", "process", "alive", "level", "verdict", "reason",
-            "mode", "points", "growth_per_hour", "growth_per_request", "hours_to_oom", "free",
-            "warmup_until", "floor_level")}
+        d = {
+            k: getattr(self, k)
+            for k in (
+                "layer",
+                "unit",
+                "pid",
+                "gpu",
+                "pool",
+                "process",
+                "alive",
+                "level",
+                "verdict",
+                "reason",
+                "mode",
+                "points",
+                "growth_per_hour",
+                "growth_per_request",
+                "hours_to_oom",
+                "free",
+                "warmup_until",
+                "floor_level",
+            )
+        }
         d["growth_per_hour_ci"] = list(self.growth_per_hour_ci) if self.growth_per_hour_ci else None
         d["trend"] = self.trend.to_dict() if self.trend else None
         return finite(d)
@@ -186,26 +209,32 @@ class WatchResult:
         leaks = [s for s in self.series if s.verdict == LEAK and s.alive]
         if not leaks:
             return None
-        return min(leaks, key=lambda s: (s.hours_to_oom if s.hours_to_oom is not None else math.inf,
-                                         -(s.growth_per_hour or 0.0)))
+        return min(
+            leaks,
+            key=lambda s: (
+                s.hours_to_oom if s.hours_to_oom is not None else math.inf,
+                -(s.growth_per_hour or 0.0),
+            ),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         c = self.culprit
-        return finite({
-            "schema": SCHEMA,
-            "wall": self.wall,
-            "window_s": self.window_s,
-            "verdict": self.verdict,
-            "culprit": c.to_dict() if c else None,
-            "requests_per_hour": self.requests_per_hour,
-            "series": [s.to_dict() for s in self.series],
-            "gpus": self.gpus,
-            "kv_idle_used_tokens": self.kv_idle_used_tokens,
-            "stray_contexts": self.strays,
-            "events": self.events,
-            "notes": self.notes,
-        })
-
+        return finite(
+            {
+                "schema": SCHEMA,
+                "wall": self.wall,
+                "window_s": self.window_s,
+                "verdict": self.verdict,
+                "culprit": c.to_dict() if c else None,
+                "requests_per_hour": self.requests_per_hour,
+                "series": [s.to_dict() for s in self.series],
+                "gpus": self.gpus,
+                "kv_idle_used_tokens": self.kv_idle_used_tokens,
+                "stray_contexts": self.strays,
+                "events": self.events,
+                "notes": self.notes,
+            }
+        )
 
 
 def requests_served(sample: MetricsSample) -> float | None:
@@ -297,7 +326,11 @@ class WatchState:
         elif isinstance(record, dict) and record.get("kind") == "process_start":
             with contextlib.suppress(KeyError, TypeError, ValueError):
                 self._start_walls[int(record["pid"])] = float(record["start_wall"])
-        elif isinstance(record, Event) and record.name in (PROCESS_APPEARED, PROCESS_EXITED, SERVER_REPLACED):
+        elif isinstance(record, Event) and record.name in (
+            PROCESS_APPEARED,
+            PROCESS_EXITED,
+            SERVER_REPLACED,
+        ):
             self._events.append({"wall": record.wall, "name": record.name, **record.data})
         return []
 
@@ -312,8 +345,9 @@ class WatchState:
             if len(self._tracks) >= self.config.max_series:
                 self._evict()
             start = self._start_walls.get(key.pid) if key.pid is not None else None
-            tr = self._tracks[key] = _Track(BucketSeries(self.config.bucket_s, self.config.max_buckets),
-                                            name, start, wall)
+            tr = self._tracks[key] = _Track(
+                BucketSeries(self.config.bucket_s, self.config.max_buckets), name, start, wall
+            )
         tr.series.add(wall, value)
         tr.last_wall = wall
         if name:
@@ -323,7 +357,9 @@ class WatchState:
         stalest = min(self._tracks, key=lambda k: self._tracks[k].last_wall)
         del self._tracks[stalest]
 
-    def _lifecycle(self, source: str, wall: float, pids: dict[int, tuple[str | None, set[int]]]) -> list[Event]:
+    def _lifecycle(
+        self, source: str, wall: float, pids: dict[int, tuple[str | None, set[int]]]
+    ) -> list[Event]:
         """Appeared / exited / replaced events from the pids a source reports now."""
         before = set().union(*self._present.values()) if self._present else set()
         first_of_source = source not in self._present
@@ -338,8 +374,14 @@ class WatchState:
             name = self._names.get(pid)
             old = frozenset(self._gpus_of.get(pid, set()))
             self._exited.append((wall, pid, name, old))
-            out.append(Event(t=wall, wall=wall, name=PROCESS_EXITED,
-                             data={"pid": pid, "name": name, "gpus": sorted(old)}))
+            out.append(
+                Event(
+                    t=wall,
+                    wall=wall,
+                    name=PROCESS_EXITED,
+                    data={"pid": pid, "name": name, "gpus": sorted(old)},
+                )
+            )
         for pid in sorted(after - before):
             if first_of_source:
                 continue  # present when this source was first read: not an appearance
@@ -349,14 +391,33 @@ class WatchState:
             for tr_key, tr in self._tracks.items():
                 if tr_key.pid == pid and tr.start_wall is None:
                     tr.start_wall = self._start_walls[pid]
-            out.append(Event(t=wall, wall=wall, name=PROCESS_APPEARED,
-                             data={"pid": pid, "name": name, "gpus": sorted(now_gpus)}))
+            out.append(
+                Event(
+                    t=wall,
+                    wall=wall,
+                    name=PROCESS_APPEARED,
+                    data={"pid": pid, "name": name, "gpus": sorted(now_gpus)},
+                )
+            )
             for ex_wall, old_pid, old_name, old_gpus in reversed(self._exited):
-                if (wall - ex_wall <= self.config.restart_window_s and old_name == name
-                        and (not now_gpus or not old_gpus or now_gpus == old_gpus)):
-                    out.append(Event(t=wall, wall=wall, name=SERVER_REPLACED,
-                                     data={"old_pid": old_pid, "new_pid": pid, "name": name,
-                                           "down_s": round(wall - ex_wall, 3)}))
+                if (
+                    wall - ex_wall <= self.config.restart_window_s
+                    and old_name == name
+                    and (not now_gpus or not old_gpus or now_gpus == old_gpus)
+                ):
+                    out.append(
+                        Event(
+                            t=wall,
+                            wall=wall,
+                            name=SERVER_REPLACED,
+                            data={
+                                "old_pid": old_pid,
+                                "new_pid": pid,
+                                "name": name,
+                                "down_s": round(wall - ex_wall, 3),
+                            },
+                        )
+                    )
                     break
         for ev in out:
             self._events.append({"wall": ev.wall, "name": ev.name, **ev.data})
@@ -401,7 +462,9 @@ class WatchState:
             self._requests.add(s.wall, served + self._req_offset)
         running = s.values.get("running_requests")
         queued = s.values.get("queued_requests")
-        inflight = None if running is None and queued is None else (running or 0.0) + (queued or 0.0)
+        inflight = (
+            None if running is None and queued is None else (running or 0.0) + (queued or 0.0)
+        )
         if inflight is not None:
             self._inflight.add(s.wall, inflight)
         self._kv_total.update(_kv_total(s))
@@ -459,37 +522,72 @@ class WatchState:
         out: list[SeriesVerdict] = []
         for key, tr in self._tracks.items():
             out.append(self._one(key, tr, req_at, quiet, rph, key.pid is None or key.pid in alive))
-        out.sort(key=lambda s: (-VERDICT_RANK[s.verdict],
-                                s.hours_to_oom if s.hours_to_oom is not None else math.inf,
-                                -(s.growth_per_hour or 0.0), s.layer, s.gpu or -1, s.pid or -1))
-        worst = max((s.verdict for s in out if s.alive), key=lambda v: VERDICT_RANK[v], default=INCONCLUSIVE)
+        out.sort(
+            key=lambda s: (
+                -VERDICT_RANK[s.verdict],
+                s.hours_to_oom if s.hours_to_oom is not None else math.inf,
+                -(s.growth_per_hour or 0.0),
+                s.layer,
+                s.gpu or -1,
+                s.pid or -1,
+            )
+        )
+        worst = max(
+            (s.verdict for s in out if s.alive), key=lambda v: VERDICT_RANK[v], default=INCONCLUSIVE
+        )
         if out and all(s.verdict == INCONCLUSIVE for s in out):
             worst = INCONCLUSIVE
         notes: list[str] = []
         if not self._has_metrics:
-            notes.append("no server /metrics read: growth is compared over time only (no request "
-                         "counter, no idle moments); pass --server URL for growth per served request")
+            notes.append(
+                "no server /metrics read: growth is compared over time only (no request "
+                "counter, no idle moments); pass --server URL for growth per served request"
+            )
         elif not req_at:
-            notes.append("the server exports no request counter (sglang:num_requests_total, "
-                         "vllm:request_success_total): growth is per hour at quiet moments")
+            notes.append(
+                "the server exports no request counter (sglang:num_requests_total, "
+                "vllm:request_success_total): growth is per hour at quiet moments"
+            )
         strays = self._strays()
         gpus = []
         if self._last_gpu is not None:
-            gpus = [{"index": g.index, "name": g.name, "host": g.host, "total_mib": g.total_mib,
-                     "used_mib": g.used_mib, "free_mib": g.free_mib} for g in self._last_gpu.gpus]
+            gpus = [
+                {
+                    "index": g.index,
+                    "name": g.name,
+                    "host": g.host,
+                    "total_mib": g.total_mib,
+                    "used_mib": g.used_mib,
+                    "free_mib": g.free_mib,
+                }
+                for g in self._last_gpu.gpus
+            ]
         return WatchResult(
-            wall=wall, window_s=c.window_s, verdict=worst, series=out, events=list(self._events),
-            strays=strays, requests_per_hour=rph, gpus=gpus,
-            kv_idle_used_tokens=dict(self._kv_idle_last), notes=notes,
+            wall=wall,
+            window_s=c.window_s,
+            verdict=worst,
+            series=out,
+            events=list(self._events),
+            strays=strays,
+            requests_per_hour=rph,
+            gpus=gpus,
+            kv_idle_used_tokens=dict(self._kv_idle_last),
+            notes=notes,
         )
 
-    def _one(self, key: SeriesKey, tr: _Track, req_at: dict[int, float], quiet: set[int] | None,
-             rph: float | None, alive: bool) -> SeriesVerdict:
+    def _one(
+        self,
+        key: SeriesKey,
+        tr: _Track,
+        req_at: dict[int, float],
+        quiet: set[int] | None,
+        rph: float | None,
+        alive: bool,
+    ) -> SeriesVerdict:
         c = self.config
         th = c.kv if key.layer == "kv" else c.memory
         warm_until = tr.start_wall + c.warmup_s if tr.start_wall is not None else None
-        buckets = [b for b in tr.series
-                   if warm_until is None or b.key * c.bucket_s >= warm_until]
+        buckets = [b for b in tr.series if warm_until is None or b.key * c.bucket_s >= warm_until]
         # x = served requests at the bucket (the counter's last value there, else the latest before)
         xs: list[tuple[int, float, float]] = []  # (key, requests, level)
         if req_at:
@@ -505,8 +603,11 @@ class WatchState:
         points: list[tuple[float, float]]
         if key.layer == "kv":
             mode = "idle"
-            points = [(r, y) for _, r, y in xs] if len(xs) >= th.min_points else \
-                [(b.key * c.bucket_s, b.vmin) for b in buckets]
+            points = (
+                [(r, y) for _, r, y in xs]
+                if len(xs) >= th.min_points
+                else [(b.key * c.bucket_s, b.vmin) for b in buckets]
+            )
             x_unit = "request" if len(xs) >= th.min_points else "s"
         elif xs:
             per_inflight = self._per_inflight(buckets)
@@ -528,9 +629,14 @@ class WatchState:
         if x_unit == "s" and key.layer != "kv" and trend.verdict == CACHING:
             # Against time alone a level that stopped rising may only mean the traffic stopped:
             # a leak that grows per request looks the same. Caching needs the request counter.
-            trend = replace(trend, verdict=INCONCLUSIVE, reason=(
-                trend.reason + ", but without the server's request counter a leak that stopped "
-                "with the traffic looks the same"))
+            trend = replace(
+                trend,
+                verdict=INCONCLUSIVE,
+                reason=(
+                    trend.reason + ", but without the server's request counter a leak that stopped "
+                    "with the traffic looks the same"
+                ),
+            )
         per_req = per_hour = None
         ci = None
         if trend.slope is not None:
@@ -550,13 +656,26 @@ class WatchState:
             hours = max(free, 0.0) / per_hour
         last = tr.series.last
         return SeriesVerdict(
-            layer=key.layer, unit=LAYERS[key.layer], pid=key.pid, gpu=key.gpu, pool=key.pool,
-            process=tr.name, alive=alive, level=last.vlast if last else None,
+            layer=key.layer,
+            unit=LAYERS[key.layer],
+            pid=key.pid,
+            gpu=key.gpu,
+            pool=key.pool,
+            process=tr.name,
+            alive=alive,
+            level=last.vlast if last else None,
             verdict=trend.verdict,
-            reason=trend.reason + ("" if alive else " (process exited)"), mode=mode,
-            points=trend.n, growth_per_hour=per_hour, growth_per_request=per_req,
-            growth_per_hour_ci=ci, hours_to_oom=hours if alive else None, free=free,
-            warmup_until=warm_until, floor_level=last.vmin if last else None, trend=trend,
+            reason=trend.reason + ("" if alive else " (process exited)"),
+            mode=mode,
+            points=trend.n,
+            growth_per_hour=per_hour,
+            growth_per_request=per_req,
+            growth_per_hour_ci=ci,
+            hours_to_oom=hours if alive else None,
+            free=free,
+            warmup_until=warm_until,
+            floor_level=last.vmin if last else None,
+            trend=trend,
         )
 
     def _per_inflight(self, buckets: list[Bucket]) -> float | None:
@@ -600,9 +719,19 @@ class WatchState:
         if self._last_gpu is None or not self._last_gpu.processes:
             return []
         result = census(self._last_gpu)
-        return [{"code": f.code, "pid": f.pid, "gpu": f.gpu, "mib": f.mib, "host": f.host,
-                 "process": self._names.get(f.pid), "message": f.message}
-                for f in result.flags if f.code in ("stray_context", "off_main_gpu")]
+        return [
+            {
+                "code": f.code,
+                "pid": f.pid,
+                "gpu": f.gpu,
+                "mib": f.mib,
+                "host": f.host,
+                "process": self._names.get(f.pid),
+                "message": f.message,
+            }
+            for f in result.flags
+            if f.code in ("stray_context", "off_main_gpu")
+        ]
 
 
 def replay(records: Iterable[Any], config: WatchConfig | None = None) -> WatchResult:

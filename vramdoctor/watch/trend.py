@@ -90,7 +90,9 @@ class Trend:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["slope_ci"] = list(self.slope_ci) if self.slope_ci else None
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+        return {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()
+        }
 
 
 def _theil(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
@@ -111,7 +113,9 @@ def _jitter(y: np.ndarray) -> float:
 
 
 def classify(
-    points: Sequence[tuple[float, float]], *, x_unit: str = "request",
+    points: Sequence[tuple[float, float]],
+    *,
+    x_unit: str = "request",
     thresholds: TrendThresholds | None = None,
 ) -> Trend:
     """Classify `points` [(x, level)] sorted by x. Pure; never raises on short or flat input."""
@@ -121,7 +125,9 @@ def classify(
     n = len(pts)
     level = pts[-1][1] if pts else None
     if n < th.min_points:
-        return Trend(INCONCLUSIVE, f"only {n} comparable points (need {th.min_points})", n, x_unit, level)
+        return Trend(
+            INCONCLUSIVE, f"only {n} comparable points (need {th.min_points})", n, x_unit, level
+        )
     x = np.array([p[0] for p in pts])
     y = np.array([p[1] for p in pts])
     span = float(x[-1] - x[0])
@@ -148,30 +154,55 @@ def classify(
     floor = max(th.min_growth, th.noise_k * noise)
     growth = slope * span
     late_growth = late_slope * late_span
-    base = dict(n=n, x_unit=x_unit, level=level, slope=slope, slope_ci=(lo, hi), late_slope=late_slope,
-                tau=tau, p_value=p, growth=growth, rise=rise, noise=noise, floor=floor, x_span=span)
-    whole = p < th.trend_p and tau > 0 and lo > 0 and growth > floor and late_slope >= th.decay_ratio * slope
-    started = (late.sum() >= th.min_points and late_p < th.trend_p and late_lo > 0
-               and late_growth > floor)
+    base = dict(
+        n=n,
+        x_unit=x_unit,
+        level=level,
+        slope=slope,
+        slope_ci=(lo, hi),
+        late_slope=late_slope,
+        tau=tau,
+        p_value=p,
+        growth=growth,
+        rise=rise,
+        noise=noise,
+        floor=floor,
+        x_span=span,
+    )
+    whole = (
+        p < th.trend_p
+        and tau > 0
+        and lo > 0
+        and growth > floor
+        and late_slope >= th.decay_ratio * slope
+    )
+    started = (
+        late.sum() >= th.min_points and late_p < th.trend_p and late_lo > 0 and late_growth > floor
+    )
     if started and (not whole or late_slope > slope):
         # the rate now is the late half's: a leak that began late, or one that speeds up
         base["slope"], base["slope_ci"] = late_slope, (late_lo, late_hi)
         base["growth"] = late_growth
-        reason = ("grows in proportion to the work done, faster in the second half of the window"
-                  if whole else "started growing in the second half of the window and keeps growing")
+        reason = (
+            "grows in proportion to the work done, faster in the second half of the window"
+            if whole
+            else "started growing in the second half of the window and keeps growing"
+        )
         return Trend(LEAK, reason, **base)  # type: ignore[arg-type]
     if whole:
         return Trend(LEAK, "grows in proportion to the work done, to the last point", **base)  # type: ignore[arg-type]
     if rise > floor or growth > floor:
         if late_growth <= floor / 2 or late_slope < th.decay_ratio * slope:
-            return Trend(CACHING, "rose, then levelled off (an allocator or cache filling up)", **base)  # type: ignore[arg-type]
+            return Trend(
+                CACHING,
+                "rose, then levelled off (an allocator or cache filling up)",
+                **base,  # type: ignore[arg-type]
+            )
         return Trend(INCONCLUSIVE, "rising, but not a significant, sustained trend yet", **base)  # type: ignore[arg-type]
     return Trend(STABLE, "no growth beyond the noise", **base)  # type: ignore[arg-type]
 
 
-def low_envelope(
-    points: Sequence[tuple[float, float]], block: float
-) -> list[tuple[float, float]]:
+def low_envelope(points: Sequence[tuple[float, float]], block: float) -> list[tuple[float, float]]:
     """The minimum of each `block`-wide stretch of x: the level at the quietest moment.
 
     Transient peaks (batches in flight) come and go; what a process keeps is its floor. Each

@@ -16,7 +16,9 @@ def _boot() -> None:
 
         vramdoctor_agent.boot()
     except Exception as exc:  # never stop the interpreter from starting
-        _sys.stderr.write(f"vramdoctor-agent[{_os.getpid()}]: not started: {type(exc).__name__}: {exc}\n")
+        _sys.stderr.write(
+            f"vramdoctor-agent[{_os.getpid()}]: not started: {type(exc).__name__}: {exc}\n"
+        )
 
 
 def _chain() -> None:
@@ -30,7 +32,9 @@ def _chain() -> None:
         except OSError:
             return True
 
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", [p for p in _sys.path if other(p)])
+    spec = importlib.machinery.PathFinder.find_spec(
+        "sitecustomize", [p for p in _sys.path if other(p)]
+    )
     if spec is None or spec.loader is None or spec.origin == __file__:
         return
     module = importlib.util.module_from_spec(spec)

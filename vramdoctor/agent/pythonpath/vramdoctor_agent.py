@@ -83,7 +83,9 @@ def boot() -> None:
     if not directory:
         return
     try:
-        if not os.path.isabs(directory):  # children that chdir elsewhere must find the same directory
+        if not os.path.isabs(
+            directory
+        ):  # children that chdir elsewhere must find the same directory
             directory = os.environ[ENV_DIR] = os.path.abspath(directory)
         with _lock:
             if _started_pid == os.getpid():
@@ -193,11 +195,15 @@ class Agent:
         cuda = getattr(torch, "cuda", None)
         probe = getattr(cuda, "is_initialized", None)
         if not callable(probe):
-            raise _StandDown(f"torch {getattr(torch, '__version__', '?')} has no torch.cuda.is_initialized")
+            raise _StandDown(
+                f"torch {getattr(torch, '__version__', '?')} has no torch.cuda.is_initialized"
+            )
         try:
             return bool(probe())
         except Exception as exc:
-            raise _StandDown(f"torch.cuda.is_initialized() raised {type(exc).__name__}: {exc}") from None
+            raise _StandDown(
+                f"torch.cuda.is_initialized() raised {type(exc).__name__}: {exc}"
+            ) from None
 
     def _status_path(self) -> str:
         return os.path.join(self.dir, AGENTS_DIR, f"{self.host}-{self.pid}.json")
@@ -208,14 +214,23 @@ class Agent:
 
     def _identity(self) -> dict[str, Any]:
         argv0 = sys.argv[0] if getattr(sys, "argv", None) else ""
-        return {"protocol": PROTOCOL, "pid": self.pid, "ppid": os.getppid(), "host": self.host,
-                "program": os.path.basename(argv0) or "python",
-                "python": sys.version.split()[0],
-                "torch": str(getattr(self.torch, "__version__", "?")) if self.torch is not None else None}
+        return {
+            "protocol": PROTOCOL,
+            "pid": self.pid,
+            "ppid": os.getppid(),
+            "host": self.host,
+            "program": os.path.basename(argv0) or "python",
+            "python": sys.version.split()[0],
+            "torch": str(getattr(self.torch, "__version__", "?"))
+            if self.torch is not None
+            else None,
+        }
 
     def _write_status(self, state: str, **extra: Any) -> None:
-        self._write_json(self._status_path(), {**self._identity(), "state": state,
-                                               "updated_wall": time.time(), **extra})
+        self._write_json(
+            self._status_path(),
+            {**self._identity(), "state": state, "updated_wall": time.time(), **extra},
+        )
 
     def _arm(self, torch: Any) -> None:
         self.torch = torch
@@ -223,23 +238,33 @@ class Agent:
         record = getattr(memory, "_record_memory_history", None)
         snapshot = getattr(memory, "_snapshot", None)
         if not callable(record) or not callable(snapshot):
-            raise _StandDown(f"torch {getattr(torch, '__version__', '?')} has no allocator history "
-                             "(torch.cuda.memory._record_memory_history/_snapshot need torch >= 2.1)")
+            raise _StandDown(
+                f"torch {getattr(torch, '__version__', '?')} has no allocator history "
+                "(torch.cuda.memory._record_memory_history/_snapshot need torch >= 2.1)"
+            )
         try:
             self._write_status("arming")
         except OSError as exc:
-            raise _StandDown(f"cannot write to the agent directory {self.dir}: {exc.strerror or exc}") from None
+            raise _StandDown(
+                f"cannot write to the agent directory {self.dir}: {exc.strerror or exc}"
+            ) from None
         t0 = time.perf_counter()
         try:
             record(**HISTORY_SETTINGS)
         except Exception as exc:
-            raise _StandDown(f"arming the allocator history failed: {type(exc).__name__}: {exc}") from None
+            raise _StandDown(
+                f"arming the allocator history failed: {type(exc).__name__}: {exc}"
+            ) from None
         self.armed = True
         took = time.perf_counter() - t0
         try:
-            self._write_status("armed", armed_wall=time.time(), arm_s=took, history=HISTORY_SETTINGS)
+            self._write_status(
+                "armed", armed_wall=time.time(), arm_s=took, history=HISTORY_SETTINGS
+            )
         except OSError as exc:
-            raise _StandDown(f"cannot write to the agent directory {self.dir}: {exc.strerror or exc}") from None
+            raise _StandDown(
+                f"cannot write to the agent directory {self.dir}: {exc.strerror or exc}"
+            ) from None
         _log(f"armed (allocator history: state, Python stacks); snapshots on request in {self.dir}")
 
     # --- triggers ----------------------------------------------------------------------------
@@ -274,16 +299,26 @@ class Agent:
         try:
             snap = self.torch.cuda.memory._snapshot()
         except Exception as exc:
-            raise _StandDown(f"taking the allocator snapshot raised {type(exc).__name__}: {exc}") from None
+            raise _StandDown(
+                f"taking the allocator snapshot raised {type(exc).__name__}: {exc}"
+            ) from None
         took = time.perf_counter() - t0
         out = os.path.join(self.dir, SNAPSHOTS_DIR, token)
         base = os.path.join(out, f"{seq:04d}-{self.host}-{self.pid}")
         try:
             os.makedirs(out, exist_ok=True)
             _write_atomic(f"{base}.pickle", pickle.dumps(snap, protocol=4))
-            self._write_json(f"{base}.json", {**self._identity(), "token": token, "seq": seq,
-                                              "wall": wall, "snapshot_s": took,
-                                              "write_s": time.perf_counter() - t0 - took})
+            self._write_json(
+                f"{base}.json",
+                {
+                    **self._identity(),
+                    "token": token,
+                    "seq": seq,
+                    "wall": wall,
+                    "snapshot_s": took,
+                    "write_s": time.perf_counter() - t0 - took,
+                },
+            )
         except OSError as exc:
             raise _StandDown(f"cannot write the snapshot to {out}: {exc.strerror or exc}") from None
 
@@ -334,7 +369,9 @@ class Agent:
 
                 monitoring.register_callback(tool, monitoring.events.PY_RETURN, on_return)
                 monitoring.set_local_events(tool, code, monitoring.events.PY_RETURN)
-                _log(f"TEST-ONLY leak of {kib} KiB per return from {module_name}.{qualname} installed")
+                _log(
+                    f"TEST-ONLY leak of {kib} KiB per return from {module_name}.{qualname} installed"
+                )
                 return
         import functools
 
@@ -348,4 +385,6 @@ class Agent:
                 leak()
 
         setattr(owner, parts[-1], wrapper)
-        _log(f"TEST-ONLY leak of {kib} KiB per call of {module_name}.{qualname} installed (wrapper)")
+        _log(
+            f"TEST-ONLY leak of {kib} KiB per call of {module_name}.{qualname} installed (wrapper)"
+        )

@@ -100,9 +100,15 @@ def analyse_soak(
         return _analyse(records, header, production_rate_rps, raw_host, status, th, cpu_count)
 
 
-def _analyse(records: list[Any], header: dict[str, Any] | None, production_rate_rps: float | None,
-             raw_host: list[dict[str, Any]] | None, status: str, th: Thresholds | None,
-             cpu_count: int | None) -> SoakAnalysis:
+def _analyse(
+    records: list[Any],
+    header: dict[str, Any] | None,
+    production_rate_rps: float | None,
+    raw_host: list[dict[str, Any]] | None,
+    status: str,
+    th: Thresholds | None,
+    cpu_count: int | None,
+) -> SoakAnalysis:
     th = th or Thresholds()
     recs = sorted((r for r in records if _t(r) != math.inf), key=_t)
     events = [r for r in recs if isinstance(r, Event)]
@@ -126,15 +132,24 @@ def _analyse(records: list[Any], header: dict[str, Any] | None, production_rate_
         for r in life_rounds:
             total += r.reached
             cum.append(total)
-        lr = LifeRounds(life.index, run_rounds, [r.round for r in life_rounds], cum, life.index == 0)
+        lr = LifeRounds(
+            life.index, run_rounds, [r.round for r in life_rounds], cum, life.index == 0
+        )
         keys = _series_of_life(raw, life.index, lives)
         judged = [judge(raw[k], windows, lr, th) for k in keys if raw[k].kind != "gpu"]
         # Devices are judged without the processes that exited: a worker that started and
         # failed, or one whose own series already carries its verdict. One that appeared and
         # is still there stays in: its memory is real and the next rounds tell what it does.
-        passing = {s.pid for s in judged if s.kind == "gpu_process" and s.pid is not None
-                   and s.presence in ("exited", "transient")}
-        judged += [judge(without(raw[k], passing), windows, lr, th) for k in keys if raw[k].kind == "gpu"]
+        passing = {
+            s.pid
+            for s in judged
+            if s.kind == "gpu_process"
+            and s.pid is not None
+            and s.presence in ("exited", "transient")
+        }
+        judged += [
+            judge(without(raw[k], passing), windows, lr, th) for k in keys if raw[k].kind == "gpu"
+        ]
         layers = {
             VRAM: vram_layer(judged, recs, life.index),
             KV: kv_layer(judged, raw, life.index, pool_mib, th),
@@ -178,8 +193,14 @@ def _analyse(records: list[Any], header: dict[str, Any] | None, production_rate_
     aborted = sum(r.aborted or 0 for r in done)
     if done and aborted and all(r.aborted for r in done):
         for lay in layers.values():
-            if lay.verdict == LEAK and lay.rate_per_request is not None and lay.rate_per_hour is None:
-                lay.rate_per_aborted_request = lay.rate_per_request * sum(r.reached for r in done) / aborted
+            if (
+                lay.verdict == LEAK
+                and lay.rate_per_request is not None
+                and lay.rate_per_hour is None
+            ):
+                lay.rate_per_aborted_request = (
+                    lay.rate_per_request * sum(r.reached for r in done) / aborted
+                )
     for lay in layers.values():
         if lay.projection is not None and rate is not None:
             lay.projection.production_rate_rps = rate
@@ -187,21 +208,40 @@ def _analyse(records: list[Any], header: dict[str, Any] | None, production_rate_
             if lay.projection.requests is not None:
                 lay.projection.hours = lay.projection.requests / (rate * 3600.0)
 
-    collector_failed = next((str(e.data.get("error") or "collector failed") for e in events
-                             if e.name == COLLECTOR_FAILED), None)
+    collector_failed = next(
+        (
+            str(e.data.get("error") or "collector failed")
+            for e in events
+            if e.name == COLLECTOR_FAILED
+        ),
+        None,
+    )
     first_error = next((m for r in rounds for m in r.messages), None)
     changes += _series_changes(all_series, changes, windows)
     return SoakAnalysis(
-        verdict=verdict, layers=layers, rounds=rounds, windows=windows, lives=lives,
-        series=all_series, process_changes=changes, undecided=open_layers, status=status,
-        server_died=died, server_replaced=any(life.ended_by == SERVER_REPLACED for life in lives),
+        verdict=verdict,
+        layers=layers,
+        rounds=rounds,
+        windows=windows,
+        lives=lives,
+        series=all_series,
+        process_changes=changes,
+        undecided=open_layers,
+        status=status,
+        server_died=died,
+        server_replaced=any(life.ended_by == SERVER_REPLACED for life in lives),
         collector_failed=collector_failed,
         source_errors=sum(1 for e in events if e.name == SOURCE_ERROR),
-        no_request_succeeded=no_success, first_error=first_error,
+        no_request_succeeded=no_success,
+        first_error=first_error,
         observed_requests_per_hour=reached / load_s * 3600.0 if load_s > 0 and reached else None,
-        production_rate_rps=rate, production_rate_source=rate_src, cpu_count=cpus,
+        production_rate_rps=rate,
+        production_rate_source=rate_src,
+        cpu_count=cpus,
         points={k: s.points for k, s in raw.items()},
-        stopped_by=next((str(e.data.get("by")) for e in reversed(events) if e.name == "stopped"), None),
+        stopped_by=next(
+            (str(e.data.get("by")) for e in reversed(events) if e.name == "stopped"), None
+        ),
     )
 
 
@@ -234,18 +274,30 @@ def _merge(per_life: list[dict[str, LayerResult]]) -> dict[str, LayerResult]:
     return out
 
 
-def _series_changes(series: list[SeriesResult], known: list[ProcessChange],
-                    windows: list[Window]) -> list[ProcessChange]:
+def _series_changes(
+    series: list[SeriesResult], known: list[ProcessChange], windows: list[Window]
+) -> list[ProcessChange]:
     """Processes the samples show coming or going that no event reported."""
     seen = {(c.pid, c.change) for c in known}
     out: list[ProcessChange] = []
     for s in series:
         if s.kind not in ("gpu_process", "rss") or s.pid is None or s.presence == "whole":
             continue
-        if (s.pid, s.presence) in seen or (s.presence == "transient" and (s.pid, "appeared") in seen):
+        if (s.pid, s.presence) in seen or (
+            s.presence == "transient" and (s.pid, "appeared") in seen
+        ):
             continue
         seen.add((s.pid, s.presence))
         t = s.last_t if s.presence == "exited" else s.first_t
-        out.append(ProcessChange(s.pid, s.presence, t, None if t is None else round_at(windows, t),
-                                 name=s.name, gpu=s.gpu, settled_rounds=s.settled_rounds))
+        out.append(
+            ProcessChange(
+                s.pid,
+                s.presence,
+                t,
+                None if t is None else round_at(windows, t),
+                name=s.name,
+                gpu=s.gpu,
+                settled_rounds=s.settled_rounds,
+            )
+        )
     return out

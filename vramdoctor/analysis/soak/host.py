@@ -63,7 +63,9 @@ def _noisy(s: SeriesResult, th: Thresholds) -> bool:
 def floor_for_rss(s: SeriesResult, th: Thresholds) -> float:
     """The RSS floor (judge.floor_for): --min-growth-mib, or 0.25 % of the level if larger."""
     level = s.baseline if s.baseline is not None else s.last
-    return max(th.min_growth_mib, th.rss_rel_floor * level) if level is not None else th.min_growth_mib
+    return (
+        max(th.min_growth_mib, th.rss_rel_floor * level) if level is not None else th.min_growth_mib
+    )
 
 
 def _levelled_off(s: SeriesResult, floor: float) -> bool:
@@ -72,8 +74,13 @@ def _levelled_off(s: SeriesResult, floor: float) -> bool:
     return s.round_growth is not None and s.round_growth <= floor
 
 
-def _arena_explains(rss: SeriesResult, anon: SeriesResult | None, arenas: SeriesResult,
-                    reserved: SeriesResult | None, writable: SeriesResult | None = None) -> bool:
+def _arena_explains(
+    rss: SeriesResult,
+    anon: SeriesResult | None,
+    arenas: SeriesResult,
+    reserved: SeriesResult | None,
+    writable: SeriesResult | None = None,
+) -> bool:
     """Growth that new malloc arenas explain: the arena count rose, the (anonymous) growth is
     above the floor and fits in what the arenas hold (what their heaps have grown to, where
     /proc/PID/maps showed it; else what they reserve), and it did not go on for two rounds
@@ -87,16 +94,22 @@ def _arena_explains(rss: SeriesResult, anon: SeriesResult | None, arenas: Series
     w = _pairs(writable)
     if len(g) != len(a):
         return False
-    rows = [(gv, av, r[i] if i < len(r) else None, w[i] if i < len(w) else None)
-            for i, (gv, av) in enumerate(zip(g, a, strict=True)) if gv is not None and av is not None]
+    rows = [
+        (gv, av, r[i] if i < len(r) else None, w[i] if i < len(w) else None)
+        for i, (gv, av) in enumerate(zip(g, a, strict=True))
+        if gv is not None and av is not None
+    ]
     if len(rows) < 2:
         return False
     (g0, a0, r0, w0), (g1, a1, r1, w1) = rows[0], rows[-1]
     h = grow.threshold or rss.threshold
     if a1 <= a0 or g1 - g0 <= h:
         return False
-    last_rise = max(i for i in range(1, len(rows)) if rows[i][1] > rows[i - 1][1]) if any(
-        rows[i][1] > rows[i - 1][1] for i in range(1, len(rows))) else 0
+    last_rise = (
+        max(i for i in range(1, len(rows)) if rows[i][1] > rows[i - 1][1])
+        if any(rows[i][1] > rows[i - 1][1] for i in range(1, len(rows)))
+        else 0
+    )
     grew_after = sum(1 for i in range(last_rise + 1, len(rows)) if rows[i][0] - rows[i - 1][0] > h)
     if grew_after >= 2:
         return False  # kept growing for rounds after glibc stopped adding arenas
@@ -107,8 +120,15 @@ def _arena_explains(rss: SeriesResult, anon: SeriesResult | None, arenas: Series
     return g1 - g0 <= (r1 - r0) + h
 
 
-def host_layer(series: list[SeriesResult], life: int, available_mib: float | None,
-               cpu_count: int | None, th: Thresholds, *, arena_max: int | None = None) -> LayerResult:
+def host_layer(
+    series: list[SeriesResult],
+    life: int,
+    available_mib: float | None,
+    cpu_count: int | None,
+    th: Thresholds,
+    *,
+    arena_max: int | None = None,
+) -> LayerResult:
     """The host RAM verdict of one life from its judged series (RSS decides; kinds explain).
     `arena_max`: MALLOC_ARENA_MAX set in the server's environment (else glibc's 8 x cores)."""
     mine = [s for s in series if s.layer == HOST]
@@ -138,20 +158,44 @@ def host_layer(series: list[SeriesResult], life: int, available_mib: float | Non
             missing.append(C_NO_KINDS)
         if arenas is None:
             missing.append(C_NO_ARENAS)
-        kinds = {k: g for k, g in (("anon", _growth(anon)), ("file", _growth(file_)),
-                                   ("shmem", _growth(shmem))) if g is not None}
-        growth_kind = max(kinds, key=lambda k: kinds[k]) if kinds and max(kinds.values()) > 0 else None
+        kinds = {
+            k: g
+            for k, g in (
+                ("anon", _growth(anon)),
+                ("file", _growth(file_)),
+                ("shmem", _growth(shmem)),
+            )
+            if g is not None
+        }
+        growth_kind = (
+            max(kinds, key=lambda k: kinds[k]) if kinds and max(kinds.values()) > 0 else None
+        )
         explanation = None
         # Growth inside idle windows (no request in flight) is no allocator's caching.
-        growing = rss.decides and rss.reason != R_GREW_WITH_TIME and (
-            rss.verdict == LEAK or (rss.verdict == INCONCLUSIVE and rss.reason == R_STILL_CHANGING))
-        if growing and arenas is not None and growth_kind in (None, "anon") \
-                and (not _noisy(rss, th) or _levelled_off(rss, floor_for_rss(rss, th))) \
-                and _arena_explains(rss, anon, arenas, reserved, writable):
+        growing = (
+            rss.decides
+            and rss.reason != R_GREW_WITH_TIME
+            and (
+                rss.verdict == LEAK
+                or (rss.verdict == INCONCLUSIVE and rss.reason == R_STILL_CHANGING)
+            )
+        )
+        if (
+            growing
+            and arenas is not None
+            and growth_kind in (None, "anon")
+            and (not _noisy(rss, th) or _levelled_off(rss, floor_for_rss(rss, th)))
+            and _arena_explains(rss, anon, arenas, reserved, writable)
+        ):
             explanation = X_MALLOC_ARENAS
             rss.verdict = CACHING
-        elif growing and growth_kind == "file" and anon is not None and anon.verdict != LEAK \
-                and (shmem is None or shmem.verdict != LEAK):
+        elif (
+            growing
+            and growth_kind == "file"
+            and anon is not None
+            and anon.verdict != LEAK
+            and (shmem is None or shmem.verdict != LEAK)
+        ):
             # Mapped files (weights, libraries) paged in as requests touch them: bounded by the
             # files' size and reclaimable by the kernel; the heap did not grow.
             explanation = X_FILE_BACKED
@@ -162,37 +206,80 @@ def host_layer(series: list[SeriesResult], life: int, available_mib: float | Non
         if rss.decides:
             caveats.update(missing)
         a_levels = [v for v in _pairs(arenas) if v is not None]
-        procs.append(HostProcessResult(
-            pid=pid if pid is not None else -1, name=rss.name, role=rss.role,
-            rss_growth_mib=rss.growth, anon_growth_mib=_growth(anon),
-            file_growth_mib=_growth(file_), shmem_growth_mib=_growth(shmem),
-            arenas_first=int(a_levels[0]) if a_levels else None,
-            arenas_last=int(a_levels[-1]) if a_levels else None,
-            arena_reserved_growth_mib=_growth(reserved), arena_bound=bound,
-            arena_bound_set=arena_max is not None,
-            growth_kind=growth_kind, explanation=explanation, missing=missing, series=rss.key))
-    deciding = [s for s in rss_series if s.decides] + [s for s in mine if s.kind == "dev_shm" and s.decides]
+        procs.append(
+            HostProcessResult(
+                pid=pid if pid is not None else -1,
+                name=rss.name,
+                role=rss.role,
+                rss_growth_mib=rss.growth,
+                anon_growth_mib=_growth(anon),
+                file_growth_mib=_growth(file_),
+                shmem_growth_mib=_growth(shmem),
+                arenas_first=int(a_levels[0]) if a_levels else None,
+                arenas_last=int(a_levels[-1]) if a_levels else None,
+                arena_reserved_growth_mib=_growth(reserved),
+                arena_bound=bound,
+                arena_bound_set=arena_max is not None,
+                growth_kind=growth_kind,
+                explanation=explanation,
+                missing=missing,
+                series=rss.key,
+            )
+        )
+    deciding = [s for s in rss_series if s.decides] + [
+        s for s in mine if s.kind == "dev_shm" and s.decides
+    ]
     verdict = worst(deciding)
     order = {"rss": 0, "rss_anon": 1, "rss_shmem": 2, "rss_file": 3, "arenas": 4, "arena_mib": 5}
     mine.sort(key=lambda s: (not s.decides, order.get(s.kind, 6), -(s.growth or 0.0), s.key))
     if verdict is None:
-        return LayerResult(HOST, INCONCLUSIVE, R_TRANSIENT, "MiB", series=mine, life=life,
-                           host_processes=procs, caveats=sorted(caveats))
+        return LayerResult(
+            HOST,
+            INCONCLUSIVE,
+            R_TRANSIENT,
+            "MiB",
+            series=mine,
+            life=life,
+            host_processes=procs,
+            caveats=sorted(caveats),
+        )
     cands = [s for s in deciding if s.verdict == verdict]
-    top = max(cands, key=lambda s: (s.slope_per_request or 0.0) if verdict == LEAK else abs(s.growth or 0.0))
-    lay = LayerResult(HOST, verdict, top.reason, "MiB", growth=top.growth, life=life,
-                      series=mine, host_processes=procs, caveats=sorted(caveats),
-                      main_series=top.key, explanation=top.explanation)
+    top = max(
+        cands,
+        key=lambda s: (s.slope_per_request or 0.0) if verdict == LEAK else abs(s.growth or 0.0),
+    )
+    lay = LayerResult(
+        HOST,
+        verdict,
+        top.reason,
+        "MiB",
+        growth=top.growth,
+        life=life,
+        series=mine,
+        host_processes=procs,
+        caveats=sorted(caveats),
+        main_series=top.key,
+        explanation=top.explanation,
+    )
     if verdict == LEAK:
         proc = next((p for p in procs if p.series == top.key), None)
-        cause = ("dev_shm" if top.kind == "dev_shm" else "pinned_host_memory"
-                 if proc is not None and proc.growth_kind == "shmem" else "host_ram")
+        cause = (
+            "dev_shm"
+            if top.kind == "dev_shm"
+            else "pinned_host_memory"
+            if proc is not None and proc.growth_kind == "shmem"
+            else "host_ram"
+        )
         lay.culprit = Culprit(top.key, pid=top.pid, name=top.name, cause=cause)
         lay.rate_per_request = lay.rate_mib_per_request = top.slope_per_request
         lay.rate_ci = top.slope_ci
         rate = top.slope_per_request
         lay.projection = Projection(
-            capacity_left=available_mib, capacity_of="host_available",
-            requests=available_mib / rate if available_mib is not None and rate and rate > 0 else None)
+            capacity_left=available_mib,
+            capacity_of="host_available",
+            requests=available_mib / rate
+            if available_mib is not None and rate and rate > 0
+            else None,
+        )
         time_driven_rate(lay, top)
     return lay

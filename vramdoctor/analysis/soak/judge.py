@@ -20,8 +20,9 @@ from .stats import SeriesFit, classify_series, time_driven
 
 # Series of one process: present for fewer than two settled rounds, they are reported as
 # appeared/exited and never decide a layer.
-PROCESS_KINDS = frozenset({"gpu_process", "rss", "rss_anon", "rss_file", "rss_shmem", "arenas",
-                           "arena_mib", "arena_wmib"})
+PROCESS_KINDS = frozenset(
+    {"gpu_process", "rss", "rss_anon", "rss_file", "rss_shmem", "arenas", "arena_mib", "arena_wmib"}
+)
 
 
 @dataclass
@@ -53,19 +54,33 @@ def floor_for(s: Series, th: Thresholds, level: float | None) -> float:
     return th.min_growth_mib
 
 
-def _presence(s: Series, windows: list[Window], rounds: list[int], fraction: float) -> tuple[int, str]:
+def _presence(
+    s: Series, windows: list[Window], rounds: list[int], fraction: float
+) -> tuple[int, str]:
     """(settled rounds where the series really had samples, whole/appeared/exited/transient)."""
     vals = s.levels_from
-    present = sum(1 for w in windows if w.kind == "idle" and w.round in rounds and late(vals, w, fraction))
+    present = sum(
+        1 for w in windows if w.kind == "idle" and w.round in rounds and late(vals, w, fraction)
+    )
     if not s.points:
         return 0, "transient"
     base_end = next((w.end for w in windows if w.kind == "baseline" and w.end is not None), None)
-    last_idle = max((w for w in windows if w.kind == "idle" and w.end is not None and w.round in rounds),
-                    key=lambda w: w.round, default=None)
+    last_idle = max(
+        (w for w in windows if w.kind == "idle" and w.end is not None and w.round in rounds),
+        key=lambda w: w.round,
+        default=None,
+    )
     appeared = base_end is not None and s.points[0][0] >= base_end
     exited = last_idle is not None and not late(s.points, last_idle, fraction)
-    presence = ("transient" if appeared and exited else "appeared" if appeared
-                else "exited" if exited else "whole")
+    presence = (
+        "transient"
+        if appeared and exited
+        else "appeared"
+        if appeared
+        else "exited"
+        if exited
+        else "whole"
+    )
     return present, presence
 
 
@@ -83,8 +98,9 @@ def judge(s: Series, windows: list[Window], lr: LifeRounds, th: Thresholds) -> S
     if s.kind in PROCESS_KINDS and lr.with_baseline:
         baseline, levels = appeared_from_zero(vals, windows, lr.rounds, baseline, levels, frac)
     ref = baseline if baseline is not None else next((v for v in levels if v is not None), None)
-    fit: SeriesFit = classify_series(baseline, levels, lr.cum_requests, samples,
-                                     floor=floor_for(s, th, ref), th=th)
+    fit: SeriesFit = classify_series(
+        baseline, levels, lr.cum_requests, samples, floor=floor_for(s, th, ref), th=th
+    )
     # Growth while idle (no request in flight) at the rate that explains the rounds' growth:
     # a leak driven by time, not by requests (a log buffer, a timer's allocations).
     idle = [w for w in windows if w.kind == "idle" and w.round in lr.rounds and w.end is not None]
@@ -99,22 +115,48 @@ def judge(s: Series, windows: list[Window], lr: LifeRounds, th: Thresholds) -> S
         settled[i] = v
     decides = True
     reason = fit.reason
-    if s.layer == KV and reason == R_NO_LEVEL and any(
-            late(s.points, w, frac) for w in windows if w.kind == "idle" and w.round in lr.rounds):
+    if (
+        s.layer == KV
+        and reason == R_NO_LEVEL
+        and any(
+            late(s.points, w, frac) for w in windows if w.kind == "idle" and w.round in lr.rounds
+        )
+    ):
         reason = R_NEVER_IDLE  # samples at idle, but every one with requests running or queued
     if s.kind in PROCESS_KINDS and present < 2:
         decides = False
         reason = R_TRANSIENT
     last = next((v for v in reversed(levels) if v is not None), None)
     return SeriesResult(
-        key=s.key, layer=s.layer, kind=s.kind, unit=s.unit, pid=s.pid, gpu=s.gpu, name=s.name,
-        role=s.role, pool=s.pool, baseline=baseline, settled=settled, last=last,
-        growth=fit.growth, noise=fit.noise, threshold=fit.threshold,
-        slope_per_request=fit.slope, slope_ci=fit.ci, tau=fit.tau, tau_p=fit.tau_p,
-        increments=fit.increments, verdict=fit.verdict, reason=reason,
-        creep_floor_per_request=fit.creep_floor_per_request, round_growth=fit.round_growth,
+        key=s.key,
+        layer=s.layer,
+        kind=s.kind,
+        unit=s.unit,
+        pid=s.pid,
+        gpu=s.gpu,
+        name=s.name,
+        role=s.role,
+        pool=s.pool,
+        baseline=baseline,
+        settled=settled,
+        last=last,
+        growth=fit.growth,
+        noise=fit.noise,
+        threshold=fit.threshold,
+        slope_per_request=fit.slope,
+        slope_ci=fit.ci,
+        tau=fit.tau,
+        tau_p=fit.tau_p,
+        increments=fit.increments,
+        verdict=fit.verdict,
+        reason=reason,
+        creep_floor_per_request=fit.creep_floor_per_request,
+        round_growth=fit.round_growth,
         time_rate_per_s=time_rate,
         settled_rounds=present,
-        presence=presence, decides=decides, life=lr.life,
-        first_t=s.points[0][0] if s.points else None, last_t=s.points[-1][0] if s.points else None,
+        presence=presence,
+        decides=decides,
+        life=lr.life,
+        first_t=s.points[0][0] if s.points else None,
+        last_t=s.points[-1][0] if s.points else None,
     )

@@ -49,8 +49,13 @@ def _exact_creep(s: SeriesResult) -> None:
         s.verdict, s.reason, s.creep_floor_per_request = LEAK, R_GREW_EVERY_ROUND, None
 
 
-def kv_layer(series: list[SeriesResult], raw: dict[str, Series], life: int,
-             pool_mib: float | None, th: Thresholds) -> LayerResult:
+def kv_layer(
+    series: list[SeriesResult],
+    raw: dict[str, Series],
+    life: int,
+    pool_mib: float | None,
+    th: Thresholds,
+) -> LayerResult:
     """The KV verdict of one life from its judged pool series (tokens, or a ratio)."""
     mine = [s for s in series if s.layer == KV]
     if not mine:
@@ -71,21 +76,40 @@ def kv_layer(series: list[SeriesResult], raw: dict[str, Series], life: int,
         if s.unit == "ratio":
             caveats.append(C_KV_RATIO_ONLY)
             share = s.slope_per_request if s.verdict == LEAK else None
-            pools.append(KvPoolResult(
-                pool=s.pool or "kv", unit="ratio", total_tokens=src.total_tokens,
-                page_size_tokens=page, page_size_assumed=page_assumed, bytes_per_token=bpt,
-                idle_residue=residue, tokens_per_request=None, pages_per_request=None,
-                mib_per_request=share * pool_mib if share is not None and pool_mib else None,
-                source=src.source, series=s.key))
+            pools.append(
+                KvPoolResult(
+                    pool=s.pool or "kv",
+                    unit="ratio",
+                    total_tokens=src.total_tokens,
+                    page_size_tokens=page,
+                    page_size_assumed=page_assumed,
+                    bytes_per_token=bpt,
+                    idle_residue=residue,
+                    tokens_per_request=None,
+                    pages_per_request=None,
+                    mib_per_request=share * pool_mib if share is not None and pool_mib else None,
+                    source=src.source,
+                    series=s.key,
+                )
+            )
         else:
             tpr = s.slope_per_request if s.verdict == LEAK else None
-            pools.append(KvPoolResult(
-                pool=s.pool or "kv", unit="tokens", total_tokens=src.total_tokens,
-                page_size_tokens=page, page_size_assumed=page_assumed, bytes_per_token=bpt,
-                idle_residue=residue, tokens_per_request=tpr,
-                pages_per_request=tpr / page if tpr is not None and page else None,
-                mib_per_request=tpr * bpt / MIB if tpr is not None and bpt else None,
-                source=src.source, series=s.key))
+            pools.append(
+                KvPoolResult(
+                    pool=s.pool or "kv",
+                    unit="tokens",
+                    total_tokens=src.total_tokens,
+                    page_size_tokens=page,
+                    page_size_assumed=page_assumed,
+                    bytes_per_token=bpt,
+                    idle_residue=residue,
+                    tokens_per_request=tpr,
+                    pages_per_request=tpr / page if tpr is not None and page else None,
+                    mib_per_request=tpr * bpt / MIB if tpr is not None and bpt else None,
+                    source=src.source,
+                    series=s.key,
+                )
+            )
         if page_assumed and s.unit == "tokens":
             caveats.append(C_PAGE_SIZE_ASSUMED)
         if not src.idle_verified:
@@ -96,10 +120,23 @@ def kv_layer(series: list[SeriesResult], raw: dict[str, Series], life: int,
     verdict = worst(mine)
     assert verdict is not None
     cands = [s for s in mine if s.verdict == verdict]
-    top = max(cands, key=lambda s: (s.slope_per_request or 0.0) if verdict == LEAK else abs(s.growth or 0.0))
-    lay = LayerResult(KV, verdict, top.reason, top.unit, growth=top.growth, life=life,
-                      caveats=sorted(set(caveats)), kv_pools=pools, series=mine,
-                      main_series=top.key, explanation=top.explanation)
+    top = max(
+        cands,
+        key=lambda s: (s.slope_per_request or 0.0) if verdict == LEAK else abs(s.growth or 0.0),
+    )
+    lay = LayerResult(
+        KV,
+        verdict,
+        top.reason,
+        top.unit,
+        growth=top.growth,
+        life=life,
+        caveats=sorted(set(caveats)),
+        kv_pools=pools,
+        series=mine,
+        main_series=top.key,
+        explanation=top.explanation,
+    )
     if verdict == LEAK:
         pool = next(p for p in pools if p.series == top.key)
         lay.culprit = Culprit(top.key, pool=top.pool, cause="kv_pages")
@@ -113,7 +150,9 @@ def kv_layer(series: list[SeriesResult], raw: dict[str, Series], life: int,
             total = raw[top.key].total_tokens
             left = None if total is None or top.last is None else max(0.0, total - top.last)
         lay.projection = Projection(
-            capacity_left=left, capacity_of="kv_free_tokens" if top.unit == "tokens" else "kv_free_ratio",
-            requests=left / rate if left is not None and rate and rate > 0 else None)
+            capacity_left=left,
+            capacity_of="kv_free_tokens" if top.unit == "tokens" else "kv_free_ratio",
+            requests=left / rate if left is not None and rate and rate > 0 else None,
+        )
         time_driven_rate(lay, top)
     return lay

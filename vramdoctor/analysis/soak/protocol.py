@@ -66,7 +66,9 @@ def rounds_from_events(events: list[Event]) -> list[RoundInfo]:
         elif ev.name == "round_end":
             rnd = _int(ev.data.get("round", 0))
             outcomes = ev.data.get("outcomes") or {}
-            kinds = {str(k): _int(v) for k, v in outcomes.items()} if isinstance(outcomes, dict) else {}
+            kinds = (
+                {str(k): _int(v) for k, v in outcomes.items()} if isinstance(outcomes, dict) else {}
+            )
             sent = _int(ev.data.get("sent", sum(kinds.values())))
             # A planned abort (the client closes the stream after the first tokens) is traffic
             # the server served, not an error: it counts with the successes.
@@ -76,7 +78,11 @@ def rounds_from_events(events: list[Event]) -> list[RoundInfo]:
             streamed = ev.data.get("streamed")
             aborted = ev.data.get("aborted", kinds.get("aborted"))
             rounds[rnd] = RoundInfo(
-                rnd, sent, ok, max(0, sent - ok), reached,
+                rnd,
+                sent,
+                ok,
+                max(0, sent - ok),
+                reached,
                 {k: v for k, v in kinds.items() if k not in ("ok", "aborted") and v},
                 ev.t - starts[rnd] if rnd in starts else None,
                 bool(ev.data.get("complete", True)),
@@ -87,8 +93,13 @@ def rounds_from_events(events: list[Event]) -> list[RoundInfo]:
     return [rounds[k] for k in sorted(rounds)]
 
 
-def lives_from_events(events: list[Event], windows: list[Window], rounds: list[RoundInfo],
-                      start_t: float, pid: int | None = None) -> list[Life]:
+def lives_from_events(
+    events: list[Event],
+    windows: list[Window],
+    rounds: list[RoundInfo],
+    start_t: float,
+    pid: int | None = None,
+) -> list[Life]:
     """Split the run at server deaths and replacements; assign each round to a life.
 
     A round belongs to the life in which both its load started and its idle window ended. A
@@ -113,7 +124,9 @@ def lives_from_events(events: list[Event], windows: list[Window], rounds: list[R
             if cur.pid is None and ev.data.get("old_pid") is not None:
                 cur.pid = _int(ev.data.get("old_pid"))
             new_pid = ev.data.get("new_pid")
-            lives.append(Life(len(lives), ev.t, None, None if new_pid is None else _int(new_pid), None))
+            lives.append(
+                Life(len(lives), ev.t, None, None if new_pid is None else _int(new_pid), None)
+            )
             dead = False
     load = {w.round: w for w in windows if w.kind == "load"}
     idle = {w.round: w for w in windows if w.kind == "idle"}
@@ -127,7 +140,9 @@ def lives_from_events(events: list[Event], windows: list[Window], rounds: list[R
         if not home:
             continue
         life = home[-1]
-        if life.end_t is not None and (end is None or end > life.end_t or w_load.start >= life.end_t):
+        if life.end_t is not None and (
+            end is None or end > life.end_t or w_load.start >= life.end_t
+        ):
             continue  # cut by the death or replacement, or after a death
         r.life = life.index
         life.rounds.append(r.round)
@@ -141,13 +156,16 @@ def process_changes_from_events(events: list[Event], windows: list[Window]) -> l
         if ev.name not in (PROCESS_APPEARED, PROCESS_EXITED) or ev.data.get("pid") is None:
             continue
         gpu = ev.data.get("gpu")
-        out.append(ProcessChange(
-            pid=_int(ev.data.get("pid")),
-            change="appeared" if ev.name == PROCESS_APPEARED else "exited",
-            t=ev.t, round=round_at(windows, ev.t),
-            name=None if ev.data.get("name") is None else str(ev.data.get("name")),
-            gpu=None if gpu is None else _int(gpu),
-        ))
+        out.append(
+            ProcessChange(
+                pid=_int(ev.data.get("pid")),
+                change="appeared" if ev.name == PROCESS_APPEARED else "exited",
+                t=ev.t,
+                round=round_at(windows, ev.t),
+                name=None if ev.data.get("name") is None else str(ev.data.get("name")),
+                gpu=None if gpu is None else _int(gpu),
+            )
+        )
     return out
 
 

@@ -193,19 +193,39 @@ class SeriesResult:
     last_t: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return finite({
-            "id": self.key, "layer": self.layer, "kind": self.kind, "unit": self.unit,
-            "pid": self.pid, "gpu": self.gpu, "name": self.name, "role": self.role,
-            "pool": self.pool, "baseline": self.baseline, "settled": list(self.settled),
-            "last": self.last, "growth": self.growth, "noise": self.noise,
-            "threshold": self.threshold, "slope_per_request": self.slope_per_request,
-            "slope_ci": list(self.slope_ci) if self.slope_ci else None, "tau": self.tau,
-            "tau_p": self.tau_p, "increments": list(self.increments), "verdict": self.verdict,
-            "reason": self.reason, "creep_floor_per_request": self.creep_floor_per_request,
-            "time_rate_per_s": self.time_rate_per_s,
-            "settled_rounds": self.settled_rounds, "presence": self.presence,
-            "decides": self.decides, "explanation": self.explanation, "life": self.life,
-        })
+        return finite(
+            {
+                "id": self.key,
+                "layer": self.layer,
+                "kind": self.kind,
+                "unit": self.unit,
+                "pid": self.pid,
+                "gpu": self.gpu,
+                "name": self.name,
+                "role": self.role,
+                "pool": self.pool,
+                "baseline": self.baseline,
+                "settled": list(self.settled),
+                "last": self.last,
+                "growth": self.growth,
+                "noise": self.noise,
+                "threshold": self.threshold,
+                "slope_per_request": self.slope_per_request,
+                "slope_ci": list(self.slope_ci) if self.slope_ci else None,
+                "tau": self.tau,
+                "tau_p": self.tau_p,
+                "increments": list(self.increments),
+                "verdict": self.verdict,
+                "reason": self.reason,
+                "creep_floor_per_request": self.creep_floor_per_request,
+                "time_rate_per_s": self.time_rate_per_s,
+                "settled_rounds": self.settled_rounds,
+                "presence": self.presence,
+                "decides": self.decides,
+                "explanation": self.explanation,
+                "life": self.life,
+            }
+        )
 
 
 @dataclass
@@ -222,8 +242,14 @@ class Culprit:
     cause: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"series": self.series, "pid": self.pid, "name": self.name, "gpu": self.gpu,
-                "pool": self.pool, "cause": self.cause}
+        return {
+            "series": self.series,
+            "pid": self.pid,
+            "name": self.name,
+            "gpu": self.gpu,
+            "pool": self.pool,
+            "cause": self.cause,
+        }
 
 
 @dataclass
@@ -243,11 +269,16 @@ class Projection:
     hours: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return finite({
-            "capacity_left": self.capacity_left, "capacity_of": self.capacity_of,
-            "requests": self.requests, "production_rate_rps": self.production_rate_rps,
-            "production_rate_source": self.production_rate_source, "hours": self.hours,
-        })
+        return finite(
+            {
+                "capacity_left": self.capacity_left,
+                "capacity_of": self.capacity_of,
+                "requests": self.requests,
+                "production_rate_rps": self.production_rate_rps,
+                "production_rate_source": self.production_rate_source,
+                "hours": self.hours,
+            }
+        )
 
 
 @dataclass
@@ -332,28 +363,30 @@ class LayerResult:
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
 
-        return finite({
-            "verdict": self.verdict,
-            "reason": self.reason,
-            "unit": self.unit,
-            "rate_per_request": self.rate_per_request,
-            "rate_ci": list(self.rate_ci) if self.rate_ci else None,
-            "rate_mib_per_request": self.rate_mib_per_request,
-            "rate_per_hour": self.rate_per_hour,
-            "rate_per_aborted_request": self.rate_per_aborted_request,
-            "growth": self.growth,
-            "culprit": self.culprit.to_dict() if self.culprit else None,
-            "projection": self.projection.to_dict() if self.projection else None,
-            "explanation": self.explanation,
-            "caveats": list(self.caveats),
-            "undecided_reason": self.undecided_reason,
-            "life": self.life,
-            "main_series": self.main_series,
-            "evidence": [s.key for s in self.series if s.decides],
-            "pools": [asdict(p) for p in self.kv_pools],
-            "processes": [asdict(p) for p in self.host_processes],
-            "stray_contexts": list(self.stray_contexts),
-        })
+        return finite(
+            {
+                "verdict": self.verdict,
+                "reason": self.reason,
+                "unit": self.unit,
+                "rate_per_request": self.rate_per_request,
+                "rate_ci": list(self.rate_ci) if self.rate_ci else None,
+                "rate_mib_per_request": self.rate_mib_per_request,
+                "rate_per_hour": self.rate_per_hour,
+                "rate_per_aborted_request": self.rate_per_aborted_request,
+                "growth": self.growth,
+                "culprit": self.culprit.to_dict() if self.culprit else None,
+                "projection": self.projection.to_dict() if self.projection else None,
+                "explanation": self.explanation,
+                "caveats": list(self.caveats),
+                "undecided_reason": self.undecided_reason,
+                "life": self.life,
+                "main_series": self.main_series,
+                "evidence": [s.key for s in self.series if s.decides],
+                "pools": [asdict(p) for p in self.kv_pools],
+                "processes": [asdict(p) for p in self.host_processes],
+                "stray_contexts": list(self.stray_contexts),
+            }
+        )
 
 
 @dataclass
@@ -407,8 +440,13 @@ class SoakAnalysis:
 
     @property
     def healthy(self) -> bool:
-        return self.verdict != LEAK and not self.server_died and self.collector_failed is None \
-            and self.status not in ("failed", "interrupted") and not self.no_request_succeeded
+        return (
+            self.verdict != LEAK
+            and not self.server_died
+            and self.collector_failed is None
+            and self.status not in ("failed", "interrupted")
+            and not self.no_request_succeeded
+        )
 
     @property
     def exit_code(self) -> int:
@@ -416,8 +454,12 @@ class SoakAnalysis:
         succeeded: the server is failing), found before an interrupt too; else 130 when
         interrupted; 2 when the server refused the requests as unauthorized (the key: usage);
         else 0."""
-        if self.verdict == LEAK or self.server_died or self.collector_failed is not None \
-                or self.status == "failed":
+        if (
+            self.verdict == LEAK
+            or self.server_died
+            or self.collector_failed is not None
+            or self.status == "failed"
+        ):
             return 1
         if self.interrupted:
             return 130

@@ -91,14 +91,28 @@ def _kv_pools(r: MetricsSample) -> list[KvPoolSample]:
     running, queued = v.get("running_requests"), v.get("queued_requests")
     total = v.get("max_total_tokens")
     if _ok(v.get("used_tokens")):
-        return [KvPoolSample("kv", float(v["used_tokens"]), total_tokens=total if _ok(total) else None,
-                             running_requests=running, queued_requests=queued,
-                             source="used_tokens")]
+        return [
+            KvPoolSample(
+                "kv",
+                float(v["used_tokens"]),
+                total_tokens=total if _ok(total) else None,
+                running_requests=running,
+                queued_requests=queued,
+                source="used_tokens",
+            )
+        ]
     ratio = kv_usage(r)
     if ratio is not None and _ok(total) and total:
-        return [KvPoolSample("kv", ratio * float(total), total_tokens=float(total),
-                             running_requests=running, queued_requests=queued,
-                             source="kv_usage_ratio*max_total_tokens")]
+        return [
+            KvPoolSample(
+                "kv",
+                ratio * float(total),
+                total_tokens=float(total),
+                running_requests=running,
+                queued_requests=queued,
+                source="kv_usage_ratio*max_total_tokens",
+            )
+        ]
     return []
 
 
@@ -141,14 +155,21 @@ def extract_series(records: list[Any]) -> dict[str, Series]:
                     ("rss_shmem", "rss_shmem", hp.rss_shmem_mib, "MiB"),
                     ("arenas", "arenas", hp.malloc_arenas, "arenas"),
                     ("arena_mib", "arena_mib", hp.malloc_arena_reserved_mib, "MiB"),
-                    ("arena_wmib", "arena_wmib", getattr(hp, "malloc_arena_writable_mib", None), "MiB"),
+                    (
+                        "arena_wmib",
+                        "arena_wmib",
+                        getattr(hp, "malloc_arena_writable_mib", None),
+                        "MiB",
+                    ),
                 ):
                     if value is not None and _ok(value):
                         s = get(f"{prefix}/pid{hp.pid}", HOST, kind, unit, **ids)
                         s.name, s.role = s.name or hp.name, s.role or hp.role
                         s.points.append((r.t, float(value)))
             if _ok(r.dev_shm_used_mib):
-                get("dev_shm", HOST, "dev_shm", "MiB").points.append((r.t, float(r.dev_shm_used_mib)))  # type: ignore[arg-type]
+                get("dev_shm", HOST, "dev_shm", "MiB").points.append(
+                    (r.t, float(r.dev_shm_used_mib))  # type: ignore[arg-type]
+                )
         elif isinstance(r, MetricsSample):
             pools = _kv_pools(r)
             for pool in pools:
@@ -195,8 +216,10 @@ def without(s: Series, pids: set[int]) -> Series:
     only came and went: their footprint is reported, it does not decide the device)."""
     if not pids or s.parts is None:
         return s
-    pts = [(t, v - sum(mib for pid, mib in part.items() if pid in pids))
-           for (t, v), part in zip(s.points, s.parts, strict=True)]
+    pts = [
+        (t, v - sum(mib for pid, mib in part.items() if pid in pids))
+        for (t, v), part in zip(s.points, s.parts, strict=True)
+    ]
     return dataclasses.replace(s, points=pts)
 
 
@@ -228,9 +251,14 @@ def settled_levels(
     return baseline, levels, samples
 
 
-def appeared_from_zero(values: list[tuple[float, float]], windows: list[Window], rounds: list[int],
-                       baseline: float | None, levels: list[float | None],
-                       fraction: float) -> tuple[float | None, list[float | None]]:
+def appeared_from_zero(
+    values: list[tuple[float, float]],
+    windows: list[Window],
+    rounds: list[int],
+    baseline: float | None,
+    levels: list[float | None],
+    fraction: float,
+) -> tuple[float | None, list[float | None]]:
     """A process that first shows up after the baseline held nothing before: 0 MiB there.
     (A new process on the GPU is a step of the whole footprint, not a missing measurement.)"""
     if not values:
@@ -239,10 +267,15 @@ def appeared_from_zero(values: list[tuple[float, float]], windows: list[Window],
     base_end = next((w.end for w in windows if w.kind == "baseline" and w.end is not None), None)
     if baseline is not None or base_end is None or first_t < base_end:
         return baseline, levels
-    absent_until = {w.round: w.end - (w.end - w.start) * fraction / 2 for w in windows
-                    if w.kind == "idle" and w.end is not None}
-    fixed = [0.0 if r in absent_until and first_t > absent_until[r] else v
-             for r, v in zip(rounds, levels, strict=True)]
+    absent_until = {
+        w.round: w.end - (w.end - w.start) * fraction / 2
+        for w in windows
+        if w.kind == "idle" and w.end is not None
+    }
+    fixed = [
+        0.0 if r in absent_until and first_t > absent_until[r] else v
+        for r, v in zip(rounds, levels, strict=True)
+    ]
     return 0.0, fixed
 
 
@@ -250,7 +283,14 @@ def kv_pool_mib(records: list[Any], header: dict[str, Any] | None) -> float | No
     """The KV pool's size in MiB, from /metrics (SGLang 0.5.17+) or the server's info."""
     for r in reversed(records):
         if isinstance(r, MetricsSample):
-            gib = next((r.values[k] for k in KV_POOL_GIB_NAMES if _ok(r.values.get(k)) and r.values.get(k)), None)
+            gib = next(
+                (
+                    r.values[k]
+                    for k in KV_POOL_GIB_NAMES
+                    if _ok(r.values.get(k)) and r.values.get(k)
+                ),
+                None,
+            )
             if gib:
                 return float(gib) * 1024.0
     mem = (((header or {}).get("config") or {}).get("server") or {}).get("memory_usage") or {}

@@ -96,8 +96,14 @@ def classify_series(
         return _classify(baseline, levels, cum_requests, samples, floor, th)
 
 
-def _classify(baseline: float | None, levels: list[float | None], cum_requests: list[float],
-              samples: list[list[float]], floor: float, th: Thresholds) -> SeriesFit:
+def _classify(
+    baseline: float | None,
+    levels: list[float | None],
+    cum_requests: list[float],
+    samples: list[list[float]],
+    floor: float,
+    th: Thresholds,
+) -> SeriesFit:
     noise = noise_of(samples)
     h = max(floor, th.noise_k * noise)
     out = SeriesFit(INCONCLUSIVE, R_NO_LEVEL, noise=noise, threshold=h)
@@ -151,7 +157,8 @@ def _classify(baseline: float | None, levels: list[float | None], cum_requests: 
     # settled samples it is reported but does not veto; the slope's CI and the increments decide.
     n_trend = sum(len(smp) for _, _, smp in tail)
     trend_ok = n_trend < th.trend_min_samples or (
-        out.tau is not None and out.tau > 0 and out.tau_p is not None and out.tau_p < th.trend_p)
+        out.tau is not None and out.tau > 0 and out.tau_p is not None and out.tau_p < th.trend_p
+    )
     proportional = min(scaled) + th.noise_k * noise >= th.proportional_ratio * max(scaled)
     # Level noise the increments show (a level with noise s gives increments with spread
     # s x sqrt(2)): allocator churn can leave each idle window flat and still move the
@@ -161,8 +168,16 @@ def _classify(baseline: float | None, levels: list[float | None], cum_requests: 
     noisy_incs = scaled + [d * typical / max(pts[1][0] - pts[0][0], 1.0) for d in pre]
     spread = statistics.stdev(noisy_incs) / math.sqrt(2) if len(noisy_incs) >= 2 else 0.0
     steady = round_growth > th.noise_k * spread  # every round's growth stands above that noise
-    grew = (slope is not None and ci is not None and ci[0] > 0 and all(d > 0 for d in scaled)
-            and scaled[-1] >= th.decay_ratio * round_growth and proportional and steady and trend_ok)
+    grew = (
+        slope is not None
+        and ci is not None
+        and ci[0] > 0
+        and all(d > 0 for d in scaled)
+        and scaled[-1] >= th.decay_ratio * round_growth
+        and proportional
+        and steady
+        and trend_ok
+    )
     tail_growth = tail[-1][1] - tail[0][1]
     # Noisy rounds (allocator churn) with enough of them: the trend is significant (Kendall
     # over >= 12 settled samples, the interval above 0) and the fitted growth over the rounds
@@ -170,10 +185,20 @@ def _classify(baseline: float | None, levels: list[float | None], cum_requests: 
     # what a single increment cannot.
     lvl_noise = max(noise, spread)
     fitted_tail = (slope or 0.0) * (tail[-1][0] - tail[0][0])
-    noisy_trend = (len(scaled) >= 4 and ci is not None and ci[0] > 0 and n_trend >= th.trend_min_samples
-                   and out.tau is not None and out.tau > 0 and out.tau_p is not None
-                   and out.tau_p < th.trend_p and fitted_tail > max(h, th.noise_k * lvl_noise))
-    if noisy_trend or (grew and ((round_growth > h and all(d > h / 2 for d in scaled)) or tail_growth > h)):
+    noisy_trend = (
+        len(scaled) >= 4
+        and ci is not None
+        and ci[0] > 0
+        and n_trend >= th.trend_min_samples
+        and out.tau is not None
+        and out.tau > 0
+        and out.tau_p is not None
+        and out.tau_p < th.trend_p
+        and fitted_tail > max(h, th.noise_k * lvl_noise)
+    )
+    if noisy_trend or (
+        grew and ((round_growth > h and all(d > h / 2 for d in scaled)) or tail_growth > h)
+    ):
         # Either every round grows by more than the floor, or every round grows by the same
         # amount and the rounds after the first add up to more than the floor: a per-round
         # floor must not hide a consistent trend (1.6 MiB every round is a leak).
@@ -181,8 +206,12 @@ def _classify(baseline: float | None, levels: list[float | None], cum_requests: 
         if len(scaled) >= 2 and typical > 0 and ci is not None and slope is not None:
             # The interval says what the increments' own scatter allows (Student t over the
             # per-round growth): Theil-Sen on three or four levels is narrower than the noise.
-            half = float(student_t.ppf(0.95, len(scaled) - 1)) * statistics.stdev(scaled) \
-                / math.sqrt(len(scaled)) / typical
+            half = (
+                float(student_t.ppf(0.95, len(scaled) - 1))
+                * statistics.stdev(scaled)
+                / math.sqrt(len(scaled))
+                / typical
+            )
             out.ci = (min(ci[0], slope - half), max(ci[1], slope + half))
         return out
     # Noise in the increments (both signs, or three or more of them: one step is not noise)
@@ -196,8 +225,13 @@ def _classify(baseline: float | None, levels: list[float | None], cum_requests: 
         inc_noise = 1.4826 * statistics.median(abs(d - mid) for d in noisy_incs) / math.sqrt(2)
         if mixed:
             inc_noise = max(inc_noise, spread)
-    if (th.noise_k * inc_noise > h and slope is not None and slope > 0 and ci is not None
-            and ci[1] * typical > floor):
+    if (
+        th.noise_k * inc_noise > h
+        and slope is not None
+        and slope > 0
+        and ci is not None
+        and ci[1] * typical > floor
+    ):
         out.noise = inc_noise
         out.threshold = max(floor, th.noise_k * inc_noise)
         out.reason = R_STILL_CHANGING
@@ -206,8 +240,12 @@ def _classify(baseline: float | None, levels: list[float | None], cum_requests: 
     # Flat relative to the rise: the last increment is small next to what came before it
     # (a steady creep under the floor is not "then flat"; more rounds will decide it).
     rise = max(vals[:-1]) - ref
-    if (full_last and abs(last) <= h and (max(incs[-2:]) <= h or abs(last) <= h / 2)
-            and (abs(last) <= th.flat_share * rise or not grew)):
+    if (
+        full_last
+        and abs(last) <= h
+        and (max(incs[-2:]) <= h or abs(last) <= h / 2)
+        and (abs(last) <= th.flat_share * rise or not grew)
+    ):
         out.verdict, out.reason = CACHING, R_ROSE_THEN_FLAT
         if slope is not None and ci is not None and ci[0] > 0 and typical > 0:
             out.creep_floor_per_request = h / typical
@@ -216,8 +254,13 @@ def _classify(baseline: float | None, levels: list[float | None], cum_requests: 
         out.verdict, out.reason = CACHING, R_FELL_BACK
         return out
     tail_vals = [v for _, v, _ in tail]
-    if (len(tail_vals) >= 4 and ci is not None and ci[0] <= 0
-            and tail_vals[-1] <= max(tail_vals[:-1]) + h and max(tail_vals[-2:]) <= max(tail_vals[:-2]) + h):
+    if (
+        len(tail_vals) >= 4
+        and ci is not None
+        and ci[0] <= 0
+        and tail_vals[-1] <= max(tail_vals[:-1]) + h
+        and max(tail_vals[-2:]) <= max(tail_vals[:-2]) + h
+    ):
         # Up and down within a band (a cache trimmed now and then, a pool that breathes): no
         # trend and no new high in the last two rounds. Bounded, not growing.
         out.verdict, out.reason = CACHING, R_BOUNDED
@@ -226,8 +269,15 @@ def _classify(baseline: float | None, levels: list[float | None], cum_requests: 
     return out
 
 
-def time_driven(values: list[tuple[float, float]], idle_windows: list[Window], levels: list[float | None],
-                times: list[float | None], *, floor: float, min_windows: int = 3) -> float | None:
+def time_driven(
+    values: list[tuple[float, float]],
+    idle_windows: list[Window],
+    levels: list[float | None],
+    times: list[float | None],
+    *,
+    floor: float,
+    min_windows: int = 3,
+) -> float | None:
     """The rate (unit per second) of a leak driven by time, or None.
 
     Inside an idle window no request is in flight: caching is flat there (frees have landed)

@@ -63,8 +63,12 @@ def undecided(layers: dict[str, LayerResult], th: Thresholds) -> list[Undecided]
         reason = lay.reason
         if reason in (R_ONE_ROUND, R_NO_REFERENCE):
             reason = U_TOO_FEW_ROUNDS
-        elif top is not None and reason == U_STILL_CHANGING and top.noise * th.noise_k > top.threshold * 0.99 \
-                and top.noise > 0:
+        elif (
+            top is not None
+            and reason == U_STILL_CHANGING
+            and top.noise * th.noise_k > top.threshold * 0.99
+            and top.noise > 0
+        ):
             reason = U_NOISY
         elif reason not in (U_TOO_FEW_ROUNDS, U_STILL_CHANGING):
             reason = reason or U_NO_LEVEL
@@ -83,10 +87,15 @@ def baseline_request_rate(records: list[Any], windows: list[Window]) -> float | 
     first_load = min((w.start for w in windows if w.kind == "load"), default=None)
     if end is None or (first_load is not None and first_load < end):
         end = first_load
-    pts = [(r.t, float(r.requests_total)) for r in records
-           if isinstance(r, MetricsSample) and r.requests_total is not None
-           and isinstance(r.requests_total, (int, float)) and r.requests_total == r.requests_total
-           and (end is None or r.t <= end)]
+    pts = [
+        (r.t, float(r.requests_total))
+        for r in records
+        if isinstance(r, MetricsSample)
+        and r.requests_total is not None
+        and isinstance(r.requests_total, (int, float))
+        and r.requests_total == r.requests_total
+        and (end is None or r.t <= end)
+    ]
     if len(pts) < 2:
         return None
     (t0, c0), (t1, c1) = pts[0], pts[-1]

@@ -36,7 +36,11 @@ def _main_gpus(series: list[SeriesResult]) -> dict[int | None, int | None]:
     """pid -> the GPU where the process holds most memory (the first, on a tie)."""
     best: dict[int | None, tuple[int | None, float]] = {}
     for s in series:
-        if s.kind == "gpu_process" and s.last is not None and (s.pid not in best or s.last > best[s.pid][1]):
+        if (
+            s.kind == "gpu_process"
+            and s.last is not None
+            and (s.pid not in best or s.last > best[s.pid][1])
+        ):
             best[s.pid] = (s.gpu, s.last)
     return {pid: gpu for pid, (gpu, _) in best.items()}
 
@@ -47,9 +51,13 @@ def stray_contexts(
     """Context-sized footprints of a process on a GPU that is not its main one."""
     main = _main_gpus(series)
     return [
-        s for s in series
-        if s.kind == "gpu_process" and s.last is not None and lo <= s.last <= hi
-        and main.get(s.pid) is not None and main[s.pid] != s.gpu
+        s
+        for s in series
+        if s.kind == "gpu_process"
+        and s.last is not None
+        and lo <= s.last <= hi
+        and main.get(s.pid) is not None
+        and main[s.pid] != s.gpu
     ]
 
 
@@ -74,7 +82,9 @@ def time_driven_rate(lay: LayerResult, top: SeriesResult) -> None:
     if lay.projection is not None:
         left = lay.projection.capacity_left
         lay.projection.requests = None
-        lay.projection.hours = left / lay.rate_per_hour if left is not None and lay.rate_per_hour > 0 else None
+        lay.projection.hours = (
+            left / lay.rate_per_hour if left is not None and lay.rate_per_hour > 0 else None
+        )
 
 
 def worst(series: list[SeriesResult]) -> str | None:
@@ -110,12 +120,26 @@ def vram_layer(series: list[SeriesResult], records: list[Any], life: int) -> Lay
     verdict = worst(deciding)
     if verdict is None:
         mine.sort(key=_order)
-        return LayerResult(VRAM, INCONCLUSIVE, R_TRANSIENT, "MiB", series=mine, life=life,
-                           stray_contexts=[s.key for s in strays])
+        return LayerResult(
+            VRAM,
+            INCONCLUSIVE,
+            R_TRANSIENT,
+            "MiB",
+            series=mine,
+            life=life,
+            stray_contexts=[s.key for s in strays],
+        )
     top = main_series(deciding, verdict)
     assert top is not None
-    lay = LayerResult(VRAM, verdict, top.reason, "MiB", growth=top.growth,
-                      stray_contexts=[s.key for s in strays], life=life)
+    lay = LayerResult(
+        VRAM,
+        verdict,
+        top.reason,
+        "MiB",
+        growth=top.growth,
+        stray_contexts=[s.key for s in strays],
+        life=life,
+    )
     lay.main_series = top.key
     if verdict == LEAK:
         cause = X_STRAY_CONTEXT if top in strays else "allocator"
@@ -126,8 +150,10 @@ def vram_layer(series: list[SeriesResult], records: list[Any], life: int) -> Lay
         free = last_free_mib(records, top.gpu)
         rate = top.slope_per_request
         lay.projection = Projection(
-            capacity_left=free, capacity_of="gpu_free",
-            requests=free / rate if free is not None and rate and rate > 0 else None)
+            capacity_left=free,
+            capacity_of="gpu_free",
+            requests=free / rate if free is not None and rate and rate > 0 else None,
+        )
         time_driven_rate(lay, top)
     mine.sort(key=lambda s: (not s.decides, *_order(s)))
     lay.series = mine

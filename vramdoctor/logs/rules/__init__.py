@@ -66,5 +66,7 @@ def markdown() -> str:
     ]
     for r in all_rules():
         cells = [f"`{r.id}`", r.severity, r.title, r.fires_when, r.fix]
-        lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
+        lines.append(
+            "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
+        )
     return "\n".join(lines) + "\n"

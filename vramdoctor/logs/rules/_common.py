@@ -30,16 +30,38 @@ def first_evidence(events: list[LogEvent], n: int = 3) -> list[Evidence]:
 # Flags only one server has (a fix for the other server must never name them). Flags both share
 # (--kv-cache-dtype, --attention-backend, --max-num-batched-tokens is vLLM-only) are left out.
 SGLANG_ONLY_FLAGS = (
-    "--mem-fraction-static", "--context-length", "--chunked-prefill-size", "--max-prefill-tokens",
-    "--max-running-requests", "--max-total-tokens", "--cuda-graph-max-bs", "--disable-cuda-graph",
-    "--tp-size", "--schedule-conservativeness", "--disable-radix-cache", "--disable-overlap-schedule",
-    "--disable-fast-image-processor", "--image-processor-backend", "--mm-feature-transport",
-    "--tokenizer-worker-num", "--base-gpu-id", "SGLANG_",
+    "--mem-fraction-static",
+    "--context-length",
+    "--chunked-prefill-size",
+    "--max-prefill-tokens",
+    "--max-running-requests",
+    "--max-total-tokens",
+    "--cuda-graph-max-bs",
+    "--disable-cuda-graph",
+    "--tp-size",
+    "--schedule-conservativeness",
+    "--disable-radix-cache",
+    "--disable-overlap-schedule",
+    "--disable-fast-image-processor",
+    "--image-processor-backend",
+    "--mm-feature-transport",
+    "--tokenizer-worker-num",
+    "--base-gpu-id",
+    "SGLANG_",
 )
 VLLM_ONLY_FLAGS = (
-    "--gpu-memory-utilization", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
-    "--enforce-eager", "--tensor-parallel-size", "--swap-space", "--limit-mm-per-prompt",
-    "--cpu-offload-gb", "--kv-cache-memory", "--mm-processor-kwargs", "VLLM_",
+    "--gpu-memory-utilization",
+    "--max-model-len",
+    "--max-num-seqs",
+    "--max-num-batched-tokens",
+    "--enforce-eager",
+    "--tensor-parallel-size",
+    "--swap-space",
+    "--limit-mm-per-prompt",
+    "--cpu-offload-gb",
+    "--kv-cache-memory",
+    "--mm-processor-kwargs",
+    "VLLM_",
 )
 
 

@@ -6,12 +6,18 @@ from ..model import Diagnosis, Finding
 from . import Rule
 from ._common import by_server, mib
 
-MIN_HEADROOM_MIB = 1024.0  # free memory left after capture below this leaves no room for activations
+MIN_HEADROOM_MIB = (
+    1024.0  # free memory left after capture below this leaves no room for activations
+)
 
 
 def check(d: Diagnosis) -> list[Finding]:
     f = d.facts
-    ev = [e for e in (f.evidence.get("avail_after_graph_mib"), f.evidence.get("cuda_graph_max_bs")) if e]
+    ev = [
+        e
+        for e in (f.evidence.get("avail_after_graph_mib"), f.evidence.get("cuda_graph_max_bs"))
+        if e
+    ]
     if f.avail_after_graph_mib is not None and f.avail_after_graph_mib < MIN_HEADROOM_MIB:
         left = f.avail_after_graph_mib
         used = f"{mib(f.cuda_graph_mib)} for graphs" if f.cuda_graph_mib is not None else "graphs"
@@ -26,8 +32,11 @@ def check(d: Diagnosis) -> list[Finding]:
                     "pool, so the first long or image-heavy request can OOM."
                     + (f" cuda_graph_max_bs={f.cuda_graph_max_bs}." if f.cuda_graph_max_bs else "")
                 ),
-                fix=by_server(d.server, "Lower --cuda-graph-max-bs or --mem-fraction-static.",
-                              "Lower --max-num-seqs (the largest graph batch) or --gpu-memory-utilization."),
+                fix=by_server(
+                    d.server,
+                    "Lower --cuda-graph-max-bs or --mem-fraction-static.",
+                    "Lower --max-num-seqs (the largest graph batch) or --gpu-memory-utilization.",
+                ),
                 evidence=ev,
             )
         ]

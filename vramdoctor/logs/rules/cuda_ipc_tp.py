@@ -8,7 +8,9 @@ from ._common import mib, version_tuple
 
 CONTEXT_MIB = 500.0  # one extra CUDA context per consumer rank on the producer GPU (PR #22662)
 SPLIT_IN = (0, 5, 15)  # from 0.5.15 the budget is split across tokenizer workers
-DEFAULT_BUDGET = 1024.0  # SGLANG_MM_FEATURE_CACHE_MB default from 0.5.15 (2048 in 0.5.5, 4096 in 0.5.9)
+DEFAULT_BUDGET = (
+    1024.0  # SGLANG_MM_FEATURE_CACHE_MB default from 0.5.15 (2048 in 0.5.5, 4096 in 0.5.9)
+)
 
 
 def check(d: Diagnosis) -> list[Finding]:
@@ -26,8 +28,15 @@ def check(d: Diagnosis) -> list[Finding]:
     before_split = v is None or v < SPLIT_IN
     pool = f.ipc_pool_total_mib or (budget * workers if before_split else budget)
     total = ctx + pool
-    evidence = [e for e in (f.evidence.get("cuda_ipc_transport"), f.evidence.get("tp_size"),
-                            f.evidence.get("tokenizer_worker_num")) if e]
+    evidence = [
+        e
+        for e in (
+            f.evidence.get("cuda_ipc_transport"),
+            f.evidence.get("tp_size"),
+            f.evidence.get("tokenizer_worker_num"),
+        )
+        if e
+    ]
     pool_note = (
         f"the feature pool: {mib(budget)} budget x {workers} tokenizer worker(s) = {mib(budget * workers)} "
         "(each worker reserves the whole budget before 0.5.15)"
@@ -42,8 +51,11 @@ def check(d: Diagnosis) -> list[Finding]:
             evidence=evidence,
             explanation=(
                 f"Multimodal features travel by CUDA IPC with tp={tp}"
-                + (f" (the pool line's wording is SGLang {f.ipc_min_version} or later)" if f.ipc_min_version
-                   and d.version is None else "")
+                + (
+                    f" (the pool line's wording is SGLang {f.ipc_min_version} or later)"
+                    if f.ipc_min_version and d.version is None
+                    else ""
+                )
                 + ". Before the handle redirect "
                 f"(PR #22662) each of the {tp - 1} consumer rank(s) opens the producer's handle under "
                 f"a guard on the producer's device and creates a full CUDA context there: "
@@ -53,8 +65,11 @@ def check(d: Diagnosis) -> list[Finding]:
             ),
             fix=(
                 "--mm-feature-transport cpu"
-                + ("; " if v is not None and v >= (0, 5, 17) else
-                   " (or unset SGLANG_USE_CUDA_IPC_TRANSPORT on 0.5.5-0.5.16); ")
+                + (
+                    "; "
+                    if v is not None and v >= (0, 5, 17)
+                    else " (or unset SGLANG_USE_CUDA_IPC_TRANSPORT on 0.5.5-0.5.16); "
+                )
                 + "or upgrade to a version with the IPC device redirect; lower SGLANG_MM_FEATURE_CACHE_MB "
                 "and --tokenizer-worker-num; confirm with `vramdoctor census` (a ~500 MiB footprint of "
                 "each TP rank on the producer GPU) and measure with `vramdoctor ab-test`."

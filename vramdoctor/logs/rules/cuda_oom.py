@@ -91,8 +91,11 @@ def _fix(phase: str | None, server: str | None, e: LogEvent) -> str:
     if phase == "prefill":
         return (
             f"Activations outside the KV pool ran out: lower {frac} to leave headroom, lower "
-            + by_server(server, "--chunked-prefill-size and --max-prefill-tokens, or cap --context-length",
-                        "--max-num-batched-tokens, or cap --max-model-len")
+            + by_server(
+                server,
+                "--chunked-prefill-size and --max-prefill-tokens, or cap --context-length",
+                "--max-num-batched-tokens, or cap --max-model-len",
+            )
             + " / input length; multimodal inputs also need encoder headroom."
         )
     if phase == "decode":
@@ -116,18 +119,26 @@ def _other_process(e: LogEvent) -> str | None:
     """
     d = e.data
     # a pid the log's own process tags name is the server's own process (another rank's CUDA context)
-    procs = [p for p in d.get("processes", []) if p.get("mib") is not None and not p.get("server_process")]
+    procs = [
+        p
+        for p in d.get("processes", [])
+        if p.get("mib") is not None and not p.get("server_process")
+    ]
     gpu = d.get("gpu")
     if procs and d.get("this_process_mib") is not None:
-        return (f"GPU {gpu} also holds memory of process(es) {', '.join(str(p['pid']) for p in procs[:6])} "
-                f"next to the failing process ({mib(d['this_process_mib'])})")
+        return (
+            f"GPU {gpu} also holds memory of process(es) {', '.join(str(p['pid']) for p in procs[:6])} "
+            f"next to the failing process ({mib(d['this_process_mib'])})"
+        )
     if len(procs) > 1:
         return f"{len(procs)} processes hold memory on GPU {gpu}; at most one of them is the failing process"
     if len(procs) == 1 and d.get("allocated_mib") is not None:
         own = d["allocated_mib"] + (d.get("reserved_unallocated_mib") or 0.0)
         if procs[0]["mib"] < own * 0.98 - 64:
-            return (f"process {procs[0]['pid']} holds {mib(procs[0]['mib'])} on GPU {gpu}, less than PyTorch "
-                    f"alone reserved in the failing process ({mib(own)}): it is another process")
+            return (
+                f"process {procs[0]['pid']} holds {mib(procs[0]['mib'])} on GPU {gpu}, less than PyTorch "
+                f"alone reserved in the failing process ({mib(own)}): it is another process"
+            )
     return None
 
 
@@ -138,8 +149,15 @@ _VLLM_NAMES = {"max_running_requests": "max_num_seqs", "tp_size": "tensor_parall
 def _budget(f: Facts, server: str | None) -> str:
     parts = []
     for name in (
-        "mem_fraction_static", "gpu_memory_utilization", "max_total_tokens", "cuda_graph_max_bs",
-        "chunked_prefill_size", "max_running_requests", "context_length", "max_model_len", "tp_size",
+        "mem_fraction_static",
+        "gpu_memory_utilization",
+        "max_total_tokens",
+        "cuda_graph_max_bs",
+        "chunked_prefill_size",
+        "max_running_requests",
+        "context_length",
+        "max_model_len",
+        "tp_size",
     ):
         v = getattr(f, name)
         if v is not None:
@@ -170,15 +188,20 @@ def _figures(e: LogEvent) -> str:
 
 def _own_processes(e: LogEvent) -> str:
     """The listed processes the log's own tags name (the server's other ranks), said as such."""
-    own = [p for p in e.data.get("processes", [])
-           if p.get("server_process") and p.get("pid") != e.data.get("pid")]  # (the failing one is itself)
+    own = [
+        p
+        for p in e.data.get("processes", [])
+        if p.get("server_process") and p.get("pid") != e.data.get("pid")
+    ]  # (the failing one is itself)
     if not own:
         return ""
     listed = ", ".join(f"{p['pid']} ({p['server_process']}, {mib(p['mib'])})" for p in own[:6])
     many = len(own) > 1
-    return (f" Process{'es' if many else ''} {listed} {'are' if many else 'is'} the server's own (the log's process "
-            f"tags name {'these pids' if many else 'this pid'}): another rank's CUDA context on GPU {e.data.get('gpu')} "
-            "(NCCL, custom all-reduce, CUDA IPC), not another program.")
+    return (
+        f" Process{'es' if many else ''} {listed} {'are' if many else 'is'} the server's own (the log's process "
+        f"tags name {'these pids' if many else 'this pid'}): another rank's CUDA context on GPU {e.data.get('gpu')} "
+        "(NCCL, custom all-reduce, CUDA IPC), not another program."
+    )
 
 
 def _device(e: LogEvent) -> str:
@@ -220,13 +243,19 @@ def check(d: Diagnosis) -> list[Finding]:
         requested = fd.get("requested_mib")
         # fragmentation only when the reserved-but-unallocated blocks plus the free memory would have
         # held the request: then only their split into pieces kept it from fitting
-        if (reserved and reserved > 1024 and requested is not None
-                and reserved + (fd.get("free_mib") or 0.0) >= requested):
+        if (
+            reserved
+            and reserved > 1024
+            and requested is not None
+            and reserved + (fd.get("free_mib") or 0.0) >= requested
+        ):
             expl += " Much memory is reserved but unallocated: fragmentation; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True helps."
         whole = requested is not None and fd.get("total_mib") and requested > fd["total_mib"]
         if whole:
-            expl += (f" The single allocation ({mib(requested)}) is larger than the whole device "
-                     f"({mib(fd['total_mib'])}): no memory share or headroom setting can make it fit.")
+            expl += (
+                f" The single allocation ({mib(requested)}) is larger than the whole device "
+                f"({mib(fd['total_mib'])}): no memory share or headroom setting can make it fit."
+            )
         other = next((why for e in group if (why := _other_process(e))), None)
         expl += _own_processes(first)
         procs = [p for p in fd.get("processes", []) if not p.get("server_process")]
@@ -239,7 +268,12 @@ def check(d: Diagnosis) -> list[Finding]:
                 "CUDA IPC handles here, the tokenizer process running a GPU image processor, or another "
                 "program. They shrink what the server budgeted for."
             )
-        if len(procs) > 1 and d.server == "sglang" and d.facts.multimodal and d.facts.fast_image_processor:
+        if (
+            len(procs) > 1
+            and d.server == "sglang"
+            and d.facts.multimodal
+            and d.facts.fast_image_processor
+        ):
             least = min(procs, key=lambda p: p["mib"] or 0)
             expl += (
                 f" With the fast image processor on, process {least['pid']} ({mib(least['mib'])}) next to the "
@@ -250,21 +284,34 @@ def check(d: Diagnosis) -> list[Finding]:
             expl += f" Another process holds memory on this GPU that the startup budget did not leave room for ({other})."
         elif other:
             expl += f" Another process holds memory on this GPU ({other})."
-        elif any(p for e in group for p in e.data.get("processes", []) if not p.get("server_process")):
-            expl += (" Each OOM message lists one process on its GPU: the failing rank itself (pids differ in "
-                     "containers), not another program.")
+        elif any(
+            p for e in group for p in e.data.get("processes", []) if not p.get("server_process")
+        ):
+            expl += (
+                " Each OOM message lists one process on its GPU: the failing rank itself (pids differ in "
+                "containers), not another program."
+            )
         fix = _fix(phase, d.server, first)
         title = f"{device} out of memory {where}"
         if whole:
             title = f"{device} out of memory: one allocation larger than the whole GPU"
-            fix = ("No memory setting helps: a single tensor larger than the device comes from the input size. "
-                   "Cap the input: " + (
-                       "the image size (max_pixels in the processor settings, " + by_server(
-                           d.server, "resize images before sending", "--mm-processor-kwargs '{\"max_pixels\": ...}'")
-                       + "), the number of images or video frames per request, and the prompt length."
-                       if d.facts.multimodal is not False else "the prompt length and batch size.")
-                   + " If the server's attention path materialises a full attention matrix (a vision encoder "
-                   "without flash attention, e.g. on ROCm), a memory-efficient attention backend avoids it.")
+            fix = (
+                "No memory setting helps: a single tensor larger than the device comes from the input size. "
+                "Cap the input: "
+                + (
+                    "the image size (max_pixels in the processor settings, "
+                    + by_server(
+                        d.server,
+                        "resize images before sending",
+                        "--mm-processor-kwargs '{\"max_pixels\": ...}'",
+                    )
+                    + "), the number of images or video frames per request, and the prompt length."
+                    if d.facts.multimodal is not False
+                    else "the prompt length and batch size."
+                )
+                + " If the server's attention path materialises a full attention matrix (a vision encoder "
+                "without flash attention, e.g. on ROCm), a memory-efficient attention backend avoids it."
+            )
         out.append(
             Finding(
                 id=RULE.id,
@@ -272,8 +319,7 @@ def check(d: Diagnosis) -> list[Finding]:
                 title=title,
                 evidence=first_evidence(group),
                 explanation=expl,
-                fix=fix
-                + " Run `vramdoctor census` to see every process's memory on each GPU, and"
+                fix=fix + " Run `vramdoctor census` to see every process's memory on each GPU, and"
                 " `vramdoctor soak` to tell steady growth (leak) from a one-off peak.",
             )
         )

@@ -18,9 +18,19 @@ def check(d: Diagnosis) -> list[Finding]:
     if v is not None and v >= FIXED_IN:
         return []
     model = f.model or "<model>"
-    evidence = [e for e in (f.evidence.get("fast_image_processor"), f.evidence.get("multimodal")) if e]
-    known = "SGLang version not shown in the log (SGLang never prints it)" if v is None else f"SGLang {d.version}"
-    severe = " v0.4.9.post6 has a known severe VLM leak on this path (sglang #9365)." if v is None or v[:3] == SEVERE else ""
+    evidence = [
+        e for e in (f.evidence.get("fast_image_processor"), f.evidence.get("multimodal")) if e
+    ]
+    known = (
+        "SGLang version not shown in the log (SGLang never prints it)"
+        if v is None
+        else f"SGLang {d.version}"
+    )
+    severe = (
+        " v0.4.9.post6 has a known severe VLM leak on this path (sglang #9365)."
+        if v is None or v[:3] == SEVERE
+        else ""
+    )
     return [
         Finding(
             id=RULE.id,

@@ -23,7 +23,8 @@ def check(d: Diagnosis) -> list[Finding]:
             ),
             fix=by_server(
                 d.server,
-                generic := "Give the node/container more RAM and /dev/shm (docker --shm-size), load safetensors, or "
+                generic
+                := "Give the node/container more RAM and /dev/shm (docker --shm-size), load safetensors, or "
                 "run fewer workers per node; watch host memory with `vramdoctor soak` (it samples host RSS too).",
                 "Lower --swap-space (vLLM V0 pins it per GPU), give the node/container more RAM and "
                 "/dev/shm (docker --shm-size), load safetensors, or run fewer workers per node; watch "

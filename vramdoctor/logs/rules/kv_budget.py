@@ -26,7 +26,11 @@ def _free_below(d: Diagnosis, e: LogEvent) -> tuple[str, str]:
         held = total - free
         expl = (
             f"The server refused to start: only {mib(free)} of {mib(total)} were free on {device} at start-up"
-            + (f", and gpu_memory_utilization={util:g} asks for {mib(total * util)}" if util else "")
+            + (
+                f", and gpu_memory_utilization={util:g} asks for {mib(total * util)}"
+                if util
+                else ""
+            )
             + f". Besides this process's own CUDA context (a few hundred MiB), something else holds about "
             f"{mib(held)} of that GPU: a leftover or second server "
             "(a zombie EngineCore from an earlier run), another tenant, or another rank's CUDA context. "
@@ -50,8 +54,16 @@ def check(d: Diagnosis) -> list[Finding]:
     if reason == "free_memory_below_utilization":
         expl, fix = _free_below(d, e)
         expl += " This is a budget check, not a CUDA allocation failure."
-        return [Finding(RULE.id, "critical", "Another process holds GPU memory the server's share needs",
-                        fix=fix, explanation=expl, evidence=first_evidence(evs))]
+        return [
+            Finding(
+                RULE.id,
+                "critical",
+                "Another process holds GPU memory the server's share needs",
+                fix=fix,
+                explanation=expl,
+                evidence=first_evidence(evs),
+            )
+        ]
     expl = f"The server refused to start: {REASONS.get(reason, 'the KV cache does not fit')}."
     if reason == "max_seq_len_exceeds_kv_cache" and "kv_cache_tokens" in e.data:
         expl += f" Max model length {e.data['max_seq_len']} tokens, the KV cache holds {e.data['kv_cache_tokens']}."
@@ -66,8 +78,16 @@ def check(d: Diagnosis) -> list[Finding]:
         "Raise --gpu-memory-utilization, lower --max-model-len, use --kv-cache-dtype fp8, more GPUs "
         "(--tensor-parallel-size) or a quantized model; --cpu-offload-gb moves weights but costs speed.",
     )
-    return [Finding(RULE.id, "critical", "KV cache does not fit the memory budget", fix=fix,
-                    explanation=expl, evidence=first_evidence(evs))]
+    return [
+        Finding(
+            RULE.id,
+            "critical",
+            "KV cache does not fit the memory budget",
+            fix=fix,
+            explanation=expl,
+            evidence=first_evidence(evs),
+        )
+    ]
 
 
 RULE = Rule(

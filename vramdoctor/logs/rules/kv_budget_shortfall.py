@@ -22,74 +22,96 @@ def check(d: Diagnosis) -> list[Finding]:
     out: list[Finding] = []
     neg = d.events_of("kv_budget_negative")
     sgl = [e for e in neg if e.data.get("reason") == "sglang_profiled_tokens_negative"]
-    vll = [e for e in neg if e.data.get("reason") in ("vllm_kv_cache_memory_negative", "vllm_available_kv_negative")]
+    vll = [
+        e
+        for e in neg
+        if e.data.get("reason") in ("vllm_kv_cache_memory_negative", "vllm_available_kv_negative")
+    ]
     if sgl:
         e = sgl[0]
         frac = d.facts.mem_fraction_static
         weights = f" The weights take {mib(d.facts.weights_mib)}." if d.facts.weights_mib else ""
-        out.append(Finding(
-            RULE.id, "critical", "The weights leave no memory for the KV cache (negative profiled budget)",
-            explanation=(
-                f"SGLang profiled room for {e.data['profiled_tokens']} KV tokens (asked for "
-                f"max_total_tokens={e.data['max_total_tokens']}): a negative budget means the weights and the "
-                f"activation reserve already exceed the static share"
-                + (f" mem_fraction_static={frac:g}" if frac is not None else "")
-                + " of this GPU, so there is no KV cache at all; the server fails with 'Not enough memory' "
-                "(a speculative draft model's pool may be sized separately)." + weights
-            ),
-            fix=by_server(
-                d.server,
-                "Raise --mem-fraction-static if nothing else uses the GPU, spread the weights over more GPUs "
-                "(a larger --tp-size), or serve a quantized checkpoint (e.g. --quantization fp8).",
-                "Raise --gpu-memory-utilization if nothing else uses the GPU, spread the weights over more GPUs "
-                "(a larger --tensor-parallel-size), or serve a quantized checkpoint (e.g. --quantization fp8).",
-            ),
-            evidence=first_evidence(sgl),
-        ))
+        out.append(
+            Finding(
+                RULE.id,
+                "critical",
+                "The weights leave no memory for the KV cache (negative profiled budget)",
+                explanation=(
+                    f"SGLang profiled room for {e.data['profiled_tokens']} KV tokens (asked for "
+                    f"max_total_tokens={e.data['max_total_tokens']}): a negative budget means the weights and the "
+                    f"activation reserve already exceed the static share"
+                    + (f" mem_fraction_static={frac:g}" if frac is not None else "")
+                    + " of this GPU, so there is no KV cache at all; the server fails with 'Not enough memory' "
+                    "(a speculative draft model's pool may be sized separately)." + weights
+                ),
+                fix=by_server(
+                    d.server,
+                    "Raise --mem-fraction-static if nothing else uses the GPU, spread the weights over more GPUs "
+                    "(a larger --tp-size), or serve a quantized checkpoint (e.g. --quantization fp8).",
+                    "Raise --gpu-memory-utilization if nothing else uses the GPU, spread the weights over more GPUs "
+                    "(a larger --tensor-parallel-size), or serve a quantized checkpoint (e.g. --quantization fp8).",
+                ),
+                evidence=first_evidence(sgl),
+            )
+        )
     if vll:
         e = vll[0]
         kv = e.data.get("kv_cache_memory_mib")
         util = e.data.get("gpu_memory_utilization") or d.facts.gpu_memory_utilization
-        share = f"gpu_memory_utilization={util:g}" if util else "the configured gpu_memory_utilization"
+        share = (
+            f"gpu_memory_utilization={util:g}" if util else "the configured gpu_memory_utilization"
+        )
         if e.data.get("reason") == "vllm_available_kv_negative":
-            expl = (f"vLLM profiled the memory left for the KV cache at {share}: {mib(kv)} (negative). Weights + peak "
-                    "activation + CUDA graphs already take more than the share asked for, so no KV cache fits.")
+            expl = (
+                f"vLLM profiled the memory left for the KV cache at {share}: {mib(kv)} (negative). Weights + peak "
+                "activation + CUDA graphs already take more than the share asked for, so no KV cache fits."
+            )
         else:
-            expl = (f"vLLM measured its real use after start-up: at {share} ({mib(e.data.get('requested_mib'))}) "
-                    f"the KV cache that would fit is {mib(kv)} (negative), so weights + peak activation + CUDA "
-                    "graphs already take more than the share asked for; the engine runs beyond its budget and "
-                    "the headroom the share was meant to leave is gone.")
-        out.append(Finding(
-            RULE.id, "warning", "Weights, activations and CUDA graphs exceed the configured GPU share",
-            explanation=expl,
-            fix=by_server(
-                d.server,
-                "Raise --mem-fraction-static if the GPU is not shared, or lower what sits outside the KV cache: "
-                "--chunked-prefill-size (activations), --cuda-graph-max-bs (CUDA graphs), a quantized checkpoint "
-                "or a larger --tp-size (weights).",
-                "Raise --gpu-memory-utilization if the GPU is not shared, or lower what sits outside the KV "
-                "cache: --max-num-batched-tokens (activations), --max-num-seqs or the capture sizes (CUDA "
-                "graphs), a quantized checkpoint or a larger --tensor-parallel-size (weights); or size the cache "
-                "directly with --kv-cache-memory.",
-            ),
-            evidence=first_evidence(vll),
-        ))
+            expl = (
+                f"vLLM measured its real use after start-up: at {share} ({mib(e.data.get('requested_mib'))}) "
+                f"the KV cache that would fit is {mib(kv)} (negative), so weights + peak activation + CUDA "
+                "graphs already take more than the share asked for; the engine runs beyond its budget and "
+                "the headroom the share was meant to leave is gone."
+            )
+        out.append(
+            Finding(
+                RULE.id,
+                "warning",
+                "Weights, activations and CUDA graphs exceed the configured GPU share",
+                explanation=expl,
+                fix=by_server(
+                    d.server,
+                    "Raise --mem-fraction-static if the GPU is not shared, or lower what sits outside the KV cache: "
+                    "--chunked-prefill-size (activations), --cuda-graph-max-bs (CUDA graphs), a quantized checkpoint "
+                    "or a larger --tp-size (weights).",
+                    "Raise --gpu-memory-utilization if the GPU is not shared, or lower what sits outside the KV "
+                    "cache: --max-num-batched-tokens (activations), --max-num-seqs or the capture sizes (CUDA "
+                    "graphs), a quantized checkpoint or a larger --tensor-parallel-size (weights); or size the cache "
+                    "directly with --kv-cache-memory.",
+                ),
+                evidence=first_evidence(vll),
+            )
+        )
     capped = d.events_of("kv_budget_capped")
     if capped and not sgl:
         e = capped[0]
-        out.append(Finding(
-            RULE.id, "info", f"max_total_tokens capped to the profiled {e.data['profiled_tokens']} tokens",
-            explanation=(
-                f"--max-total-tokens={e.data['max_total_tokens']} asked for more KV tokens than the memory "
-                f"share holds; SGLang uses the profiled {e.data['profiled_tokens']} instead."
-            ),
-            fix=by_server(
-                d.server,
-                "Lower --max-total-tokens to the profiled value, or raise --mem-fraction-static if there is headroom.",
-                "Raise --gpu-memory-utilization if there is headroom, or lower --max-model-len.",
-            ),
-            evidence=first_evidence(capped, 1),
-        ))
+        out.append(
+            Finding(
+                RULE.id,
+                "info",
+                f"max_total_tokens capped to the profiled {e.data['profiled_tokens']} tokens",
+                explanation=(
+                    f"--max-total-tokens={e.data['max_total_tokens']} asked for more KV tokens than the memory "
+                    f"share holds; SGLang uses the profiled {e.data['profiled_tokens']} instead."
+                ),
+                fix=by_server(
+                    d.server,
+                    "Lower --max-total-tokens to the profiled value, or raise --mem-fraction-static if there is headroom.",
+                    "Raise --gpu-memory-utilization if there is headroom, or lower --max-model-len.",
+                ),
+                evidence=first_evidence(capped, 1),
+            )
+        )
     return out
 
 

@@ -22,7 +22,9 @@ def _numbers(data: dict) -> str:
         # of each is total minus every count it adds up (available, evictable, protected, held...)
         parts = []
         for name, p in pools.items():
-            counts = ", ".join(f"{k}={v}" for k, v in p.items() if k not in ("leaked", "leaked_pages"))
+            counts = ", ".join(
+                f"{k}={v}" for k, v in p.items() if k not in ("leaked", "leaked_pages")
+            )
             s = f"[{name}] {counts} -> {_deficit(p['leaked'])}"
             if p.get("leaked_pages") not in (None, "None"):
                 s += f" (leaked pages {p['leaked_pages']})"
@@ -30,8 +32,10 @@ def _numbers(data: dict) -> str:
         return "; ".join(parts)
     if "total" not in data:
         return "numbers not printed in this wording"
-    s = (f"total={data['total']}, available={data['available']}, evictable={data['evictable']}, "
-         f"protected={data['protected']}")
+    s = (
+        f"total={data['total']}, available={data['available']}, evictable={data['evictable']}, "
+        f"protected={data['protected']}"
+    )
     return s + f" -> {_deficit(data['leaked'])}"
 
 
@@ -39,8 +43,12 @@ def check(d: Diagnosis) -> list[Finding]:
     evs = d.events_of("kv_leak_selfcheck")
     if not evs or d.server != "sglang":  # SGLang's own line (it votes for SGLang)
         return []
-    double = [e for e in evs if e.data.get("double_free")
-              or any(p.get("leaked", 0) < 0 for p in (e.data.get("pools") or {}).values())]
+    double = [
+        e
+        for e in evs
+        if e.data.get("double_free")
+        or any(p.get("leaked", 0) < 0 for p in (e.data.get("pools") or {}).values())
+    ]
     fatal = any("ValueError" in e.text or "Exception" in e.text for e in evs)
     pools = sorted({e.data.get("pool", "token") for e in evs})
     detail = "; ".join(f"{e.data.get('pool')}: {_numbers(e.data)}" for e in evs[:3])
@@ -52,8 +60,10 @@ def check(d: Diagnosis) -> list[Finding]:
         "scheduler unless SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE=0 (then a warning every 1000 checks)."
     )
     if double:
-        explanation += (" A pool counts more slots than it has (available > total, or a negative deficit): a "
-                        "slot freed twice or counted in two places (double free / double count).")
+        explanation += (
+            " A pool counts more slots than it has (available > total, or a negative deficit): a "
+            "slot freed twice or counted in two places (double free / double count)."
+        )
     explanation += (
         " Known regressions: sglang #11970 (0.5.3.post3), #6888, #7130 (page_size > 1 with MTP/EAGLE), "
         "#6258 (PD disaggregation, DP decode side)."
@@ -62,7 +72,8 @@ def check(d: Diagnosis) -> list[Finding]:
         Finding(
             id=RULE.id,
             severity="critical" if fatal or double else "warning",
-            title="SGLang KV self-check reports leaked KV slots" + (" (double free)" if double else ""),
+            title="SGLang KV self-check reports leaked KV slots"
+            + (" (double free)" if double else ""),
             evidence=first_evidence(evs),
             explanation=explanation,
             fix=(

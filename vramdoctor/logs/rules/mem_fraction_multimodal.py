@@ -13,10 +13,18 @@ def check(d: Diagnosis) -> list[Finding]:
     f = d.facts
     if f.multimodal is not True:
         return []
-    if d.server == "sglang" and f.mem_fraction_static is not None and f.mem_fraction_static > SGLANG_MAX:
+    if (
+        d.server == "sglang"
+        and f.mem_fraction_static is not None
+        and f.mem_fraction_static > SGLANG_MAX
+    ):
         value, flag, limit = f.mem_fraction_static, "--mem-fraction-static", SGLANG_MAX
         ev = f.evidence.get("mem_fraction_static")
-    elif d.server == "vllm" and f.gpu_memory_utilization is not None and f.gpu_memory_utilization > VLLM_MAX:
+    elif (
+        d.server == "vllm"
+        and f.gpu_memory_utilization is not None
+        and f.gpu_memory_utilization > VLLM_MAX
+    ):
         value, flag, limit = f.gpu_memory_utilization, "--gpu-memory-utilization", VLLM_MAX
         ev = f.evidence.get("gpu_memory_utilization")
     else:

@@ -26,7 +26,11 @@ def check(d: Diagnosis) -> list[Finding]:
             ),
             fix=(
                 "Load nvidia_peermem (modprobe nvidia_peermem) or use dmabuf-capable drivers, check "
-                + by_server(d.server, "--disaggregation-ib-device", "the device names in --kv-transfer-config")
+                + by_server(
+                    d.server,
+                    "--disaggregation-ib-device",
+                    "the device names in --kv-transfer-config",
+                )
                 + ", and confirm with Mooncake's TCP protocol."
             ),
             evidence=first_evidence(evs, 2),

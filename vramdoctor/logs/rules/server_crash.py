@@ -41,8 +41,10 @@ def check(d: Diagnosis) -> list[Finding]:
                 "self-check failure or other memory error in the log: the exception's own last line, which "
                 "says what it was, is not in the text read (an excerpt cut before it, or another file)."
             ),
-            fix=("Add the end of the traceback (the line after the last 'File ...' frame) or the whole log, "
-                 "and diagnose again."),
+            fix=(
+                "Add the end of the traceback (the line after the last 'File ...' frame) or the whole log, "
+                "and diagnose again."
+            ),
             evidence=first_evidence(crashes, 2),
         )
     ]
