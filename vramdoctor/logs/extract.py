@@ -133,6 +133,8 @@ class FileExtractor(EventsMixin):
     _tags_seen: set[str] = field(
         default_factory=set, repr=False
     )  # process-tag prefixes already read
+    # lines whose rank tags and pid were already read: a repeated line adds nothing (bounded)
+    _rank_lines: set[str] = field(default_factory=set, repr=False)
 
     # -- helpers -----------------------------------------------------------------------
     def ev(self, hit: Hit, text: str | None = None) -> Evidence:
@@ -179,6 +181,12 @@ class FileExtractor(EventsMixin):
             step(self, hit, t)
 
     def _rank_tags(self, hit: Hit, t: str) -> None:
+        if t in self._rank_lines:
+            return
+        if len(t) <= CACHE_LINE_CHARS:
+            if len(self._rank_lines) >= 4096:
+                self._rank_lines.clear()
+            self._rank_lines.add(t)
         for kind, rank in clean(t).ranks:
             self.ranks.setdefault(kind, set()).add(rank)
         i = t.find(" pid=", 0, 80)
