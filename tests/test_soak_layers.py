@@ -192,7 +192,9 @@ def test_threads_growing_malloc_arenas_are_host_caching_not_a_leak(
     assert r2.returncode == 0, r2.stderr
     d2 = json.loads(r2.stdout)
     proc2 = next(p for p in d2["layers"]["host"]["processes"] if p["pid"] == capped.pid)
-    assert proc2["arenas_last"] <= 1  # the main arena plus at most one more
+    # the main arena plus one more; the count is of 64 MiB arena heaps, and one arena whose heap
+    # filled chains a second heap, so two heaps can belong to that one arena
+    assert proc2["arenas_last"] <= 2
     assert d2["layers"]["host"]["verdict"] != "LEAK"
 
 
