@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,3 +41,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def fixtures_dir() -> Path:
     return FIXTURES
+
+
+@pytest.fixture
+def server_factory() -> Iterator[Any]:
+    """Start reference servers (tests/helpers_procs.RefServer); all are stopped at the end."""
+    from helpers_procs import RefServer
+
+    started: list[RefServer] = []
+
+    def make(mode: str, *extra: str, env: dict[str, str] | None = None) -> RefServer:
+        s = RefServer(mode, *extra, env=env)
+        started.append(s)
+        return s
+
+    yield make
+    for s in started:
+        s.stop()

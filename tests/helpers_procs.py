@@ -57,6 +57,31 @@ class RefServer:
                 self.proc.wait()
 
 
+def cli_env(**extra: str) -> dict[str, str]:
+    """The environment for running vramdoctor in a test: no API keys, no colour, CI set."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "VRAMDOCTOR_API_KEY")}
+    env.update(NO_COLOR="1", CI="1", **extra)
+    return env
+
+
+def run_soak(
+    url: str,
+    tmp: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    name: str = "run.jsonl",
+    out: bool = True,
+    timeout: float = 180,
+) -> subprocess.CompletedProcess[str]:
+    """`vramdoctor soak --url URL [--out TMP/NAME] ARGS...` as a real subprocess in `tmp`."""
+    cmd = [sys.executable, "-m", "vramdoctor", "soak", "--url", url, *args]
+    if out:
+        cmd += ["--out", str(tmp / name)]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=env or cli_env(), cwd=tmp
+    )
+
+
 def run_cli(
     *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:

@@ -7,19 +7,19 @@ Kept small for CI (2 cores): short idle windows, 20 requests a round, small imag
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers_procs import RefServer
+from helpers_procs import cli_env as _env
+from helpers_procs import run_soak
 
 from vramdoctor.record import read_run
 
+soak = run_soak
 ROOT = Path(__file__).resolve().parents[1]
 FAST = [
     "--rounds",
@@ -39,40 +39,6 @@ FAST = [
     "--image-size",
     "256x192",
 ]
-
-
-@pytest.fixture
-def server_factory() -> Iterator:
-    started: list[RefServer] = []
-
-    def make(mode: str, *extra: str, env: dict[str, str] | None = None) -> RefServer:
-        s = RefServer(mode, *extra, env=env)
-        started.append(s)
-        return s
-
-    yield make
-    for s in started:
-        s.stop()
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "VRAMDOCTOR_API_KEY")}
-    env.update(NO_COLOR="1", CI="1", **extra)
-    return env
-
-
-def soak(
-    url: str, tmp: Path, *args: str, env: dict[str, str] | None = None, name: str = "run.jsonl"
-) -> subprocess.CompletedProcess:
-    out = tmp / name
-    return subprocess.run(
-        [sys.executable, "-m", "vramdoctor", "soak", "--url", url, "--out", str(out), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env or _env(),
-        cwd=tmp,
-    )
 
 
 def test_leaking_server_is_leak_with_the_true_rate_and_report_reproduces_it(

@@ -9,18 +9,19 @@ real kill), soak is a real subprocess, traffic is real HTTP. Short idle windows,
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers_procs import RefServer
+from helpers_procs import RefServer, run_soak
+from helpers_procs import cli_env as _env
 
 from vramdoctor.model import PROCESS_APPEARED, PROCESS_EXITED, SERVER_DIED, Event
 from vramdoctor.record import read_run
+
+soak = run_soak
 
 FAST = [
     "--requests",
@@ -36,35 +37,6 @@ FAST = [
     "--image-size",
     "256x192",
 ]
-
-
-@pytest.fixture
-def server_factory() -> Iterator:
-    started: list[RefServer] = []
-
-    def make(mode: str, *extra: str, env: dict[str, str] | None = None) -> RefServer:
-        s = RefServer(mode, *extra, env=env)
-        started.append(s)
-        return s
-
-    yield make
-    for s in started:
-        s.stop()
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "VRAMDOCTOR_API_KEY")}
-    env.update(NO_COLOR="1", CI="1", **extra)
-    return env
-
-
-def soak(
-    url: str, tmp: Path, *args: str, name: str = "run.jsonl", timeout: float = 180, out: bool = True
-) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "vramdoctor", "soak", "--url", url, *args]
-    if out:
-        cmd += ["--out", str(tmp / name)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=tmp)
 
 
 def test_one_kv_page_per_request_in_a_million_token_pool_is_a_kv_leak_at_its_rate(

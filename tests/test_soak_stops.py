@@ -9,7 +9,6 @@ reference server), soak as a real subprocess.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers_procs import RefServer
+from helpers_procs import RefServer, cli_env, run_soak
 
 from vramdoctor.record import read_run
 from vramdoctor.redact import REDACTED, forget_secrets, redact_argv, redact_text
@@ -123,32 +122,13 @@ def recorder() -> Iterator[Any]:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "VRAMDOCTOR_API_KEY")}
-    env.update(NO_COLOR="1", CI="1", COLUMNS="80", **extra)
-    return env
+    return cli_env(COLUMNS="80", **extra)
 
 
 def soak(
     url: str, tmp: Path, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vramdoctor",
-            "soak",
-            "--url",
-            url,
-            "--out",
-            str(tmp / "run.jsonl"),
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env or _env(),
-        cwd=tmp,
-    )
+    return run_soak(url, tmp, *args, env=env or _env(), timeout=120)
 
 
 # --- 1. every request failing: stop after round 1, say why, never healthy ----------------------
