@@ -175,3 +175,54 @@ def test_small_nul_padded_log_is_not_binary(tmp_path: Path) -> None:
     p = tmp_path / "small.log"
     p.write_bytes(SGL_OOM.encode() + b"\n" + b"\x00" * 64)
     assert diagnose([p]).events_of("cuda_oom")
+
+
+def _candidates_by_hand(data: bytes) -> list[tuple[int, bytes]]:
+    """(line number, line) of every line with an anchor, frames left out: the prefilter's contract,
+    written the slow and obvious way."""
+    from vramdoctor.logs.patterns import ANCHORS, MM_FRAME_ANCHORS
+
+    out = []
+    for i, line in enumerate(data.split(b"\n"), 1):
+        if not any(a in line for a in ANCHORS):
+            continue
+        if b'File "' in line and not any(a in line for a in MM_FRAME_ANCHORS):
+            continue
+        out.append((i, line))
+    return out
+
+
+@pytest.mark.parametrize("engine", ["re2-binding", "re2-wrapper", "stdlib"])
+def test_prefilter_finds_exactly_the_lines_with_an_anchor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
+    """Every engine the reader can run on yields the same lines as a line-by-line scan: the real
+    corpus, plus anchors on the first and the last line (no newline after it), CR line ends,
+    adjacent candidate lines, two anchors on one line and frames with and without a vision file."""
+    import re
+
+    from vramdoctor.logs import reader
+
+    if engine != "re2-binding":
+        monkeypatch.setattr(reader, "_RE2_MATCH", None)
+    if engine == "stdlib":
+        monkeypatch.setattr(reader, "_PREFILTER", re.compile(reader._ANCHOR))
+    corpus = b"".join(p.read_bytes() for p in sorted(FIX.glob("*.log")))
+    edges = (
+        b"KV cache memory: first line\r\n"
+        b"plain\n"
+        b"Using FlashAttention backend. and Memory profiling\n"
+        b"server_args=ServerArgs(x=1)\n"
+        b'  File "/srv/sglang/srt/mem_cache/memory_pool.py", line 3, in alloc\n'
+        b'  File "/srv/models/qwen2_5_vl.py", line 9, in forward\n'
+        b"\n"
+        b"no anchor at all\n"
+    )
+    data = edges + corpus + b"\nlast line: out of memory"
+    p = tmp_path / "mixed.log"
+    p.write_bytes(data)
+    st = ReadStats("mixed")
+    got = [(h.lineno, h.text) for h in scan(p, st)]
+    want = [(n, line.decode("utf-8", "replace")) for n, line in _candidates_by_hand(data)]
+    assert got == want
+    assert st.lines == data.count(b"\n") + 1 and st.candidates == len(want)

@@ -43,12 +43,13 @@ def _sniff(ex: FileExtractor, head: bytes) -> None:
     ex.votes["sglang"] += min(20, low.count(b"sglang"))
     ex.votes["vllm"] += min(20, low.count(b"/vllm/") + low.count(b"vllm "))
     vllm_lines = sum(1 for _ in itertools.islice(P.VLLM_PREFIX_SNIFF.finditer(head), 50))
-    sglang_lines = 0
-    for m in itertools.islice(P.SGL_PREFIX_SNIFF.finditer(head), 4096):
-        sglang_lines += 1  # the ranks of every prefix too (lines no pattern needs are never fed)
-        for kind, rank in P.SGL_RANKS.findall(m.group().decode("ascii", "replace")):
+    # the ranks of every prefix too (lines no pattern needs are never fed); a log repeats a few
+    # distinct tags thousands of times, so each distinct one is read once
+    tags = P.SGL_PREFIX_SNIFF.findall(head)
+    for tag in set(tags):
+        for kind, rank in P.SGL_RANKS.findall(tag.decode("ascii", "replace")):
             ex.ranks.setdefault(kind, set()).add(int(rank))
-    sglang_lines = min(sglang_lines, 50)
+    sglang_lines = min(len(tags), 50)
     ex.votes["vllm"] += min(20, vllm_lines)
     ex.votes["sglang"] += min(20, sglang_lines)
     ex.prefix_lines = max(vllm_lines, sglang_lines)
@@ -57,11 +58,12 @@ def _sniff(ex: FileExtractor, head: bytes) -> None:
     ex.votes["sglang"] += sgl_own
     ex.votes["vllm"] += vllm_own
     ex.own_marks = max(sgl_own, vllm_own)
-    for m in itertools.islice(P.PROC_PID_SNIFF.finditer(head), 4096):
+    # (tag, pid) pairs, each distinct one once and in order: the first tag seen names a pid
+    for raw_tag, pid in dict.fromkeys(P.PROC_PID_SNIFF.findall(head)):
         if len(ex.pids) >= 1024:
             break
-        tag = m.group(1).decode("ascii", "replace")
-        ex.pids.setdefault(int(m.group(2)), tag)
+        tag = raw_tag.decode("ascii", "replace")
+        ex.pids.setdefault(int(pid), tag)
         for k, v, w in P.VLLM_PROC_RANKS.findall("(" + tag):
             ex.ranks.setdefault(k or "WORLD", set()).add(int(v or w))
 

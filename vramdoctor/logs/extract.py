@@ -384,7 +384,7 @@ class FileExtractor(EventsMixin):
                 line += strip_noise(row)
                 if len(row) != width:
                     break
-        flags, env, secrets = parse_command(line)
+        flags, env, secrets = _parse_command(line)  # read only: the memo shares them
         self.secrets.update(secrets)
         if not flags and not env:
             return
@@ -709,6 +709,9 @@ def dispatch(t: str) -> tuple[Step, ...]:
 
 
 _dispatch_memo: Callable[[str], tuple[Step, ...]] = dispatch.cached  # type: ignore[attr-defined]
+
+# A pasted command repeats in an error-dense paste (the same excerpt quoted again): parsed once.
+_parse_command = short_line_memo(maxsize=64)(parse_command)
 
 
 @short_line_memo(maxsize=64)
