@@ -43,7 +43,14 @@ from vramdoctor.logs import diagnose
 t0 = time.perf_counter(); c0 = time.process_time()
 d = diagnose([sys.argv[1]])
 wall = time.perf_counter() - t0; cpu = time.process_time() - c0
-print(json.dumps({"wall_s": wall, "cpu_s": cpu, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+# VmHWM: this process's own peak (ru_maxrss also counts the parent's pages inherited at fork,
+# which made every figure the benchmark parent's size)
+try:
+    hwm = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+    peak = int(hwm.split()[1]) / 1024
+except (OSError, StopIteration):
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"wall_s": wall, "cpu_s": cpu, "peak_rss_mib": peak,
                   "events": sum(d.event_counts.values()), "findings": len(d.findings)}))
 """
 
