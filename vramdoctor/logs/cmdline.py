@@ -48,6 +48,7 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--max-model-len": ("max_model_len", int),
     "--image-processor-backend": ("image_processor_backend", str),
     "--mm-feature-transport": ("mm_feature_transport", str),
+    "--limit-mm-per-prompt": ("limit_mm_per_prompt", str),  # vLLM, 'image=4' or '{"image": 4}'
 }
 SWITCHES = {
     "--disable-fast-image-processor",

@@ -150,12 +150,28 @@ def _ranks_said(ranks: set[int]) -> str:
 
 
 def _multimodal(facts: Facts, exs: Sequence[FileExtractor]) -> tuple[bool | None, Evidence | None]:
-    """True on any multimodal sign, False on a text-only sign, None when the log cannot tell."""
+    """True on a multimodal sign, False only when the log shows the server serving text only, None when
+    the log cannot tell.
+
+    True: a multimodal line or frame the server printed (SGLang's multimodal mem-fraction reduction,
+    vLLM's multi-modal profile run, an encoder frame, transformers' image-processor warning, vLLM's
+    `limit_mm_per_prompt` with a non-zero count in its argument dump or the pasted command), a
+    multimodal architecture class, a vision model file in the traceback, a name only multimodal
+    releases carry. False: SGLang turned multimodality off ("Multimodal is disabled for gemma3",
+    `enable_multimodal=False`), or a text-only architecture class the log prints
+    (`type=LlamaForCausalLM`, `Resolved architecture: Qwen2ForCausalLM`). A model NAME never says
+    text-only (Mistral-Small-3.1, gemma-3n, Magistral-Small-2509 are vision models with family names),
+    nor does a language-model file in a traceback (the VLMs run their language model in llama.py,
+    qwen2.py).
+    """
+    for ex in exs:  # the server's own word that it serves text only outranks the rest
+        if ex.mm_disabled is not None:
+            return False, ex.mm_disabled
     for ex in exs:
         if ex.mm_evidence is not None:
             return True, ex.mm_evidence
     arch_ev = facts.evidence.get("architecture")
-    if facts.architecture and P.MM_ARCH.search(facts.architecture):
+    if facts.architecture and P.is_mm_arch(facts.architecture):
         return True, arch_ev
     files = set().union(*(ex.model_files for ex in exs)) if exs else set()
     mm_files = sorted(f for f in files if P.MM_MODEL_FILE.search(f))
@@ -164,22 +180,41 @@ def _multimodal(facts: Facts, exs: Sequence[FileExtractor]) -> tuple[bool | None
     model_ev = facts.evidence.get("model")
     if facts.model and P.MM_NAME.search(facts.model):
         return True, model_ev
-    if facts.architecture and P.TEXT_ARCH.search(facts.architecture):
+    if facts.architecture and (
+        P.TEXT_ARCH.search(facts.architecture) or P.TEXT_CONDGEN.match(facts.architecture)
+    ):
         return False, arch_ev
-    # A language-model file in the traceback (models/llama.py, qwen2.py) never says text-only: the
-    # VLMs run their language model in those same files (Qwen2.5-VL in qwen2.py, Llava in llama.py).
-    if facts.model and P.TEXT_NAME.search(facts.model):
-        return False, model_ev
     return None, None
+
+
+def _audio_only(facts: Facts) -> bool:
+    """An audio model (Qwen2-Audio, Ultravox, Whisper, Voxtral): multimodal without an image processor."""
+    if facts.architecture:
+        return bool(P.AUDIO_ONLY_ARCH.search(facts.architecture))
+    return bool(facts.model and P.AUDIO_ONLY_NAME.search(facts.model))
 
 
 def _fast_processor(
     server: str | None, facts: Facts, exs: Sequence[FileExtractor]
 ) -> tuple[bool | None, Evidence | None]:
+    """Whether SGLang's fast (GPU) image processor is in use: True, False, or None when not shown.
+
+    False on transformers' "Using a slow image processor" warning, on `--image-processor-backend pil` /
+    `disable_fast_image_processor=True`, and when the log shows the server serving text only (a
+    text-only architecture, multimodality turned off): no image processor runs then. Never False
+    because multimodality is merely unknown. True on `image_processor_backend='torchvision'`, SGLang's
+    "does not have a slow version. Automatically use fast version" line, or (SGLang up to 0.5.17, whose
+    dump has no `image_processor_backend`) `disable_fast_image_processor=False`, the flag that then
+    asked transformers for the fast class. `image_processor_backend='auto'` (0.5.18+, the default)
+    proves nothing: SGLang passes no backend and transformers picks one (sglang
+    utils/hf_transformers/processor.py `_apply_image_processor_backend` leaves 'auto' alone), fast or
+    slow by the transformers version and torchvision. Audio-only models have no image processor: None.
+    """
     for ex in exs:
         if ex.slow_processor is not None:
             return False, ex.slow_processor
     if facts.multimodal is False:
+        # only real evidence makes multimodal False (a text-only architecture, multimodality off)
         return False, facts.evidence.get("multimodal")
     args = facts.server_args or {}
     args_ev = None
@@ -187,7 +222,7 @@ def _fast_processor(
         if "server_args" in ex.facts:
             args_ev = ex.facts["server_args"][2]
             break
-    if server != "sglang" or facts.multimodal is not True:
+    if server != "sglang" or facts.multimodal is not True or _audio_only(facts):
         return None, None
 
     def quote(key: str, value: object) -> Evidence | None:
@@ -195,6 +230,7 @@ def _fast_processor(
             return None
         return Evidence(args_ev.file, args_ev.line, f"server_args=...{key}={value!r}...")
 
+    fast_only = next((ex.fast_only_processor for ex in exs if ex.fast_only_processor), None)
     cmd: dict[str, object] = {}
     for ex in exs:
         cmd.update(ex.cmd_args)
@@ -205,16 +241,23 @@ def _fast_processor(
         if cmd.get("disable_fast_image_processor"):
             return False, cmd_ev
         if "image_processor_backend" in cmd:
-            return str(cmd["image_processor_backend"]).lower() != "pil", cmd_ev
+            chosen = str(cmd["image_processor_backend"]).lower()
+            if chosen != "auto":
+                return chosen != "pil", cmd_ev
+            return (True, fast_only) if fast_only is not None else (None, None)
+    flag = args.get("disable_fast_image_processor")
+    if flag is True:
+        return False, quote("disable_fast_image_processor", flag)
     backend = args.get("image_processor_backend")
     if backend is not None:
-        return (str(backend).lower() != "pil"), quote("image_processor_backend", backend)
-    flag = args.get("disable_fast_image_processor")
-    if isinstance(flag, bool):
-        return (not flag), quote("disable_fast_image_processor", flag)
-    for ex in exs:
-        if ex.fast_only_processor is not None:
-            return True, ex.fast_only_processor
+        chosen = str(backend).lower()
+        if chosen != "auto":
+            return chosen != "pil", quote("image_processor_backend", backend)
+        return (True, fast_only) if fast_only is not None else (None, None)
+    if flag is False:
+        return True, quote("disable_fast_image_processor", flag)
+    if fast_only is not None:
+        return True, fast_only
     return None, None
 
 
@@ -374,6 +417,7 @@ def _redact(d: Diagnosis, secrets: set[str]) -> None:
         return r
 
     def ev(e: Evidence | None) -> Evidence | None:
+    owners = _oom_owners([e for ex in used for e in ex.events if e.kind == "cuda_oom"])
         return None if e is None else Evidence(e.file, e.line, red(e.text))
 
     d.facts.evidence = {k: ev(v) for k, v in d.facts.evidence.items()}  # type: ignore[misc]
@@ -384,5 +428,38 @@ def _redact(d: Diagnosis, secrets: set[str]) -> None:
         f.evidence = [ev(x) for x in f.evidence]  # type: ignore[misc]
         f.explanation = red(f.explanation)
         f.fix = red(f.fix)
+                elif (own := owners.get(proc.get("pid"))) is not None and own[0] != e.data.get("gpu"):
+                    # the failing process of another GPU's OOM in this log: a sibling rank's context here
+                    proc["server_process"] = f"the rank on GPU {own[0]}"
+                    proc["server_process_evidence"] = own[1]
     if d.facts.model:
         d.facts.model = red(d.facts.model)
+def _oom_owners(ooms: Sequence[Any]) -> dict[int, tuple[int, str]]:
+    """pid -> (GPU, why) for each pid an OOM message of the log shows as the failing process of its
+    GPU: listed with at least what PyTorch itself reserved there (allocated + reserved-unallocated,
+    2 % and 64 MiB of slack), or named by the failing line's own process tag (`pid`). Such a pid is one
+    of the server's ranks, so its CUDA context on another GPU is the server's own, not another program.
+    """
+    out: dict[int, tuple[int, str]] = {}
+    for e in ooms:
+        d = e.data
+        gpu = d.get("gpu")
+        if gpu is None:
+            continue
+        if isinstance(d.get("pid"), int):
+            out.setdefault(d["pid"], (gpu, f"pid {d['pid']} is the failing process of the OOM on GPU {gpu} (line {e.line}), by its process tag"))
+        alloc = d.get("allocated_mib")
+        procs = [p for p in d.get("processes", ()) if p.get("mib") is not None]
+        if alloc is None or not procs:
+            continue
+        own = alloc + (d.get("reserved_unallocated_mib") or 0.0)
+        big = max(procs, key=lambda p: p["mib"])
+        if big["mib"] >= own * 0.98 - 64:
+            out.setdefault(
+                big["pid"],
+                (gpu, f"GPU {gpu}'s OOM message (line {e.line}) shows pid {big['pid']} holding "
+                 f"{big['mib'] / 1024:.2f} GiB, the failing rank there"),
+            )
+    return out
+
+

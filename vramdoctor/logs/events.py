@@ -52,7 +52,14 @@ def size_mib(text: str) -> float | None:
     except ValueError:
         return None
     unit = unit.upper().replace("I", "")
-    scale = {"B": 1 / 1048576, "KB": 1 / 1024, "MB": 1.0, "GB": GIB, "TB": GIB * 1024}.get(unit)
+    scale = {
+        "B": 1 / 1048576,
+        "BYTES": 1 / 1048576,  # torch's format_size: "0 bytes" up to 1 KiB
+        "KB": 1 / 1024,
+        "MB": 1.0,
+        "GB": GIB,
+        "TB": GIB * 1024,
+    }.get(unit)
     return None if scale is None else round(v * scale, 2)
 
 
@@ -243,6 +250,46 @@ def _chained_below(after: list[str]) -> str:
     for i, raw in enumerate(after[:FRAME_GAP_LINES]):
         if (
             "During handling of the above exception" in raw
+# Above this, torch's "PyTorch limit" is its UINT64_MAX sentinel (no fraction set): 16 EiB in MiB.
+NO_LIMIT_MIB = float(1 << 40)
+_ASYNC_KEYS = {
+    "Currently allocated": "allocated_mib",
+    "Requested": "requested_mib",
+    "Device limit": "total_mib",
+    "PyTorch limit": "allowed_mib",
+}
+
+
+def _async_figures(hit: Hit, msg: str, data: dict[str, Any]) -> str:
+    """torch's cudaMallocAsync OOM ("Allocation on device N would exceed allowed memory. (out of
+    memory)"): its figures are on the following lines, one per line, the limit's value on the line
+    after its name (patterns.OOM_ASYNC_FIELD). Fills `data` (MiB; `allowed_mib` only for a real
+    limit, not torch's no-limit sentinel) and returns the message with the figure lines joined."""
+    if m := P.OOM_ASYNC_DEVICE.search(msg):
+        data["gpu"] = int(m.group(1))
+    data["allocator"] = "cudaMallocAsync"
+    pending: str | None = None
+    parts = [msg]
+    for raw in hit.after(8):
+        line = clean(raw).text.strip()
+        m = P.OOM_ASYNC_FIELD.match(line) if line else None
+        if m is None or not (m.group(1) or (pending and m.group(2))):
+            break
+        name = m.group(1) or pending or ""
+        parts.append(" ".join(line.split()))
+        if m.group(2) is None:
+            pending = name  # "PyTorch limit (set by user-supplied memory fraction)": value next line
+            continue
+        pending = None
+        value = size_mib(m.group(2))
+        key = "free_mib" if name.startswith("Free") else _ASYNC_KEYS.get(name.split(" (")[0])
+        if key == "allowed_mib" and (value is None or value >= NO_LIMIT_MIB):
+            continue  # the limit line is printed always; this value means "no fraction set"
+        if key is not None and value is not None:
+            data[key] = value
+    return " ".join(parts)
+
+
             or "The above exception was the direct cause" in raw
         ):
             out: list[str] = []
@@ -385,12 +432,15 @@ class EventsMixin:
         context = [(pos, name) for name, pos in marks.items() if name in P.CONTEXT_PHASES]
         if context:
             return max(context)[1]  # the innermost context frame
-        if "warmup_leaf" in marks or "sampler" in marks:
-            return "warmup"
+        if ("warmup_leaf" in marks or "sampler" in marks) and "serving" not in marks:
+            return "warmup"  # (vLLM's dummy passes never run under execute_model)
         if "mm" in marks:
             return "prefill"  # the vision encoder or the merge of its output: a multimodal prefill
         forward = [(pos, name) for name, pos in marks.items() if name in ("decode", "prefill")]
-        return max(forward)[1] if forward else None
+        if forward:
+            return max(forward)[1]
+        # serving a batch, the frames do not say prefill or decode (vLLM V1 mixes them in one batch)
+        return "serving" if "serving" in marks else None
 
     def _message(self, hit: Hit, text: str) -> str:
         """The error message plus its terminal-wrapped tail (up to 3 lines).
@@ -430,6 +480,18 @@ class EventsMixin:
             self.add_event(
                 LogEvent(
                     kind,
+            if "replay" in text:
+                # a CUDA graph replay while serving: the runner's file says decode or prefill
+                for m in P.REPLAY_FRAME.finditer(text):
+                    runner = m.group(1)
+                    kind = (
+                        "prefill"
+                        if any(k in runner for k in P.REPLAY_PREFILL_FILES)
+                        else "decode"
+                    )
+                    last[kind] = max(last.get(kind, -1), m.start())
+            for m in P.SERVING_FRAMES.finditer(text):
+                last["serving"] = m.start()
                     self.name,
                     hit.lineno,
                     self._message(hit, text)[:EVIDENCE_CHARS],
@@ -592,3 +654,9 @@ class EventsMixin:
         self.add_event(
             LogEvent("kv_leak_selfcheck", self.name, hit.lineno, body[:EVIDENCE_CHARS], None, data)
         )
+        if "would exceed allowed memory" in msg:
+            msg = _async_figures(hit, msg, data)
+            if data.get("total_mib") is not None:
+                self.put("total_gpu_mib", data["total_mib"], INFERRED, self.ev(hit))
+        if "allowed;" in msg and (m := P.OOM_ALLOWED.search(msg)):
+            data["allowed_mib"] = size_mib(m.group(1))  # a per-process memory fraction was set

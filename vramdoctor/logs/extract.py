@@ -10,6 +10,7 @@ dump it contradicts, an effective value ("Automatically reduce --mem-fraction-st
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from .reader import Hit
 SECRET_ARG = re.compile(
     r"^(?:\w+_)?(?:api_key|token|password|passwd|secret|secret_key|access_key)$"
 )
+
 MAX_DUMP_CHARS = 2 << 20  # an argument dump longer than this is parsed as far as it goes
 MAX_DUMPS = 8  # argument dumps parsed per file
 WRAP_MIN_COLUMNS = 80  # a pasted command at least this wide may continue on terminal-wrapped rows
@@ -118,6 +120,9 @@ class FileExtractor(EventsMixin):
     slow_processor: Evidence | None = None
     fast_only_processor: Evidence | None = None
     mm_evidence: Evidence | None = None
+    # the server serves text only: SGLang "Multimodal is disabled for X" / enable_multimodal=False, vLLM's
+    # "`limit_mm_per_prompt` is only supported for multimodal models" (it treats the model as text-only)
+    mm_disabled: Evidence | None = None
     dumps_parsed: int = 0
     secrets: set[str] = field(default_factory=set)  # values to blank in every output
     cmd_args: dict[str, Any] = field(default_factory=dict)  # flags of a pasted launch command
@@ -303,7 +308,17 @@ class FileExtractor(EventsMixin):
             if args:
                 self.dumps_parsed += 1
                 self.votes["sglang"] += 10
-                self._apply_sglang_args(args, self.ev(hit))
+                e = self.ev(hit)
+                self._apply_sglang_args(args, e)
+                if m.group(1) == "{":
+                    # engine.py prints `server_args={server_args.resolved_dict()}` from 0.5.19; up to
+                    # 0.5.18 `logger.info(f"{server_args=}")`, the dataclass repr ServerArgs(...)
+                    self.put(
+                        "version_at_least",
+                        SGL_DICT_ARGS_SINCE,
+                        ARGS,
+                        Evidence(e.file, e.line, "server_args={...} (the dict form SGLang prints from 0.5.19)"),
+                    )
             return
         m = P.VLLM_NONDEFAULT.search(t) or P.VLLM_NAMESPACE.search(t)
         if m:
@@ -343,6 +358,10 @@ class FileExtractor(EventsMixin):
             self.put("disable_cuda_graph", a["disable_cuda_graph"], ARGS, e)
         if a.get("mm_feature_transport") is not None:
             self.put("cuda_ipc_transport", a["mm_feature_transport"] == "cuda_ipc", ARGS, e)
+        if a.get("enable_multimodal") is False:  # (True proves nothing: a no-op on text-only models)
+            self.mm_disabled = self.mm_disabled or Evidence(
+                e.file, e.line, "server_args=...enable_multimodal=False..."
+            )
 
     def _apply_vllm_args(self, a: dict[str, Any], e: Evidence) -> None:
         self.put("server_args", a, ARGS, e)
@@ -363,6 +382,12 @@ class FileExtractor(EventsMixin):
         v = a.get("attention_backend")
         if isinstance(v, str) and v:
             self.put("attention_backend", v.upper(), ARGS, e)
+        limits = a.get("limit_mm_per_prompt")
+        if mm_items_allowed(limits):
+            # vLLM refuses the argument for a text-only model ("only supported for multimodal models")
+            self.mm_evidence = self.mm_evidence or Evidence(
+                e.file, e.line, f"args: ...limit_mm_per_prompt={limits!r}..."
+            )
 
     def _command(self, hit: Hit, t: str) -> None:
         """A pasted launch command: what the user asked for (the server's dump wins)."""
@@ -410,6 +435,8 @@ class FileExtractor(EventsMixin):
                 self.put(fact, flags[fact], CMDLINE, hit)
         if flags.get("disable_cuda_graph") or flags.get("enforce_eager"):
             self.put("disable_cuda_graph", True, CMDLINE, hit)
+        if mm_items_allowed(flags.get("limit_mm_per_prompt")):
+            self.mm_evidence = self.mm_evidence or self.ev(hit)
         transport = flags.get("mm_feature_transport")
         if transport is not None:
             self.put("cuda_ipc_transport", transport == "cuda_ipc", CMDLINE, hit)
@@ -586,6 +613,9 @@ class FileExtractor(EventsMixin):
             return
         if P.VLLM_MM_PROFILE.search(t):
             self.mm_evidence = self.mm_evidence or self.ev(hit)
+            return
+        if P.SGL_MM_DISABLED.search(t) or P.VLLM_MM_REFUSED.search(t):
+            self.mm_disabled = self.mm_disabled or self.ev(hit)
 
     def _ipc(self, hit: Hit, t: str) -> None:
         e = self.ev(hit)
@@ -712,6 +742,33 @@ _dispatch_memo: Callable[[str], tuple[Step, ...]] = dispatch.cached  # type: ign
 
 # A pasted command repeats in an error-dense paste (the same excerpt quoted again): parsed once.
 _parse_command = short_line_memo(maxsize=64)(parse_command)
+
+
+SGL_DICT_ARGS_SINCE = "0.5.19"  # the first SGLang release printing server_args={...}
+
+
+def mm_items_allowed(limits: Any) -> bool:
+    """Whether vLLM's limit_mm_per_prompt allows any multimodal item: a dict of modality -> count
+    ({'image': 10}; 0.11+ also {'image': {'count': 5, ...}}), or the flag's text ('image=10,video=1'
+    up to 0.8, JSON '{"image": 10}' from 0.9). All zeros (text-only use of a VLM) or unreadable: False."""
+    if isinstance(limits, str):
+        text = limits.strip()
+        if text.startswith("{"):
+            try:
+                limits = json.loads(text)
+            except ValueError:
+                return False
+        else:
+            limits = dict(part.partition("=")[::2] for part in text.split(",") if "=" in part)
+    if not isinstance(limits, dict):
+        return False
+    for value in limits.values():
+        if isinstance(value, dict):
+            value = value.get("count", 1)
+        with contextlib.suppress(TypeError, ValueError):
+            if not isinstance(value, bool) and int(str(value).strip()) > 0:
+                return True
+    return False
 
 
 @short_line_memo(maxsize=64)

@@ -84,6 +84,9 @@ class Facts:
     ipc_pool_total_mib: float | None = None
     # the oldest SGLang version whose wording the CUDA IPC pool line has ("0.5.17" for "Using CUDA IPC ...")
     ipc_min_version: str | None = None
+    # the oldest server version whose format a line has, when no version line is printed ("0.5.19": SGLang
+    # printed its arguments as server_args={...}, a dict, which 0.5.18 and older never do)
+    version_at_least: str | None = None
     cuda_graph_max_bs: int | None = None
     chunked_prefill_size: int | None = None
     max_running_requests: int | None = None

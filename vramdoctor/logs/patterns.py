@@ -203,6 +203,12 @@ SGL_READY = re.compile(r"The server is fired up and ready to roll!")
 SGL_MM_REDUCE = re.compile(
     r"Automatically reduce --mem-fraction-static to ([\d.]+) because this is a multimodal model"
 )
+# SGLang configs/model_config.py (enable_multimodal unset): "Multimodal is disabled for gemma3. To enable it,
+# set --enable-multimodal." (Gemma3/Llama4/Step3-VL run text-only by default), "Multimodal is disabled for
+# this MiMoV2 checkpoint: ...". vLLM config: "`limit_mm_per_prompt` is only supported for multimodal
+# models." (its registry treats the architecture as text-only). Either way the server serves text only.
+SGL_MM_DISABLED = re.compile(r"Multimodal is disabled for ")
+VLLM_MM_REFUSED = re.compile(r"limit_mm_per_prompt`? is only supported for multimodal models")
 # SGLang: "Attention backend not explicitly specified. Use X backend by default." (<=0.4.x),
 # "Attention backend not set. Use X backend by default." (0.4.6-0.5.x), "not specified" (0.5.x+);
 # "MLA optimization is turned on. Use triton backend." / "FlashInfer MLA optimization is
@@ -290,7 +296,9 @@ CUDA_OOM = re.compile(
     r"|CUDA_ERROR_OUT_OF_MEMORY|CUDA driver error: out of memory|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED"
     r"|'out of memory'"  # cudaGetErrorString quoted: NCCL "Cuda failure 2 'out of memory'", CUDACHECK
     # the same torch error on other devices: ROCm "HIP out of memory", Ascend (torch_npu) "NPU out of memory"
-    r"|HIP out of memory|NPU out of memory|hipErrorOutOfMemory",
+    r"|HIP out of memory|NPU out of memory|hipErrorOutOfMemory"
+    # torch's cudaMallocAsync backend: "Allocation on device 0 would exceed allowed memory. (out of memory)"
+    r"|would exceed allowed memory",
     re.IGNORECASE,
 )
 # The device an OOM message names (CUDA unless it says HIP or NPU).
@@ -300,18 +308,36 @@ OOM_DEVICE = re.compile(
 # torch before 2.1 and torch_npu: "Tried to allocate X (GPU 0; 23.69 GiB total capacity; 21.95 GiB already
 # allocated; 2.94 MiB free; 22.01 GiB reserved in total by PyTorch)"
 OOM_GPU_OLD = re.compile(
-    r"\((?:GPU|NPU) (\d+); ([\d.]+ [KMGT]?i?B) total capacity; ([\d.]+ [KMGT]?i?B) already allocated;"
-    r"(?: [\d.]+ [KMGT]?i?B current active;)? ([\d.]+ [KMGT]?i?B) free;"
+    r"\((?:GPU|NPU) (\d+); ([\d.]+ [KMGT]?i?B) total capacity; ([\d.]+ (?:[KMGT]?i?B|bytes)) already allocated;"
+    r"(?: [\d.]+ (?:[KMGT]?i?B|bytes) current active;)? ([\d.]+ (?:[KMGT]?i?B|bytes)) free;"
 )
 OOM_ALLOCATED = re.compile(r"Of the allocated memory ([\d.]+ [KMGT]?i?B) is allocated by PyTorch")
 OOM_TRIED = re.compile(r"Tried to allocate ([\d.]+ [KMGT]?i?B)")
 OOM_GPU = re.compile(
-    r"GPU (\d+) has a total capac?i?ty of ([\d.]+ [KMGT]?i?B) of which ([\d.]+ [KMGT]?i?B) is free"
+    r"GPU (\d+) has a total capac?i?ty of ([\d.]+ [KMGT]?i?B) of which ([\d.]+ (?:[KMGT]?i?B|bytes)) is free"
 )
 OOM_PROCESS = re.compile(r"Process (\d+) has ([\d.]+ [KMGT]?i?B) memory in use")
 OOM_THIS = re.compile(r"this process has ([\d.]+ [KMGT]?i?B) memory in use")
-OOM_PRIVATE = re.compile(r"with ([\d.]+ [KMGT]?i?B) allocated in private pools")
-OOM_RESERVED = re.compile(r"and ([\d.]+ [KMGT]?i?B) is reserved by PyTorch but unallocated")
+OOM_PRIVATE = re.compile(r"with ([\d.]+ (?:[KMGT]?i?B|bytes)) allocated in private pools")
+OOM_RESERVED = re.compile(r"and ([\d.]+ (?:[KMGT]?i?B|bytes)) is reserved by PyTorch but unallocated")
+# c10 format_size prints "N bytes" up to 1 KiB, then KiB / MiB / GiB with two decimals ("of which 0 bytes
+# is free" is common). A per-process memory fraction (torch.cuda.set_per_process_memory_fraction) adds
+# "X allowed; " to the caching allocator's message: torch 2.0 "(GPU 0; T total capacity; A already
+# allocated; F free; X allowed; R reserved in total by PyTorch)", torch 2.2+ "... is free. [proc info]X
+# allowed; Of the allocated memory ..." (c10/cuda/CUDACachingAllocator.cpp `allowed_info`).
+OOM_ALLOWED = re.compile(r"([\d.]+ (?:[KMGT]?i?B|bytes)) allowed;")
+# The cudaMallocAsync backend (PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync; c10/cuda/
+# CUDAMallocAsyncAllocator.cpp) prints its figures on the lines after the message, one per line:
+# "Allocation on device 0 would exceed allowed memory. (out of memory)\nCurrently allocated     : X
+# \nRequested               : X\nDevice limit            : X\nFree (according to CUDA): X\nPyTorch limit
+# (set by user-supplied memory fraction)\n                        : X". The limit line is printed always:
+# without a fraction it is UINT64_MAX ("17179869184.00 GiB"). Group 1: the field, group 2: the size.
+OOM_ASYNC = re.compile(r"would exceed allowed memory")
+OOM_ASYNC_DEVICE = re.compile(r"Allocation on device (\d+) would exceed allowed memory")
+OOM_ASYNC_FIELD = re.compile(
+    r"^(Currently allocated|Requested|Device limit|Free \(according to \w+\)|PyTorch limit \(set by user-supplied memory fraction\))?"
+    r"\s*(?::\s*([\d.]+ (?:[KMGT]?i?B|bytes)))?\s*$"
+)
 # Not CUDA OOMs:
 SGL_RETRACT = re.compile(
     r"(Decode|Prefill) out of memory(?: happened)?\.?(?: #retracted_reqs: (\d+), #new_token_ratio: ([\d.]+) -> ([\d.]+))?"
@@ -418,7 +444,15 @@ PHASE_MARKERS: tuple[tuple[str, Any], ...] = (
     (
         "cuda_graph",
         _fast(
-            r"torch\.cuda\.graph\(|capture_end\(|capture_begin\(|capture_model|capture_one_batch_size|cuda_graph_runner\.py|CudaGraphRunner|_capture_cudagraphs|, in capture\b|Capture (?:cuda|CUDA) graph failed"
+            r"torch\.cuda\.graph\(|capture_end\(|capture_begin\(|capture_model|capture_one_batch_size|_capture_cudagraphs"
+            r"|Capture (?:cuda|CUDA) graph failed|CudaGraphRunner\("
+            # by the FUNCTION a frame runs, never its file (cuda_graph_runner.py also replays while serving):
+            # capture, capture_one_batch_size, capture_one_shape, _capture_graph, _capture_all, _capture_one
+            # (SGLang runners), capture_model, _capture_cudagraphs, capture_graph(s), _capture_full_graph,
+            # _capture_piecewise_graph (vLLM V0/V1/model runner v2); a graph runner's constructor (its
+            # buffers, then the capture) and SGLang's init_cuda_graphs / init_device_graphs
+            r'|, in _?capture(?:_\w+)?\b|graph_runner\.py", line \d+, in (?:__init__|run_once)\b'
+            r"|, in init_(?:cuda|device)_graphs\b|, in init_cuda_graph_state\b"
         ),
     ),
     (
@@ -478,30 +512,85 @@ TRACEBACK_BYTES = TRACEBACK.encode()
 MODEL_FILE = _fast(r"/models/(\w+)\.py")
 
 # --- multimodal architectures, model files and names ----------------------------------
+# Multimodal architecture classes, checked against vLLM's registry (model_executor/models/registry.py
+# `_MULTIMODAL_MODELS`, and the multimodal entries of `_EMBEDDING_MODELS`) and SGLang's models: every
+# `...ForConditionalGeneration` there is multimodal except the text-only ones in TEXT_CONDGEN (see
+# `is_mm_arch`); the multimodal `...ForCausalLM` / `...Model` classes are named here (DeepseekOCRForCausalLM,
+# DotsOCRForCausalLM, MoonshotKimiaForCausalLM, MiDashengLMModel, SkyworkR1VChatModel, CLIPModel, ...).
+# Gemma3nForCausalLM is the text-only Gemma 3n (vLLM `_TEXT_GENERATION_MODELS`): only the conditional-
+# generation class is multimodal.
 MM_ARCH = re.compile(
-    r"VL|Qwen3_5|Vision|Llava|LLaVA|Mllama|MiniCPMV|MiniCPMO|InternVL|Gemma3ForConditionalGeneration|Gemma3n"
-    r"|Pixtral|Idefics|PaliGemma|Paligemma|Phi3V|Phi4MM|Phi4Multimodal|Molmo|Janus|MultiModality|DeepseekVL"
+    r"VL|Qwen3_5|Vision|Llava|LLaVA|Mllama|MiniCPMV|MiniCPMO|InternVL|Gemma3ForConditionalGeneration"
+    r"|Gemma3nForConditionalGeneration"
+    r"|Pixtral|Idefics|PaliGemma|Paligemma|Phi3V|Phi4MM|Phi4Multimodal|Molmo|Janus|MultiModal|DeepseekVL"
     r"|KimiVL|Glm4v|GLM4V|Mistral3ForConditionalGeneration|Llama4ForConditionalGeneration|Omni"
     r"|Blip|Chameleon|Fuyu|Aria|Ovis|NVLM|H2OVL|Florence|Qwen2Audio|Ultravox|Whisper|Step3VL|Dots\.?OCR|DotsVLM"
+    r"|OCR|Kimia|MiDashengLM|SkyworkR1V|CLIPModel|SiglipModel|Emu3|Bagel|Terratorch|PrithviGeoSpatial"
+    r"|Tarsier|Voxtral|GraniteSpeech|AudioFlamingo|GlmAsr|InternS1|Keye|POINTSV"
+)
+# `...ForConditionalGeneration` classes that are text-only (vLLM registers ChatGLMForConditionalGeneration as
+# a text model; Bart/MBart/T5-style encoder-decoders are text): anything else of that name is multimodal.
+TEXT_CONDGEN = re.compile(
+    r"^(?:ChatGLM|Bart|MBart|T5|MT5|UMT5|LongT5|Marian|Pegasus|PegasusX|Blenderbot|BlenderbotSmall|LED"
+    r"|ProphetNet|FSMT|M2M100|NllbMoe|BigBirdPegasus|SwitchTransformers|Plbart|PLBart)ForConditionalGeneration$"
+)
+# Audio-only multimodal models: no image processor at all (the fast-image-processor fact stays unknown).
+AUDIO_ONLY_ARCH = re.compile(
+    r"Qwen2Audio|Ultravox|Whisper|Voxtral|GraniteSpeech|MiDashengLM|Kimia|AudioFlamingo|GlmAsr"
+)
+AUDIO_ONLY_NAME = re.compile(
+    r"audio|ultravox|whisper|voxtral|granite-speech|dashenglm|-asr\b", re.IGNORECASE
 )
 MM_MODEL_FILE = re.compile(
     r"(?:^|_)vl\d?(?:_|$)|vision|llava|mllama|minicpm[vo]|intern_?vl|gemma3_mm|gemma3n|pixtral|idefics"
     r"|paligemma|phi3v|phi4mm|molmo|janus|deepseek_vl|kimi_vl|glm4v|mistral3|omni|blip|chameleon|fuyu|aria"
     r"|ovis|nvlm|clip|siglip|llama4|multimodal"
 )
+# Model names that only multimodal releases carry (positive evidence only: a name never proves text-only,
+# a family name covers VLM releases: Mistral-Small 3.1/3.2, Magistral-Small-2509, gemma-3n, Ministral 3,
+# DeepSeek-OCR are all vision models without "VL" in the name; Qwen2-Audio is audio).
 MM_NAME = re.compile(
     r"-vl\b|-vl-|_vl\b|vl-\d|vision|llava|janus|mllama|minicpm-?[vo]|internvl|pixtral|idefics|paligemma"
     r"|molmo|qwen\d(?:\.\d)?-?vl|gemma-?3-(?!1b)\d|llama-?4|phi-\d(?:\.\d)?-vision|multimodal|kimi-vl"
-    r"|qwen3\.5|qwen3_5|glm-?4\.?\d?v|deepseek-vl|olmocr|ui-tars|cogvlm|smolvlm|florence|-omni|nvlm|ovis|dots\.ocr",
+    r"|qwen3\.5|qwen3_5|glm-?4\.?\d?v|deepseek-vl|olmocr|ui-tars|cogvlm|smolvlm|florence|-omni|nvlm|ovis|dots\.ocr"
+    r"|gemma-?3n|mistral-small-3\.[12]\b|magistral-small-(?:2509|1\.2)|ministral-3-\d|ocr(?![a-z])"
+    r"|" + AUDIO_ONLY_NAME.pattern,
     re.IGNORECASE,
 )
-TEXT_NAME = re.compile(
-    r"llama|mistral|mixtral|qwen|\bopt\b|opt-\d|deepseek|gpt|phi-?\d|gemma|falcon|baichuan|chatglm"
-    r"|internlm|nemotron|granite|yi-\d|command-r|vicuna|starcoder|codellama|e5-|bge-",
-    re.IGNORECASE,
+# Text-only architecture classes (vLLM `_TEXT_GENERATION_MODELS` / text `_EMBEDDING_MODELS`, SGLang's
+# `Load weight end. type=LlamaForCausalLM`): consulted only after MM_ARCH / `is_mm_arch` said no, since
+# some multimodal classes end in ForCausalLM (DeepseekOCRForCausalLM, Phi3VForCausalLM) or Model.
+TEXT_ARCH = re.compile(
+    r"For(?:CausalLM|SequenceClassification|TokenClassification|Embedding|RewardModel|ProcessRewardModel"
+    r"|MaskedLM)$|Model$|LMHeadModel$|^Eagle|Eagle3?$"
 )
-TEXT_ARCH = re.compile(r"For(?:CausalLM|SequenceClassification|Embedding)|Model$|LMHeadModel|Eagle")
+
+
+def is_mm_arch(arch: str) -> bool:
+    """A multimodal architecture class (MM_ARCH, or any ...ForConditionalGeneration not in TEXT_CONDGEN)."""
+    if MM_ARCH.search(arch):
+        return True
+    return arch.endswith("ForConditionalGeneration") and not TEXT_CONDGEN.match(arch)
+
+
 # The attention backend a traceback runs through (a fallback when no line names it).
 TRACE_BACKEND = _fast(
     r"layers/attention/(\w+?)_backend\.py|init_flashinfer_args|BatchDecodeWithPagedKVCache|BatchPrefillWithPagedKVCache"
+)
+# A CUDA graph REPLAY frame (serving, not capture): SGLang's runners `replay` / `replay_prepare`. The
+# runner's file says the phase: the decode runners (cuda_graph_runner.py, cuda_graph_runner/decode_runner.py,
+# the EAGLE draft / draft-extend runners of speculative decoding, npu/cpu_graph_runner.py) replay decode
+# batches; the piecewise, breakable and prefill runners (piecewise_cuda_graph_runner.py,
+# breakable_cuda_graph_runner.py, cuda_graph_runner/prefill_runner.py) replay extend (prefill) batches.
+# Group 1: the runner file's name.
+REPLAY_FRAME = _fast(r'(\w*runner)\.py", line \d+, in (?:replay|replay_prepare)\b')
+REPLAY_PREFILL_FILES = ("piecewise", "breakable", "prefill")
+# Serving a batch of requests, phase not shown (the weakest marker: any forward, replay, multimodal or
+# dummy-pass frame says more): vLLM's worker / model runner `execute_model` (V0, V1, model runner v2; the
+# EngineCore's `self.model_executor.execute_model(...)`), `sample_tokens` (0.11+ async scheduling);
+# SGLang's scheduler loop (`event_loop_normal` / `event_loop_overlap` / `event_loop_pp`), `run_batch`,
+# `forward_batch_generation`.
+SERVING_FRAMES = _fast(
+    r", in (?:execute_model|sample_tokens|event_loop_\w+|run_batch|forward_batch_generation)\b"
+    r"|\.execute_model\("
 )

@@ -105,8 +105,15 @@ def facts_table(
     t.add_column("value", overflow="fold")
     t.add_column("from", style="dim", overflow="fold")
     t.add_row("server", d.server or "unknown", "")
-    t.add_row("version", d.version or "not printed", _where(d.version_evidence, single))
     f = d.facts
+    if d.version or not f.version_at_least:
+        t.add_row("version", d.version or "not printed", _where(d.version_evidence, single))
+    else:  # no version line, but a line's format dates the server
+        t.add_row(
+            "version",
+            f"not printed; {f.version_at_least} or later by the log's format",
+            _where(f.evidence.get("version_at_least"), single),
+        )
     for name, label in _SHOW_FACTS:
         v = getattr(f, name)
         if name == "tp_size" and v is None and f.tp_size_at_least is not None:

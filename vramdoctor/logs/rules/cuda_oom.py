@@ -18,6 +18,7 @@ PHASE_NAMES = {
     "prefill": "in a prefill (extend) forward pass",
     "decode": "in a decode forward pass",
     "startup": "while the server was starting (scheduler and model worker initialisation)",
+    "serving": "while serving a batch of requests (the frames do not say prefill or decode)",
     None: "at a point the traceback does not show",
 }
 
@@ -98,6 +99,15 @@ def _fix(phase: str | None, server: str | None, e: LogEvent) -> str:
             )
             + " / input length; multimodal inputs also need encoder headroom."
         )
+    if phase == "serving":
+        return by_server(
+            server,
+            "A forward pass of a request batch ran out next to the static pool: lower --mem-fraction-static to "
+            "leave headroom, and --chunked-prefill-size (prefill chunks) or --max-running-requests / "
+            "--cuda-graph-max-bs (decode batches).",
+            "A forward pass of a request batch ran out next to the KV cache: lower --gpu-memory-utilization to "
+            "leave headroom, and --max-num-batched-tokens (prefill chunks) or --max-num-seqs (decode batches).",
+        )
     if phase == "decode":
         return (
             f"Decode activations (logits for large batches) ran out: lower {frac}, "
@@ -175,6 +185,10 @@ def _figures(e: LogEvent) -> str:
         bits.append(f"asked for {mib(d['requested_mib'])}")
     if "free_mib" in d:
         bits.append(f"{mib(d['free_mib'])} free of {mib(d.get('total_mib'))} on GPU {d.get('gpu')}")
+    if d.get("allocator") == "cudaMallocAsync" and "allocated_mib" in d:
+        bits.append(f"PyTorch had {mib(d['allocated_mib'])} allocated (cudaMallocAsync backend)")
+    if "allowed_mib" in d:
+        bits.append(f"PyTorch's per-process limit {mib(d['allowed_mib'])}")
     if "this_process_mib" in d:
         bits.append(f"this process held {mib(d['this_process_mib'])}")
     for p in d.get("processes", []):
@@ -197,11 +211,45 @@ def _own_processes(e: LogEvent) -> str:
         return ""
     listed = ", ".join(f"{p['pid']} ({p['server_process']}, {mib(p['mib'])})" for p in own[:6])
     many = len(own) > 1
-    return (
-        f" Process{'es' if many else ''} {listed} {'are' if many else 'is'} the server's own (the log's process "
-        f"tags name {'these pids' if many else 'this pid'}): another rank's CUDA context on GPU {e.data.get('gpu')} "
-        "(NCCL, custom all-reduce, CUDA IPC), not another program."
+    how = "; ".join(
+        dict.fromkeys(
+            p.get("server_process_evidence")
+            or f"the log's process tags name pid {p['pid']}"
+            for p in own[:6]
+        )
     )
+    return (
+        f" Process{'es' if many else ''} {listed} {'are' if many else 'is'} the server's own ({how}): another "
+        f"rank's CUDA context on GPU {e.data.get('gpu')} (NCCL, custom all-reduce, CUDA IPC), not another program."
+    )
+
+
+def _limit(e: LogEvent) -> tuple[str, str, bool]:
+    """A per-process memory fraction below the GPU's memory (PyTorch's "X allowed;" or the
+    cudaMallocAsync "PyTorch limit (set by user-supplied memory fraction)"): (explanation, fix, the limit
+    alone refused it), or ("", "", False) when no such limit shows."""
+    d = e.data
+    allowed, total = d.get("allowed_mib"), d.get("total_mib")
+    if allowed is None or total is None or allowed >= total:
+        return "", "", False
+    free, requested = d.get("free_mib"), d.get("requested_mib")
+    alone = free is not None and requested is not None and free >= requested
+    expl = (
+        f" PyTorch's per-process limit was {mib(allowed)} of the GPU's {mib(total)}: a memory fraction set in "
+        "the process (torch.cuda.set_per_process_memory_fraction), which PyTorch enforces on its own allocations."
+    )
+    if alone:
+        expl += (
+            f" The limit, not the GPU, refused the allocation: {mib(free)} was still free on the device, enough "
+            f"for the {mib(requested)} asked."
+        )
+    elif free is not None:
+        expl += f" The device itself was nearly full too ({mib(free)} free)."
+    fix = (
+        "Raise or remove the per-process memory fraction (torch.cuda.set_per_process_memory_fraction, called by "
+        "the launcher, a plugin or a framework sharing the process), or make the server's share fit under it. "
+    )
+    return expl, fix, alone
 
 
 def _device(e: LogEvent) -> str:
@@ -257,6 +305,8 @@ def check(d: Diagnosis) -> list[Finding]:
                 f"({mib(fd['total_mib'])}): no memory share or headroom setting can make it fit."
             )
         other = next((why for e in group if (why := _other_process(e))), None)
+        limit_expl, limit_fix, limit_alone = _limit(first)
+        expl += limit_expl
         expl += _own_processes(first)
         procs = [p for p in fd.get("processes", []) if not p.get("server_process")]
         small = [p for p in procs if p["mib"] is not None and p["mib"] < SMALL_PROCESS_MIB]
@@ -287,12 +337,19 @@ def check(d: Diagnosis) -> list[Finding]:
         elif any(
             p for e in group for p in e.data.get("processes", []) if not p.get("server_process")
         ):
+            besides = any(p.get("server_process") for e in group for p in e.data.get("processes", []))
             expl += (
-                " Each OOM message lists one process on its GPU: the failing rank itself (pids differ in "
+                (" Besides the server's own ranks, each" if besides else " Each")
+                + " OOM message lists one process on its GPU: the failing rank itself (pids differ in "
                 "containers), not another program."
             )
-        fix = _fix(phase, d.server, first)
+        # when the limit alone refused it, the phase's memory-share advice does not apply
+        fix = limit_fix.rstrip() if limit_alone else limit_fix + _fix(phase, d.server, first)
         title = f"{device} out of memory {where}"
+        if limit_alone:
+            title = f"{device} out of memory: PyTorch's per-process memory limit reached" + (
+                f" {where}" if phase is not None else ""
+            )
         if whole:
             title = f"{device} out of memory: one allocation larger than the whole GPU"
             fix = (
@@ -339,15 +396,22 @@ RULE = Rule(
         "phase from the error's own traceback frames only (weight load, KV allocation, CUDA graph capture, "
         "profiling, warm-up incl. the sampler warm-up, prefill incl. a multimodal request's vision encoder, "
         "decode, SGLang scheduler start-up), else unknown; frames without a traceback header and a traceback "
-        "chained right after the error count too; a pid listed in the message that the log's own process tags "
-        "name is the server's own rank, not another process; an allocation larger than the whole GPU gets "
+        "chained right after the error count too; a CUDA graph REPLAY frame (SGLang runners' replay / "
+        "replay_prepare) is decode, or prefill in the piecewise/breakable/prefill runners, never capture (the "
+        "phase comes from the frames' function names, not the file cuda_graph_runner.py); vLLM execute_model / "
+        "SGLang's event loop without a finer frame is 'serving'; a pid listed in the message that the log's own "
+        "process tags name, or that another GPU's OOM message of the log shows as its failing process, is the "
+        "server's own rank, not another process; a per-process memory fraction below the GPU's memory "
+        "(torch's 'X allowed;' or the cudaMallocAsync 'PyTorch limit (set by user-supplied memory fraction)', "
+        "its figures read from the lines after the message) is named as the cause when the device still had "
+        "the memory asked; an allocation larger than the whole GPU gets "
         "'cap the input' instead of a memory setting; fragmentation only when reserved-unallocated + free "
         ">= the request"
     ),
     fix=(
         "phase-specific, in the server's own flags: more GPUs or quantization at load; lower mem fraction / "
         "graph batch size / chunked prefill / running requests later; --max-num-seqs for vLLM's sampler warm-up; "
-        "encoder headroom for a multimodal prefill"
+        "encoder headroom for a multimodal prefill; raise or remove a per-process memory fraction that refused it"
     ),
     check=check,
 )

@@ -17,18 +17,27 @@ def check(d: Diagnosis) -> list[Finding]:
     v = version_tuple(d.version)
     if v is not None and v >= FIXED_IN:
         return []
+    # No version line (SGLang never prints one), but a line's format may date the server: the dict
+    # form server_args={...} is 0.5.19+ (version_at_least), which has the request-scoped pool.
+    at_least = version_tuple(f.version_at_least) if v is None else None
+    if at_least is not None and at_least >= FIXED_IN:
+        return []
     model = f.model or "<model>"
     evidence = [
         e for e in (f.evidence.get("fast_image_processor"), f.evidence.get("multimodal")) if e
     ]
-    known = (
-        "SGLang version not shown in the log (SGLang never prints it)"
-        if v is None
-        else f"SGLang {d.version}"
-    )
+    if v is not None:
+        known = f"SGLang {d.version}"
+    elif f.version_at_least:
+        known = (
+            f"SGLang version not shown in the log (SGLang never prints it); its format says "
+            f"{f.version_at_least} or later"
+        )
+    else:
+        known = "SGLang version not shown in the log (SGLang never prints it)"
     severe = (
         " v0.4.9.post6 has a known severe VLM leak on this path (sglang #9365)."
-        if v is None or v[:3] == SEVERE
+        if (v is None and (at_least is None or at_least[:3] <= SEVERE)) or (v and v[:3] == SEVERE)
         else ""
     )
     return [
@@ -39,7 +48,8 @@ def check(d: Diagnosis) -> list[Finding]:
             evidence=evidence,
             explanation=(
                 f"{model} is multimodal and the fast image processor is on "
-                "(disable_fast_image_processor=False / image_processor_backend not 'pil', and no "
+                "(image_processor_backend='torchvision', SGLang's 'Automatically use fast version' line, "
+                "or disable_fast_image_processor=False before image_processor_backend existed; and no "
                 "transformers 'Using a slow image processor' warning). Preprocessing then runs on "
                 "the GPU inside the tokenizer process (GPU 0 or --base-gpu-id): an extra CUDA "
                 "context plus scratch that stays in PyTorch's caching allocator, growing with image "
@@ -63,9 +73,12 @@ RULE = Rule(
     severity="warning",
     title="Fast image processor on a multimodal SGLang model",
     fires_when=(
-        "SGLang log, multimodal model (architecture, model name or multimodal lines), fast processor "
-        "on (disable_fast_image_processor=False, or image_processor_backend not pil) and no "
-        "'Using a slow image processor' warning, version < 0.5.19 or unknown"
+        "SGLang log, multimodal model with images (architecture, model name or multimodal lines), fast "
+        "processor shown on (image_processor_backend='torchvision', SGLang's 'does not have a slow "
+        "version. Automatically use fast version' line, or disable_fast_image_processor=False on "
+        "versions before image_processor_backend; 'auto' lets transformers choose and proves nothing) "
+        "and no 'Using a slow image processor' warning, version < 0.5.19 or unknown (a "
+        "server_args={...} dict dump dates the server 0.5.19+)"
     ),
     fix=(
         "--disable-fast-image-processor / --image-processor-backend pil (CPU cost), upgrade to "

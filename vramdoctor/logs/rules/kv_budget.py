@@ -14,35 +14,117 @@ REASONS = {
 }
 
 
-def _free_below(d: Diagnosis, e: LogEvent) -> tuple[str, str]:
-    """vLLM's start-up check: free/total memory and the share asked for -> what holds the rest."""
-    free, total = e.data.get("free_mib"), e.data.get("total_mib")
-    util = e.data.get("gpu_memory_utilization") or d.facts.gpu_memory_utilization
-    device = e.data.get("device") or "the GPU"
-    expl = "The server refused to start: the GPU had less free memory at start-up than the utilization asks for."
+# What one process's own CUDA context (driver state, module images, cuBLAS / NCCL workspaces) takes on a
+# GPU before any model memory: 518 MiB before any kernel ran and 612 MiB after a warm-up request, measured
+# on an H200 (docs/gpu-results.md); 0.5-1 GiB normally (shared/facts.md). Used memory at vLLM's start-up
+# check up to this much per context is the server's own, not another process.
+OWN_CONTEXT_MIB = 1024.0
+
+
+def _suggest(ratio: float) -> str:
+    """A utilization safely below free/total: rounded down to two decimals, minus 0.01."""
+    below = int(ratio * 100) / 100
+    return f"{max(below - 0.01, 0.01):.2f}"
+
+
+def _ranks(d: Diagnosis, n_failed: int) -> int:
+    """How many of the server's processes may hold a CUDA context on one GPU at start-up (each rank
+    creates its own; a rank that touches another GPU leaves one there too)."""
+    f = d.facts
+    n = (f.tp_size or f.tp_size_at_least or 1) * (f.pp_size or 1) * (f.dp_size or 1)
+    return max(1, n, n_failed)
+
+
+def _free_below(d: Diagnosis, evs: list[LogEvent]) -> tuple[str, str, str]:
+    """vLLM's start-up check on every rank that failed it: (title, explanation, fix).
+
+    The used memory (total - free) of each GPU is compared with what the server's own CUDA contexts
+    explain (OWN_CONTEXT_MIB each): within one context it is this process's own and the cause is a
+    utilization above free/total; within one per rank it may be sibling ranks' contexts; above that
+    another process holds the rest. The fix is sized on the WORST GPU (lowest free/total): every rank
+    must pass the check on its own GPU.
+    """
     flag = fraction_flag(d.server)
-    fix = f"Find what holds the GPU (`vramdoctor census`, nvidia-smi) and stop it, or lower {flag}."
-    if free is not None and total:
+    seen: dict[tuple[object, ...], LogEvent] = {}
+    for e in evs:
+        if e.data.get("reason") != "free_memory_below_utilization":
+            continue
+        key = (e.data.get("device"), e.data.get("free_mib"), e.data.get("total_mib"), e.file)
+        seen.setdefault(key, e)
+    gpus = [
+        e for e in seen.values() if e.data.get("free_mib") is not None and e.data.get("total_mib")
+    ]
+    first = evs[0]
+    util = first.data.get("gpu_memory_utilization") or d.facts.gpu_memory_utilization
+    if not gpus:
+        return (
+            "GPU memory at start-up is below the server's share",
+            "The server refused to start: the GPU had less free memory at start-up than the utilization asks for.",
+            f"Find what holds the GPU (`vramdoctor census`, nvidia-smi) and stop it, or lower {flag}.",
+        )
+    ranks = _ranks(d, len(gpus))
+
+    def name(e: LogEvent) -> str:
+        return str(e.data.get("device") or f"the GPU of line {e.line}")
+
+    def ratio(e: LogEvent) -> float:
+        return float(e.data["free_mib"]) / float(e.data["total_mib"])
+
+    worst = min(gpus, key=ratio)
+    parts, foreign = [], []
+    for e in sorted(gpus, key=ratio):
+        free, total = float(e.data["free_mib"]), float(e.data["total_mib"])
         held = total - free
-        expl = (
-            f"The server refused to start: only {mib(free)} of {mib(total)} were free on {device} at start-up"
-            + (
-                f", and gpu_memory_utilization={util:g} asks for {mib(total * util)}"
-                if util
-                else ""
+        part = f"{name(e)}: {mib(free)} of {mib(total)} free, {mib(held)} in use"
+        if held <= OWN_CONTEXT_MIB:
+            part += " (within this process's own CUDA context)"
+        elif held <= ranks * OWN_CONTEXT_MIB:
+            part += (
+                f" (more than one CUDA context: the server's other ranks' contexts, up to {ranks} in all, "
+                "or another process)"
             )
-            + f". Besides this process's own CUDA context (a few hundred MiB), something else holds about "
-            f"{mib(held)} of that GPU: a leftover or second server "
-            "(a zombie EngineCore from an earlier run), another tenant, or another rank's CUDA context. "
-            "gpu_memory_utilization is a share of the GPU's total memory, not of what is free."
+        else:
+            extra = held - OWN_CONTEXT_MIB
+            part += f" (about {mib(extra)} beyond this process's own CUDA context: another process)"
+            foreign.append((e, extra))
+        parts.append(part)
+    asks = (
+        f"gpu_memory_utilization={util:g} asks for {mib(float(worst.data['total_mib']) * util)} of each GPU"
+        if util
+        else "the configured gpu_memory_utilization asks for a share of each GPU's total"
+    )
+    expl = (
+        f"The server refused to start: {asks}, and vLLM requires that much to be free at start-up. "
+        + ("; ".join(parts))
+        + f". An own CUDA context takes up to about {mib(OWN_CONTEXT_MIB)} (518-612 MiB measured on an H200)."
+    )
+    r = ratio(worst)
+    share = (
+        f"set {flag} below free/total = {r:.3f} (e.g. {_suggest(r)})"
+        if len(gpus) == 1
+        else f"set {flag} below the lowest free/total = {r:.3f} ({name(worst)}; e.g. {_suggest(r)}): every rank "
+        "must pass the check on its own GPU"
+    )
+    if not foreign:
+        title = "gpu_memory_utilization is too high for the free GPU memory at start-up"
+        expl += (
+            " No other process is implied: the memory in use is what the server's own CUDA context(s) take, and "
+            + (f"{util:g} of the total " if util else "the share ")
+            + "leaves no room for it. gpu_memory_utilization is a share of the GPU's total memory, not of what is free."
         )
-        below = int(free / total * 100) / 100  # rounded down to two decimals
-        fix = (
-            f"Find the process holding ~{mib(held)} on {device} (`vramdoctor census`, nvidia-smi) and stop it; "
-            f"or, to share the GPU on purpose, set {flag} below free/total = "
-            f"{free / total:.3f} (e.g. {max(below - 0.01, 0.01):.2f})."
-        )
-    return expl, fix
+        fix = f"Lower the share: {share}."
+        return title, expl, fix
+    expl += (
+        " Another process holds memory there: a leftover or second server (a zombie EngineCore from an earlier "
+        "run) or another tenant. gpu_memory_utilization is a share of the GPU's total memory, not of what is free."
+    )
+    holders = ", ".join(f"~{mib(extra)} on {name(e)}" for e, extra in foreign[:8])
+    fix = (
+        f"Find the process{'es' if len(foreign) > 1 else ''} holding {holders} (`vramdoctor census`, nvidia-smi) "
+        f"and stop {'them' if len(foreign) > 1 else 'it'}; or, to share the "
+        f"GPU{'s' if len(gpus) > 1 else ''} on purpose, {share}."
+    )
+    return "Another process holds GPU memory the server's share needs", expl, fix
 
 
 def check(d: Diagnosis) -> list[Finding]:
@@ -52,13 +134,13 @@ def check(d: Diagnosis) -> list[Finding]:
     e = evs[0]
     reason = e.data.get("reason", "")
     if reason == "free_memory_below_utilization":
-        expl, fix = _free_below(d, e)
+        title, expl, fix = _free_below(d, evs)
         expl += " This is a budget check, not a CUDA allocation failure."
         return [
             Finding(
                 RULE.id,
                 "critical",
-                "Another process holds GPU memory the server's share needs",
+                title,
                 fix=fix,
                 explanation=expl,
                 evidence=first_evidence(evs),
@@ -98,12 +180,15 @@ RULE = Rule(
         "vLLM 'No available memory for the cache blocks', V0 'The model's max seq len (N) is larger than the "
         "maximum number of tokens that can be stored in KV cache (M)', V1 '... max seq len (N), (X GiB KV cache is needed, "
         "which is larger than the available KV cache memory', 'Free memory on device [cuda:N ](F/T GiB) on startup "
-        "is less than desired GPU memory utilization (U, R GiB)' (says how much another process holds); SGLang "
+        "is less than desired GPU memory utilization (U, R GiB)' on every rank that printed it (used memory up to "
+        "1 GiB per CUDA context is the server's own: then the utilization is too high for free/total; beyond "
+        "what the server's contexts explain another process holds it); SGLang "
         "'Not enough memory. Please try to increase --mem-fraction-static'"
     ),
     fix=(
         "raise the memory fraction/utilization, lower max model length, fp8 KV cache, more GPUs; for the free-memory "
-        "check: find and stop the process holding the GPU, or a utilization below free/total"
+        "check: find and stop the process holding the GPU, or a utilization below the lowest free/total of all "
+        "failing GPUs"
     ),
     check=check,
 )
