@@ -656,6 +656,7 @@ EVENTS: list[tuple[str, str | None, dict]] = [
     ("rdma_registration_failed", None, {"address": "0x7c1cda000000", "error": "Bad address [14]"}),
     ("mm_preprocess_gpu_oom", "preprocessing", {}),
     ("server_crash", None, {"process": "Scheduler"}),
+    ("kv_pool_exhausted", "prefill", {"fatal": True, "requested_tokens": 8192}),
 ]
 
 

@@ -7,10 +7,12 @@ merge by priority across files, events keep their file and line.
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import InputError
 from ..redact import redact_text
 from . import patterns as P
 from .extract import FileExtractor
@@ -261,17 +263,45 @@ def _fast_processor(
     return None, None
 
 
+def _path_key(path: str | Path) -> str:
+    """One key per file, however it is spelled (./a.log, a.log, a symlink to it); stdin is '-'."""
+    text = str(path)
+    return text if text == "-" else os.path.realpath(text)
+
+
 def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
-    """Read, merge and evaluate; raises InputError on unreadable input.
+    """Read, merge and evaluate.
 
     Files of one server merge their facts; files of different servers (an SGLang log and a vLLM log
     given together) are never merged: each server's files are diagnosed as their own group
     (`Diagnosis.groups`), and the top level only gathers their events and findings (server None).
+
+    An input that cannot be read (missing, empty, binary, a directory) is listed in `files` with the
+    reason in its notes while the others are diagnosed; InputError is raised only when no input can be
+    read. The same file given twice is read once (a note says so).
     """
     exs: list[FileExtractor] = []
     summaries: list[FileSummary] = []
+    errors: list[InputError] = []
+    seen: dict[str, FileSummary] = {}
     for path in paths:
-        ex, st = extract_file(path)
+        key = _path_key(path)
+        if key in seen:  # the same file again: its events must not count twice
+            again = "given more than once on the command line: read once"
+            if again not in seen[key].notes:
+                seen[key].notes.append(again)
+            continue
+        try:
+            ex, st = extract_file(path)
+        except InputError as exc:
+            errors.append(exc)
+            name = display_name(path)
+            reason = str(exc).removeprefix(f"{name}: ")
+            fs = FileSummary(name, 0, 0, None, False, [f"not read: {reason}"])
+            exs.append(FileExtractor(name))
+            summaries.append(fs)
+            seen[key] = fs
+            continue
         exs.append(ex)
         recognised = bool(
             ex.facts
@@ -286,12 +316,17 @@ def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
         if recognised and not (
             ex.facts or ex.version or any(e.kind != "server_crash" for e in ex.events)
         ):
+            lacks = ["the start-up lines with settings and memory figures"]
+            if not any(e.data.get("error") for e in ex.events):
+                lacks.insert(0, "the error message after the traceback")
             notes.append(
                 "an excerpt recognised by the server's own marks (traceback paths, crash lines, argument "
-                "names, rank prefixes); it lacks the lines a diagnosis needs: the error message after "
-                "the traceback, the start-up lines with settings and memory figures"
+                "names, rank prefixes); it lacks the lines a diagnosis needs: " + ", ".join(lacks)
             )
         summaries.append(FileSummary(st.name, st.bytes_read, st.lines, server, recognised, notes))
+        seen[key] = summaries[-1]
+    if errors and len(errors) == len(summaries):
+        raise errors[0]  # nothing could be read: the first reason, exit 2
     # Files are split by server only when each side has a file that is clearly its server's (a file
     # with only weak votes, a traceback excerpt, joins the others as before).
     servers = {
@@ -382,7 +417,6 @@ def _diagnose_group(
     pids: dict[int, str] = {}
     for ex in used:
         pids.update(ex.pids)
-    owners = _oom_owners([e for ex in used for e in ex.events if e.kind == "cuda_oom"])
     events = []
     counts: dict[str, int] = {}
     for ex in used:
@@ -393,10 +427,6 @@ def _diagnose_group(
                 tag = pids.get(proc.get("pid"))
                 if tag is not None:  # a pid the server's own process tags name: one of its ranks
                     proc["server_process"] = tag
-                elif (own := owners.get(proc.get("pid"))) is not None and own[0] != e.data.get("gpu"):
-                    # the failing process of another GPU's OOM in this log: a sibling rank's context here
-                    proc["server_process"] = f"the rank on GPU {own[0]}"
-                    proc["server_process_evidence"] = own[1]
             events.append(e)
         for k, n in ex.event_counts.items():
             counts[k] = counts.get(k, 0) + n
@@ -407,6 +437,38 @@ def _diagnose_group(
     return d
 
 
+def _redact(d: Diagnosis, secrets: set[str]) -> None:
+    """Blank secrets (API keys from argument dumps, bearer tokens, sk-... keys) in every text.
+
+    vramdoctor.redact.redact_text does the work; a text repeated (the same OOM message on every
+    rank, in an event and a finding's evidence) is redacted once.
+    """
+    done: dict[str, str] = {}
+
+    def red(text: str) -> str:
+        r = done.get(text)
+        if r is None:
+            r = done[text] = redact_text(text, secrets)
+        return r
+
+    def ev(e: Evidence | None) -> Evidence | None:
+    owners = _oom_owners([e for ex in used for e in ex.events if e.kind == "cuda_oom"])
+        return None if e is None else Evidence(e.file, e.line, red(e.text))
+
+    d.facts.evidence = {k: ev(v) for k, v in d.facts.evidence.items()}  # type: ignore[misc]
+    d.version_evidence = ev(d.version_evidence)
+    for e in d.events:
+        e.text = red(e.text)
+    for f in d.findings:
+        f.evidence = [ev(x) for x in f.evidence]  # type: ignore[misc]
+        f.explanation = red(f.explanation)
+        f.fix = red(f.fix)
+                elif (own := owners.get(proc.get("pid"))) is not None and own[0] != e.data.get("gpu"):
+                    # the failing process of another GPU's OOM in this log: a sibling rank's context here
+                    proc["server_process"] = f"the rank on GPU {own[0]}"
+                    proc["server_process_evidence"] = own[1]
+    if d.facts.model:
+        d.facts.model = red(d.facts.model)
 def _oom_owners(ooms: Sequence[Any]) -> dict[int, tuple[int, str]]:
     """pid -> (GPU, why) for each pid an OOM message of the log shows as the failing process of its
     GPU: listed with at least what PyTorch itself reserved there (allocated + reserved-unallocated,
@@ -436,30 +498,3 @@ def _oom_owners(ooms: Sequence[Any]) -> dict[int, tuple[int, str]]:
     return out
 
 
-def _redact(d: Diagnosis, secrets: set[str]) -> None:
-    """Blank secrets (API keys from argument dumps, bearer tokens, sk-... keys) in every text.
-
-    vramdoctor.redact.redact_text does the work; a text repeated (the same OOM message on every
-    rank, in an event and a finding's evidence) is redacted once.
-    """
-    done: dict[str, str] = {}
-
-    def red(text: str) -> str:
-        r = done.get(text)
-        if r is None:
-            r = done[text] = redact_text(text, secrets)
-        return r
-
-    def ev(e: Evidence | None) -> Evidence | None:
-        return None if e is None else Evidence(e.file, e.line, red(e.text))
-
-    d.facts.evidence = {k: ev(v) for k, v in d.facts.evidence.items()}  # type: ignore[misc]
-    d.version_evidence = ev(d.version_evidence)
-    for e in d.events:
-        e.text = red(e.text)
-    for f in d.findings:
-        f.evidence = [ev(x) for x in f.evidence]  # type: ignore[misc]
-        f.explanation = red(f.explanation)
-        f.fix = red(f.fix)
-    if d.facts.model:
-        d.facts.model = red(d.facts.model)

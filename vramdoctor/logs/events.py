@@ -38,7 +38,12 @@ MEMORY_KEYS = (
     "alloc_failed",
     "profiled value",
     "gpu-memory-utilization=",
+    # review 12 (crashes): SGLang's retraction line, host-RAM errors
+    "retract requests",
+    "defaultcpuallocator",
+    "memoryerror",
 )
+WRAP_COLUMNS = 80  # a row this wide may be a terminal's wrap (joined without a space)
 FRAME_GAP_LINES = (
     8  # the last frame of an error's own traceback is at most this many lines above it
 )
@@ -82,6 +87,26 @@ def memory_plan(t: str) -> tuple[Any, ...] | None:
     text = clean(t).text
     if P.CUDA_OOM.search(text) or P.VLLM_NOT_ENOUGH_LOAD.search(text):
         return ("oom", text)
+    if "ry to lower" in text or "never happen" in text:
+        if m := P.SGL_KV_ALLOC_FAIL.search(text):
+            # SGLang's KV pool gave a batch no slots: fatal (the figures follow on the next lines)
+            return ("kv_alloc", m.group(1).lower() if m.group(1) else None, text)
+    if "DefaultCPUAllocator" in text and (m := P.CPU_ALLOC_OOM.search(text)):
+        n = int(m.group(1)) * (1 << 30 if m.group(2) == "GB" else 1)
+        return ("host", {"killer": "torch DefaultCPUAllocator", "requested_bytes": n}, text)
+    if "MemoryError" in text and (m := P.PY_MEMORY_ERROR.search(text)):
+        data_: dict[str, Any] = {"killer": "python MemoryError"}
+        if m.group(1):
+            data_["requested_mib"] = size_mib(m.group(1))
+        return ("host", data_, text)
+    if "Retract requests" in text and (m := P.SGL_RETRACT_POOL_FULL.search(text)):
+        data_ = {"retracted_reqs": int(m.group(1))}
+        if m.group(2):
+            data_["new_tokens_gained"] = int(m.group(2))
+        if m.group(3):
+            data_["new_token_ratio_from"] = float(m.group(3))
+            data_["new_token_ratio_to"] = float(m.group(4))
+        return ("event", "retraction", "decode", data_, (("sglang", 3),), text, ())
     kind: str | None = None
     data: dict[str, Any] = {}
     phase: str | None = None
@@ -152,7 +177,7 @@ def memory_plan(t: str) -> tuple[Any, ...] | None:
             text,
             (("max_total_tokens", int(m.group(1))),),
         )
-    if (m := P.SGL_RETRACT.search(text)) and ("retracted" in text or "Try to lower" in text):
+    if (m := P.SGL_RETRACT.search(text)) and ("retracted" in text or "happened" in text):
         kind, phase = "retraction", m.group(1).lower()
         if m.group(2):
             data = {
@@ -225,6 +250,31 @@ def memory_plan(t: str) -> tuple[Any, ...] | None:
     return ("event", kind, phase, data, votes, text, ())
 
 
+def _frames_above(before: str) -> str:
+    """The traceback frames directly above an error line, without a header (an excerpt that starts
+    mid-traceback), or "" when the line above is not a frame.
+
+    A frame is its 'File "..."' line, the code line right after it and Python 3.11+'s caret line."""
+    lines = before.rstrip("\n").split("\n")[-200:]
+    texts = [clean(x).text for x in lines]
+    k = len(lines)
+    while k > 0:
+        s = texts[k - 1]
+        older = texts[k - 2] if k >= 2 else ""
+        if 'File "' in s or (s and not s.strip("^~ ")) or ('File "' in older and s):
+            k -= 1
+            continue
+        break
+    region = lines[k:]
+    return "\n".join(region) if any('File "' in t for t in texts[k:]) else ""
+
+
+def _chained_below(after: list[str]) -> str:
+    """The frames of the traceback Python chains right after an error ("During handling of the above
+    exception, another exception occurred:"), up to its own error line; "" when none follows."""
+    for i, raw in enumerate(after[:FRAME_GAP_LINES]):
+        if (
+            "During handling of the above exception" in raw
 # Above this, torch's "PyTorch limit" is its UINT64_MAX sentinel (no fraction set): 16 EiB in MiB.
 NO_LIMIT_MIB = float(1 << 40)
 _ASYNC_KEYS = {
@@ -265,31 +315,6 @@ def _async_figures(hit: Hit, msg: str, data: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def _frames_above(before: str) -> str:
-    """The traceback frames directly above an error line, without a header (an excerpt that starts
-    mid-traceback), or "" when the line above is not a frame.
-
-    A frame is its 'File "..."' line, the code line right after it and Python 3.11+'s caret line."""
-    lines = before.rstrip("\n").split("\n")[-200:]
-    texts = [clean(x).text for x in lines]
-    k = len(lines)
-    while k > 0:
-        s = texts[k - 1]
-        older = texts[k - 2] if k >= 2 else ""
-        if 'File "' in s or (s and not s.strip("^~ ")) or ('File "' in older and s):
-            k -= 1
-            continue
-        break
-    region = lines[k:]
-    return "\n".join(region) if any('File "' in t for t in texts[k:]) else ""
-
-
-def _chained_below(after: list[str]) -> str:
-    """The frames of the traceback Python chains right after an error ("During handling of the above
-    exception, another exception occurred:"), up to its own error line; "" when none follows."""
-    for i, raw in enumerate(after[:FRAME_GAP_LINES]):
-        if (
-            "During handling of the above exception" in raw
             or "The above exception was the direct cause" in raw
         ):
             out: list[str] = []
@@ -328,6 +353,12 @@ class EventsMixin:
         raise NotImplementedError  # provided by FileExtractor
 
     def _exception(self, hit: Hit, t: str) -> None:
+        vllm = None  # vLLM's own death lines ("EngineCore failed to start." ...), not "hit an exception"
+        if "hit an exception" not in t and "run_tp_server" not in t:
+            vllm = P.VLLM_CRASH.search(t)
+            if vllm is None or t[vllm.start() - 1 : vllm.start()] in ("'", '"'):
+                return  # a mention, or the server's source quoted in a traceback (a string literal)
+            self.votes["vllm"] += 3
         if "Scheduler hit" in t or "TpModelWorkerClient hit" in t:
             self.votes["sglang"] += 3
         elif "EngineCore hit" in t:
@@ -349,9 +380,31 @@ class EventsMixin:
                 if " hit an exception" in text
                 else "run_tp_server"
             }
-            for (
-                raw
-            ) in after:  # the exception's own last line ("ValueError: ..."), when the text has it
+            see_above = False
+            if vllm is not None:
+                proc = next(g for g in vllm.groups() if g)
+                data["process"] = "EngineCore" if proc == "Engine core" else proc
+                # "initialization failed. See root cause above" / "died unexpectedly": the cause is
+                # above (or nowhere: a process killed by a signal prints nothing)
+                see_above = "initialization failed" in text or "died unexpectedly" in text
+                if m := P.VLLM_FAILED_PROCS.search(text):
+                    procs = {k: int(v) for k, v in P.VLLM_FAILED_PROC.findall(m.group(1))}
+                    if procs:
+                        data["failed_procs"] = procs  # name -> exit code (-9: killed by SIGKILL)
+                    killed = sorted(k for k, v in procs.items() if v == -9)
+                    if killed and self.event_counts.get("sigkill", 0) < MAX_EVENTS_PER_KIND:
+                        self.add_event(
+                            LogEvent(
+                                "sigkill",
+                                self.name,
+                                hit.lineno,
+                                text[:EVIDENCE_CHARS],
+                                None,
+                                {"killer": "sigkill", "process": ", ".join(killed)},
+                            )
+                        )
+            for raw in () if see_above else after:
+                # the exception's own last line ("ValueError: ..."), when the text has it
                 s = clean(raw).text
                 if P.EXCEPTION_LINE.match(s):
                     data["error"] = s[:300]
@@ -424,18 +477,6 @@ class EventsMixin:
             for name, rx in P.FORWARD_MARKERS:
                 for m in rx.finditer(text):
                     last[name] = m.start()
-            if "replay" in text:
-                # a CUDA graph replay while serving: the runner's file says decode or prefill
-                for m in P.REPLAY_FRAME.finditer(text):
-                    runner = m.group(1)
-                    kind = (
-                        "prefill"
-                        if any(k in runner for k in P.REPLAY_PREFILL_FILES)
-                        else "decode"
-                    )
-                    last[kind] = max(last.get(kind, -1), m.start())
-            for m in P.SERVING_FRAMES.finditer(text):
-                last["serving"] = m.start()
         return last
 
     @staticmethod
@@ -458,14 +499,141 @@ class EventsMixin:
         """The error message plus its terminal-wrapped tail (up to 3 lines).
 
         A line is joined only while the message stops mid-sentence (not after '.', ')' ...)
-        and the next line does not start a new record.
+        and the next line does not start a new record. A terminal wraps at its width (80 columns or
+        more), anywhere in a word: such a row is joined as is; a shorter row ended at a word
+        boundary (a newline in the message itself), so a space goes between them.
         """
         out = text
+        prev = hit.text
         for nxt in hit.after(3):
             if not out or out[-1] in ".)]:!?" or not is_continuation(nxt):
                 break
-            out += strip_noise(nxt).rstrip()
+            piece = strip_noise(nxt).rstrip()
+            row = strip_noise(prev).rstrip("\r\n")
+            # a terminal's wrap splits anywhere: the row's own trailing space is the only separator
+            hard_wrap = len(row) >= WRAP_COLUMNS and not row.endswith(" ")
+            sep = "" if hard_wrap or out[-1].isspace() or piece[:1].isspace() else " "
+            out += sep + piece
+            prev = nxt
         return out
+
+    def _kv_alloc(self, hit: Hit, phase: str | None, text: str) -> None:
+        """SGLang's KV pool could not give a batch its token slots (fatal in every version): the
+        requested and available tokens from the lines after the message, the phase from the message
+        (or the frames), one event per failure (logger.error's line and the RuntimeError it raises
+        next are the same failure)."""
+        self.votes["sglang"] += 5
+        data: dict[str, Any] = {"fatal": True}
+        pools: dict[str, dict[str, int]] = {}
+        if m := P.SGL_KV_ALLOC_TRY.search(text):  # a paste that lost the message's newlines
+            data["requested_tokens"] = int(m.group(1))
+        for raw in hit.after(8):
+            s = clean(raw).text
+            if not s:
+                break
+            if m := P.SGL_KV_ALLOC_TRY.match(s):
+                data["requested_tokens"] = int(m.group(1))
+            elif m := P.SGL_KV_ALLOC_EVICTABLE.match(s):
+                pools.setdefault("token", {})["evictable_tokens"] = int(m.group(1))
+            elif "_size()=" in s and (m := P.SGL_KV_ALLOC_SIZE_CALL.search(s)):
+                key = "free_tokens" if m.group(1) == "available" else "evictable_tokens"
+                pools.setdefault("token", {})[key] = int(m.group(2))
+            elif "ble" in s and (m := P.SGL_KV_ALLOC_AVAIL.search(s)):
+                pool = pools.setdefault(m.group(1) or "token", {})
+                pool["available_tokens"] = int(m.group(2))
+                for key, val in P.SGL_KV_ALLOC_FIELD.findall(m.group(3) or ""):
+                    if "evictable" in key:
+                        pool["evictable_tokens"] = int(val)
+                    elif "available" in key:
+                        pool["free_tokens"] = int(val)
+            else:
+                break
+        for pool in pools.values():
+            if "free_tokens" in pool and "available_tokens" not in pool:
+                pool["available_tokens"] = pool["free_tokens"] + pool.get("evictable_tokens", 0)
+        if pools:
+            data["pools"] = pools
+            want = data.get("requested_tokens")
+            short = [n for n, p in pools.items() if want is not None and p.get("available_tokens", want) < want]
+            if short:
+                data["short_pool"] = short[0]
+        region = self._region(hit)
+        self._frames(region)
+        if phase is None and region:
+            if "alloc_for_extend" in region or "prepare_for_extend" in region:
+                phase = "prefill"
+            elif "alloc_for_decode" in region or "prepare_for_decode" in region:
+                phase = "decode"
+        raised = text.startswith("RuntimeError")
+        data["raised"] = raised
+        if raised:  # the RuntimeError after logger.error's own line: the same failure
+            for e in reversed(self.events[-MAX_EVENTS_PER_KIND:]):
+                if (
+                    e.kind == "kv_pool_exhausted"
+                    and not e.data.get("raised")
+                    and e.phase == phase
+                    and e.data.get("requested_tokens") == data.get("requested_tokens")
+                ):
+                    e.data["raised"] = True
+                    return
+        n = self.event_counts.get("kv_pool_exhausted", 0)
+        if n >= MAX_EVENTS_PER_KIND:
+            self.event_counts["kv_pool_exhausted"] = n + 1
+            return
+        self.add_event(
+            LogEvent("kv_pool_exhausted", self.name, hit.lineno, text[:EVIDENCE_CHARS], phase, data)
+        )
+
+    def _host_oom(self, hit: Hit, data: dict[str, Any], text: str) -> None:
+        """Host RAM ran out (PyTorch's CPU allocator, Python's MemoryError): the phase from the
+        traceback above it (loading weights, most often)."""
+        n = self.event_counts.get("host_oom", 0)
+        if n >= MAX_EVENTS_PER_KIND:
+            self.event_counts["host_oom"] = n + 1
+            return
+        region = self._region(hit)
+        self._frames(region)
+        phase = self._phase(self._markers(region)) if region else None
+        if phase in (None, "startup") and ("model_loader" in region or "weights_iterator" in region):
+            phase = "weight_load"  # vLLM model_loader/weight_utils.py *_weights_iterator
+        self.add_event(
+            LogEvent(
+                "host_oom", self.name, hit.lineno, self._message(hit, text)[:EVIDENCE_CHARS], phase, dict(data)
+            )
+        )
+
+    def _killed(self, hit: Hit, t: str) -> None:
+        """A process killed by the Linux OOM killer (kernel line, k8s OOMKilled) or by SIGKILL with no
+        text of its own (the shell's "Killed", exit code -9 / 137): host RAM, most often."""
+        text = clean(t).text
+        if m := P.KERNEL_OOM_KILL.search(text):
+            data: dict[str, Any] = {"killer": "linux oom killer"}
+            if m.group(2):
+                data.update(pid=int(m.group(2)), process=m.group(3), cgroup=bool(m.group(1)))
+            elif m.group(6):
+                data.update(pid=int(m.group(6)), process=m.group(5), constraint=m.group(4))
+        elif m := P.SIGKILL_LINE.search(text):
+            # a "sigkill" event, not host_oom: the OOM killer's usual mark, but SGLang's launcher also
+            # SIGKILLs its own process tree after a child failed (its "Received sigquit" line first)
+            data = {"killer": "sigkill"}
+            pid = m.group(1) or m.group(2)
+            if pid:
+                data["pid"] = int(pid)
+            if "It usually means" in hit.before(16 << 10):
+                data["cleanup"] = True
+            n = self.event_counts.get("sigkill", 0)
+            if n >= MAX_EVENTS_PER_KIND:
+                self.event_counts["sigkill"] = n + 1
+                return
+            self.add_event(LogEvent("sigkill", self.name, hit.lineno, text[:EVIDENCE_CHARS], None, data))
+            return
+        else:
+            return
+        n = self.event_counts.get("host_oom", 0)
+        if n >= MAX_EVENTS_PER_KIND:
+            self.event_counts["host_oom"] = n + 1
+            return
+        self.add_event(LogEvent("host_oom", self.name, hit.lineno, text[:EVIDENCE_CHARS], None, data))
 
     def _memory(self, hit: Hit, t: str) -> None:
         plan = memory_plan(t)
@@ -474,6 +642,10 @@ class EventsMixin:
         what = plan[0]
         if what == "oom":
             self._oom(hit, plan[1])
+        elif what == "kv_alloc":
+            self._kv_alloc(hit, plan[1], plan[2])
+        elif what == "host":
+            self._host_oom(hit, plan[1], plan[2])
         elif what == "facts":
             for name, value in plan[1]:
                 self.put(name, value, RUNTIME, hit)
@@ -492,6 +664,18 @@ class EventsMixin:
             self.add_event(
                 LogEvent(
                     kind,
+            if "replay" in text:
+                # a CUDA graph replay while serving: the runner's file says decode or prefill
+                for m in P.REPLAY_FRAME.finditer(text):
+                    runner = m.group(1)
+                    kind = (
+                        "prefill"
+                        if any(k in runner for k in P.REPLAY_PREFILL_FILES)
+                        else "decode"
+                    )
+                    last[kind] = max(last.get(kind, -1), m.start())
+            for m in P.SERVING_FRAMES.finditer(text):
+                last["serving"] = m.start()
                     self.name,
                     hit.lineno,
                     self._message(hit, text)[:EVIDENCE_CHARS],
@@ -508,12 +692,6 @@ class EventsMixin:
         region = self._region(hit)
         self._frames(region)
         data: dict[str, Any] = {}
-        if "would exceed allowed memory" in msg:
-            msg = _async_figures(hit, msg, data)
-            if data.get("total_mib") is not None:
-                self.put("total_gpu_mib", data["total_mib"], INFERRED, self.ev(hit))
-        if "allowed;" in msg and (m := P.OOM_ALLOWED.search(msg)):
-            data["allowed_mib"] = size_mib(m.group(1))  # a per-process memory fraction was set
         if m := P.OOM_TRIED.search(msg):
             data["requested_mib"] = size_mib(m.group(1))
         if "pid=" in hit.text[:120] and (m := P.PROC_PID.search(hit.text, 0, 160)):
@@ -660,3 +838,9 @@ class EventsMixin:
         self.add_event(
             LogEvent("kv_leak_selfcheck", self.name, hit.lineno, body[:EVIDENCE_CHARS], None, data)
         )
+        if "would exceed allowed memory" in msg:
+            msg = _async_figures(hit, msg, data)
+            if data.get("total_mib") is not None:
+                self.put("total_gpu_mib", data["total_mib"], INFERRED, self.ev(hit))
+        if "allowed;" in msg and (m := P.OOM_ALLOWED.search(msg)):
+            data["allowed_mib"] = size_mib(m.group(1))  # a per-process memory fraction was set

@@ -718,8 +718,17 @@ def dispatch(t: str) -> tuple[Step, ...]:
         or "_image_input" in t
     ):
         steps.append(X._mm_frame)
-    if "hit an exception" in t or "run_tp_server" in t:
+    if (
+        "hit an exception" in t
+        or "run_tp_server" in t
+        or "failed to start" in t
+        or "initialization failed" in t
+        or "encountered a fatal error" in t
+        or "died unexpectedly" in t
+    ):
         steps.append(X._exception)
+    if "Kill" in t or "SIGKILL" in t or "exitcode" in t or "code 137" in t or "oom-kill" in t:
+        steps.append(X._killed)  # review 12: the OOM killer / SIGKILL (host RAM, most often)
     if "fired up" in t and P.SGL_READY.search(t):
         steps.append(X._ready)
     if "eak d" in t or "eak D" in t:
@@ -729,6 +738,7 @@ def dispatch(t: str) -> tuple[Step, ...]:
         or "out of resource" in t
         or "max seq len" in t
         or "profiled value" in t
+        or "Retract requests" in t
         or "OUT_OF_MEMORY" in t
         or "ALLOC_FAILED" in t
     ) and not any(d in t for d in DUMP_MARKS):

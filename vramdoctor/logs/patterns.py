@@ -91,6 +91,17 @@ ANCHORS: tuple[bytes, ...] = (
         )
     ),
     b"run_tp_server",  # SGLang 2024 "Exception in run_tp_server:"
+    # review 12 (crashes): vLLM's start-up/engine death lines, SGLang's retraction line, SIGKILL signs
+    b"failed to start",  # vLLM "EngineCore failed to start." / "WorkerProc failed to start."
+    b"initialization failed",  # vLLM "Engine core initialization failed. See root cause above. ..."
+    b"encountered a fatal error",  # vLLM "EngineCore encountered a fatal error."
+    b"died unexpectedly",  # vLLM "Worker proc X died unexpectedly", "Engine core proc X died unexpectedly"
+    b"Retract requests",  # SGLang "KV cache pool is full. Retract requests. #retracted_reqs: N"
+    b"Killed",  # the shell's "Killed" (SIGKILL), the kernel's "Killed process N", k8s "OOMKilled"
+    b"SIGKILL",  # torch elastic "Signal 9 (SIGKILL) received by PID N"
+    b"exitcode",  # SGLang "Child process unexpectedly failed with exitcode=9", torch elastic "exitcode  : -9"
+    b"code 137",  # docker "exited with code 137" (128 + SIGKILL)
+    b"oom-kill",  # kernel "oom-kill:constraint=...,task=NAME,pid=N"
 )
 
 # --- line prefixes (stripped for display and continuation detection) -------------------
@@ -392,6 +403,79 @@ TRITON_SMEM = re.compile(
 RAY_OOM = re.compile(
     r"ray\.exceptions\.OutOfMemoryError: Task was killed due to the node running low on memory"
 )
+
+# --- review 12 (crashes): KV-pool allocation failures, host-RAM OOM, SIGKILL, vLLM death lines ----
+# SGLang's KV token pool could not give a batch its slots: fatal in every version (the scheduler's
+# admission and retraction checks are meant to make it impossible). 0.1.x `print("Prefill out of
+# memory. This should never happen.")` + exit(); 2024 (0.2-0.3) logger.error("{Prefill|Decode} out of
+# memory. Try to lower your batch size.\nTry to allocate N tokens.\nAvaliable tokens: N\n") + exit(1);
+# 0.3-0.5 schedule_batch.py `alloc_token_slots` / `alloc_paged_token_slots_extend` / `..._decode`:
+# logger.error(msg) then raise RuntimeError(msg) with "Available tokens: N (available_size=X +
+# evictable_size=Y)"; 0.5.x mem_cache/common.py `alloc_token_slots`: "Out of memory. Try to lower your
+# batch size." (no phase), hybrid pools print "Available full tokens: N (full_available_size=X +
+# full_evictable_size=Y)" / "Available swa tokens: N (...)" / "Available swa: N (available_size=X +
+# component_evictable_size_=Y)". Group 1: the phase (None for the phase-less wording).
+SGL_KV_ALLOC_FAIL = re.compile(
+    r"\b(?:(Prefill|Decode) out of memory\. (?:Try to lower your batch size|This should never happen)"
+    r"|Out of memory\. Try to lower your batch size)"
+)
+SGL_KV_ALLOC_TRY = re.compile(r"Try to allocate (\d+) tokens")
+SGL_KV_ALLOC_AVAIL = re.compile(
+    r"\bAva(?:il|li)able(?: (?!tokens)(\w+))?(?: tokens)?: ?(\d+)(?: \(([^)]*)\))?"  # "Avaliable": 2024's typo
+)
+# early 2025 (sglang PR #5081's excerpt): "self.token_to_kv_pool_allocator.available_size()=5120" and
+# "self.tree_cache.evictable_size()=0" on their own lines after "Avaliable tokens: N"
+SGL_KV_ALLOC_SIZE_CALL = re.compile(r"\b(available|evictable)_size\(\)=(\d+)")
+SGL_KV_ALLOC_EVICTABLE = re.compile(r"^Evictable tokens: (\d+)")
+SGL_KV_ALLOC_FIELD = re.compile(r"(\w+?)_?=(\d+)")
+# SGLang 0.4+ retraction (not a crash): "KV cache pool is full. Retract requests. #retracted_reqs: N[,
+# #new_tokens_gained: N][, #mamba_num_gained: N][, #new_token_ratio: A -> B]" (logger.info, later warning).
+SGL_RETRACT_POOL_FULL = re.compile(
+    r"KV cache pool is full\. Retract requests\. #retracted_reqs: (\d+)(?:, #new_tokens_gained: (\d+))?"
+    r"(?:, #mamba_num_gained: \d+)?(?:, #new_token_ratio: ([\d.]+) -> ([\d.]+))?"
+)
+# Host RAM exhausted. PyTorch c10/core/impl/alloc_cpu.cpp (CAFFE_ENFORCE, "[enforce fail at
+# alloc_cpu.cpp:N] ..."): Linux posix_memalign "DefaultCPUAllocator: can't allocate memory: you tried to
+# allocate N bytes. Error code 12 (Cannot allocate memory)"; Windows/Android "DefaultCPUAllocator: not
+# enough memory: you tried to allocate N bytes."; 2019-2020 "... you tried to allocate %dGB. Buy new RAM!".
+CPU_ALLOC_OOM = re.compile(
+    r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory): you tried to allocate (\d+) ?(bytes|GB)"
+)
+# Python's own: a bare "MemoryError" (the last line of a traceback), numpy's "_ArrayMemoryError: Unable
+# to allocate 3.73 GiB for an array with shape ..."
+PY_MEMORY_ERROR = re.compile(
+    r"^(?:builtins\.)?MemoryError\b(?::|$)|_ArrayMemoryError: Unable to allocate ([\d.]+ [KMGTP]?i?B)"
+)
+# The Linux OOM killer (dmesg / journalctl -k): "Out of memory: Killed process N (NAME) total-vm:..."
+# (older kernels "Out of memory: Kill process N (NAME) score S or sacrifice child"), cgroup limit
+# "Memory cgroup out of memory: Killed process N (NAME)", "oom-kill:constraint=...,task=NAME,pid=N";
+# Kubernetes "Reason: OOMKilled" / docker inspect "OOMKilled": true.
+KERNEL_OOM_KILL = re.compile(
+    r"(Memory cgroup )?[Oo]ut of memory: Kill(?:ed)? process (\d+) \(([^)]*)\)"
+    r"|oom-kill:constraint=(\w+).*?task=([^,\s]+), ?pid=(\d+)|\bOOMKilled\b"
+)
+# A process killed by SIGKILL (signal 9) with no text of its own: on Linux most often the OOM killer.
+# bash "Killed" / "./run.sh: line 3:  4242 Killed    python3 -m ..."; docker "exited with code 137";
+# torch elastic "Signal 9 (SIGKILL) received by PID N" / "exitcode  : -9 (pid: N)"; SGLang's SIGCHLD
+# handler "Child process unexpectedly failed with exitcode=9. pid=N" (a waitpid status: 9 = signal 9).
+SIGKILL_LINE = re.compile(
+    r"^Killed$|^\S+: line \d+: +\d+ Killed\b|exited with code 137\b|Signal 9 \(SIGKILL\) received by PID (\d+)"
+    r"|exitcode +: -9\b|unexpectedly failed with exitcode=9\. pid=(\d+)"
+)
+# vLLM's death lines (crash lines, like "hit an exception"): v1/engine/core.py `run_engine_core`
+# logger.exception("EngineCore failed to start.") / ("EngineCore encountered a fatal error."),
+# v1/executor/multiproc_executor.py logger.exception("WorkerProc failed to start.") and "Worker proc %s
+# died unexpectedly, shutting down executor.", v1/engine/utils.py wait_for_engine_startup "Engine core
+# initialization failed. See root cause above.[ Failed core proc(s): {NAME: EXITCODE}]", core_client
+# "Engine core proc %s died unexpectedly, shutting down client.", "WorkerProc initialization failed due
+# to an exception in a background process. See stack trace for root cause."
+VLLM_CRASH = re.compile(
+    r"\b(EngineCore|WorkerProc) failed to start\.|\b(EngineCore) encountered a fatal error\."
+    r"|\b(Engine core) initialization failed\. See root cause above|\b(WorkerProc) initialization failed due to"
+    r"|\b(?:Worker|Engine core) proc (\S+) died unexpectedly"
+)
+VLLM_FAILED_PROCS = re.compile(r"Failed core proc\(s\): \{([^}]*)\}")
+VLLM_FAILED_PROC = re.compile(r"'([^']+)': (-?\d+)")
 # Mooncake transfer engine (SGLang PD disaggregation), glog format:
 # "E0529 23:22:59.553362 67580 rdma_context.cpp:203] Failed to register memory 0x7c1cda000000: Bad address [14]"
 RDMA_REGISTER = re.compile(r"Failed to register memory (0x[0-9a-f]+)(?:: (.*))?")
@@ -502,23 +586,6 @@ FORWARD_MARKERS: tuple[tuple[str, Any], ...] = (
         _fast(r"forward_extend|forward_prefill|ForwardMode\.EXTEND|prefill_wrapper|BatchPrefill"),
     ),
 )
-# A CUDA graph REPLAY frame (serving, not capture): SGLang's runners `replay` / `replay_prepare`. The
-# runner's file says the phase: the decode runners (cuda_graph_runner.py, cuda_graph_runner/decode_runner.py,
-# the EAGLE draft / draft-extend runners of speculative decoding, npu/cpu_graph_runner.py) replay decode
-# batches; the piecewise, breakable and prefill runners (piecewise_cuda_graph_runner.py,
-# breakable_cuda_graph_runner.py, cuda_graph_runner/prefill_runner.py) replay extend (prefill) batches.
-# Group 1: the runner file's name.
-REPLAY_FRAME = _fast(r'(\w*runner)\.py", line \d+, in (?:replay|replay_prepare)\b')
-REPLAY_PREFILL_FILES = ("piecewise", "breakable", "prefill")
-# Serving a batch of requests, phase not shown (the weakest marker: any forward, replay, multimodal or
-# dummy-pass frame says more): vLLM's worker / model runner `execute_model` (V0, V1, model runner v2; the
-# EngineCore's `self.model_executor.execute_model(...)`), `sample_tokens` (0.11+ async scheduling);
-# SGLang's scheduler loop (`event_loop_normal` / `event_loop_overlap` / `event_loop_pp`), `run_batch`,
-# `forward_batch_generation`.
-SERVING_FRAMES = _fast(
-    r", in (?:execute_model|sample_tokens|event_loop_\w+|run_batch|forward_batch_generation)\b"
-    r"|\.execute_model\("
-)
 CONTEXT_PHASES = tuple(name for name, _ in PHASE_MARKERS)
 # Substrings without which no multimodal frame can match (a cheap gate before MM_FRAMES).
 MM_HINTS = ("multimodal", "mm_", "image", "video", "audio", "visual", "vision", "Vision")
@@ -593,4 +660,21 @@ def is_mm_arch(arch: str) -> bool:
 # The attention backend a traceback runs through (a fallback when no line names it).
 TRACE_BACKEND = _fast(
     r"layers/attention/(\w+?)_backend\.py|init_flashinfer_args|BatchDecodeWithPagedKVCache|BatchPrefillWithPagedKVCache"
+)
+# A CUDA graph REPLAY frame (serving, not capture): SGLang's runners `replay` / `replay_prepare`. The
+# runner's file says the phase: the decode runners (cuda_graph_runner.py, cuda_graph_runner/decode_runner.py,
+# the EAGLE draft / draft-extend runners of speculative decoding, npu/cpu_graph_runner.py) replay decode
+# batches; the piecewise, breakable and prefill runners (piecewise_cuda_graph_runner.py,
+# breakable_cuda_graph_runner.py, cuda_graph_runner/prefill_runner.py) replay extend (prefill) batches.
+# Group 1: the runner file's name.
+REPLAY_FRAME = _fast(r'(\w*runner)\.py", line \d+, in (?:replay|replay_prepare)\b')
+REPLAY_PREFILL_FILES = ("piecewise", "breakable", "prefill")
+# Serving a batch of requests, phase not shown (the weakest marker: any forward, replay, multimodal or
+# dummy-pass frame says more): vLLM's worker / model runner `execute_model` (V0, V1, model runner v2; the
+# EngineCore's `self.model_executor.execute_model(...)`), `sample_tokens` (0.11+ async scheduling);
+# SGLang's scheduler loop (`event_loop_normal` / `event_loop_overlap` / `event_loop_pp`), `run_batch`,
+# `forward_batch_generation`.
+SERVING_FRAMES = _fast(
+    r", in (?:execute_model|sample_tokens|event_loop_\w+|run_batch|forward_batch_generation)\b"
+    r"|\.execute_model\("
 )

@@ -172,7 +172,7 @@ def render(d: Diagnosis, con: Console) -> None:
     for fs in d.files:
         for note in fs.notes:
             con.print(Text(f"note: {fs.file}: {note}", style="dim"))
-        if not fs.recognised:
+        if not fs.recognised and not any(n.startswith("not read: ") for n in fs.notes):
             con.print(
                 Text(
                     f"note: {fs.file}: not an SGLang or vLLM server log (no known line found)",

@@ -1,4 +1,10 @@
-"""SGLang retracted requests because the KV pool filled up (scheduling, not a crash)."""
+"""SGLang retracted requests because the KV pool filled up (scheduling, not a crash).
+
+The retraction lines: "Decode out of memory happened. #retracted_reqs: N, #new_token_ratio: A -> B"
+(older versions) and "KV cache pool is full. Retract requests. #retracted_reqs: N, ..." (newer). The
+allocation failure "Prefill/Decode out of memory. Try to lower your batch size." is NOT one: it kills
+the scheduler (rule sglang-kv-pool-exhausted).
+"""
 
 from __future__ import annotations
 
@@ -21,8 +27,10 @@ def check(d: Diagnosis) -> list[Finding]:
             "warning" if n >= MANY else "info",
             f"KV pool full: {n} retraction line(s)",
             explanation=(
-                f"'Decode out of memory happened' means the KV pool ran out of free slots during decode "
-                f"and SGLang retracted running requests ({reqs} in the lines kept) and re-queued them. It "
+                "SGLang's retraction line ('Decode out of memory happened' in older versions, 'KV cache "
+                "pool is full. Retract requests.' in newer ones) means the KV pool ran out of free slots "
+                f"during decode and SGLang retracted running requests ({reqs} in the lines kept) and "
+                "re-queued them; the server kept running. It "
                 "is not a CUDA OOM and not a leak; requests are recomputed, which costs latency. "
                 "Frequent retraction means the KV pool is too small for the load."
             ),
@@ -39,7 +47,10 @@ RULE = Rule(
     id="sglang-retraction",
     severity="warning",
     title="SGLang KV pool retraction",
-    fires_when="SGLang 'Decode out of memory happened. #retracted_reqs: N' or 'Prefill out of memory' (info; warning from 20 lines)",
+    fires_when=(
+        "SGLang 'Decode out of memory happened. #retracted_reqs: N' or 'KV cache pool is full. Retract "
+        "requests. #retracted_reqs: N' (info; warning from 20 lines)"
+    ),
     fix="lower --max-running-requests, raise --schedule-conservativeness or the memory fraction",
     check=check,
 )

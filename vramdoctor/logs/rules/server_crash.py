@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
-from ..model import Diagnosis, Finding
+from ..model import Diagnosis, Finding, LogEvent
 from . import Rule
 from ._common import first_evidence
 
 # Every event kind that is (or names) the cause of a crash; with one of them the crash is explained.
 CAUSES = ("server_crash",)
+# Events that never explain a crash: SGLang's retraction (it handled a full pool and kept running),
+# a capped KV budget at start-up, a bare SIGKILL sign (SGLang and vLLM SIGKILL their other processes
+# after one died; the host-oom rule reports a SIGKILL that nothing else explains).
+NOT_CAUSES = ("retraction", "kv_budget_capped", "sigkill")
+
+
+def _explains(e: LogEvent) -> bool:
+    """Whether an event other than a crash line is the crash's cause."""
+    return e.kind not in CAUSES and e.kind not in NOT_CAUSES
 
 
 def check(d: Diagnosis) -> list[Finding]:
     crashes = d.events_of("server_crash")
-    if not crashes or any(e.kind not in CAUSES for e in d.events):
+    if not crashes or any(_explains(e) for e in d.events):
         return []  # no crash, or another event (an OOM, a self-check failure...) is its cause
     n = d.event_counts.get("server_crash", len(crashes))
     shown = next((e for e in crashes if e.data.get("error")), None)
+    killed = [e for e in d.events_of("sigkill") if not e.data.get("cleanup")]
+    if shown is None and killed:
+        return []  # a process killed by SIGKILL and no exception: the host-oom rule says so
     if shown is not None:
         err = shown.data["error"]
         return [
@@ -56,8 +68,9 @@ RULE = Rule(
     title="Server crashed, cause not in the log",
     fires_when=(
         "a crash line (SGLang '[... TP0] Scheduler hit an exception', 2024 'Exception in run_tp_server', vLLM "
-        "'... hit an exception') and no memory event in the log; the exception's own last line quoted when the "
-        "log has it"
+        "'... hit an exception', 'EngineCore failed to start.', 'WorkerProc failed to start.', 'EngineCore "
+        "encountered a fatal error.', 'Engine core initialization failed', '... died unexpectedly') and no memory "
+        "event in the log; the exception's own last line quoted when the log has it"
     ),
     fix="add the end of the traceback or the whole log",
     check=check,
