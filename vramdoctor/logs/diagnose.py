@@ -417,6 +417,7 @@ def _diagnose_group(
     pids: dict[int, str] = {}
     for ex in used:
         pids.update(ex.pids)
+    owners = _oom_owners([e for ex in used for e in ex.events if e.kind == "cuda_oom"])
     events = []
     counts: dict[str, int] = {}
     for ex in used:
@@ -427,6 +428,10 @@ def _diagnose_group(
                 tag = pids.get(proc.get("pid"))
                 if tag is not None:  # a pid the server's own process tags name: one of its ranks
                     proc["server_process"] = tag
+                elif (own := owners.get(proc.get("pid"))) is not None and own[0] != e.data.get("gpu"):
+                    # the failing process of another GPU's OOM in this log: a sibling rank's context here
+                    proc["server_process"] = f"the rank on GPU {own[0]}"
+                    proc["server_process_evidence"] = own[1]
             events.append(e)
         for k, n in ex.event_counts.items():
             counts[k] = counts.get(k, 0) + n
@@ -437,38 +442,6 @@ def _diagnose_group(
     return d
 
 
-def _redact(d: Diagnosis, secrets: set[str]) -> None:
-    """Blank secrets (API keys from argument dumps, bearer tokens, sk-... keys) in every text.
-
-    vramdoctor.redact.redact_text does the work; a text repeated (the same OOM message on every
-    rank, in an event and a finding's evidence) is redacted once.
-    """
-    done: dict[str, str] = {}
-
-    def red(text: str) -> str:
-        r = done.get(text)
-        if r is None:
-            r = done[text] = redact_text(text, secrets)
-        return r
-
-    def ev(e: Evidence | None) -> Evidence | None:
-    owners = _oom_owners([e for ex in used for e in ex.events if e.kind == "cuda_oom"])
-        return None if e is None else Evidence(e.file, e.line, red(e.text))
-
-    d.facts.evidence = {k: ev(v) for k, v in d.facts.evidence.items()}  # type: ignore[misc]
-    d.version_evidence = ev(d.version_evidence)
-    for e in d.events:
-        e.text = red(e.text)
-    for f in d.findings:
-        f.evidence = [ev(x) for x in f.evidence]  # type: ignore[misc]
-        f.explanation = red(f.explanation)
-        f.fix = red(f.fix)
-                elif (own := owners.get(proc.get("pid"))) is not None and own[0] != e.data.get("gpu"):
-                    # the failing process of another GPU's OOM in this log: a sibling rank's context here
-                    proc["server_process"] = f"the rank on GPU {own[0]}"
-                    proc["server_process_evidence"] = own[1]
-    if d.facts.model:
-        d.facts.model = red(d.facts.model)
 def _oom_owners(ooms: Sequence[Any]) -> dict[int, tuple[int, str]]:
     """pid -> (GPU, why) for each pid an OOM message of the log shows as the failing process of its
     GPU: listed with at least what PyTorch itself reserved there (allocated + reserved-unallocated,
@@ -498,3 +471,30 @@ def _oom_owners(ooms: Sequence[Any]) -> dict[int, tuple[int, str]]:
     return out
 
 
+def _redact(d: Diagnosis, secrets: set[str]) -> None:
+    """Blank secrets (API keys from argument dumps, bearer tokens, sk-... keys) in every text.
+
+    vramdoctor.redact.redact_text does the work; a text repeated (the same OOM message on every
+    rank, in an event and a finding's evidence) is redacted once.
+    """
+    done: dict[str, str] = {}
+
+    def red(text: str) -> str:
+        r = done.get(text)
+        if r is None:
+            r = done[text] = redact_text(text, secrets)
+        return r
+
+    def ev(e: Evidence | None) -> Evidence | None:
+        return None if e is None else Evidence(e.file, e.line, red(e.text))
+
+    d.facts.evidence = {k: ev(v) for k, v in d.facts.evidence.items()}  # type: ignore[misc]
+    d.version_evidence = ev(d.version_evidence)
+    for e in d.events:
+        e.text = red(e.text)
+    for f in d.findings:
+        f.evidence = [ev(x) for x in f.evidence]  # type: ignore[misc]
+        f.explanation = red(f.explanation)
+        f.fix = red(f.fix)
+    if d.facts.model:
+        d.facts.model = red(d.facts.model)

@@ -250,31 +250,6 @@ def memory_plan(t: str) -> tuple[Any, ...] | None:
     return ("event", kind, phase, data, votes, text, ())
 
 
-def _frames_above(before: str) -> str:
-    """The traceback frames directly above an error line, without a header (an excerpt that starts
-    mid-traceback), or "" when the line above is not a frame.
-
-    A frame is its 'File "..."' line, the code line right after it and Python 3.11+'s caret line."""
-    lines = before.rstrip("\n").split("\n")[-200:]
-    texts = [clean(x).text for x in lines]
-    k = len(lines)
-    while k > 0:
-        s = texts[k - 1]
-        older = texts[k - 2] if k >= 2 else ""
-        if 'File "' in s or (s and not s.strip("^~ ")) or ('File "' in older and s):
-            k -= 1
-            continue
-        break
-    region = lines[k:]
-    return "\n".join(region) if any('File "' in t for t in texts[k:]) else ""
-
-
-def _chained_below(after: list[str]) -> str:
-    """The frames of the traceback Python chains right after an error ("During handling of the above
-    exception, another exception occurred:"), up to its own error line; "" when none follows."""
-    for i, raw in enumerate(after[:FRAME_GAP_LINES]):
-        if (
-            "During handling of the above exception" in raw
 # Above this, torch's "PyTorch limit" is its UINT64_MAX sentinel (no fraction set): 16 EiB in MiB.
 NO_LIMIT_MIB = float(1 << 40)
 _ASYNC_KEYS = {
@@ -315,6 +290,31 @@ def _async_figures(hit: Hit, msg: str, data: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+def _frames_above(before: str) -> str:
+    """The traceback frames directly above an error line, without a header (an excerpt that starts
+    mid-traceback), or "" when the line above is not a frame.
+
+    A frame is its 'File "..."' line, the code line right after it and Python 3.11+'s caret line."""
+    lines = before.rstrip("\n").split("\n")[-200:]
+    texts = [clean(x).text for x in lines]
+    k = len(lines)
+    while k > 0:
+        s = texts[k - 1]
+        older = texts[k - 2] if k >= 2 else ""
+        if 'File "' in s or (s and not s.strip("^~ ")) or ('File "' in older and s):
+            k -= 1
+            continue
+        break
+    region = lines[k:]
+    return "\n".join(region) if any('File "' in t for t in texts[k:]) else ""
+
+
+def _chained_below(after: list[str]) -> str:
+    """The frames of the traceback Python chains right after an error ("During handling of the above
+    exception, another exception occurred:"), up to its own error line; "" when none follows."""
+    for i, raw in enumerate(after[:FRAME_GAP_LINES]):
+        if (
+            "During handling of the above exception" in raw
             or "The above exception was the direct cause" in raw
         ):
             out: list[str] = []
@@ -477,6 +477,18 @@ class EventsMixin:
             for name, rx in P.FORWARD_MARKERS:
                 for m in rx.finditer(text):
                     last[name] = m.start()
+            if "replay" in text:
+                # a CUDA graph replay while serving: the runner's file says decode or prefill
+                for m in P.REPLAY_FRAME.finditer(text):
+                    runner = m.group(1)
+                    kind = (
+                        "prefill"
+                        if any(k in runner for k in P.REPLAY_PREFILL_FILES)
+                        else "decode"
+                    )
+                    last[kind] = max(last.get(kind, -1), m.start())
+            for m in P.SERVING_FRAMES.finditer(text):
+                last["serving"] = m.start()
         return last
 
     @staticmethod
@@ -664,18 +676,6 @@ class EventsMixin:
             self.add_event(
                 LogEvent(
                     kind,
-            if "replay" in text:
-                # a CUDA graph replay while serving: the runner's file says decode or prefill
-                for m in P.REPLAY_FRAME.finditer(text):
-                    runner = m.group(1)
-                    kind = (
-                        "prefill"
-                        if any(k in runner for k in P.REPLAY_PREFILL_FILES)
-                        else "decode"
-                    )
-                    last[kind] = max(last.get(kind, -1), m.start())
-            for m in P.SERVING_FRAMES.finditer(text):
-                last["serving"] = m.start()
                     self.name,
                     hit.lineno,
                     self._message(hit, text)[:EVIDENCE_CHARS],
@@ -692,6 +692,12 @@ class EventsMixin:
         region = self._region(hit)
         self._frames(region)
         data: dict[str, Any] = {}
+        if "would exceed allowed memory" in msg:
+            msg = _async_figures(hit, msg, data)
+            if data.get("total_mib") is not None:
+                self.put("total_gpu_mib", data["total_mib"], INFERRED, self.ev(hit))
+        if "allowed;" in msg and (m := P.OOM_ALLOWED.search(msg)):
+            data["allowed_mib"] = size_mib(m.group(1))  # a per-process memory fraction was set
         if m := P.OOM_TRIED.search(msg):
             data["requested_mib"] = size_mib(m.group(1))
         if "pid=" in hit.text[:120] and (m := P.PROC_PID.search(hit.text, 0, 160)):
@@ -838,9 +844,3 @@ class EventsMixin:
         self.add_event(
             LogEvent("kv_leak_selfcheck", self.name, hit.lineno, body[:EVIDENCE_CHARS], None, data)
         )
-        if "would exceed allowed memory" in msg:
-            msg = _async_figures(hit, msg, data)
-            if data.get("total_mib") is not None:
-                self.put("total_gpu_mib", data["total_mib"], INFERRED, self.ev(hit))
-        if "allowed;" in msg and (m := P.OOM_ALLOWED.search(msg)):
-            data["allowed_mib"] = size_mib(m.group(1))  # a per-process memory fraction was set

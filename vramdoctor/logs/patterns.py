@@ -586,6 +586,23 @@ FORWARD_MARKERS: tuple[tuple[str, Any], ...] = (
         _fast(r"forward_extend|forward_prefill|ForwardMode\.EXTEND|prefill_wrapper|BatchPrefill"),
     ),
 )
+# A CUDA graph REPLAY frame (serving, not capture): SGLang's runners `replay` / `replay_prepare`. The
+# runner's file says the phase: the decode runners (cuda_graph_runner.py, cuda_graph_runner/decode_runner.py,
+# the EAGLE draft / draft-extend runners of speculative decoding, npu/cpu_graph_runner.py) replay decode
+# batches; the piecewise, breakable and prefill runners (piecewise_cuda_graph_runner.py,
+# breakable_cuda_graph_runner.py, cuda_graph_runner/prefill_runner.py) replay extend (prefill) batches.
+# Group 1: the runner file's name.
+REPLAY_FRAME = _fast(r'(\w*runner)\.py", line \d+, in (?:replay|replay_prepare)\b')
+REPLAY_PREFILL_FILES = ("piecewise", "breakable", "prefill")
+# Serving a batch of requests, phase not shown (the weakest marker: any forward, replay, multimodal or
+# dummy-pass frame says more): vLLM's worker / model runner `execute_model` (V0, V1, model runner v2; the
+# EngineCore's `self.model_executor.execute_model(...)`), `sample_tokens` (0.11+ async scheduling);
+# SGLang's scheduler loop (`event_loop_normal` / `event_loop_overlap` / `event_loop_pp`), `run_batch`,
+# `forward_batch_generation`.
+SERVING_FRAMES = _fast(
+    r", in (?:execute_model|sample_tokens|event_loop_\w+|run_batch|forward_batch_generation)\b"
+    r"|\.execute_model\("
+)
 CONTEXT_PHASES = tuple(name for name, _ in PHASE_MARKERS)
 # Substrings without which no multimodal frame can match (a cheap gate before MM_FRAMES).
 MM_HINTS = ("multimodal", "mm_", "image", "video", "audio", "visual", "vision", "Vision")
@@ -660,21 +677,4 @@ def is_mm_arch(arch: str) -> bool:
 # The attention backend a traceback runs through (a fallback when no line names it).
 TRACE_BACKEND = _fast(
     r"layers/attention/(\w+?)_backend\.py|init_flashinfer_args|BatchDecodeWithPagedKVCache|BatchPrefillWithPagedKVCache"
-)
-# A CUDA graph REPLAY frame (serving, not capture): SGLang's runners `replay` / `replay_prepare`. The
-# runner's file says the phase: the decode runners (cuda_graph_runner.py, cuda_graph_runner/decode_runner.py,
-# the EAGLE draft / draft-extend runners of speculative decoding, npu/cpu_graph_runner.py) replay decode
-# batches; the piecewise, breakable and prefill runners (piecewise_cuda_graph_runner.py,
-# breakable_cuda_graph_runner.py, cuda_graph_runner/prefill_runner.py) replay extend (prefill) batches.
-# Group 1: the runner file's name.
-REPLAY_FRAME = _fast(r'(\w*runner)\.py", line \d+, in (?:replay|replay_prepare)\b')
-REPLAY_PREFILL_FILES = ("piecewise", "breakable", "prefill")
-# Serving a batch of requests, phase not shown (the weakest marker: any forward, replay, multimodal or
-# dummy-pass frame says more): vLLM's worker / model runner `execute_model` (V0, V1, model runner v2; the
-# EngineCore's `self.model_executor.execute_model(...)`), `sample_tokens` (0.11+ async scheduling);
-# SGLang's scheduler loop (`event_loop_normal` / `event_loop_overlap` / `event_loop_pp`), `run_batch`,
-# `forward_batch_generation`.
-SERVING_FRAMES = _fast(
-    r", in (?:execute_model|sample_tokens|event_loop_\w+|run_batch|forward_batch_generation)\b"
-    r"|\.execute_model\("
 )
