@@ -288,6 +288,24 @@ def test_a_small_pid_no_oom_owns_is_still_another_process(tmp_path: Path) -> Non
     assert gpu1[3310]["server_process"] == "the rank on GPU 0"
 
 
+def test_a_big_pid_next_to_this_process_is_not_a_rank(tmp_path: Path) -> None:
+    # "this process has X" names the failing process: a big pid listed besides it is another program,
+    # and its small context on another GPU stays "another process" too
+    text = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of "
+        "79.19 GiB of which 1.2 GiB is free. Including non-PyTorch memory, this process has 30.00 GiB memory in "
+        "use. Process 7777 has 47.00 GiB memory in use. Of the allocated memory 28.10 GiB is allocated by "
+        "PyTorch, and 1.37 GiB is reserved by PyTorch but unallocated.\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+        "79.19 GiB of which 1.2 GiB is free. Process 3310 has 77.45 GiB memory in use. Process 7777 has 530.00 "
+        "MiB memory in use. Of the allocated memory 74.10 GiB is allocated by PyTorch, and 1.37 GiB is reserved "
+        "by PyTorch but unallocated.\n"
+    )
+    d = run(tmp_path, text)
+    gpu0 = {p["pid"]: p for p in d.events_of("cuda_oom")[1].data["processes"]}
+    assert "server_process" not in gpu0[7777]
+
+
 # --- problem 12: PyTorch's per-process memory fraction --------------------------------------
 
 

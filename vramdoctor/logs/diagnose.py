@@ -444,9 +444,11 @@ def _diagnose_group(
 
 def _oom_owners(ooms: Sequence[Any]) -> dict[int, tuple[int, str]]:
     """pid -> (GPU, why) for each pid an OOM message of the log shows as the failing process of its
-    GPU: listed with at least what PyTorch itself reserved there (allocated + reserved-unallocated,
-    2 % and 64 MiB of slack), or named by the failing line's own process tag (`pid`). Such a pid is one
-    of the server's ranks, so its CUDA context on another GPU is the server's own, not another program.
+    GPU: the only listed process holding at least what PyTorch itself reserved there (allocated +
+    reserved-unallocated, 2 % and 64 MiB of slack) in a message without "this process has X" (which
+    names the failing process itself, making every listed pid another one), or the failing line's own
+    process tag (`pid`). Such a pid is one of the server's ranks, so its CUDA context on another GPU is
+    the server's own, not another program.
     """
     out: dict[int, tuple[int, str]] = {}
     for e in ooms:
@@ -455,19 +457,21 @@ def _oom_owners(ooms: Sequence[Any]) -> dict[int, tuple[int, str]]:
         if gpu is None:
             continue
         if isinstance(d.get("pid"), int):
-            out.setdefault(d["pid"], (gpu, f"pid {d['pid']} is the failing process of the OOM on GPU {gpu} (line {e.line}), by its process tag"))
+            why = f"pid {d['pid']} is the failing process of the OOM on GPU {gpu} (line {e.line}), by its tag"
+            out.setdefault(d["pid"], (gpu, why))
         alloc = d.get("allocated_mib")
         procs = [p for p in d.get("processes", ()) if p.get("mib") is not None]
-        if alloc is None or not procs:
-            continue
+        if alloc is None or not procs or d.get("this_process_mib") is not None:
+            continue  # with "this process has X" the failing process is that one: listed pids are others
         own = alloc + (d.get("reserved_unallocated_mib") or 0.0)
-        big = max(procs, key=lambda p: p["mib"])
-        if big["mib"] >= own * 0.98 - 64:
-            out.setdefault(
-                big["pid"],
-                (gpu, f"GPU {gpu}'s OOM message (line {e.line}) shows pid {big['pid']} holding "
-                 f"{big['mib'] / 1024:.2f} GiB, the failing rank there"),
+        fits = [p for p in procs if p["mib"] >= own * 0.98 - 64]
+        if len(fits) == 1:  # exactly one listed process can be the failing one
+            big = fits[0]
+            why = (
+                f"GPU {gpu}'s OOM message (line {e.line}) shows pid {big['pid']} holding "
+                f"{big['mib'] / 1024:.2f} GiB, the failing rank there"
             )
+            out.setdefault(big["pid"], (gpu, why))
     return out
 
 

@@ -49,7 +49,8 @@ def _free_below(d: Diagnosis, evs: list[LogEvent]) -> tuple[str, str, str]:
     for e in evs:
         if e.data.get("reason") != "free_memory_below_utilization":
             continue
-        key = (e.data.get("device"), e.data.get("free_mib"), e.data.get("total_mib"), e.file)
+        # the same line in a launcher log and a worker log is one GPU's figures, read once
+        key = (e.data.get("device"), e.data.get("free_mib"), e.data.get("total_mib"))
         seen.setdefault(key, e)
     gpus = [
         e for e in seen.values() if e.data.get("free_mib") is not None and e.data.get("total_mib")
