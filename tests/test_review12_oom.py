@@ -253,6 +253,21 @@ def test_free_memory_check_uses_the_worst_gpu() -> None:
     assert "0.885" not in f.fix and "0.87" not in f.fix
     assert "lowest free/total = 0.152 (cuda:1" in f.fix and "e.g. 0.14" in f.fix
     assert "~66.19 GiB on cuda:1" in f.fix and "~8.09 GiB on cuda:0" in f.fix
+    assert f.evidence[0].line == 2  # the worst GPU's line first
+
+
+def test_worst_gpu_among_many_ranks_leads_the_evidence(tmp_path: Path) -> None:
+    free = {0: 70.1, 1: 70.0, 2: 69.9, 3: 70.2, 4: 69.8, 5: 12.0, 6: 70.0, 7: 70.3}
+    text = "".join(
+        f"(Worker_TP{r} pid={4242 + r}) ERROR 09-14 03:22:10 [multiproc_executor.py:597] ValueError: Free memory "
+        f"on device cuda:{r} ({v:.2f}/79.19 GiB) on startup is less than desired GPU memory utilization (0.9, "
+        "71.27 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.\n"
+        for r, v in free.items()
+    )
+    f = finding(run(tmp_path, text), "kv-budget-error")
+    assert f.evidence[0].line == 6 and "cuda:5" in f.evidence[0].text
+    assert "lowest free/total = 0.152 (cuda:5" in f.fix
+    assert all(f"cuda:{r}: " in f.explanation for r in free)
 
 
 # --- problem 7: a pid another GPU's OOM shows as its failing rank is the server's own ----------

@@ -137,6 +137,13 @@ def check(d: Diagnosis) -> list[Finding]:
     if reason == "free_memory_below_utilization":
         title, expl, fix = _free_below(d, evs)
         expl += " This is a budget check, not a CUDA allocation failure."
+        # the worst GPU's line first (lowest free/total), whatever rank printed it first
+        worst_first = sorted(
+            evs,
+            key=lambda x: (x.data.get("free_mib") or 0.0) / (x.data.get("total_mib") or 1.0)
+            if x.data.get("total_mib")
+            else 2.0,
+        )
         return [
             Finding(
                 RULE.id,
@@ -144,7 +151,7 @@ def check(d: Diagnosis) -> list[Finding]:
                 title,
                 fix=fix,
                 explanation=expl,
-                evidence=first_evidence(evs),
+                evidence=first_evidence(worst_first),
             )
         ]
     expl = f"The server refused to start: {REASONS.get(reason, 'the KV cache does not fit')}."
