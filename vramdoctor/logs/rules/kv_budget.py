@@ -66,7 +66,7 @@ def _free_below(d: Diagnosis, evs: list[LogEvent]) -> tuple[str, str, str]:
     ranks = _ranks(d, len(gpus))
 
     def name(e: LogEvent) -> str:
-        return str(e.data.get("device") or f"the GPU of line {e.line}")
+        return str(e.data.get("device") or f"GPU (line {e.line})")
 
     def ratio(e: LogEvent) -> float:
         return float(e.data["free_mib"]) / float(e.data["total_mib"])
@@ -109,9 +109,12 @@ def _free_below(d: Diagnosis, evs: list[LogEvent]) -> tuple[str, str, str]:
     if not foreign:
         title = "gpu_memory_utilization is too high for the free GPU memory at start-up"
         expl += (
-            " No other process is implied: the memory in use is what the server's own CUDA context(s) take, and "
+            " No other process is needed to explain it: the memory in use fits in what the server's own CUDA "
+            "context(s) take, and "
             + (f"{util:g} of the total " if util else "the share ")
-            + "leaves no room for it. gpu_memory_utilization is a share of the GPU's total memory, not of what is free."
+            + "leaves no room for it (a small process such as a desktop session may still hold part of it: "
+            "`vramdoctor census` lists each one). gpu_memory_utilization is a share of the GPU's total memory, "
+            "not of what is free."
         )
         fix = f"Lower the share: {share}."
         return title, expl, fix
