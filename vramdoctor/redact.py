@@ -28,6 +28,7 @@ What is masked (docs/threat-model.md lists the same rules):
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections.abc import Iterable
@@ -77,6 +78,7 @@ _SECRET_WORDS = frozenset(
 _URL_ONLY_WORDS = frozenset(
     {"code", "sig", "sign", "signed", "hmac", "otp", "nonce", "state", "assertion"}
 )
+_EXCEPTION_NAME = re.compile(r"^[A-Z]\w*(?:Error|Exception|Warning)$")
 _SPLIT = re.compile(r"[-_.\s]+|(?<=[a-z0-9])(?=[A-Z])")
 
 _SCHEME = r"[A-Za-z][A-Za-z0-9+.-]*://"
@@ -84,11 +86,19 @@ _SCHEME = r"[A-Za-z][A-Za-z0-9+.-]*://"
 _URL = re.compile(_SCHEME + r"(?:(?!," + _SCHEME + r")[^\s\"'<>`])*")
 _USERINFO = re.compile(r"(?<=://)[^/?#\s\"'<>`]*@")
 _PARAM = re.compile(r"([?&#;])([^=&#;?\s]+)=([^&#;\s]*)")
-# --flag=value, --flag value, NAME=value, name: value, "name": "value" (value up to a space/quote).
+# --flag=value, --flag value, NAME=value, name: value, "name": "value". The regex stops at an
+# opening quote or bracket: `_redact_pairs` reads a quoted value to its closing quote (a secret
+# with spaces is one value) and a bracketed one to its closing bracket, only after a secret name.
 _PAIR = re.compile(
     r"(?P<name>(?<![\w-])--?[A-Za-z][\w.-]*|(?<![\w-])[A-Za-z_][\w.-]*)"
-    r"(?P<q1>[\"']?)(?P<sep>\s*[=:]\s*|\s+)(?P<q2>[\"']?)(?P<value>(?!--?[A-Za-z])[^\s\"',;}]+)"
+    r"(?P<q1>[\"']?)(?P<sep>\s*[=:]\s*|\s+)"
+    r"(?:(?P<q2>[\"'])|(?P<value>(?!--?[A-Za-z])[^\s\"',;}]+))"
 )
+# The rest of a shell word after a closing quote ('it'\''s', "a b"c): up to a space, quote or
+# backslash, or the punctuation that closes a Python/JSON value.
+_WORD_REST = re.compile(r"[^\s'\"\\,;)\]}]*")
+# What a bracketed value's scanner stops at.
+_BRACKET_STOP = re.compile(r"[\[\](){}'\"\n]")
 _BEARER = re.compile(
     r"\b([Bb]earer|BEARER)(\s+)[A-Za-z0-9._~+/=-]{3,}"
     r"|\b(Basic)(\s+)[A-Za-z0-9+/]{8,}=*"
@@ -99,6 +109,7 @@ _KEY_SHAPE = re.compile(
 )
 _NUMBER = re.compile(r"^[-+]?[\d.,:%]+$")
 _FLAG = re.compile(r"^(--?[A-Za-z][\w.-]*)(=(.*))?$", re.DOTALL)
+_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)  # NAME=value, one argv word
 # A fast pre-check: strings without any of these cannot need a rule (most metric keys, numbers).
 _SUSPECT = re.compile(
     r"[@=:]|bearer|basic|sk-|rk-|pk-|hf_|gh[pousr]_|github_pat|glpat|xox|AKIA|--", re.IGNORECASE
@@ -115,6 +126,8 @@ def _parts(name: str) -> list[str]:
 
 def secret_name(name: str, *, url_param: bool = False) -> bool:
     """True when a flag, variable, key or (with url_param) URL parameter name looks secret."""
+    if _EXCEPTION_NAME.match(name):
+        return False  # KeyError: 'rid', InvalidTokenError: ...: an exception, not a secret
     parts = _parts(name)
     joined = "".join(parts)
     words = _SECRET_WORDS | _URL_ONLY_WORDS if url_param else _SECRET_WORDS
@@ -124,6 +137,11 @@ def secret_name(name: str, *, url_param: bool = False) -> bool:
     return any(
         w in joined for w in ("apikey", "accesstoken", "authtoken", "secretkey", "accesskey")
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _secret_name_cached(name: str) -> bool:
+    return secret_name(name)
 
 
 def register_secret(value: str | None) -> None:
@@ -343,22 +361,170 @@ def _looks_like_value(value: str) -> bool:
     )
 
 
-def _pair(m: re.Match[str]) -> str:
-    name, value = m.group("name"), m.group("value")
-    if value == REDACTED or _NUMBER.match(value) or not secret_name(name):
-        return m.group(0)  # numbers are counts ("#token: 1234" in SGLang's logs), not secrets
-    if m.group("sep").strip() == "" and not name.startswith("-"):
-        return m.group(0)  # "word value" in prose is not a pair; only flags take a spaced value
-    if (
-        m.group("sep") != m.group("sep").strip()
-        and not m.group("q1")
-        and not m.group("q2")
-        and not _looks_like_value(value)
-    ):
-        return m.group(0)  # "--api-key or OPENAI_API_KEY", "a key: pass it": prose, not a value
-    # Free-text guesses are masked here; only long ones are remembered for elsewhere.
-    masked = _mask(value) if len(value) >= 8 else REDACTED
-    return f"{name}{m.group('q1')}{m.group('sep')}{m.group('q2')}{masked}"
+# "Authorization: Bearer ***": the scheme word is not the secret (`_BEARER` masked what follows).
+_AUTH_SCHEMES = frozenset({"bearer", "basic", "digest"})
+
+
+def _line_end(text: str, i: int) -> int:
+    k = text.find("\n", i)
+    return len(text) if k < 0 else k
+
+
+def _quoted_end(text: str, i: int) -> int:
+    """`text[i]` is a quote: the index just past its closing quote (a backslash escapes one,
+    as in Python reprs, JSON and double-quoted shell words), or -1 when the line ends first
+    (a value cut off by a length limit, a terminal wrap, a stray quote)."""
+    q = text[i]
+    j = i + 1
+    while True:
+        k = text.find(q, j)
+        if k < 0 or "\n" in text[j:k]:
+            return -1
+        b = k - 1
+        while b > i and text[b] == "\\":
+            b -= 1
+        if (k - 1 - b) % 2 == 0:  # an even number of backslashes: the quote is not escaped
+            return k + 1
+        j = k + 1
+
+
+def _shell_word_end(text: str, j: int) -> int:
+    """The end of a shell word that goes on after a closing quote at `j` ('it'\\''s'), or -1
+    when a quote in it is not closed on the line."""
+    n = len(text)
+    while j < n:
+        c = text[j]
+        if c in "'\"":
+            j = _quoted_end(text, j)
+            if j < 0:
+                return -1
+        elif c == "\\":
+            j += 2
+        else:
+            rest = _WORD_REST.match(text, j)
+            k = rest.end() if rest else j
+            if k == j:
+                break
+            j = k
+    return min(j, n)
+
+
+def _bracket_end(text: str, i: int) -> int:
+    """`text[i]` opens a list or tuple (`['a b', 'c d']`): the index just past its closing
+    bracket (quotes honoured), or -1 when the line ends first."""
+    depth = 0
+    j = i
+    n = len(text)
+    while j < n:
+        m = _BRACKET_STOP.search(text, j)
+        if m is None:
+            return -1
+        c = m.group(0)
+        j = m.end()
+        if c == "\n":
+            return -1
+        if c in "'\"":
+            j = _quoted_end(text, m.start())
+            if j < 0:
+                return -1
+        elif c in "[({":
+            depth += 1
+        else:
+            depth -= 1
+            if depth <= 0:
+                return j
+    return -1
+
+
+def _remember(value: str) -> None:
+    """Register a value a free-text rule masked, when it is long enough to be worth searching
+    for elsewhere (shorter guesses are masked where they stand only)."""
+    value = value.strip()
+    if len(value) >= 8 and REDACTED not in value:
+        register_secret(value)
+
+
+def _redact_pairs(text: str) -> str:
+    """Rule 4 of the module doc over free text: values after a secret name are masked; a quoted
+    value to its closing quote (`api_key='correct horse battery staple'`, `--api-key "a b"`,
+    `"token": "a \\"b\\" c"`, a shell word `'it'\\''s'`), or to the end of the line when the
+    quote is not closed there (the rest of a value cut off by a length limit); a list or tuple
+    (`api_key=['a b', 'c d']`) to its closing bracket. One pass, left to right: every character
+    is scanned a bounded number of times (linear in the text, whatever its shape)."""
+    out: list[str] = []
+    last = 0
+    pos = 0
+    n = len(text)
+    search = _PAIR.search
+    while pos < n:
+        m = search(text, pos)
+        if m is None:
+            break
+        name, sep = m.group("name"), m.group("sep")
+        spaced = not sep.strip()
+        if spaced and not name.startswith("-"):
+            # "word value" in prose is not a pair (only flags take a spaced value); the value
+            # may be the name of the next pair ("set api_key=V")
+            pos = m.end("sep")
+            continue
+        if not _secret_name_cached(name):
+            pos = m.end()
+            continue
+        q2 = m.group("q2")
+        if q2:
+            start = m.end()
+            close = _quoted_end(text, m.start("q2"))
+            if close > 0 and close < n and (text[close] in "'\"\\" or text[close].isalnum()):
+                close = _shell_word_end(text, close)  # 'it'\''s': one shell word
+            if close < 0:  # not closed on this line: everything to its end is the value
+                end = stop = _line_end(text, start)
+                tail = ""
+            else:
+                end = close - 1 if text[close - 1] in "'\"" else close
+                stop = close
+                tail = text[end:close]
+            value = text[start:end]
+            if value and value != REDACTED:
+                out.append(text[last:start])
+                out.append(REDACTED + tail)
+                last = stop
+                _remember(value)
+            pos = max(stop, m.end())
+            continue
+        value = m.group("value")
+        vstart = m.start("value")
+        if value[0] in "[(" and (
+            sep == sep.strip() or text[vstart + 1 : vstart + 2] in ("'", '"')
+        ):  # a list or tuple (of strings: `'api_key': ['a b']`); not "key: (see docs)"
+            close = _bracket_end(text, vstart)
+            end = _line_end(text, vstart) if close < 0 else close
+            body = text[vstart:end]
+            if body.strip("[]() ") and body != REDACTED:
+                out.append(text[last:vstart])
+                out.append(REDACTED)
+                last = end
+                for item in re.findall(r"'((?:[^'\\]|\\.)*)'|\"((?:[^\"\\]|\\.)*)\"", body):
+                    _remember(item[0] or item[1])
+            pos = max(end, m.end())
+            continue
+        if value[0] == "{":
+            pos = vstart + 1  # a dict under a secret name: its own pairs are read one by one
+            continue
+        if value == REDACTED or _NUMBER.match(value) or value.lower() in _AUTH_SCHEMES:
+            pos = m.end()  # numbers are counts ("#token: 1234" in SGLang's logs), not secrets
+            continue
+        if sep != sep.strip() and not m.group("q1") and not _looks_like_value(value):
+            pos = m.end()  # "--api-key or OPENAI_API_KEY", "--api-key KEY": prose, not a value
+            continue
+        out.append(text[last:vstart])
+        out.append(REDACTED)
+        last = m.end()
+        _remember(value)  # free-text guesses: only long ones are remembered for elsewhere
+        pos = m.end()
+    if not out:
+        return text
+    out.append(text[last:])
+    return "".join(out)
 
 
 def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
@@ -367,6 +533,11 @@ def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
         register_secret(secret)
     if not text:
         return text
+    # Known secrets first: a registered value is masked whole (`'correct horse battery
+    # staple'`) before a rule could mask its first word and leave the rest unrecognisable.
+    pattern = _known_re
+    if pattern is not None:
+        text = pattern.sub(REDACTED, text)
     if _SUSPECT.search(text):
         if "://" in text:
             text = _URL.sub(_url_in_text, text)
@@ -374,10 +545,10 @@ def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
             lambda m: (m.group(1) or m.group(3)) + (m.group(2) or m.group(4)) + REDACTED, text
         )
         text = _KEY_SHAPE.sub(REDACTED, text)
-        text = _PAIR.sub(_pair, text)
-    pattern = _known_re
-    if pattern is not None:
-        text = pattern.sub(REDACTED, text)
+        text = _redact_pairs(text)
+        # a value the rules just masked may appear again elsewhere in this text
+        if _known_re is not pattern and _known_re is not None:
+            text = _known_re.sub(REDACTED, text)
     return text
 
 
@@ -395,6 +566,10 @@ def redact_argv(argv: Iterable[str], secrets: Iterable[str] = ()) -> list[str]:
             if not arg.startswith("-") or arg == "-":
                 out.append(_mask(arg))
                 continue
+        m = _ASSIGN.match(arg)
+        if m and m.group(2) and secret_name(m.group(1)):
+            out.append(m.group(1) + "=" + _mask(m.group(2)))  # HF_TOKEN=a b: the whole word
+            continue
         m = _FLAG.match(arg)
         if m and secret_name(m.group(1)):
             if m.group(2) is not None:
@@ -426,6 +601,14 @@ def redact_obj(obj: Any) -> Any:
             key = redact_text(k) if isinstance(k, str) else k
             if isinstance(k, str) and isinstance(v, str) and v and secret_name(k):
                 out[key] = _mask(v)
+            elif (
+                isinstance(k, str)
+                and isinstance(v, (list, tuple))
+                and v
+                and all(isinstance(i, str) for i in v)
+                and secret_name(k)
+            ):
+                out[key] = [_mask(i) if i else i for i in v]  # vLLM's api_key: list[str]
             else:
                 out[key] = redact_obj(v)
         return out

@@ -13,14 +13,25 @@ import re
 import shlex
 from typing import Any
 
+from ..redact import secret_name
+
 # Launch commands of both servers, every generation.
 LAUNCH = re.compile(
     r"(?:sglang\.launch_server|sglang serve|vllm serve|vllm\.entrypoints\.openai\.api_server|vllm\.entrypoints\.api_server)\b"
 )
-_ENV = re.compile(r"^([A-Z][A-Z0-9_]*)=(\S*)$")
+# NAME=value in front of the command; after shlex a quoted value keeps its spaces (HF_TOKEN="a b")
+_ENV = re.compile(r"^([A-Z][A-Z0-9_]*)=(.*)$", re.DOTALL)
+# Flags whose value is a secret: --api-key, --admin-api-key, --hf-token, --token, --password,
+# --ssl-keyfile-password, ... (the same names as extract.SECRET_ARG, as flags).
 _SECRET_FLAG = re.compile(
-    r"^--?(?:api[-_]key|admin[-_]api[-_]key|hf[-_]token|token|password)$", re.IGNORECASE
+    r"^--?(?:[\w-]*[-_])?(?:api[-_]key|token|password|passwd|secret|secret[-_]key|access[-_]key)$",
+    re.IGNORECASE,
 )
+# Flags that take one value or more (argparse nargs="+"): vLLM's --api-key is `list[str]`
+# (FrontendArgs.api_key), so `--api-key k1 k2` gives two keys.
+_MANY_VALUES = frozenset({"--api-key", "--api_key"})
+# Environment values that are settings, not secrets, even under a secret-looking name.
+_NOT_SECRET = frozenset({"true", "false", "none", "null", "yes", "no", "on", "off"})
 
 # flag -> (fact, type); SGLang and vLLM spellings side by side.
 FLAGS: dict[str, tuple[str, type]] = {
@@ -68,12 +79,14 @@ def parse_command(line: str) -> tuple[dict[str, Any], dict[str, str], list[str]]
     except ValueError:  # an unbalanced quote in a pasted line
         words = line.split()
     env: dict[str, str] = {}
+    secrets: list[str] = []
     for w in words:
         em = _ENV.match(w)
         if em:
             env[em.group(1)] = em.group(2)
+            if _secret_env(em.group(1), em.group(2)):
+                secrets.append(em.group(2))  # HF_TOKEN=... vllm serve
     facts: dict[str, Any] = {}
-    secrets: list[str] = []
     for j in range(len(words) - 2):
         if (
             words[j] in ("vllm", "sglang")
@@ -89,10 +102,15 @@ def parse_command(line: str) -> tuple[dict[str, Any], dict[str, str], list[str]]
         if w in SWITCHES:
             facts[w.lstrip("-").replace("-", "_")] = True
         elif _SECRET_FLAG.match(key):
-            val = inline or (words[i + 1] if i + 1 < len(words) else "")
-            if len(val) >= 4:
-                secrets.append(val)
-            i += 0 if inline else 1
+            if inline:
+                secrets.append(inline)
+            else:
+                many = key in _MANY_VALUES and m.group(0).startswith("vllm")
+                while i + 1 < len(words) and not words[i + 1].startswith("-"):
+                    secrets.append(words[i + 1])
+                    i += 1
+                    if not many:
+                        break
         elif key.replace("_", "-") in FLAGS:
             fact, typ = FLAGS[key.replace("_", "-")]
             val = inline or (words[i + 1] if i + 1 < len(words) else "")
@@ -100,4 +118,21 @@ def parse_command(line: str) -> tuple[dict[str, Any], dict[str, str], list[str]]
                 facts[fact] = typ(val)
             i += 0 if inline else 1
         i += 1
-    return facts, env, secrets
+    # 4+ characters, not a number: `--max-new-token 1234` is a count (see redact's rule 4)
+    return facts, env, [v for v in secrets if len(v) >= 4 and not _is_number(v)]
+
+
+def _is_number(value: str) -> bool:
+    return value.strip().replace(".", "", 1).lstrip("+-").isdigit()
+
+
+def _secret_env(name: str, value: str) -> bool:
+    """Whether an environment assignment in front of a command holds a secret (`HF_TOKEN=V`,
+    `OPENAI_API_KEY=V`), not a setting (`SGLANG_..._TOKEN_LIMIT=4096`, `..._KEY=true`)."""
+    v = value.strip()
+    return (
+        len(v) >= 4
+        and secret_name(name)
+        and v.lower() not in _NOT_SECRET
+        and not _is_number(v)
+    )

@@ -144,9 +144,14 @@ class FileExtractor(EventsMixin):
     # -- helpers -----------------------------------------------------------------------
     def ev(self, hit: Hit, text: str | None = None) -> Evidence:
         t = text if text is not None else clean(hit.text).text
-        if self.secrets:  # blank before cutting, so no partial secret survives the cut
+        return Evidence(self.name, hit.lineno, self.cut(t))
+
+    def cut(self, t: str) -> str:
+        """`t` cut to EVIDENCE_CHARS, blanked first when secrets are known, so no partial
+        secret survives the cut (a secret across the cut would no longer match it later)."""
+        if self.secrets:
             t = self._redact(t)
-        return Evidence(self.name, hit.lineno, t[:EVIDENCE_CHARS])
+        return t[:EVIDENCE_CHARS]
 
     def _redact(self, t: str) -> str:
         """redact_text with this file's secrets, memoised for repeated lines (bounded)."""
@@ -292,10 +297,14 @@ class FileExtractor(EventsMixin):
                     break
         args, _complete = parse_dump(text, opener_at)
         for key, value in args.items():
-            if SECRET_ARG.match(key) and value not in (None, "", [], REDACTED):
-                values = value if isinstance(value, (list, tuple)) else [value]
-                self.secrets.update(str(v) for v in values if v is not None and len(str(v)) >= 4)
-                args[key] = REDACTED
+            if not SECRET_ARG.match(key):
+                continue
+            values = value if isinstance(value, (list, tuple)) else [value]
+            found = [v for v in values if isinstance(v, str) and v and v != REDACTED]
+            if not found:  # api_key=None, hf_token=True: settings, not secrets
+                continue
+            self.secrets.update(v for v in found if len(v) >= 4)
+            args[key] = REDACTED
         return args
 
     def _args(self, hit: Hit, t: str) -> None:
@@ -617,6 +626,11 @@ class FileExtractor(EventsMixin):
         if P.SGL_MM_DISABLED.search(t) or P.VLLM_MM_REFUSED.search(t):
             self.mm_disabled = self.mm_disabled or self.ev(hit)
 
+    def _encoder_cache(self, hit: Hit, t: str) -> None:
+        """vLLM's encoder-cache budget line: only a multimodal model profiles its encoder."""
+        self.votes["vllm"] += 3
+        self.mm_evidence = self.mm_evidence or self.ev(hit)
+
     def _ipc(self, hit: Hit, t: str) -> None:
         e = self.ev(hit)
         for pattern, budget, workers, total, since in _IPC_POOL_LINES:
@@ -690,6 +704,8 @@ def dispatch(t: str) -> tuple[Step, ...]:
         steps.append(X._world_size)
     if "ultimodal" in t or "ulti-modal" in t:
         steps.append(X._multimodal)
+    if "ncoder cache" in t and P.VLLM_ENCODER_CACHE.search(t):
+        steps.append(X._encoder_cache)
     if "blocks:" in t:
         steps.append(X._blocks)
     if "max_total_num_tokens" in t:
