@@ -21,11 +21,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers_procs import cli_env
 
 from vramdoctor.errors import InputError
 from vramdoctor.logs import Diagnosis, diagnose
-
-from helpers_procs import cli_env
+from vramdoctor.logs.model import Finding
 
 CASES = Path(__file__).parent / "fixtures" / "logs" / "review12"
 FIX = Path(__file__).parent / "fixtures" / "logs"
@@ -68,7 +68,7 @@ def ids(d: Diagnosis) -> list[str]:
     return [f.id for f in d.findings]
 
 
-def finding(d: Diagnosis, rule: str):  # noqa: ANN201 - a Finding
+def finding(d: Diagnosis, rule: str) -> Finding:
     return next(f for f in d.findings if f.id == rule)
 
 

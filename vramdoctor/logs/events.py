@@ -87,10 +87,9 @@ def memory_plan(t: str) -> tuple[Any, ...] | None:
     text = clean(t).text
     if P.CUDA_OOM.search(text) or P.VLLM_NOT_ENOUGH_LOAD.search(text):
         return ("oom", text)
-    if "ry to lower" in text or "never happen" in text:
-        if m := P.SGL_KV_ALLOC_FAIL.search(text):
-            # SGLang's KV pool gave a batch no slots: fatal (the figures follow on the next lines)
-            return ("kv_alloc", m.group(1).lower() if m.group(1) else None, text)
+    if ("ry to lower" in text or "never happen" in text) and (m := P.SGL_KV_ALLOC_FAIL.search(text)):
+        # SGLang's KV pool gave a batch no slots: fatal (the figures follow on the next lines)
+        return ("kv_alloc", m.group(1).lower() if m.group(1) else None, text)
     if "DefaultCPUAllocator" in text and (m := P.CPU_ALLOC_OOM.search(text)):
         n = int(m.group(1)) * (1 << 30 if m.group(2) == "GB" else 1)
         return ("host", {"killer": "torch DefaultCPUAllocator", "requested_bytes": n}, text)
@@ -342,6 +341,7 @@ class EventsMixin:
     model_files: set[str]
     tracebacks_read: int
     mm_evidence: Evidence | None
+    events: list[LogEvent]
 
     def ev(self, hit: Hit, text: str | None = None) -> Evidence:
         raise NotImplementedError  # provided by FileExtractor
