@@ -281,3 +281,16 @@ def test_dict_dump_with_torchvision_is_fast_but_has_the_pool(tmp_path: Path) -> 
     )
     assert d.facts.fast_image_processor is True and d.facts.version_at_least == "0.5.19"
     assert "sglang-fast-image-processor" not in finding_ids(d)
+
+
+def test_vllm_encoder_cache_budget_line_is_multimodal(tmp_path: Path) -> None:
+    # vLLM V1 gpu_model_runner profile_run, printed only for a multimodal model
+    d = run(
+        tmp_path,
+        VLLM_BANNER
+        + "(EngineCore pid=284) INFO 05-30 07:44:00 [gpu_model_runner.py:6136] Encoder cache will be "
+        "initialized with a budget of 32768 tokens, and profiled with 2 image items of the maximum "
+        "feature size.\n",
+    )
+    assert d.server == "vllm"
+    assert d.facts.multimodal is True and "Encoder cache" in d.facts.evidence["multimodal"].text

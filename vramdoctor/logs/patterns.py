@@ -91,6 +91,7 @@ ANCHORS: tuple[bytes, ...] = (
         )
     ),
     b"run_tp_server",  # SGLang 2024 "Exception in run_tp_server:"
+    b"ncoder cache",  # vLLM V1 "Encoder cache will be initialized with a budget of N tokens, ..." (multimodal)
     # review 12 (crashes): vLLM's start-up/engine death lines, SGLang's retraction line, SIGKILL signs
     b"failed to start",  # vLLM "EngineCore failed to start." / "WorkerProc failed to start."
     b"initialization failed",  # vLLM "Engine core initialization failed. See root cause above. ..."
@@ -220,6 +221,12 @@ SGL_MM_REDUCE = re.compile(
 # models." (its registry treats the architecture as text-only). Either way the server serves text only.
 SGL_MM_DISABLED = re.compile(r"Multimodal is disabled for ")
 VLLM_MM_REFUSED = re.compile(r"limit_mm_per_prompt`? is only supported for multimodal models")
+# vLLM V1 gpu_model_runner `profile_run` (0.7+), printed only for a multimodal model about to profile its
+# encoder: "Encoder cache will be initialized with a budget of %s tokens, and profiled with %s %s items of
+# the maximum feature size." (group 3: the modality, image / video / audio)
+VLLM_ENCODER_CACHE = re.compile(
+    r"Encoder cache will be initialized with a budget of (\d+) tokens, and profiled with (\d+) (\w+) items"
+)
 # SGLang: "Attention backend not explicitly specified. Use X backend by default." (<=0.4.x),
 # "Attention backend not set. Use X backend by default." (0.4.6-0.5.x), "not specified" (0.5.x+);
 # "MLA optimization is turned on. Use triton backend." / "FlashInfer MLA optimization is
