@@ -294,3 +294,13 @@ def test_vllm_encoder_cache_budget_line_is_multimodal(tmp_path: Path) -> None:
     )
     assert d.server == "vllm"
     assert d.facts.multimodal is True and "Encoder cache" in d.facts.evidence["multimodal"].text
+
+
+def test_the_class_the_server_runs_outranks_the_name(tmp_path: Path) -> None:
+    # a text-only conversion of a vision checkpoint: SGLang loads MistralForCausalLM
+    d = run(
+        tmp_path,
+        sgl_dump("model_path='/ckpt/Mistral-Small-3.1-24B-Instruct-2503-text', tp_size=1")
+        + SGL_LOAD_END.format(arch="MistralForCausalLM"),
+    )
+    assert d.facts.multimodal is False and d.facts.evidence["multimodal"].line == 2

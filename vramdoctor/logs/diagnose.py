@@ -179,13 +179,13 @@ def _multimodal(facts: Facts, exs: Sequence[FileExtractor]) -> tuple[bool | None
     mm_files = sorted(f for f in files if P.MM_MODEL_FILE.search(f))
     if mm_files:
         return True, Evidence(exs[0].name, 0, f"traceback model file: models/{mm_files[0]}.py")
+    if facts.architecture and (
+        P.TEXT_ARCH.search(facts.architecture) or P.TEXT_CONDGEN.match(facts.architecture)
+    ):  # the class the server runs outranks the name (a text-only conversion of a VLM checkpoint)
+        return False, arch_ev
     model_ev = facts.evidence.get("model")
     if facts.model and P.MM_NAME.search(facts.model):
         return True, model_ev
-    if facts.architecture and (
-        P.TEXT_ARCH.search(facts.architecture) or P.TEXT_CONDGEN.match(facts.architecture)
-    ):
-        return False, arch_ev
     return None, None
 
 
