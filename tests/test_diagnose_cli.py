@@ -137,3 +137,42 @@ def test_vllm_example_has_no_false_other_process_claim() -> None:
     r = run(str(ROOT / "examples" / "logs" / "vllm_llama3.2-11b-vision-tp2_mm-profiling-oom.log"))
     out = " ".join(r.stdout.decode().split())
     assert r.returncode == 1 and "Another process holds" not in out
+
+
+def test_nothing_is_cut_off_at_80_columns(tmp_path: Path) -> None:
+    """At 80 columns a long finding title wraps inside its panel (Rich would cut it in the border
+    with an ellipsis), a reasoning shown as a fact's source is whole, and an OOM message's last
+    figures are shown."""
+    log = tmp_path / "vlm-tp.log"
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.74 GiB. GPU 0 has a total"
+        " capacity of 23.57 GiB of which 605.88 MiB is free. Including non-PyTorch memory, this"
+        " process has 22.96 GiB memory in use. Of the allocated memory 20.21 GiB is allocated by"
+        " PyTorch, and 210.00 MiB is reserved by PyTorch but unallocated. If reserved but"
+        " unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    )
+    lines = [
+        "(VllmWorker rank=0 pid=811) INFO 04-16 11:12:01 [gpu_model_runner.py:1200] Starting to load model",
+        "(VllmWorker rank=1 pid=812) INFO 04-16 11:12:01 [gpu_model_runner.py:1200] Starting to load model",
+        "(VllmWorker rank=1 pid=812) ERROR 04-16 11:12:31 [multiproc_executor.py:380] Traceback (most recent call last):",
+        '(VllmWorker rank=1 pid=812) ERROR 04-16 11:12:31 [multiproc_executor.py:380]   File "/usr/local/lib/python3.12/site-packages/vllm/model_executor/models/qwen2_5_vl.py", line 1020, in get_multimodal_embeddings',
+        f"(VllmWorker rank=1 pid=812) ERROR 04-16 11:12:31 [multiproc_executor.py:380] {oom}",
+    ]
+    log.write_text("\n".join(lines) + "\n")
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "80"}
+    r = subprocess.run(
+        [sys.executable, "-m", "vramdoctor", "diagnose", str(log)],
+        capture_output=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    out = r.stdout.decode()
+    assert r.returncode == 1, out + r.stderr.decode()
+    assert max(len(x) for x in out.splitlines()) <= 80
+    assert "…" not in out, out
+    flat = " ".join(x.strip("│ ") for x in out.splitlines())
+    assert "reserved by PyTorch but unallocated" in flat
+    # the facts table's "from" column, its wrapped cells joined: the reasoning is whole
+    source = " ".join(cells[3].strip() for x in out.splitlines() if len(cells := x.split("│")) == 5)
+    assert "tp >= 2, assuming no pipeline parallelism)" in source, source

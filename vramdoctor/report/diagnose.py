@@ -15,9 +15,11 @@ from rich.table import Table
 from rich.text import Text
 
 from ..logs import patterns as P
-from ..logs.model import Diagnosis, Evidence, Finding
+from ..logs.model import EVIDENCE_CHARS, Diagnosis, Evidence, Finding
 
-EVIDENCE_SHOWN = 320  # characters of an evidence line in the terminal (JSON keeps 600)
+# characters of an evidence line in the terminal: all that is kept (JSON has the same), so an OOM
+# message's last figures are never cut off
+EVIDENCE_SHOWN = EVIDENCE_CHARS
 _STYLE = {"critical": "bold red", "warning": "bold yellow", "info": "cyan"}
 _HIGHLIGHT = re.compile(
     "|".join(
@@ -141,7 +143,7 @@ def _loc(e: Evidence, single: bool) -> str:
 def _where(e: Evidence | None, single: bool) -> str:
     if e is None:
         return ""
-    return _loc(e, single) if e.line else e.text[:100]
+    return _loc(e, single) if e.line else e.text  # a reasoning (no line): whole, the column folds
 
 
 def _evidence_text(e: Evidence, single: bool) -> Text:
@@ -153,15 +155,20 @@ def _evidence_text(e: Evidence, single: bool) -> Text:
     return head + body
 
 
-def finding_panel(f: Finding, single: bool = False) -> Panel:
+def finding_panel(f: Finding, single: bool = False, width: int | None = None) -> Panel:
+    """One finding as a panel. A title too long for the border at `width` columns (Rich would cut
+    it with an ellipsis) goes inside, as the panel's first line, where it wraps."""
     parts: list[Text] = [Text(f.explanation)]
     if f.evidence:
         parts.append(Text("Evidence:", style="bold"))
         parts.extend(_evidence_text(e, single) for e in f.evidence)
     parts.append(Text.assemble(("Fix: ", "bold green"), f.fix))
-    title = Text.assemble(
-        (f"{f.severity.upper()} ", _STYLE[f.severity]), (f.title, "bold"), (f"  [{f.id}]", "dim")
-    )
+    severity = (f"{f.severity.upper()} ", _STYLE[f.severity])
+    title = Text.assemble(severity, (f.title, "bold"), (f"  [{f.id}]", "dim"))
+    if width is not None and title.cell_len + 6 > width:  # corners, spaces and one rule each side
+        if not f.explanation.startswith(f.title):  # (most explanations open with the title)
+            parts.insert(0, Text(f.title, style="bold"))
+        title = Text.assemble(severity, (f"[{f.id}]", "dim"))
     return Panel(Group(*parts), title=title, title_align="left", border_style=_STYLE[f.severity])
 
 
@@ -189,4 +196,4 @@ def render(d: Diagnosis, con: Console) -> None:
         counts = ", ".join(f"{k} x{v}" for k, v in sorted(d.event_counts.items()))
         con.print(Text(f"Events: {counts}", style="dim"))
     for f in d.findings:
-        con.print(finding_panel(f, single))
+        con.print(finding_panel(f, single, con.width))
