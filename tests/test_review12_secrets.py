@@ -22,7 +22,14 @@ from helpers_procs import cli_env
 
 from vramdoctor.logs import diagnose
 from vramdoctor.logs.cmdline import parse_command
-from vramdoctor.redact import REDACTED, forget_secrets, redact_argv, redact_obj, redact_text
+from vramdoctor.redact import (
+    REDACTED,
+    forget_secrets,
+    redact_argv,
+    redact_obj,
+    redact_tail,
+    redact_text,
+)
 from vramdoctor.report import console
 
 CASES = Path(__file__).parent / "fixtures" / "logs" / "review12"
@@ -275,6 +282,32 @@ def test_a_secret_across_the_evidence_cut_leaves_no_part(
     assert cut and all(len(t) <= 600 and "api_key='***', " in t for t in cut), cut
     events = [e["text"] for e in doc["events"] if e["kind"] == "cuda_oom"]
     assert events and all(t.endswith(f'--api-key "{REDACTED}') for t in events), events
+
+
+def test_a_registered_secret_cut_by_an_event_text_leaves_no_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An event's text (the OOM line) is cut at 600 characters before it is blanked; the key,
+    known from the dump, appears bare across the cut: its start is blanked too."""
+    dump = (
+        "INFO 05-02 10:11:12 api_server.py:713] args: Namespace(host=None, port=8000, "
+        f"api_key='{S}', model='m/Llama-3.1-8B', gpu_memory_utilization=0.95)\n"
+    )
+    pad = "x" * (600 - len(OOM.strip()) - 12)
+    path = tmp_path / "server.log"
+    path.write_text(VLLM_BANNER + dump + OOM.strip() + f" {pad} caller {S} end\n")
+    text, doc = outputs(path, capsys)
+    for out in (text, *strings(doc)):
+        assert "caller zeb" not in out and not leaks(out, S), out
+    events = [e["text"] for e in doc["events"] if e["kind"] == "cuda_oom"]
+    assert events and all(t.endswith(f"caller {REDACTED}") for t in events), events
+
+
+def test_redact_tail_masks_only_the_start_of_a_known_secret() -> None:
+    assert redact_tail("x caller zeb", [S]) == "x caller ***"
+    assert redact_tail("x caller zebra7 quo", [S2, S]) == "x caller ***"
+    assert redact_tail("x caller z", [S]) == "x caller z"  # one character says nothing
+    assert redact_tail("x caller yes", [S]) == "x caller yes"
 
 
 # -- the free-text rules (vramdoctor.redact, used by every output path) ---------------------------

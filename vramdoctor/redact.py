@@ -40,6 +40,7 @@ __all__ = [
     "forget_secrets",
     "redact_argv",
     "redact_obj",
+    "redact_tail",
     "redact_text",
     "redact_url",
     "register_secret",
@@ -550,6 +551,22 @@ def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
         if _known_re is not pattern and _known_re is not None:
             text = _known_re.sub(REDACTED, text)
     return text
+
+
+def redact_tail(text: str, secrets: Iterable[str], min_chars: int = 2) -> str:
+    """A text already cut at a length limit may end inside a secret (`... caller zeb` of
+    `zebra7 quokka9`): once cut, the secret no longer matches. The end of `text` that is the
+    start of one of `secrets` (at least `min_chars` characters, shorter than the secret) is
+    masked. Only for texts known to be cut: a whole text may end with such letters by chance."""
+    best = 0
+    for secret in secrets:
+        for k in range(min(len(secret) - 1, len(text)), min_chars - 1, -1):
+            if k <= best:
+                break
+            if text.endswith(secret[:k]):
+                best = k
+                break
+    return text[: len(text) - best] + REDACTED if best else text
 
 
 def redact_argv(argv: Iterable[str], secrets: Iterable[str] = ()) -> list[str]:

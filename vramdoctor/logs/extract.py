@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..redact import REDACTED, redact_text
+from ..redact import REDACTED, redact_tail, redact_text
 from . import patterns as P
 from .args import balanced_end, parse_dump
 from .cmdline import LAUNCH, parse_command
@@ -177,6 +177,9 @@ class FileExtractor(EventsMixin):
             self.facts[name] = (prio, value, ev)
 
     def add_event(self, event: LogEvent) -> None:
+        if self.secrets and len(event.text) >= EVIDENCE_CHARS:
+            # cut before it was blanked: a known secret across the cut leaves its start
+            event.text = redact_tail(event.text, self.secrets)
         n = self.event_counts.get(event.kind, 0)
         self.event_counts[event.kind] = n + 1
         if n < MAX_EVENTS_PER_KIND:
