@@ -25,8 +25,8 @@ def diagnose_cmd(
 ) -> None:
     """Find what explains GPU-memory growth or an OOM in SGLang/vLLM logs, with evidence and fixes.
 
-    Exit code 0: no warning or critical finding; 1: at least one; 2: unreadable input, or no
-    input is a server log.
+    Exit code 0: no warning or critical finding; 1: at least one; 2: no input can be read, or no
+    input is a server log (an unreadable file next to readable ones is noted, not fatal).
 
     Examples:
 
