@@ -353,3 +353,57 @@ def test_terminal_wrap_mid_word_is_joined_without_a_space(tmp_path: Path) -> Non
     wrapped = "\n".join(msg[i : i + 100] for i in range(0, len(msg), 100))  # a 100-column terminal
     e = diagnose([write(tmp_path, wrapped + "\n")]).events_of("cuda_oom")[0]
     assert msg in e.text
+
+
+def test_phase_less_wording_takes_the_phase_from_the_frames(tmp_path: Path) -> None:
+    # mem_cache/common.py `alloc_token_slots` has no phase in its message; `alloc_for_extend` called it
+    log = write(
+        tmp_path,
+        "[2026-02-11 06:44:50 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+        '  File "/sgl-workspace/sglang/python/sglang/srt/managers/schedule_batch.py", line 1849, in prepare_for_extend\n'
+        "    out_cache_loc, req_pool_indices_tensor, _ = alloc_for_extend(self)\n"
+        '  File "/sgl-workspace/sglang/python/sglang/srt/mem_cache/common.py", line 486, in alloc_for_extend\n'
+        "    out_cache_loc = alloc_token_slots(batch.tree_cache, batch.extend_num_tokens)\n"
+        '  File "/sgl-workspace/sglang/python/sglang/srt/mem_cache/common.py", line 380, in alloc_token_slots\n'
+        "    raise RuntimeError(error_msg)\n"
+        "RuntimeError: Out of memory. Try to lower your batch size.\n"
+        "Try to allocate 2318 tokens.\n"
+        "Available full tokens: 7949 (full_available_size=4137 + full_evictable_size_=3812)\n"
+        "Available swa tokens: 2270 (swa_available_size=2270 + swa_evictable_size=0)\n",
+    )
+    d = diagnose([log])
+    e = d.events_of("kv_pool_exhausted")[0]
+    assert e.phase == "prefill" and e.data["short_pool"] == "swa"
+    assert e.data["pools"]["full"] == {"available_tokens": 7949, "free_tokens": 4137, "evictable_tokens": 3812}
+    assert "the swa pool is the one that ran short" in finding(d, "sglang-kv-pool-exhausted").explanation
+
+
+def test_every_rank_logging_then_raising_counts_once_per_rank(tmp_path: Path) -> None:
+    msg = "Prefill out of memory. Try to lower your batch size.\nTry to allocate 8192 tokens.\nAvailable tokens: 100 (available_size=100 + evictable_size=0)\n"
+    ranks = "".join(f"[2025-10-14 08:00:01 TP{r}] " + msg for r in range(4))
+    raised = "".join(
+        SGL_TRACE.format(fn="alloc_paged_token_slots_extend").replace("TP0", f"TP{r}") + "RuntimeError: " + msg
+        for r in range(4)
+    )
+    d = diagnose([write(tmp_path, ranks + raised)])
+    assert d.event_counts["kv_pool_exhausted"] == 4
+    assert all(e.data["raised"] for e in d.events_of("kv_pool_exhausted"))
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "(EngineCore_DP0 pid=2311) ERROR 09-14 03:22:10 [core.py:711] EngineCore encountered a fatal error.",
+        "(APIServer pid=1) ERROR 09-14 03:22:10 [core_client.py:564] Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.",
+        "(EngineCore_DP0 pid=2311) ERROR 09-14 03:22:10 [multiproc_executor.py:149] Worker proc VllmWorker-1 died unexpectedly, shutting down executor.",
+    ],
+)
+def test_vllm_runtime_death_lines(tmp_path: Path, line: str) -> None:
+    d = diagnose([write(tmp_path, VLLM_BANNER + line + "\n")])
+    assert d.server == "vllm" and d.events_of("server_crash")
+    f = finding(d, "server-crash-unexplained")
+    assert "does not show why" in f.title
+    # with the CUDA OOM that killed it in the log, the OOM is the finding, not the crash
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.00 GiB is free.\n"
+    d = diagnose([write(tmp_path, VLLM_BANNER + oom + line + "\n", "b.log")])
+    assert "cuda-oom" in ids(d) and "server-crash-unexplained" not in ids(d)
