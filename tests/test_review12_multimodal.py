@@ -304,3 +304,17 @@ def test_the_class_the_server_runs_outranks_the_name(tmp_path: Path) -> None:
         + SGL_LOAD_END.format(arch="MistralForCausalLM"),
     )
     assert d.facts.multimodal is False and d.facts.evidence["multimodal"].line == 2
+
+
+def test_sglang_multimodal_processor_lines_are_multimodal(tmp_path: Path) -> None:
+    # SGLang 0.5.19 base_processor.py: printed only when a multimodal processor is built
+    for line in (
+        "Multimodal preprocess cache enabled for QwenVLImageProcessor: 1024 MiB total (1024 MiB per "
+        "tokenizer worker), at most 8192 entries; caller content hashes are trusted.",
+        "Multimodal processor concurrency enabled with 2 isolated worker threads (auto).",
+    ):
+        d = run(
+            tmp_path,
+            sgl_dump("model_path='/ckpt/my-model', tp_size=1") + f"[2026-03-02 22:23:35] {line}\n",
+        )
+        assert d.facts.multimodal is True and d.facts.evidence["multimodal"].line == 2

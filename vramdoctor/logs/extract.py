@@ -626,6 +626,9 @@ class FileExtractor(EventsMixin):
         if P.VLLM_MM_PROFILE.search(t):
             self.mm_evidence = self.mm_evidence or self.ev(hit)
             return
+        if P.SGL_MM_PROCESSOR.search(t):
+            self.mm_evidence = self.mm_evidence or self.ev(hit)
+            return
         if P.SGL_MM_DISABLED.search(t) or P.VLLM_MM_REFUSED.search(t):
             self.mm_disabled = self.mm_disabled or self.ev(hit)
 

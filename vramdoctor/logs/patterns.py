@@ -221,6 +221,13 @@ SGL_MM_REDUCE = re.compile(
 # models." (its registry treats the architecture as text-only). Either way the server serves text only.
 SGL_MM_DISABLED = re.compile(r"Multimodal is disabled for ")
 VLLM_MM_REFUSED = re.compile(r"limit_mm_per_prompt`? is only supported for multimodal models")
+# SGLang's multimodal processor (multimodal/processors/base_processor.py, created only for a multimodal
+# model), at start-up: "Multimodal preprocess cache enabled for %s: %d MiB total ...", "Multimodal data
+# loading enabled with %d worker threads (%s).", "Multimodal processor concurrency enabled with %d isolated
+# worker threads (%s)." (0.5.19)
+SGL_MM_PROCESSOR = re.compile(
+    r"Multimodal (?:preprocess cache enabled for \w+|data loading enabled with \d+ worker|processor concurrency enabled with \d+)"
+)
 # vLLM V1 gpu_model_runner `profile_run` (0.7+), printed only for a multimodal model about to profile its
 # encoder: "Encoder cache will be initialized with a budget of %s tokens, and profiled with %s %s items of
 # the maximum feature size." (group 3: the modality, image / video / audio)
