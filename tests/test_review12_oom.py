@@ -412,3 +412,42 @@ def test_zero_bytes_free_is_read(tmp_path: Path) -> None:
     assert e.data["gpu"] == 3 and e.data["free_mib"] == 0.0 and e.data["total_mib"] == 24248.32
     assert e.data["reserved_unallocated_mib"] == round(512 / 1048576, 2)
     assert "0 MiB free of 23.68 GiB on GPU 3" in finding(d, "cuda-oom").explanation
+
+
+WRAPPED = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+    "79.19 GiB of which 7.00 GiB is free. Process 3310 has 530.00 MiB memory in use. Including non-PyTorch "
+    "memory, this process has 72.10 GiB memory in use. 72.00 GiB allowed; Of the allocated memory 70.00 GiB is "
+    "allocated by PyTorch, with 1.00 GiB allocated in private pools (e.g., CUDA Graphs), and 1.50 GiB is reserved "
+    "by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory "
+    "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+)
+FIGURES = {
+    "requested_mib": 2048.0,
+    "gpu": 0,
+    "total_mib": 81090.56,
+    "free_mib": 7168.0,
+    "processes": [{"pid": 3310, "mib": 530.0}],
+    "this_process_mib": 73830.4,
+    "allowed_mib": 73728.0,
+    "allocated_mib": 71680.0,
+    "private_pools_mib": 1024.0,
+    "reserved_unallocated_mib": 1536.0,
+}
+
+
+@pytest.mark.parametrize("width", [47, 80, 100, 117, 131, 200])
+@pytest.mark.parametrize("how", ["words", "columns"])
+def test_a_wrapped_oom_message_keeps_every_figure(tmp_path: Path, width: int, how: str) -> None:
+    # a pasted issue wraps at words (a row may end at a sentence's "."), a terminal at its column count
+    # (mid-word); old code stopped at the first row ending in "." and glued soft-wrapped rows ("ofwhich")
+    import textwrap
+
+    rows = (
+        textwrap.wrap(WRAPPED, width)
+        if how == "words"
+        else [WRAPPED[i : i + width] for i in range(0, len(WRAPPED), width)]
+    )
+    d = run(tmp_path, "\n".join(rows) + "\n[2025-01-01 00:00:00] next record\n")
+    assert oom(d).data == FIGURES

@@ -259,6 +259,27 @@ _ASYNC_KEYS = {
 }
 
 
+def _oom_wrapped(hit: Hit, text: str) -> tuple[str, str]:
+    """torch's caching-allocator OOM message wrapped over several rows (a terminal, a pasted issue):
+    the rows after it are joined, past sentence ends, while they continue the message and its last
+    figure (patterns.OOM_END) has not come. Three joins: `_message`'s rule (a row as wide as a terminal
+    wrapped mid-word, a shorter one at a space), every row with a space (a soft wrap as wide as a
+    terminal) and every row glued (a hard wrap narrower than a terminal): returns the first and the
+    other two separated by a newline (a figure the first misses is read from them)."""
+    out, spaced, glued, prev = text, text, text, hit.text
+    for nxt in hit.after(16):  # a 40-column wrap of the longest message
+        if P.OOM_END.search(spaced) or not is_continuation(nxt):
+            break
+        piece = strip_noise(nxt).rstrip()
+        row = strip_noise(prev).rstrip("\r\n")
+        hard_wrap = len(row) >= WRAP_COLUMNS and not row.endswith(" ")
+        out += ("" if hard_wrap or out[-1:].isspace() or piece[:1].isspace() else " ") + piece
+        spaced += " " + piece.lstrip()
+        glued += piece
+        prev = nxt
+    return out, spaced + "\n" + glued
+
+
 def _async_figures(hit: Hit, msg: str, data: dict[str, Any]) -> str:
     """torch's cudaMallocAsync OOM ("Allocation on device N would exceed allowed memory. (out of
     memory)"): its figures are on the following lines, one per line, the limit's value on the line
@@ -386,7 +407,11 @@ class EventsMixin:
                 data["process"] = "EngineCore" if proc == "Engine core" else proc
                 # "initialization failed. See root cause above" / "died unexpectedly": the cause is
                 # above (or nowhere: a process killed by a signal prints nothing)
-                see_above = "initialization failed" in text or "died unexpectedly" in text
+                see_above = (
+                    "initialization failed" in text
+                    or "died unexpectedly" in text
+                    or "Engine process" in text
+                )
                 if m := P.VLLM_FAILED_PROCS.search(text):
                     procs = {k: int(v) for k, v in P.VLLM_FAILED_PROC.findall(m.group(1))}
                     if procs:
@@ -689,22 +714,31 @@ class EventsMixin:
             self.event_counts["cuda_oom"] += 1  # counted; the first ones carry the detail
             return
         msg = self._message(hit, text)
+        alt = ""  # the same rows joined with spaces: a soft wrap as wide as a terminal looks hard
+        if ("Tried to allocate" in msg or "out of memory." in msg) and (
+            msg != text or not P.OOM_END.search(msg)
+        ):
+            msg, alt = _oom_wrapped(hit, text)  # rows past a sentence's "." carry the figures too
         region = self._region(hit)
         self._frames(region)
         data: dict[str, Any] = {}
+
+        def find(rx: Any) -> Any:
+            return rx.search(msg) or (rx.search(alt) if alt else None)
+
         if "would exceed allowed memory" in msg:
             msg = _async_figures(hit, msg, data)
             if data.get("total_mib") is not None:
                 self.put("total_gpu_mib", data["total_mib"], INFERRED, self.ev(hit))
-        if "allowed;" in msg and (m := P.OOM_ALLOWED.search(msg)):
+        if "allowed;" in msg + alt and (m := find(P.OOM_ALLOWED)):
             data["allowed_mib"] = size_mib(m.group(1))  # a per-process memory fraction was set
-        if m := P.OOM_TRIED.search(msg):
+        if m := find(P.OOM_TRIED):
             data["requested_mib"] = size_mib(m.group(1))
         if "pid=" in hit.text[:120] and (m := P.PROC_PID.search(hit.text, 0, 160)):
             data["pid"] = int(m.group(2))  # the failing process, by its own tag
         if m := P.OOM_DEVICE.search(msg):
             data["device"] = m.group(1).upper() if m.group(1) else "HIP"  # ROCm / Ascend: not CUDA
-        if m := (P.OOM_GPU.search(msg) or P.OOM_GPU_OLD.search(msg)):
+        if m := (find(P.OOM_GPU) or find(P.OOM_GPU_OLD)):
             old = m.re is P.OOM_GPU_OLD
             data["gpu"] = int(m.group(1))
             data["total_mib"] = size_mib(m.group(2))
@@ -712,16 +746,17 @@ class EventsMixin:
             if old:
                 data["allocated_mib"] = size_mib(m.group(3))
             self.put("total_gpu_mib", data["total_mib"], INFERRED, self.ev(hit))
-        procs = [{"pid": int(p), "mib": size_mib(s)} for p, s in P.OOM_PROCESS.findall(msg)]
+        found = P.OOM_PROCESS.findall(msg) or (P.OOM_PROCESS.findall(alt) if alt else [])
+        procs = [{"pid": int(p), "mib": size_mib(s)} for p, s in found]
         if procs:
             data["processes"] = procs
-        if m := P.OOM_THIS.search(msg):
+        if m := find(P.OOM_THIS):
             data["this_process_mib"] = size_mib(m.group(1))
-        if m := P.OOM_PRIVATE.search(msg):
+        if m := find(P.OOM_PRIVATE):
             data["private_pools_mib"] = size_mib(m.group(1))
-        if m := P.OOM_RESERVED.search(msg):
+        if m := find(P.OOM_RESERVED):
             data["reserved_unallocated_mib"] = size_mib(m.group(1))
-        if "allocated_mib" not in data and (m := P.OOM_ALLOCATED.search(msg)):
+        if "allocated_mib" not in data and (m := find(P.OOM_ALLOCATED)):
             data["allocated_mib"] = size_mib(m.group(1))
         marks = self._markers(region + "\n" + msg)
         phase = self._phase(marks)

@@ -351,6 +351,9 @@ OOM_RESERVED = re.compile(r"and ([\d.]+ (?:[KMGT]?i?B|bytes)) is reserved by PyT
 # allocated; F free; X allowed; R reserved in total by PyTorch)", torch 2.2+ "... is free. [proc info]X
 # allowed; Of the allocated memory ..." (c10/cuda/CUDACachingAllocator.cpp `allowed_info`).
 OOM_ALLOWED = re.compile(r"([\d.]+ (?:[KMGT]?i?B|bytes)) allowed;")
+# The last figure of the caching allocator's message (2.1+ "... is reserved by PyTorch but unallocated.",
+# 2.0 "... reserved in total by PyTorch)"): a wrapped message is joined until it comes.
+OOM_END = re.compile(r"reserved by PyTorch but unallocated|reserved in total by PyTorch\)")
 # The cudaMallocAsync backend (PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync; c10/cuda/
 # CUDAMallocAsyncAllocator.cpp) prints its figures on the lines after the message, one per line:
 # "Allocation on device 0 would exceed allowed memory. (out of memory)\nCurrently allocated     : X
@@ -487,6 +490,9 @@ VLLM_CRASH = re.compile(
     r"\b(EngineCore|WorkerProc) failed to start\.|\b(EngineCore) encountered a fatal error\."
     r"|\b(Engine core) initialization failed\. See root cause above|\b(WorkerProc) initialization failed due to"
     r"|\b(?:Worker|Engine core) proc (\S+) died unexpectedly"
+    # vLLM 0.6-0.8 (V0 MQLLMEngine, api_server.py): "Engine process failed to start[. See stack trace for
+    # the root cause.]"
+    r"|\b(Engine process) failed to start\b"
 )
 VLLM_FAILED_PROCS = re.compile(r"Failed core proc\(s\): \{([^}]*)\}")
 VLLM_FAILED_PROC = re.compile(r"'([^']+)': (-?\d+)")
