@@ -407,3 +407,24 @@ def test_vllm_runtime_death_lines(tmp_path: Path, line: str) -> None:
     oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.00 GiB is free.\n"
     d = diagnose([write(tmp_path, VLLM_BANNER + oom + line + "\n", "b.log")])
     assert "cuda-oom" in ids(d) and "server-crash-unexplained" not in ids(d)
+
+
+def test_see_root_cause_above_takes_the_exception_above(tmp_path: Path) -> None:
+    # vLLM 0.6-0.8 (V0, api_server.py): the engine process's traceback, then the API server's line
+    log = write(
+        tmp_path,
+        "INFO 01-10 10:00:00 api_server.py:712] vLLM API server version 0.6.6\n"
+        "Process SpawnProcess-1:\n"
+        "Traceback (most recent call last):\n"
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/engine/multiprocessing/engine.py", line 366, in run_mp_engine\n'
+        "    engine = MQLLMEngine.from_engine_args(engine_args=engine_args,\n"
+        "ValueError: The model's max seq len (32768) is larger than the maximum number of tokens that can be stored\n"
+        "Traceback (most recent call last):\n"
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/openai/api_server.py", line 288, in build_async_engine_client_from_engine_args\n'
+        "    raise RuntimeError(\n"
+        "RuntimeError: Engine process failed to start. See stack trace for the root cause.\n",
+    )
+    d = diagnose([log])
+    crash = d.events_of("server_crash")[0]
+    assert crash.data["process"] == "Engine process" and crash.data["error_above"] is True
+    assert crash.data["error"].startswith("ValueError: The model's max seq len (32768)")

@@ -434,6 +434,15 @@ class EventsMixin:
                 if P.EXCEPTION_LINE.match(s):
                     data["error"] = s[:300]
                     break
+            if see_above and -9 not in data.get("failed_procs", {}).values():
+                # "See root cause above": the last exception line in the 200 lines above it (a
+                # process killed by SIGKILL printed none: an older one would not be its cause)
+                for raw in reversed(hit.before(32 << 10).split("\n")[-200:]):
+                    s = clean(raw).text
+                    if P.EXCEPTION_LINE.match(s) and not P.VLLM_CRASH.search(s):
+                        data["error"] = s[:300]
+                        data["error_above"] = True
+                        break
             self.add_event(
                 LogEvent("server_crash", self.name, hit.lineno, text[:EVIDENCE_CHARS], None, data)
             )
