@@ -451,3 +451,25 @@ def test_a_wrapped_oom_message_keeps_every_figure(tmp_path: Path, width: int, ho
     )
     d = run(tmp_path, "\n".join(rows) + "\n[2025-01-01 00:00:00] next record\n")
     assert oom(d).data == FIGURES
+
+
+def test_an_enginecore_copy_of_a_placed_worker_oom_adds_no_serving_finding(tmp_path: Path) -> None:
+    worker = vllm_frames(
+        ("v1/worker/gpu_model_runner.py", "execute_model"),
+        ("v1/worker/gpu_model_runner.py", "_execute_mm_encoder"),
+    )
+    core = (
+        "(EngineCore_DP0 pid=300) ERROR 11-02 10:02:01 [core.py:700] EngineCore encountered a fatal error.\n"
+        "(EngineCore_DP0 pid=300) ERROR 11-02 10:02:01 [core.py:700] Traceback (most recent call last):\n"
+        f'(EngineCore_DP0 pid=300) ERROR 11-02 10:02:01 [core.py:700]   File "{VLLM_PKG}/v1/engine/core.py", '
+        "line 300, in step\n"
+        "(EngineCore_DP0 pid=300) ERROR 11-02 10:02:01 [core.py:700]     model_output = "
+        "self.model_executor.execute_model(scheduler_output)\n"
+        "(EngineCore_DP0 pid=300) ERROR 11-02 10:02:01 [core.py:700] RuntimeError: Worker failed with error "
+        "'CUDA out of memory. Tried to allocate 1.74 GiB. GPU 0 has a total capacity of 79.19 GiB of which "
+        "605.88 MiB is free.', please check the stack trace above for the root cause\n"
+    )
+    d = run(tmp_path, worker + core)
+    assert {e.phase for e in d.events_of("cuda_oom")} == {"prefill", "serving"}
+    titles = [f.title for f in d.findings if f.id == "cuda-oom"]
+    assert len(titles) == 1 and "multimodal request" in titles[0]

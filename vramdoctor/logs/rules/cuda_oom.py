@@ -276,6 +276,9 @@ def check(d: Diagnosis) -> list[Finding]:
         by_phase.setdefault(e.phase, []).append(e)
     if len(by_phase) > 1:
         by_phase.pop(None, None)  # an unplaced copy of a placed error adds nothing
+    if "serving" in by_phase and ("prefill" in by_phase or "decode" in by_phase):
+        # vLLM's EngineCore re-raises a worker's OOM from execute_model: the worker's frames say more
+        by_phase.pop("serving")
     total = d.event_counts.get("cuda_oom", len(evs))
     out = []
     for phase, group in by_phase.items():
