@@ -303,6 +303,29 @@ def test_a_registered_secret_cut_by_an_event_text_leaves_no_start(
     assert events and all(t.endswith(f"caller {REDACTED}") for t in events), events
 
 
+def test_a_terminal_wrapped_dump_blanks_the_start_of_the_key_on_its_first_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A dump wrapped by a terminal mid-value: the first row, the evidence, ends inside the key
+    (`api_key='zebra7 quokk`); the quote left open blanks the rest of the row."""
+    head = (
+        "INFO 05-02 10:11:12 api_server.py:713] args: Namespace(host=None, port=8000, "
+        "model='meta-llama/Llama-3.1-8B-Instruct', api_key='"
+    )
+    full = head + S + "', gpu_memory_utilization=0.95, max_model_len=4096, enforce_eager=False)"
+    width = len(head) + 12
+    rows = [full[i : i + width] for i in range(0, len(full), width)]
+    assert rows[0].endswith("'zebra7 quokk")
+    path = tmp_path / "server.log"
+    path.write_text(VLLM_BANNER + "\n".join(rows) + "\n" + OOM)
+    text, doc = outputs(path, capsys)
+    for out in (text, *strings(doc)):
+        assert not leaks(out, S), (leaks(out, S), out)
+    assert doc["facts"]["gpu_memory_utilization"] == 0.95  # the rows were joined for the facts
+    ev = doc["facts"]["evidence"]["gpu_memory_utilization"]["text"]
+    assert ev.endswith(f"api_key='{REDACTED}"), ev
+
+
 def test_redact_tail_masks_only_the_start_of_a_known_secret() -> None:
     assert redact_tail("x caller zeb", [S]) == "x caller ***"
     assert redact_tail("x caller zebra7 quo", [S2, S]) == "x caller ***"
