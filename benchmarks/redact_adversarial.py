@@ -48,6 +48,8 @@ CASES: dict[str, tuple[str, str, str]] = {
     "api_key=[' nested": ("api_key=", "['", ""),
     "token=' + 1 MiB + one closing quote": ("token='", "a", "'"),
     "lines of token='x, one quote at the end": ("", "token='x\n", "'"),
+    "argv lists, '--api-key', ' repeated": ("[", "'--api-key', '", "]"),
+    "quoted flags without a value, repeated": ("", "'--a', ", ""),
     "prose words (key value key value)": ("", "key value ", ""),
     "a=b=c=... one word": ("", "a=", ""),
     "one 1 MiB word": ("x ", "a", ""),

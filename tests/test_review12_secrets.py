@@ -360,6 +360,12 @@ def test_redact_tail_masks_only_the_start_of_a_known_secret() -> None:
         (f"api_key=['{S}', 'yak4 oka", "api_key=***"),
         # a prose word in front does not hide the pair
         (f"then api_key='{S}' failed", "then api_key='***' failed"),
+        # a command line printed as a list (a subprocess call in a traceback)
+        (
+            f"Popen(['python', '-m', 'sglang.launch_server', '--api-key', '{S}', '--port', '1'])",
+            "Popen(['python', '-m', 'sglang.launch_server', '--api-key', '***', '--port', '1'])",
+        ),
+        (f'["vllm", "serve", "--hf-token", "{S}"]', '["vllm", "serve", "--hf-token", "***"]'),
     ],
 )
 def test_free_text_quoted_values_are_masked_whole(text: str, expected: str) -> None:
@@ -383,6 +389,9 @@ def test_free_text_quoted_values_are_masked_whole(text: str, expected: str) -> N
         "api_key='', model='m'",
         'he said "keys matter" and left',
         "Authorization: Bearer ***",
+        "args: Namespace(api_key=None, hf_token=True, x='y')",
+        "required fields: ['api_key', 'model']",
+        "['vllm', 'serve', '--api-key', '--port', '8000']",
     ],
 )
 def test_ordinary_prose_and_settings_stay(text: str) -> None:

@@ -372,6 +372,10 @@ def _looks_like_value(value: str) -> bool:
     )
 
 
+# Python / JSON literals an unset or boolean argument prints (`api_key=None`, `hf_token=True`).
+_LITERALS = frozenset({"None", "True", "False", "null", "true", "false"})
+# A command line printed as a Python or JSON list: `['vllm', 'serve', '--api-key', 'a b']`.
+_ARGV_ITEM = re.compile(r"(['\"])(--?[A-Za-z][\w.-]*)\1\s*,\s*(?=['\"])")
 # "Authorization: Bearer ***": the scheme word is not the secret (`_BEARER` masked what follows).
 _AUTH_SCHEMES = frozenset({"bearer", "basic", "digest"})
 
@@ -526,6 +530,9 @@ def _redact_pairs(text: str) -> str:
         if value[0] == "{":
             pos = vstart + 1  # a dict under a secret name: its own pairs are read one by one
             continue
+        if value in _LITERALS:
+            pos = m.end()  # api_key=None, hf_token=True: no key set, or a switch; nothing secret
+            continue
         if value == REDACTED or _NUMBER.match(value) or value.lower() in _AUTH_SCHEMES:
             pos = m.end()  # numbers are counts ("#token: 1234" in SGLang's logs), not secrets
             continue
@@ -537,6 +544,34 @@ def _redact_pairs(text: str) -> str:
         last = m.end()
         _remember(value)  # free-text guesses: only long ones are remembered for elsewhere
         pos = m.end()
+    if not out:
+        return text
+    out.append(text[last:])
+    return "".join(out)
+
+
+def _redact_argv_lists(text: str) -> str:
+    """A command line printed as a list (`['--api-key', 'a b']`, a subprocess call in a
+    traceback): the quoted item after a secret flag is masked whole, as `redact_argv` would."""
+    out: list[str] = []
+    last = 0
+    pos = 0
+    while True:
+        m = _ARGV_ITEM.search(text, pos)
+        if m is None:
+            break
+        pos = m.end()
+        if not _secret_name_cached(m.group(2)) or text[pos + 1 : pos + 2] == "-":
+            continue
+        close = _quoted_end(text, pos)
+        end = _line_end(text, pos) if close < 0 else close - 1
+        value = text[pos + 1 : end]
+        if value and value != REDACTED:
+            out.append(text[last : pos + 1])
+            out.append(REDACTED)
+            last = end
+            _remember(value)
+        pos = max(pos + 1, end)
     if not out:
         return text
     out.append(text[last:])
@@ -562,6 +597,8 @@ def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
         )
         text = _KEY_SHAPE.sub(REDACTED, text)
         text = _redact_pairs(text)
+        if "', " in text or '", ' in text:
+            text = _redact_argv_lists(text)
         # a value the rules just masked may appear again elsewhere in this text
         if _known_re is not pattern and _known_re is not None:
             text = _known_re.sub(REDACTED, text)
