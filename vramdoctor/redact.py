@@ -108,6 +108,8 @@ _PAIR = re.compile(
 # The rest of a shell word after a closing quote ('it'\''s', "a b"c): up to a space, quote or
 # backslash, or the punctuation that closes a Python/JSON value.
 _WORD_REST = re.compile(r"[^\s'\"\\,;)\]}]*")
+# A quoted item of a list (backslash escapes kept): what a masked list registers.
+_QUOTED_ITEM = re.compile(r"'((?:[^'\\]|\\.)*)'|\"((?:[^\"\\]|\\.)*)\"")
 # What a bracketed value's scanner stops at.
 _BRACKET_STOP = re.compile(r"[\[\](){}'\"\n]")
 _BEARER = re.compile(
@@ -523,7 +525,7 @@ def _redact_pairs(text: str) -> str:
                 out.append(text[last:vstart])
                 out.append(REDACTED)
                 last = end
-                for item in re.findall(r"'((?:[^'\\]|\\.)*)'|\"((?:[^\"\\]|\\.)*)\"", body):
+                for item in _QUOTED_ITEM.findall(body):
                     _remember(item[0] or item[1])
             pos = max(end, m.end())
             continue
