@@ -610,7 +610,9 @@ class EventsMixin:
                 phase = "prefill"
             elif "alloc_for_decode" in region or "prepare_for_decode" in region:
                 phase = "decode"
-        raised = text.startswith("RuntimeError")
+        # "RuntimeError: ..." (or a fork's own exception class): the raise, not logger.error's line
+        at = m.start() if (m := P.SGL_KV_ALLOC_FAIL.search(text)) else 0
+        raised = text[:at].rstrip().endswith(":")
         data["raised"] = raised
         if raised:  # the RuntimeError after logger.error's own line: the same failure
             for e in reversed(self.events[-MAX_EVENTS_PER_KIND:]):
