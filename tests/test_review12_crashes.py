@@ -430,3 +430,16 @@ def test_see_root_cause_above_takes_the_exception_above(tmp_path: Path) -> None:
     crash = d.events_of("server_crash")[0]
     assert crash.data["process"] == "Engine process" and crash.data["error_above"] is True
     assert crash.data["error"].startswith("ValueError: The model's max seq len (32768)")
+
+
+def test_killed_after_a_crash_line_is_the_servers_cleanup(tmp_path: Path) -> None:
+    # SGLang's scheduler died of an exception (its last line cut off), then the launcher SIGKILLed its
+    # own tree and the shell printed "Killed": the crash is the finding, not the OOM killer
+    log = write(tmp_path, SGL_TRACE.format(fn="prepare_for_extend") + "\nKilled\n")
+    d = diagnose([log])
+    assert d.events_of("sigkill") and "host-oom" not in ids(d)
+    assert "does not show why" in finding(d, "server-crash-unexplained").title
+    # a bare "Killed" with nothing before it: most often the OOM killer (a warning)
+    d = diagnose([write(tmp_path, VLLM_BANNER + "Killed\n", "b.log")])
+    f = finding(d, "host-oom")
+    assert f.severity == "warning" and "SIGKILL" in f.title

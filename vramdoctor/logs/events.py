@@ -412,6 +412,8 @@ class EventsMixin:
                     or "died unexpectedly" in text
                     or "Engine process" in text
                 )
+                if see_above:
+                    data["report"] = True  # another process's death reported, not an exception here
                 if m := P.VLLM_FAILED_PROCS.search(text):
                     procs = {k: int(v) for k, v in P.VLLM_FAILED_PROC.findall(m.group(1))}
                     if procs:

@@ -121,8 +121,8 @@ def check(d: Diagnosis) -> list[Finding]:
     evs = [e for e in d.events_of("sigkill") if not e.data.get("cleanup")]
     if not evs or any(e.kind not in _WEAK_COMPANIONS for e in d.events):
         return []
-    if any(e.data.get("error") for e in d.events_of("server_crash")):
-        return []
+    if any(e.data.get("error") or not e.data.get("report") for e in d.events_of("server_crash")):
+        return []  # a process died of an exception: the SIGKILL is the server's cleanup after it
     return [_sigkill(d, evs)]
 
 

@@ -26,8 +26,8 @@ def check(d: Diagnosis) -> list[Finding]:
     n = d.event_counts.get("server_crash", len(crashes))
     shown = next((e for e in crashes if e.data.get("error")), None)
     killed = [e for e in d.events_of("sigkill") if not e.data.get("cleanup")]
-    if shown is None and killed:
-        return []  # a process killed by SIGKILL and no exception: the host-oom rule says so
+    if shown is None and killed and all(e.data.get("report") for e in crashes):
+        return []  # a process killed by SIGKILL, no exception anywhere: the host-oom rule says so
     if shown is not None:
         err = shown.data["error"]
         return [
