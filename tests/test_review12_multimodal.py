@@ -85,14 +85,20 @@ def test_multimodal_releases_with_family_names_are_never_text_only(tmp_path: Pat
 @pytest.mark.parametrize(
     "model", ["meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B-Instruct", "/models/mistral-7b"]
 )
-def test_a_text_looking_name_alone_says_unknown(tmp_path: Path, model: str) -> None:
+def test_a_text_models_own_name_says_text_only(tmp_path: Path, model: str) -> None:
+    """The last resort, after every multimodal sign and the names of the vision releases of text
+    families (the test above): a text model's own name (the corpus labels say "no" for these)."""
     d = run(tmp_path, vllm_args(f"'model': '{model}', 'gpu_memory_utilization': 0.9"))
-    assert d.facts.multimodal is None and d.facts.fast_image_processor is None
+    assert d.facts.multimodal is False and d.facts.fast_image_processor is False
     d = run(tmp_path, sgl_dump(f"model_path='{model}', tp_size=1, disable_fast_image_processor=False"))
     assert d.server == "sglang"
-    assert d.facts.multimodal is None
-    # the flag's default says nothing about a model whose modality is unknown
-    assert d.facts.fast_image_processor is None
+    assert d.facts.multimodal is False
+    # and a sign of multimodality outranks the name
+    d = run(
+        tmp_path,
+        vllm_args(f"'model': '{model}', 'limit_mm_per_prompt': {{'image': 4}}"),
+    )
+    assert d.facts.multimodal is True
 
 
 @pytest.mark.parametrize(

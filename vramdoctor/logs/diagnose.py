@@ -161,10 +161,11 @@ def _multimodal(facts: Facts, exs: Sequence[FileExtractor]) -> tuple[bool | None
     multimodal architecture class, a vision model file in the traceback, a name only multimodal
     releases carry. False: SGLang turned multimodality off ("Multimodal is disabled for gemma3",
     `enable_multimodal=False`), or a text-only architecture class the log prints
-    (`type=LlamaForCausalLM`, `Resolved architecture: Qwen2ForCausalLM`). A model NAME never says
-    text-only (Mistral-Small-3.1, gemma-3n, Magistral-Small-2509 are vision models with family names),
-    nor does a language-model file in a traceback (the VLMs run their language model in llama.py,
-    qwen2.py).
+    (`type=LlamaForCausalLM`, `Resolved architecture: Qwen2ForCausalLM`), and last a text model's
+    own name (TEXT_NAME), read only when no multimodal sign is found and the name is not one of the
+    vision releases of a text family (MM_NAME: Mistral-Small-3.1, gemma-3n, Magistral-Small-2509).
+    A language-model file in a traceback never says text-only (the VLMs run their language model in
+    llama.py, qwen2.py).
     """
     for ex in exs:  # the server's own word that it serves text only outranks the rest
         if ex.mm_disabled is not None:
@@ -186,6 +187,11 @@ def _multimodal(facts: Facts, exs: Sequence[FileExtractor]) -> tuple[bool | None
     model_ev = facts.evidence.get("model")
     if facts.model and P.MM_NAME.search(facts.model):
         return True, model_ev
+    if facts.model and P.TEXT_NAME.search(facts.model):
+        # a text-only model's own name (Qwen2.5-7B-Instruct, opt-125m, e5-mistral), read only after
+        # every multimodal sign: MM_NAME names the vision releases of text families first
+        # (Mistral-Small-3.1, gemma-3n, gemma-3-4b, Llama-4, Qwen2.5-VL)
+        return False, model_ev
     return None, None
 
 

@@ -678,6 +678,12 @@ MM_NAME = re.compile(
     r"|" + AUDIO_ONLY_NAME.pattern,
     re.IGNORECASE,
 )
+# Names of text-only model families: read last (after MM_NAME, which names their vision releases).
+TEXT_NAME = re.compile(
+    r"llama|mistral|mixtral|qwen|\bopt\b|opt-\d|deepseek|gpt|phi-?\d|gemma|falcon|baichuan|chatglm"
+    r"|internlm|nemotron|granite|yi-\d|command-r|vicuna|starcoder|codellama|e5-|bge-",
+    re.IGNORECASE,
+)
 # Text-only architecture classes (vLLM `_TEXT_GENERATION_MODELS` / text `_EMBEDDING_MODELS`, SGLang's
 # `Load weight end. type=LlamaForCausalLM`): consulted only after MM_ARCH / `is_mm_arch` said no, since
 # some multimodal classes end in ForCausalLM (DeepseekOCRForCausalLM, Phi3VForCausalLM) or Model.
