@@ -443,3 +443,25 @@ def test_killed_after_a_crash_line_is_the_servers_cleanup(tmp_path: Path) -> Non
     d = diagnose([write(tmp_path, VLLM_BANNER + "Killed\n", "b.log")])
     f = finding(d, "host-oom")
     assert f.severity == "warning" and "SIGKILL" in f.title
+
+
+def test_sglang_scheduler_dead_with_exit_code_minus_9(tmp_path: Path) -> None:
+    # SGLang's launcher (engine.py `_launch_subprocesses`): the scheduler vanished while loading
+    # weights, killed by SIGKILL (the OOM killer's mark); no exception anywhere
+    log = write(
+        tmp_path,
+        "[2026-01-28 04:17:40 TP0] Load weight begin. avail mem=78.50 GB\n"
+        "[2026-01-28 04:18:10] Rank 0 scheduler is dead. Please check if there are relevant logs.\n"
+        "[2026-01-28 04:18:11] Exit code: -9\n",
+    )
+    d = diagnose([log])
+    assert d.server == "sglang"
+    crash = d.events_of("server_crash")[0]
+    assert crash.data["process"] == "Scheduler" and crash.data["failed_procs"] == {"Scheduler rank 0": -9}
+    f = finding(d, "host-oom")
+    assert f.severity == "warning" and "SIGKILL" in f.title
+    # exit code 1: it died of an exception printed elsewhere, not of a signal
+    log2 = write(tmp_path, log.read_text().replace("Exit code: -9", "Exit code: 1"), "b.log")
+    d = diagnose([log2])
+    assert not d.events_of("sigkill") and "host-oom" not in ids(d)
+    assert "does not show why" in finding(d, "server-crash-unexplained").title

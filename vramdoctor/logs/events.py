@@ -377,9 +377,9 @@ class EventsMixin:
         vllm = None  # vLLM's own death lines ("EngineCore failed to start." ...), not "hit an exception"
         if "hit an exception" not in t and "run_tp_server" not in t:
             vllm = P.VLLM_CRASH.search(t)
-            if vllm is None or t[vllm.start() - 1 : vllm.start()] in ("'", '"'):
+            if vllm is None or t[vllm.start() - 1 : vllm.start()] in ("'", '"', "{"):
                 return  # a mention, or the server's source quoted in a traceback (a string literal)
-            self.votes["vllm"] += 3
+            self.votes["sglang" if "scheduler is dead" in t else "vllm"] += 3
         if "Scheduler hit" in t or "TpModelWorkerClient hit" in t:
             self.votes["sglang"] += 3
         elif "EngineCore hit" in t:
@@ -404,20 +404,28 @@ class EventsMixin:
             see_above = False
             if vllm is not None:
                 proc = next(g for g in vllm.groups() if g)
-                data["process"] = "EngineCore" if proc == "Engine core" else proc
-                # "initialization failed. See root cause above" / "died unexpectedly": the cause is
-                # above (or nowhere: a process killed by a signal prints nothing)
+                data["process"] = {"Engine core": "EngineCore", "scheduler": "Scheduler"}.get(proc, proc)
+                # "initialization failed. See root cause above" / "died unexpectedly" / "scheduler is
+                # dead": the cause is above (or nowhere: a process killed by a signal prints nothing)
                 see_above = (
                     "initialization failed" in text
                     or "died unexpectedly" in text
                     or "Engine process" in text
+                    or "scheduler is dead" in text
                 )
                 if see_above:
                     data["report"] = True  # another process's death reported, not an exception here
+                procs: dict[str, int] = {}
                 if m := P.VLLM_FAILED_PROCS.search(text):
                     procs = {k: int(v) for k, v in P.VLLM_FAILED_PROC.findall(m.group(1))}
-                    if procs:
-                        data["failed_procs"] = procs  # name -> exit code (-9: killed by SIGKILL)
+                elif "scheduler is dead" in text:  # SGLang: "Exit code: C" on one of the next lines
+                    rank = text.split(" scheduler is dead")[0].split()[-1]
+                    for raw in after[:3]:
+                        if code := P.SGL_EXIT_CODE.match(clean(raw).text):
+                            procs = {f"Scheduler rank {rank}": int(code.group(1))}
+                            break
+                if procs:
+                    data["failed_procs"] = procs  # name -> exit code (-9: killed by SIGKILL)
                     killed = sorted(k for k, v in procs.items() if v == -9)
                     if killed and self.event_counts.get("sigkill", 0) < MAX_EVENTS_PER_KIND:
                         self.add_event(

@@ -103,6 +103,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"exitcode",  # SGLang "Child process unexpectedly failed with exitcode=9", torch elastic "exitcode  : -9"
     b"code 137",  # docker "exited with code 137" (128 + SIGKILL)
     b"oom-kill",  # kernel "oom-kill:constraint=...,task=NAME,pid=N"
+    b"scheduler is dead",  # SGLang's launcher "Rank 0 scheduler is dead. Please check if there are ..."
 )
 
 # --- line prefixes (stripped for display and continuation detection) -------------------
@@ -493,7 +494,11 @@ VLLM_CRASH = re.compile(
     # vLLM 0.6-0.8 (V0 MQLLMEngine, api_server.py): "Engine process failed to start[. See stack trace for
     # the root cause.]"
     r"|\b(Engine process) failed to start\b"
+    # SGLang's launcher (engine.py `_launch_subprocesses`, every version since 2024): "Rank N scheduler is
+    # dead. Please check if there are relevant logs." then "Exit code: C" (-9: killed by SIGKILL)
+    r"|\bRank \d+ (scheduler) is dead\. Please check"
 )
+SGL_EXIT_CODE = re.compile(r"^Exit code: (-?\d+)$")
 VLLM_FAILED_PROCS = re.compile(r"Failed core proc\(s\): \{([^}]*)\}")
 VLLM_FAILED_PROC = re.compile(r"'([^']+)': (-?\d+)")
 # Mooncake transfer engine (SGLang PD disaggregation), glog format:
