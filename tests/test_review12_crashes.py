@@ -465,3 +465,36 @@ def test_sglang_scheduler_dead_with_exit_code_minus_9(tmp_path: Path) -> None:
     d = diagnose([log2])
     assert not d.events_of("sigkill") and "host-oom" not in ids(d)
     assert "does not show why" in finding(d, "server-crash-unexplained").title
+
+
+@pytest.mark.parametrize(
+    ("line", "process"),
+    [
+        (
+            "(VllmWorkerProcess pid=2212) ERROR 01-10 10:00:05 multiproc_worker_utils.py:233] Exception in worker "
+            "VllmWorkerProcess while processing method determine_num_available_blocks.",
+            "VllmWorkerProcess",
+        ),
+        (
+            "(RayWorkerWrapper pid=2212) ERROR 01-10 10:00:05 worker_base.py:467] Error executing method "
+            "'determine_num_available_blocks'. This might cause deadlock in distributed execution.",
+            "worker",
+        ),
+    ],
+)
+def test_vllm_v0_worker_exception_lines(tmp_path: Path, line: str, process: str) -> None:
+    prefix = line.split("ERROR")[0]
+    log = write(
+        tmp_path,
+        "INFO 01-10 10:00:00 api_server.py:712] vLLM API server version 0.6.6\n"
+        + line
+        + "\n"
+        + prefix
+        + "ERROR 01-10 10:00:05 worker_base.py:467] Traceback (most recent call last):\n"
+        + prefix
+        + 'ERROR 01-10 10:00:05 worker_base.py:467]   File "/usr/local/lib/python3.12/dist-packages/vllm/worker/worker_base.py", line 459, in execute_method\n'
+        + prefix
+        + "ERROR 01-10 10:00:05 worker_base.py:467] AssertionError: expected a sharded weight\n",
+    )
+    crash = diagnose([log]).events_of("server_crash")[0]
+    assert crash.data == {"process": process, "error": "AssertionError: expected a sharded weight"}

@@ -404,7 +404,11 @@ class EventsMixin:
             see_above = False
             if vllm is not None:
                 proc = next(g for g in vllm.groups() if g)
-                data["process"] = {"Engine core": "EngineCore", "scheduler": "Scheduler"}.get(proc, proc)
+                data["process"] = {
+                    "Engine core": "EngineCore",
+                    "scheduler": "Scheduler",
+                    "Error executing method": "worker",
+                }.get(proc, proc)
                 # "initialization failed. See root cause above" / "died unexpectedly" / "scheduler is
                 # dead": the cause is above (or nowhere: a process killed by a signal prints nothing)
                 see_above = (

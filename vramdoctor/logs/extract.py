@@ -748,6 +748,8 @@ def dispatch(t: str) -> tuple[Step, ...]:
         or "encountered a fatal error" in t
         or "died unexpectedly" in t
         or "scheduler is dead" in t
+        or "Exception in worker" in t
+        or "Error executing method" in t
     ):
         steps.append(X._exception)
     if "Kill" in t or "SIGKILL" in t or "exitcode" in t or "code 137" in t or "oom-kill" in t:

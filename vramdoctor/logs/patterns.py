@@ -104,6 +104,8 @@ ANCHORS: tuple[bytes, ...] = (
     b"code 137",  # docker "exited with code 137" (128 + SIGKILL)
     b"oom-kill",  # kernel "oom-kill:constraint=...,task=NAME,pid=N"
     b"scheduler is dead",  # SGLang's launcher "Rank 0 scheduler is dead. Please check if there are ..."
+    b"Exception in worker",  # vLLM V0 "Exception in worker VllmWorkerProcess while processing method X."
+    b"Error executing method",  # vLLM V0 (Ray) "Error executing method 'X'. This might cause deadlock ..."
 )
 
 # --- line prefixes (stripped for display and continuation detection) -------------------
@@ -497,6 +499,11 @@ VLLM_CRASH = re.compile(
     # SGLang's launcher (engine.py `_launch_subprocesses`, every version since 2024): "Rank N scheduler is
     # dead. Please check if there are relevant logs." then "Exit code: C" (-9: killed by SIGKILL)
     r"|\bRank \d+ (scheduler) is dead\. Please check"
+    # vLLM V0 (to 0.10): multiproc_worker_utils "Exception in worker %s while processing method %s.",
+    # worker_base `execute_method` "Error executing method %r. This might cause deadlock in distributed
+    # execution." (Ray workers)
+    r"|\bException in worker (\S+) while processing method"
+    r"|\b(Error executing method) '\w+'\. This might cause deadlock"
 )
 SGL_EXIT_CODE = re.compile(r"^Exit code: (-?\d+)$")
 VLLM_FAILED_PROCS = re.compile(r"Failed core proc\(s\): \{([^}]*)\}")

@@ -70,7 +70,8 @@ RULE = Rule(
         "a crash line (SGLang '[... TP0] Scheduler hit an exception', 2024 'Exception in run_tp_server', vLLM "
         "'... hit an exception', 'EngineCore failed to start.', 'WorkerProc failed to start.', 'EngineCore "
         "encountered a fatal error.', 'Engine core initialization failed', '... died unexpectedly', SGLang 'Rank N "
-        "scheduler is dead') and no memory "
+        "scheduler is dead', vLLM V0 'Exception in worker X while processing method', 'Error executing method') and no "
+        "memory "
         "event in the log; the exception's own last line quoted when the log has it"
     ),
     fix="add the end of the traceback or the whole log",
