@@ -583,6 +583,13 @@ class EventsMixin:
         (or the frames), one event per failure (logger.error's line and the RuntimeError it raises
         next are the same failure)."""
         self.votes["sglang"] += 5
+        at = m.start() if (m := P.SGL_KV_ALLOC_FAIL.search(text)) else 0
+        # "RuntimeError: ..." (or a fork's own exception class): the raise, not logger.error's line
+        raised = text[:at].rstrip().endswith(":")
+        n = self.event_counts.get("kv_pool_exhausted", 0)
+        if n >= MAX_EVENTS_PER_KIND:  # counted (logger.error's line; its raise is the same failure)
+            self.event_counts["kv_pool_exhausted"] = n + (0 if raised else 1)
+            return
         data: dict[str, Any] = {"fatal": True}
         pools: dict[str, dict[str, int]] = {}
         if m := P.SGL_KV_ALLOC_TRY.search(text):  # a paste that lost the message's newlines
@@ -624,9 +631,6 @@ class EventsMixin:
                 phase = "prefill"
             elif "alloc_for_decode" in region or "prepare_for_decode" in region:
                 phase = "decode"
-        # "RuntimeError: ..." (or a fork's own exception class): the raise, not logger.error's line
-        at = m.start() if (m := P.SGL_KV_ALLOC_FAIL.search(text)) else 0
-        raised = text[:at].rstrip().endswith(":")
         data["raised"] = raised
         if raised:  # the RuntimeError after logger.error's own line: the same failure
             for e in reversed(self.events[-MAX_EVENTS_PER_KIND:]):
@@ -638,10 +642,6 @@ class EventsMixin:
                 ):
                     e.data["raised"] = True
                     return
-        n = self.event_counts.get("kv_pool_exhausted", 0)
-        if n >= MAX_EVENTS_PER_KIND:
-            self.event_counts["kv_pool_exhausted"] = n + 1
-            return
         self.add_event(
             LogEvent("kv_pool_exhausted", self.name, hit.lineno, text[:EVIDENCE_CHARS], phase, data)
         )
@@ -677,16 +677,16 @@ class EventsMixin:
         elif m := P.SIGKILL_LINE.search(text):
             # a "sigkill" event, not host_oom: the OOM killer's usual mark, but SGLang's launcher also
             # SIGKILLs its own process tree after a child failed (its "Received sigquit" line first)
-            data = {"killer": "sigkill"}
-            pid = m.group(1) or m.group(2)
-            if pid:
-                data["pid"] = int(pid)
-            if "It usually means" in hit.before(16 << 10):
-                data["cleanup"] = True
             n = self.event_counts.get("sigkill", 0)
             if n >= MAX_EVENTS_PER_KIND:
                 self.event_counts["sigkill"] = n + 1
                 return
+            data = {"killer": "sigkill"}
+            pid = m.group(1) or m.group(2)
+            if pid:
+                data["pid"] = int(pid)
+            if hit.since_last(b"It usually means", 16 << 10):  # an rfind; decoded only when found
+                data["cleanup"] = True
             self.add_event(LogEvent("sigkill", self.name, hit.lineno, text[:EVIDENCE_CHARS], None, data))
             return
         else:
