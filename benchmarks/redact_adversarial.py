@@ -27,7 +27,9 @@ MIB = 1 << 20
 
 
 def load(root: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"redact_{id(root)}", root / "vramdoctor" / "redact.py")
+    spec = importlib.util.spec_from_file_location(
+        f"redact_{id(root)}", root / "vramdoctor" / "redact.py"
+    )
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -70,7 +72,9 @@ def time_one(mod: ModuleType, text: str) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--baseline", type=Path, help="a directory holding an older vramdoctor package")
     a = ap.parse_args()
     mods = [("now", load(ROOT))]

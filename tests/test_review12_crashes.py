@@ -113,14 +113,22 @@ def test_decode_failure_logged_then_raised_is_one_failure(tmp_path: Path) -> Non
     log = write(
         tmp_path,
         "[2025-10-14 08:00:00 TP0] Decode batch. #running-req: 40, #token: 65532, token usage: 1.00, #queue-req: 7\n"
-        "[2025-10-14 08:00:01 TP0] " + msg + SGL_TRACE.format(fn="alloc_paged_token_slots_decode") + "RuntimeError: " + msg,
+        "[2025-10-14 08:00:01 TP0] "
+        + msg
+        + SGL_TRACE.format(fn="alloc_paged_token_slots_decode")
+        + "RuntimeError: "
+        + msg,
     )
     d = diagnose([log])
     evs = d.events_of("kv_pool_exhausted")
     assert len(evs) == 1 and d.event_counts["kv_pool_exhausted"] == 1
     e = evs[0]
     assert e.phase == "decode" and e.data["raised"] is True
-    assert e.data["pools"]["token"] == {"available_tokens": 3, "free_tokens": 3, "evictable_tokens": 0}
+    assert e.data["pools"]["token"] == {
+        "available_tokens": 3,
+        "free_tokens": 3,
+        "evictable_tokens": 0,
+    }
     f = finding(d, "sglang-kv-pool-exhausted")
     assert "decode" in f.title and "(1 failure line(s))" in f.explanation
     assert "sglang-retraction" not in ids(d)
@@ -150,7 +158,9 @@ def test_decode_failure_logged_then_raised_is_one_failure(tmp_path: Path) -> Non
         ),
     ],
 )
-def test_every_generation_of_the_allocation_failure(tmp_path: Path, text: str, phase: str, figure: str) -> None:
+def test_every_generation_of_the_allocation_failure(
+    tmp_path: Path, text: str, phase: str, figure: str
+) -> None:
     d = diagnose([write(tmp_path, text)])
     assert d.server == "sglang"
     f = finding(d, "sglang-kv-pool-exhausted")
@@ -162,7 +172,10 @@ def test_every_generation_of_the_allocation_failure(tmp_path: Path, text: str, p
 @pytest.mark.parametrize(
     ("line", "reqs"),
     [
-        ("[2024-08-01 10:00:00 TP0] Decode out of memory happened. #retracted_reqs: 3, #new_token_ratio: 0.4000 -> 0.7000\n", 3),
+        (
+            "[2024-08-01 10:00:00 TP0] Decode out of memory happened. #retracted_reqs: 3, #new_token_ratio: 0.4000 -> 0.7000\n",
+            3,
+        ),
         (
             "[2026-09-13 16:06:07] KV cache pool is full. Retract requests. #retracted_reqs: 1, "
             "#new_tokens_gained: 646, #new_token_ratio: 0.0980 -> 0.3487\n",
@@ -221,8 +234,7 @@ def test_host_ram_oom_while_loading_weights() -> None:
             "2.0 GiB",
         ),
         (  # Python's own, at the end of a weight-loading traceback
-            VLLM_BANNER
-            + "Traceback (most recent call last):\n"
+            VLLM_BANNER + "Traceback (most recent call last):\n"
             '  File "/usr/local/lib/python3.12/dist-packages/vllm/model_executor/model_loader/default_loader.py", line 270, in load_weights\n'
             "    loaded = model.load_weights(self.get_all_weights(model_config, model))\n"
             "MemoryError\n",
@@ -299,7 +311,9 @@ def test_worker_failed_to_start_quotes_its_exception(tmp_path: Path) -> None:
 
 
 def test_source_line_quoting_the_message_is_not_a_crash(tmp_path: Path) -> None:
-    log = write(tmp_path, VLLM_BANNER + '            logger.exception("EngineCore failed to start.")\n')
+    log = write(
+        tmp_path, VLLM_BANNER + '            logger.exception("EngineCore failed to start.")\n'
+    )
     assert not diagnose([log]).events_of("server_crash")
 
 
@@ -310,7 +324,9 @@ def test_an_empty_rank_log_next_to_a_good_one_is_noted_not_fatal() -> None:
     d = diagnose([CASE_14_GOOD, CASE_14_EMPTY])
     assert "cuda-oom" in ids(d)
     empty = next(fs for fs in d.files if fs.file.endswith("14-empty-rank.log"))
-    assert not empty.recognised and empty.notes == ["not read: the file is empty, there is no log to read"]
+    assert not empty.recognised and empty.notes == [
+        "not read: the file is empty, there is no log to read"
+    ]
     r = run(str(CASE_14_GOOD), str(CASE_14_EMPTY), "--json")
     assert r.returncode == 1, r.stderr
     files = json.loads(r.stdout)["files"]
@@ -374,8 +390,15 @@ def test_phase_less_wording_takes_the_phase_from_the_frames(tmp_path: Path) -> N
     d = diagnose([log])
     e = d.events_of("kv_pool_exhausted")[0]
     assert e.phase == "prefill" and e.data["short_pool"] == "swa"
-    assert e.data["pools"]["full"] == {"available_tokens": 7949, "free_tokens": 4137, "evictable_tokens": 3812}
-    assert "the swa pool is the one that ran short" in finding(d, "sglang-kv-pool-exhausted").explanation
+    assert e.data["pools"]["full"] == {
+        "available_tokens": 7949,
+        "free_tokens": 4137,
+        "evictable_tokens": 3812,
+    }
+    assert (
+        "the swa pool is the one that ran short"
+        in finding(d, "sglang-kv-pool-exhausted").explanation
+    )
 
 
 def test_every_rank_logging_then_raising_counts_once_per_rank(tmp_path: Path) -> None:
@@ -457,7 +480,9 @@ def test_sglang_scheduler_dead_with_exit_code_minus_9(tmp_path: Path) -> None:
     d = diagnose([log])
     assert d.server == "sglang"
     crash = d.events_of("server_crash")[0]
-    assert crash.data["process"] == "Scheduler" and crash.data["failed_procs"] == {"Scheduler rank 0": -9}
+    assert crash.data["process"] == "Scheduler" and crash.data["failed_procs"] == {
+        "Scheduler rank 0": -9
+    }
     f = finding(d, "host-oom")
     assert f.severity == "warning" and "SIGKILL" in f.title
     # exit code 1: it died of an exception printed elsewhere, not of a signal

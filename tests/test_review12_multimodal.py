@@ -76,7 +76,9 @@ def test_case_04_gemma_3n_is_multimodal_and_the_processor_unknown() -> None:
         "google/gemma-3n-E4B-it",
     ],
 )
-def test_multimodal_releases_with_family_names_are_never_text_only(tmp_path: Path, model: str) -> None:
+def test_multimodal_releases_with_family_names_are_never_text_only(
+    tmp_path: Path, model: str
+) -> None:
     d = run(tmp_path, vllm_args(f"'model': '{model}', 'gpu_memory_utilization': 0.9"))
     assert d.facts.multimodal is True, model
     assert d.facts.fast_image_processor is None
@@ -90,7 +92,9 @@ def test_a_text_models_own_name_says_text_only(tmp_path: Path, model: str) -> No
     families (the test above): a text model's own name (the corpus labels say "no" for these)."""
     d = run(tmp_path, vllm_args(f"'model': '{model}', 'gpu_memory_utilization': 0.9"))
     assert d.facts.multimodal is False and d.facts.fast_image_processor is False
-    d = run(tmp_path, sgl_dump(f"model_path='{model}', tp_size=1, disable_fast_image_processor=False"))
+    d = run(
+        tmp_path, sgl_dump(f"model_path='{model}', tp_size=1, disable_fast_image_processor=False")
+    )
     assert d.server == "sglang"
     assert d.facts.multimodal is False
     # and a sign of multimodality outranks the name
@@ -133,7 +137,9 @@ def test_architecture_class_decides(tmp_path: Path, arch: str, multimodal: bool)
 def test_sglang_text_only_class_keeps_no_fast_processor(tmp_path: Path) -> None:
     d = run(
         tmp_path,
-        sgl_dump("model_path='meta-llama/Llama-3.1-8B-Instruct', tp_size=1, disable_fast_image_processor=False")
+        sgl_dump(
+            "model_path='meta-llama/Llama-3.1-8B-Instruct', tp_size=1, disable_fast_image_processor=False"
+        )
         + SGL_LOAD_END.format(arch="LlamaForCausalLM"),
     )
     f = d.facts
@@ -158,7 +164,9 @@ def test_limit_mm_per_prompt_in_the_argument_dumps(tmp_path: Path, dump: str) ->
     assert "limit_mm_per_prompt" in d.facts.evidence["multimodal"].text
 
 
-@pytest.mark.parametrize("flag", ["--limit-mm-per-prompt image=4", "--limit-mm-per-prompt '{\"image\": 4}'"])
+@pytest.mark.parametrize(
+    "flag", ["--limit-mm-per-prompt image=4", "--limit-mm-per-prompt '{\"image\": 4}'"]
+)
 def test_limit_mm_per_prompt_in_a_pasted_command(tmp_path: Path, flag: str) -> None:
     d = run(tmp_path, f"vllm serve /data/models/ckpt --gpu-memory-utilization 0.95 {flag}\n")
     assert d.server == "vllm" and d.facts.multimodal is True
@@ -167,13 +175,17 @@ def test_limit_mm_per_prompt_in_a_pasted_command(tmp_path: Path, flag: str) -> N
 
 
 def test_zero_limits_or_a_refusal_are_not_multimodal_evidence(tmp_path: Path) -> None:
-    d = run(tmp_path, vllm_args("'model': '/m/ckpt', 'limit_mm_per_prompt': {'image': 0, 'video': 0}"))
+    d = run(
+        tmp_path, vllm_args("'model': '/m/ckpt', 'limit_mm_per_prompt': {'image': 0, 'video': 0}")
+    )
     assert d.facts.multimodal is None
     refused = (
         "ERROR 09-14 03:22:01 [core.py:700] ValueError: `limit_mm_per_prompt` is only supported for "
         "multimodal models.\n"
     )
-    d = run(tmp_path, vllm_args("'model': '/m/ckpt', 'limit_mm_per_prompt': {'image': 4}") + refused)
+    d = run(
+        tmp_path, vllm_args("'model': '/m/ckpt', 'limit_mm_per_prompt': {'image': 4}") + refused
+    )
     assert d.facts.multimodal is False  # vLLM itself treated the model as text-only
     assert "only supported for multimodal models" in d.facts.evidence["multimodal"].text
 
@@ -182,7 +194,9 @@ def test_sglang_multimodal_disabled_serves_text_only(tmp_path: Path) -> None:
     # SGLang runs Gemma 3 text-only unless --enable-multimodal: no image processor, no encoder.
     d = run(
         tmp_path,
-        sgl_dump("model_path='google/gemma-3-27b-it', tp_size=1, mem_fraction_static=0.9, disable_fast_image_processor=False")
+        sgl_dump(
+            "model_path='google/gemma-3-27b-it', tp_size=1, mem_fraction_static=0.9, disable_fast_image_processor=False"
+        )
         + "[2025-09-14 03:22:01] Multimodal is disabled for gemma3. To enable it, set --enable-multimodal.\n"
         + SGL_LOAD_END.format(arch="Gemma3ForConditionalGeneration"),
     )
@@ -195,7 +209,9 @@ def test_sglang_multimodal_disabled_serves_text_only(tmp_path: Path) -> None:
 def test_audio_only_model_has_no_image_processor_fact(tmp_path: Path) -> None:
     d = run(
         tmp_path,
-        sgl_dump("model_path='Qwen/Qwen2-Audio-7B-Instruct', tp_size=1, disable_fast_image_processor=False")
+        sgl_dump(
+            "model_path='Qwen/Qwen2-Audio-7B-Instruct', tp_size=1, disable_fast_image_processor=False"
+        )
         + SGL_LOAD_END.format(arch="Qwen2AudioForConditionalGeneration"),
     )
     assert d.facts.multimodal is True
@@ -206,7 +222,9 @@ def test_audio_only_model_has_no_image_processor_fact(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "text",
     [
-        vllm_args("'model': 'mistralai/Mistral-Small-3.1-24B-Instruct-2503', 'gpu_memory_utilization': 0.95"),
+        vllm_args(
+            "'model': 'mistralai/Mistral-Small-3.1-24B-Instruct-2503', 'gpu_memory_utilization': 0.95"
+        ),
         vllm_args("'model': 'mistralai/Magistral-Small-2509', 'gpu_memory_utilization': 0.95"),
         sgl_dump("model_path='google/gemma-3n-E4B-it', tp_size=1, mem_fraction_static=0.9"),
     ],
@@ -271,7 +289,9 @@ def test_fast_processor_from_the_dataclass_dump(
 def test_auto_with_sglangs_fast_only_line_is_fast(tmp_path: Path) -> None:
     d = run(
         tmp_path,
-        sgl_dump("model_path='Qwen/Qwen2.5-VL-7B-Instruct', tp_size=1, image_processor_backend='auto'")
+        sgl_dump(
+            "model_path='Qwen/Qwen2.5-VL-7B-Instruct', tp_size=1, image_processor_backend='auto'"
+        )
         + "[2025-09-14 03:22:05] Processor Qwen2VLImageProcessor does not have a slow version. "
         "Automatically use fast version\n",
     )

@@ -55,7 +55,9 @@ SGL = "/sgl-workspace/sglang/python/sglang/srt"
 
 
 def sgl_frames(*frames: tuple[str, str]) -> str:
-    out = "[2025-09-14 03:25:10 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+    out = (
+        "[2025-09-14 03:25:10 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+    )
     for path, func in frames:
         out += f'  File "{SGL}/{path}", line 100, in {func}\n    x = y()\n'
     return out + OOM
@@ -66,7 +68,12 @@ VLLM_PKG = "/usr/local/lib/python3.12/dist-packages/vllm"
 
 
 def vllm_frames(*frames: tuple[str, str]) -> str:
-    out = VLLM_TAG + "WorkerProc hit an exception.\n" + VLLM_TAG + "Traceback (most recent call last):\n"
+    out = (
+        VLLM_TAG
+        + "WorkerProc hit an exception.\n"
+        + VLLM_TAG
+        + "Traceback (most recent call last):\n"
+    )
     for path, func in frames:
         out += VLLM_TAG + f'  File "{VLLM_PKG}/{path}", line 100, in {func}\n'
         out += VLLM_TAG + "    x = y()\n"
@@ -295,7 +302,9 @@ def test_a_small_pid_no_oom_owns_is_still_another_process(tmp_path: Path) -> Non
     text = line(
         0,
         "Process 3310 has 77.45 GiB memory in use. Process 9999 has 530.00 MiB memory in use. ",
-    ) + line(1, "Process 3311 has 77.45 GiB memory in use. Process 3310 has 530.00 MiB memory in use. ")
+    ) + line(
+        1, "Process 3311 has 77.45 GiB memory in use. Process 3310 has 530.00 MiB memory in use. "
+    )
     d = run(tmp_path, text)
     f = finding(d, "cuda-oom")
     assert "Another process holds memory on this GPU" in f.explanation and "9999" in f.explanation

@@ -130,9 +130,4 @@ def _secret_env(name: str, value: str) -> bool:
     """Whether an environment assignment in front of a command holds a secret (`HF_TOKEN=V`,
     `OPENAI_API_KEY=V`), not a setting (`SGLANG_..._TOKEN_LIMIT=4096`, `..._KEY=true`)."""
     v = value.strip()
-    return (
-        len(v) >= 4
-        and secret_name(name)
-        and v.lower() not in _NOT_SECRET
-        and not _is_number(v)
-    )
+    return len(v) >= 4 and secret_name(name) and v.lower() not in _NOT_SECRET and not _is_number(v)

@@ -434,7 +434,9 @@ def _diagnose_group(
                 tag = pids.get(proc.get("pid"))
                 if tag is not None:  # a pid the server's own process tags name: one of its ranks
                     proc["server_process"] = tag
-                elif (own := owners.get(proc.get("pid"))) is not None and own[0] != e.data.get("gpu"):
+                elif (own := owners.get(proc.get("pid"))) is not None and own[0] != e.data.get(
+                    "gpu"
+                ):
                     # the failing process of another GPU's OOM in this log: a sibling rank's context here
                     proc["server_process"] = f"the rank on GPU {own[0]}"
                     proc["server_process_evidence"] = own[1]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import patterns as P
-from .model import EVIDENCE_CHARS, INFERRED, MAX_EVENTS_PER_KIND, RUNTIME, Evidence, LogEvent
+from .model import INFERRED, MAX_EVENTS_PER_KIND, RUNTIME, Evidence, LogEvent
 from .normalize import clean, is_continuation, short_line_memo, strip_noise
 from .reader import Hit
 
@@ -87,7 +87,9 @@ def memory_plan(t: str) -> tuple[Any, ...] | None:
     text = clean(t).text
     if P.CUDA_OOM.search(text) or P.VLLM_NOT_ENOUGH_LOAD.search(text):
         return ("oom", text)
-    if ("ry to lower" in text or "never happen" in text) and (m := P.SGL_KV_ALLOC_FAIL.search(text)):
+    if ("ry to lower" in text or "never happen" in text) and (
+        m := P.SGL_KV_ALLOC_FAIL.search(text)
+    ):
         # SGLang's KV pool gave a batch no slots: fatal (the figures follow on the next lines)
         return ("kv_alloc", m.group(1).lower() if m.group(1) else None, text)
     if "DefaultCPUAllocator" in text and (m := P.CPU_ALLOC_OOM.search(text)):
@@ -298,7 +300,9 @@ def _async_figures(hit: Hit, msg: str, data: dict[str, Any]) -> str:
         name = m.group(1) or pending or ""
         parts.append(" ".join(line.split()))
         if m.group(2) is None:
-            pending = name  # "PyTorch limit (set by user-supplied memory fraction)": value next line
+            pending = (
+                name  # "PyTorch limit (set by user-supplied memory fraction)": value next line
+            )
             continue
         pending = None
         value = size_mib(m.group(2))
@@ -373,6 +377,9 @@ class EventsMixin:
     def add_event(self, event: LogEvent) -> None:
         raise NotImplementedError  # provided by FileExtractor
 
+    def cut(self, t: str) -> str:
+        raise NotImplementedError  # provided by FileExtractor: redact, then cut to EVIDENCE_CHARS
+
     def _exception(self, hit: Hit, t: str) -> None:
         vllm = None  # vLLM's own death lines ("EngineCore failed to start." ...), not "hit an exception"
         if "hit an exception" not in t and "run_tp_server" not in t:
@@ -437,7 +444,7 @@ class EventsMixin:
                                 "sigkill",
                                 self.name,
                                 hit.lineno,
-                                text[:EVIDENCE_CHARS],
+                                self.cut(text),
                                 None,
                                 {"killer": "sigkill", "process": ", ".join(killed)},
                             )
@@ -458,7 +465,7 @@ class EventsMixin:
                         data["error_above"] = True
                         break
             self.add_event(
-                LogEvent("server_crash", self.name, hit.lineno, text[:EVIDENCE_CHARS], None, data)
+                LogEvent("server_crash", self.name, hit.lineno, self.cut(text), None, data)
             )
         else:
             self.event_counts["server_crash"] += 1
@@ -530,9 +537,7 @@ class EventsMixin:
                 for m in P.REPLAY_FRAME.finditer(text):
                     runner = m.group(1)
                     kind = (
-                        "prefill"
-                        if any(k in runner for k in P.REPLAY_PREFILL_FILES)
-                        else "decode"
+                        "prefill" if any(k in runner for k in P.REPLAY_PREFILL_FILES) else "decode"
                     )
                     last[kind] = max(last.get(kind, -1), m.start())
             for m in P.SERVING_FRAMES.finditer(text):
@@ -621,7 +626,11 @@ class EventsMixin:
         if pools:
             data["pools"] = pools
             want = data.get("requested_tokens")
-            short = [n for n, p in pools.items() if want is not None and p.get("available_tokens", want) < want]
+            short = [
+                n
+                for n, p in pools.items()
+                if want is not None and p.get("available_tokens", want) < want
+            ]
             if short:
                 data["short_pool"] = short[0]
         region = self._region(hit)
@@ -643,7 +652,7 @@ class EventsMixin:
                     e.data["raised"] = True
                     return
         self.add_event(
-            LogEvent("kv_pool_exhausted", self.name, hit.lineno, text[:EVIDENCE_CHARS], phase, data)
+            LogEvent("kv_pool_exhausted", self.name, hit.lineno, self.cut(text), phase, data)
         )
 
     def _host_oom(self, hit: Hit, data: dict[str, Any], text: str) -> None:
@@ -656,11 +665,18 @@ class EventsMixin:
         region = self._region(hit)
         self._frames(region)
         phase = self._phase(self._markers(region)) if region else None
-        if phase in (None, "startup") and ("model_loader" in region or "weights_iterator" in region):
+        if phase in (None, "startup") and (
+            "model_loader" in region or "weights_iterator" in region
+        ):
             phase = "weight_load"  # vLLM model_loader/weight_utils.py *_weights_iterator
         self.add_event(
             LogEvent(
-                "host_oom", self.name, hit.lineno, self._message(hit, text)[:EVIDENCE_CHARS], phase, dict(data)
+                "host_oom",
+                self.name,
+                hit.lineno,
+                self.cut(self._message(hit, text)),
+                phase,
+                dict(data),
             )
         )
 
@@ -687,7 +703,7 @@ class EventsMixin:
                 data["pid"] = int(pid)
             if hit.since_last(b"It usually means", 16 << 10):  # an rfind; decoded only when found
                 data["cleanup"] = True
-            self.add_event(LogEvent("sigkill", self.name, hit.lineno, text[:EVIDENCE_CHARS], None, data))
+            self.add_event(LogEvent("sigkill", self.name, hit.lineno, self.cut(text), None, data))
             return
         else:
             return
@@ -695,7 +711,7 @@ class EventsMixin:
         if n >= MAX_EVENTS_PER_KIND:
             self.event_counts["host_oom"] = n + 1
             return
-        self.add_event(LogEvent("host_oom", self.name, hit.lineno, text[:EVIDENCE_CHARS], None, data))
+        self.add_event(LogEvent("host_oom", self.name, hit.lineno, self.cut(text), None, data))
 
     def _memory(self, hit: Hit, t: str) -> None:
         plan = memory_plan(t)
@@ -728,7 +744,7 @@ class EventsMixin:
                     kind,
                     self.name,
                     hit.lineno,
-                    self._message(hit, text)[:EVIDENCE_CHARS],
+                    self.cut(self._message(hit, text)),
                     phase,
                     dict(data),
                 )
@@ -799,9 +815,7 @@ class EventsMixin:
             self.mm_evidence = self.mm_evidence or Evidence(
                 self.name, hit.lineno, "traceback frame: " + m.group(0).strip()[:120]
             )
-        self.add_event(
-            LogEvent("cuda_oom", self.name, hit.lineno, msg[:EVIDENCE_CHARS], phase, data)
-        )
+        self.add_event(LogEvent("cuda_oom", self.name, hit.lineno, self.cut(msg), phase, data))
 
     def _leak(self, hit: Hit, t: str) -> None:
         if self.event_counts.get("kv_leak_selfcheck", 0) >= MAX_EVENTS_PER_KIND and P.LEAK.search(
@@ -902,5 +916,5 @@ class EventsMixin:
                 double_free=avail > total,
             )
         self.add_event(
-            LogEvent("kv_leak_selfcheck", self.name, hit.lineno, body[:EVIDENCE_CHARS], None, data)
+            LogEvent("kv_leak_selfcheck", self.name, hit.lineno, self.cut(body), None, data)
         )

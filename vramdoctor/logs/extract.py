@@ -329,7 +329,11 @@ class FileExtractor(EventsMixin):
                         "version_at_least",
                         SGL_DICT_ARGS_SINCE,
                         ARGS,
-                        Evidence(e.file, e.line, "server_args={...} (the dict form SGLang prints from 0.5.19)"),
+                        Evidence(
+                            e.file,
+                            e.line,
+                            "server_args={...} (the dict form SGLang prints from 0.5.19)",
+                        ),
                     )
             return
         m = P.VLLM_NONDEFAULT.search(t) or P.VLLM_NAMESPACE.search(t)
@@ -370,7 +374,9 @@ class FileExtractor(EventsMixin):
             self.put("disable_cuda_graph", a["disable_cuda_graph"], ARGS, e)
         if a.get("mm_feature_transport") is not None:
             self.put("cuda_ipc_transport", a["mm_feature_transport"] == "cuda_ipc", ARGS, e)
-        if a.get("enable_multimodal") is False:  # (True proves nothing: a no-op on text-only models)
+        if (
+            a.get("enable_multimodal") is False
+        ):  # (True proves nothing: a no-op on text-only models)
             self.mm_disabled = self.mm_disabled or Evidence(
                 e.file, e.line, "server_args=...enable_multimodal=False..."
             )

@@ -347,7 +347,9 @@ OOM_GPU = re.compile(
 OOM_PROCESS = re.compile(r"Process (\d+) has ([\d.]+ [KMGT]?i?B) memory in use")
 OOM_THIS = re.compile(r"this process has ([\d.]+ [KMGT]?i?B) memory in use")
 OOM_PRIVATE = re.compile(r"with ([\d.]+ (?:[KMGT]?i?B|bytes)) allocated in private pools")
-OOM_RESERVED = re.compile(r"and ([\d.]+ (?:[KMGT]?i?B|bytes)) is reserved by PyTorch but unallocated")
+OOM_RESERVED = re.compile(
+    r"and ([\d.]+ (?:[KMGT]?i?B|bytes)) is reserved by PyTorch but unallocated"
+)
 # c10 format_size prints "N bytes" up to 1 KiB, then KiB / MiB / GiB with two decimals ("of which 0 bytes
 # is free" is common). A per-process memory fraction (torch.cuda.set_per_process_memory_fraction) adds
 # "X allowed; " to the caching allocator's message: torch 2.0 "(GPU 0; T total capacity; A already

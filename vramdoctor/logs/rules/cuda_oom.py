@@ -213,8 +213,7 @@ def _own_processes(e: LogEvent) -> str:
     many = len(own) > 1
     how = "; ".join(
         dict.fromkeys(
-            p.get("server_process_evidence")
-            or f"the log's process tags name pid {p['pid']}"
+            p.get("server_process_evidence") or f"the log's process tags name pid {p['pid']}"
             for p in own[:6]
         )
     )
@@ -340,7 +339,9 @@ def check(d: Diagnosis) -> list[Finding]:
         elif any(
             p for e in group for p in e.data.get("processes", []) if not p.get("server_process")
         ):
-            besides = any(p.get("server_process") for e in group for p in e.data.get("processes", []))
+            besides = any(
+                p.get("server_process") for e in group for p in e.data.get("processes", [])
+            )
             expl += (
                 (" Besides the server's own ranks, each" if besides else " Each")
                 + " OOM message lists one process on its GPU: the failing rank itself (pids differ in "

@@ -52,7 +52,11 @@ def _what(e: LogEvent) -> str:
         size = f" ({format_mib(mib)} asked)" if mib else ""
         return f"Python raised MemoryError{size}"
     if k == "linux oom killer":
-        who = f"process {e.data['pid']} ({e.data.get('process')})" if e.data.get("pid") else "a process"
+        who = (
+            f"process {e.data['pid']} ({e.data.get('process')})"
+            if e.data.get("pid")
+            else "a process"
+        )
         limit = " at the container's (cgroup) memory limit" if e.data.get("cgroup") else ""
         return f"the Linux OOM killer killed {who}{limit}"
     return "a host allocation failed"
@@ -83,7 +87,9 @@ def _strong(d: Diagnosis, evs: list[LogEvent]) -> Finding:
             "Lower host-side caches (--hicache-ratio / --hicache-size keep KV in host RAM), "
             + _MORE_RAM
             + _SOAK,
-            "Lower --swap-space (vLLM V0 pins it per GPU) and --cpu-offload-gb, " + _MORE_RAM + _SOAK,
+            "Lower --swap-space (vLLM V0 pins it per GPU) and --cpu-offload-gb, "
+            + _MORE_RAM
+            + _SOAK,
             _MORE_RAM[0].upper() + _MORE_RAM[1:] + _SOAK,
         ),
         evidence=first_evidence(evs),

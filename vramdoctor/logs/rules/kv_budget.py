@@ -143,9 +143,11 @@ def check(d: Diagnosis) -> list[Finding]:
         # the worst GPU's line first (lowest free/total), whatever rank printed it first
         worst_first = sorted(
             evs,
-            key=lambda x: (x.data.get("free_mib") or 0.0) / (x.data.get("total_mib") or 1.0)
-            if x.data.get("total_mib")
-            else 2.0,
+            key=lambda x: (
+                (x.data.get("free_mib") or 0.0) / (x.data.get("total_mib") or 1.0)
+                if x.data.get("total_mib")
+                else 2.0
+            ),
         )
         return [
             Finding(
