@@ -357,6 +357,76 @@ def _chained_below(after: list[str]) -> str:
     return ""
 
 
+def _nccl_traceback_below(after: list[str]) -> str:
+    """The traceback that follows an NCCL "Cuda failure 'out of memory'" WARN line (NCCL's C code prints
+    its WARN when the failure happens, before Python raises): its frames, up to an exception line that is
+    NCCL's own ("NCCL error", "unhandled cuda error", ncclUnhandledCudaError); "" when none follows
+    within 60 lines (review 12b)."""
+    out: list[str] = []
+    started = False
+    for raw in after[:60]:
+        s = clean(raw).text
+        if not started:
+            started = s.startswith("Traceback (most recent call last)")
+            continue
+        if 'File "' in s or raw[:1].isspace() or not s or s.startswith("  "):
+            out.append(raw)
+            continue
+        if out and P.EXCEPTION_LINE.match(s):
+            low = s.lower()
+            return "\n".join(out) if ("nccl" in low or "unhandled cuda error" in low) else ""
+        out.append(raw)  # a code line of a frame that lost its indentation
+    return ""
+
+
+# review 12b: a graceful stop that an operator or a supervisor began (Ctrl-C, docker stop / SIGTERM):
+# uvicorn's shutdown lines (every SGLang and vLLM HTTP server), vLLM's launcher "Shutting down FastAPI
+# HTTP server.", Python's KeyboardInterrupt (Ctrl-C; vLLM turns SIGTERM into one), a terminal's "^C".
+# A SIGKILL after one of them, with no start-up line in between, is the stop timeout (docker stop's
+# 10 s, Kubernetes' grace period), not the OOM killer.
+STOP_MARKS = (
+    b"Waiting for application shutdown",
+    b"Application shutdown complete",
+    b"INFO:     Shutting down",
+    b"Shutting down FastAPI HTTP server",
+    b"KeyboardInterrupt",
+    b"Received SIGTERM",
+    b"Received SIGINT",
+    b"Received sigint",
+    b"\n^C",
+)
+# a server (re)started after the stop: the kill is not that stop's
+START_MARKS = ("Application startup complete", "Started server process", "Uvicorn running", "fired up")
+STOP_LOOKBACK = 64 << 10
+
+
+# torch inductor's max-autotune (torch/_inductor/select_algorithm.py) benchmarks candidate kernels and
+# skips one that fails: log.error("Runtime error during autotuning: \n%s. \nIgnoring this choice.", msg),
+# and log.warning(e) for a triton OutOfResources; both from its own logger (torch's log format names
+# the file). "out of resource: shared memory" there is one rejected config, not a failure (review 12b).
+AUTOTUNE_SKIP = ("select_algorithm", "during autotuning", "Ignoring this choice")
+
+
+def _autotune_choice(hit: Hit) -> bool:
+    """Whether a Triton out-of-resource line is inside the autotuner's 'Runtime error during
+    autotuning: ... Ignoring this choice.' message (it spans lines: the error text is multi-line)."""
+    above = hit.before(2048).rstrip("\n").rsplit("\n", 2)[-2:]
+    return any(k in x for x in above + hit.after(3) for k in AUTOTUNE_SKIP)
+
+
+def _operator_stop(hit: Hit) -> str | None:
+    """The graceful-stop line (from its mark) that came before this SIGKILL line with no (re)start in
+    between, or None. Marks inside a request echo are user text and skipped."""
+    region = ""
+    for mark in STOP_MARKS:
+        r = hit.since_last_own(mark, STOP_LOOKBACK, P.request_echo)
+        if r and (not region or len(r) < len(region)):
+            region = r  # the latest stop mark
+    if not region or any(m in region for m in START_MARKS):
+        return None
+    return region.lstrip("\n").split("\n", 1)[0].strip()[:200]
+
+
 class EventsMixin:
     """Failure handlers of FileExtractor; see the module docstring."""
 
@@ -761,6 +831,8 @@ class EventsMixin:
         ):
             msg, alt = _oom_wrapped(hit, text)  # rows past a sentence's "." carry the figures too
         region = self._region(hit)
+        if not region and "NCCL" in text:  # NCCL's WARN line comes before the traceback Python raises
+            region = _nccl_traceback_below(hit.after(60))
         self._frames(region)
         data: dict[str, Any] = {}
 
@@ -805,6 +877,14 @@ class EventsMixin:
             phase = "weight_load"
         if "sampler" in marks:
             data["sampler"] = True  # vLLM's sampler warm-up: its own message names --max-num-seqs
+        if phase == "preprocessing":
+            # which process preprocessed: SGLang's scheduler materialising a request's inputs, else the
+            # front end (SGLang's tokenizer process / vLLM's API server) running the image processor
+            data["preprocess_process"] = (
+                "scheduler"
+                if "_process_and_broadcast_mm_inputs" in region and "process_mm_data" not in region
+                else "tokenizer"
+            )
         if phase == "prefill" and "mm" in marks:
             data["multimodal_frames"] = (
                 True  # the vision encoder / embedding merge of a request with images

@@ -385,6 +385,9 @@ VLLM_NO_KV = re.compile(r"No available memory for the cache blocks")
 VLLM_MAX_SEQ = re.compile(
     r"max seq len \((\d+)\), \(([\d.]+) GiB KV cache is needed, which is larger than the available KV cache memory \(([\d.]+) GiB\)"
 )
+# V1 kv_cache_utils.check_enough_kv_cache_memory's `estimated_msg` in the same message: "Based on the available
+# memory, the estimated maximum model length is N." (review 12b: the --max-model-len that fits)
+VLLM_EST_MAX_LEN = re.compile(r"estimated maximum model length is (\d+)")
 # vLLM V0 worker.raise_if_cache_size_invalid: "The model's max seq len (%d) is larger than the
 # maximum number of tokens that can be stored in KV cache (%d). Try increasing ..."
 VLLM_MAX_SEQ_V0 = re.compile(
@@ -592,6 +595,28 @@ PHASE_MARKERS: tuple[tuple[str, Any], ...] = (
         ),
     ),
     ("warmup", _fast(r"compile_or_warm_up_model|_warmup|warm_up|kernel_warmup")),
+    # Distributed / NCCL start-up, before any weight or KV allocation (review 12b): SGLang ModelRunner
+    # `init_torch_distributed` -> `init_distributed_environment` / `initialize_model_parallel` ->
+    # `init_model_parallel_group`; vLLM Worker `init_device` -> `init_worker_distributed_environment` ->
+    # `ensure_model_parallel_initialized` -> GroupCoordinator -> `PyNcclCommunicator(` (pynccl.py __init__:
+    # `ncclCommInitRank`, a warm-up all_reduce), torch `init_process_group`. Never a bare pynccl.py frame:
+    # its all_reduce also runs in every forward pass while serving.
+    (
+        "distributed_init",
+        _fast(
+            r"init_torch_distributed|init_(?:worker_)?distributed_environment|initialize_model_parallel"
+            r"|ensure_model_parallel_initialized|init_model_parallel_group|PyNcclCommunicator\(|ncclCommInitRank"
+            r'|init_process_group|pynccl\.py", line \d+, in __init__|, in init_device\b'
+        ),
+    ),
+    # Multimodal preprocessing (review 12b): SGLang's tokenizer process (`tokenizer_manager` ->
+    # `process_mm_data(_async)` of a multimodal processor, then a transformers fast image processor
+    # `image_processing_*_fast.py` running torchvision on the GPU), or the scheduler materialising a
+    # request's inputs (`_process_and_broadcast_mm_inputs`).
+    (
+        "preprocessing",
+        _fast(r"process_mm_data|_process_and_broadcast_mm_inputs|image_processing_\w+_fast\.py"),
+    ),
     # SGLang's scheduler being constructed (Scheduler.__init__ -> init_model_worker -> TpModelWorker):
     # start-up; the outermost marker, so a deeper one (weight load, KV pool, graphs) wins
     ("startup", _fast(r"init_model_worker|init_tp_model_worker|= Scheduler\(|TpModelWorker\(")),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ..model import Evidence, LogEvent
+from ..model import Diagnosis, Evidence, LogEvent
 
 
 def version_tuple(v: str | None) -> tuple[int, ...] | None:
@@ -80,3 +80,31 @@ def fraction_flag(server: str | None) -> str:
     if server in ("sglang", "vllm"):
         return by_server(server, "--mem-fraction-static", "--gpu-memory-utilization")
     return "--mem-fraction-static (SGLang) / --gpu-memory-utilization (vLLM)"
+
+
+# The memory share above which a multimodal model's encoder and images lack headroom: SGLang itself lowers
+# its default fraction for multimodal models; vLLM's encoder activations need a few GiB outside the KV pool.
+SGLANG_MM_FRACTION_MAX = 0.85
+VLLM_MM_UTILIZATION_MAX = 0.92
+
+
+def high_fraction_multimodal(d: Diagnosis) -> tuple[str, float, float] | None:
+    """(flag, value, limit) when a multimodal model runs with a memory share above the limit (the
+    mem-fraction-high-multimodal finding advises LOWERING it: another finding must then not advise
+    raising it), else None."""
+    f = d.facts
+    if f.multimodal is not True:
+        return None
+    if (
+        d.server == "sglang"
+        and f.mem_fraction_static is not None
+        and f.mem_fraction_static > SGLANG_MM_FRACTION_MAX
+    ):
+        return "--mem-fraction-static", f.mem_fraction_static, SGLANG_MM_FRACTION_MAX
+    if (
+        d.server == "vllm"
+        and f.gpu_memory_utilization is not None
+        and f.gpu_memory_utilization > VLLM_MM_UTILIZATION_MAX
+    ):
+        return "--gpu-memory-utilization", f.gpu_memory_utilization, VLLM_MM_UTILIZATION_MAX
+    return None

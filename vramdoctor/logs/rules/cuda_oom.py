@@ -18,6 +18,10 @@ PHASE_NAMES = {
     "prefill": "in a prefill (extend) forward pass",
     "decode": "in a decode forward pass",
     "startup": "while the server was starting (scheduler and model worker initialisation)",
+    "distributed_init": (
+        "while initialising torch.distributed / NCCL at start-up (before any weights or KV cache)"
+    ),
+    "preprocessing": "during multimodal preprocessing (the image processor, before the model runs)",
     "serving": "while serving a batch of requests (the frames do not say prefill or decode)",
     None: "at a point the traceback does not show",
 }
@@ -26,6 +30,31 @@ PHASE_NAMES = {
 def _fix(phase: str | None, server: str | None, e: LogEvent) -> str:
     """The fix for an OOM in this phase, in the server's own flags (both, labelled, when unknown)."""
     frac = fraction_flag(server)
+    if phase == "distributed_init":
+        return (
+            "Find what already holds the GPUs before the server starts: `nvidia-smi` or `vramdoctor census` "
+            "(a leftover server from an earlier run, e.g. a zombie "
+            + by_server(server, "sglang::scheduler", "EngineCore / worker", "server process")
+            + ", a notebook or another tenant) and stop it; check that CUDA_VISIBLE_DEVICES"
+            + by_server(server, " (and --base-gpu-id)", "", " (and the server's base GPU setting)")
+            + " gives each of the "
+            + by_server(server, "--tp-size", "--tensor-parallel-size", "tensor-parallel")
+            + " ranks its own GPU (two ranks mapped to one GPU fill it twice). "
+            f"{frac} cannot help: the server had not reserved any of its share yet."
+        )
+    if phase == "preprocessing":
+        return by_server(
+            server,
+            "Move image preprocessing off the GPU: --disable-fast-image-processor (from 0.5.18: "
+            "--image-processor-backend pil; the version has one of the two), at some CPU cost per image; or "
+            "upgrade to SGLang >= 0.5.19 (request-scoped pool for the fast processor's scratch); cap image "
+            "size/count per request.",
+            "Keep the multimodal processor on the CPU (drop a device='cuda' from --mm-processor-kwargs) and cap "
+            "images per request (--limit-mm-per-prompt) and their size (--mm-processor-kwargs max_pixels).",
+            "Move image preprocessing to the CPU (SGLang: --disable-fast-image-processor / "
+            "--image-processor-backend pil, or SGLang >= 0.5.19; vLLM: no device='cuda' in "
+            "--mm-processor-kwargs) and cap image size/count per request.",
+        )
     if phase == "weight_load":
         return (
             "The weights do not fit: use more GPUs ("
@@ -197,7 +226,12 @@ def _figures(e: LogEvent) -> str:
         bits.append(f"{mib(d['private_pools_mib'])} in private pools (CUDA graphs)")
     if "reserved_unallocated_mib" in d:
         bits.append(f"{mib(d['reserved_unallocated_mib'])} reserved but unallocated")
-    return "; ".join(bits) if bits else "figures cut off in the log"
+    if bits:
+        return "; ".join(bits)
+    if "Tried to allocate" in e.text or "out of memory." in e.text:
+        return "figures cut off in the log"  # torch's message, whose figures follow on its lines
+    # NCCL's "Cuda failure 'out of memory'", the CUDA runtime's "CUDA error: out of memory": no figures
+    return "this error format carries no figures"
 
 
 def _own_processes(e: LogEvent) -> str:
@@ -325,6 +359,7 @@ def check(d: Diagnosis) -> list[Finding]:
             and d.server == "sglang"
             and d.facts.multimodal
             and d.facts.fast_image_processor
+            and phase != "preprocessing"  # (then the failing process is that tokenizer process)
         ):
             least = min(procs, key=lambda p: p["mib"] or 0)
             expl += (
@@ -332,7 +367,50 @@ def check(d: Diagnosis) -> list[Finding]:
                 "server is the first suspect: the tokenizer process preprocessing images on this GPU "
                 "(see sglang-fast-image-processor)."
             )
-        if other and phase in ("cuda_graph", "profiling", "mm_profiling", "kv_cache_alloc"):
+        if phase == "distributed_init":
+            expl += (
+                " At this point the server has allocated nothing but its CUDA context and NCCL's "
+                "communication buffers (typically a few hundred MiB per GPU): the GPU was already (nearly) full "
+                "when the server started. Usual causes: a leftover server from an earlier run, another process "
+                "on the GPU, or two ranks mapped to one GPU (CUDA_VISIBLE_DEVICES listing fewer GPUs than "
+                "ranks, or the same one twice). If nothing else holds the GPU, NCCL's own buffers are the "
+                "suspect (NCCL_NVLS_ENABLE=0, a smaller NCCL_BUFFSIZE)."
+            )
+        scheduler_own = (
+            phase == "preprocessing"
+            and d.server == "sglang"
+            and fd.get("preprocess_process") == "tokenizer"
+            and procs
+        )
+        if scheduler_own:
+            big = max(procs, key=lambda p: p["mib"] or 0)
+            expl += (
+                f" The failing process is SGLang's tokenizer process, which runs the fast image processor on "
+                f"the GPU (torchvision) next to the server's own scheduler: process {big['pid']} "
+                f"({mib(big['mib'])}) is that scheduler (weights + KV pool + CUDA graphs under "
+                "--mem-fraction-static), not another program"
+                + (
+                    "; the other processes listed are other ranks or other programs."
+                    if len(procs) > 1
+                    else "."
+                )
+                + " The scheduler's static pool leaves the preprocessing scratch little room, and the fast "
+                "processor's cached scratch grows with image sizes."
+            )
+        elif phase == "preprocessing" and fd.get("preprocess_process") == "scheduler":
+            expl += (
+                " The failing process is the server's scheduler materialising a request's multimodal inputs "
+                "(_process_and_broadcast_mm_inputs)."
+            )
+        if scheduler_own:
+            pass
+        elif other and phase in (
+            "cuda_graph",
+            "profiling",
+            "mm_profiling",
+            "kv_cache_alloc",
+            "distributed_init",
+        ):
             expl += f" Another process holds memory on this GPU that the startup budget did not leave room for ({other})."
         elif other:
             expl += f" Another process holds memory on this GPU ({other})."
@@ -399,7 +477,13 @@ RULE = Rule(
         "'out of memory'\", CUDACHECK); "
         "phase from the error's own traceback frames only (weight load, KV allocation, CUDA graph capture, "
         "profiling, warm-up incl. the sampler warm-up, prefill incl. a multimodal request's vision encoder, "
-        "decode, SGLang scheduler start-up), else unknown; frames without a traceback header and a traceback "
+        "decode, SGLang scheduler start-up, torch.distributed / NCCL start-up (SGLang init_torch_distributed, vLLM "
+        "init_device -> init_worker_distributed_environment -> PyNcclCommunicator: the GPU was already full, so "
+        "the fix is finding the process holding it, never a lower share), multimodal preprocessing (SGLang's "
+        "tokenizer process process_mm_data -> a transformers image_processing_*_fast frame, or the scheduler's "
+        "_process_and_broadcast_mm_inputs: the other process listed is the server's own scheduler)), else "
+        "unknown; an NCCL 'Cuda failure' WARN line takes the traceback right below it when its exception is "
+        "NCCL's; frames without a traceback header and a traceback "
         "chained right after the error count too; a CUDA graph REPLAY frame (SGLang runners' replay / "
         "replay_prepare) is decode, or prefill in the piecewise/breakable/prefill runners, never capture (the "
         "phase comes from the frames' function names, not the file cuda_graph_runner.py); vLLM execute_model / "
@@ -415,7 +499,9 @@ RULE = Rule(
     fix=(
         "phase-specific, in the server's own flags: more GPUs or quantization at load; lower mem fraction / "
         "graph batch size / chunked prefill / running requests later; --max-num-seqs for vLLM's sampler warm-up; "
-        "encoder headroom for a multimodal prefill; raise or remove a per-process memory fraction that refused it"
+        "encoder headroom for a multimodal prefill; find and stop what holds the GPU / check the device mapping "
+        "for an NCCL start-up OOM; --disable-fast-image-processor / --image-processor-backend pil / SGLang >= "
+        "0.5.19 for a preprocessing OOM; raise or remove a per-process memory fraction that refused it"
     ),
     check=check,
 )

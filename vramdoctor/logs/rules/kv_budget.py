@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from .. import patterns as P
 from ..model import Diagnosis, Finding, LogEvent
 from . import Rule
-from ._common import by_server, first_evidence, fraction_flag, mib
+from ._common import by_server, first_evidence, fraction_flag, high_fraction_multimodal, mib
 
 REASONS = {
     "no_memory_for_cache_blocks": "after weights and activations nothing is left for KV blocks",
@@ -19,6 +20,30 @@ REASONS = {
 # on an H200 (docs/gpu-results.md); 0.5-1 GiB normally (shared/facts.md). Used memory at vLLM's start-up
 # check up to this much per context is the server's own, not another process.
 OWN_CONTEXT_MIB = 1024.0
+
+
+def _fitting_len(e: LogEvent) -> int | None:
+    """The longest max-model-len the available KV cache holds, in tokens, as vLLM prints it: V1's
+    "the estimated maximum model length is N", V0's "maximum number of tokens that can be stored in KV
+    cache (N)"; None when the message has neither."""
+    if (m := P.VLLM_EST_MAX_LEN.search(e.text)) is not None:
+        return int(m.group(1))
+    tokens = e.data.get("kv_cache_tokens")
+    return int(tokens) if tokens is not None else None
+
+
+def _len_at(d: Diagnosis, e: LogEvent, share: float, lower: float) -> str:
+    """" (about N tokens at LOWER)": the max length the KV cache holds once the share drops from `share`
+    to `lower`, from the message's figures (KV MiB per token = needed / max seq len) and the GPU's total
+    memory when the log shows it; "" when a figure is missing or nothing would be left."""
+    need, avail, n = e.data.get("needed_mib"), e.data.get("available_mib"), e.data.get("max_seq_len")
+    total = d.facts.total_gpu_mib
+    if not (need and avail and n and total):
+        return ""
+    left = float(avail) - (share - lower) * float(total)
+    if left <= 0:
+        return f" (at {lower:g} nothing is left for the KV cache on this {mib(total)} GPU)"
+    return f" (about {int(left / (float(need) / int(n)))} tokens at {lower:g} on this {mib(total)} GPU)"
 
 
 def _suggest(ratio: float) -> str:
@@ -167,12 +192,47 @@ def check(d: Diagnosis) -> list[Finding]:
     if d.facts.weights_mib:
         expl += f" Weights take {mib(d.facts.weights_mib)}."
     expl += " This is a budget check, not a CUDA allocation failure."
-    fix = by_server(
-        d.server,
-        "Raise --mem-fraction-static (if nothing else uses the GPU), use more GPUs (--tp-size) or a quantized model.",
-        "Raise --gpu-memory-utilization, lower --max-model-len, use --kv-cache-dtype fp8, more GPUs "
-        "(--tensor-parallel-size) or a quantized model; --cpu-offload-gb moves weights but costs speed.",
-    )
+    fits = _fitting_len(e)
+    high = high_fraction_multimodal(d)
+    if reason == "max_seq_len_exceeds_kv_cache" and d.server != "sglang" and fits is not None:
+        # vLLM names the length that fits: the lever that needs no other change (review 12b)
+        fix = (
+            f"Set --max-model-len {fits} or lower (vLLM's own figure for what the available KV cache holds; "
+            f"the log asks for {e.data.get('max_seq_len', '?')}); "
+        )
+        if high:
+            fix += (
+                f"do not raise {high[0]} ({high[1]:g}): it already leaves a multimodal model little room for "
+                f"its encoder (see mem-fraction-high-multimodal), so lowering it to {high[2]:g} or less trades "
+                "KV cache for encoder headroom and needs a still shorter --max-model-len"
+                + _len_at(d, e, high[1], high[2])
+                + ". For longer contexts: --kv-cache-dtype fp8, more GPUs (--tensor-parallel-size) or a "
+                "quantized model."
+            )
+        else:
+            fix += (
+                "for longer contexts raise --gpu-memory-utilization if nothing else uses the GPU, or use "
+                "--kv-cache-dtype fp8, more GPUs (--tensor-parallel-size) or a quantized model; "
+                "--cpu-offload-gb moves weights but costs speed."
+            )
+    elif high:
+        # another finding advises lowering the share: never advise raising it here (review 12b)
+        fix = by_server(
+            d.server,
+            f"Do not raise --mem-fraction-static ({high[1]:g}, already high for a multimodal model: see "
+            "mem-fraction-high-multimodal); use more GPUs (--tp-size), a quantized model, or a shorter "
+            "--context-length.",
+            f"Lower --max-model-len; do not raise --gpu-memory-utilization ({high[1]:g}, already high for a "
+            "multimodal model: see mem-fraction-high-multimodal); use --kv-cache-dtype fp8, more GPUs "
+            "(--tensor-parallel-size) or a quantized model.",
+        )
+    else:
+        fix = by_server(
+            d.server,
+            "Raise --mem-fraction-static (if nothing else uses the GPU), use more GPUs (--tp-size) or a quantized model.",
+            "Raise --gpu-memory-utilization, lower --max-model-len, use --kv-cache-dtype fp8, more GPUs "
+            "(--tensor-parallel-size) or a quantized model; --cpu-offload-gb moves weights but costs speed.",
+        )
     return [
         Finding(
             RULE.id,

@@ -15,7 +15,19 @@ from __future__ import annotations
 
 from ..model import Diagnosis, Finding
 from . import Rule
-from ._common import by_server, first_evidence, mib
+from ._common import by_server, first_evidence, high_fraction_multimodal, mib
+
+
+def _share_fix(d: Diagnosis, raising: str, without: str) -> str:
+    """`raising` (a fix that starts by raising the memory share), or `without` plus why not when the
+    mem-fraction-high-multimodal finding advises lowering that share (one direction per diagnosis)."""
+    high = high_fraction_multimodal(d)
+    if high is None:
+        return raising
+    return (
+        f"{without} Do not raise {high[0]} ({high[1]:g}): it is already high for a multimodal model (see "
+        "mem-fraction-high-multimodal)."
+    )
 
 
 def check(d: Diagnosis) -> list[Finding]:
@@ -44,12 +56,23 @@ def check(d: Diagnosis) -> list[Finding]:
                     + " of this GPU, so there is no KV cache at all; the server fails with 'Not enough memory' "
                     "(a speculative draft model's pool may be sized separately)." + weights
                 ),
-                fix=by_server(
-                    d.server,
-                    "Raise --mem-fraction-static if nothing else uses the GPU, spread the weights over more GPUs "
-                    "(a larger --tp-size), or serve a quantized checkpoint (e.g. --quantization fp8).",
-                    "Raise --gpu-memory-utilization if nothing else uses the GPU, spread the weights over more GPUs "
-                    "(a larger --tensor-parallel-size), or serve a quantized checkpoint (e.g. --quantization fp8).",
+                fix=_share_fix(
+                    d,
+                    by_server(
+                        d.server,
+                        "Raise --mem-fraction-static if nothing else uses the GPU, spread the weights over more "
+                        "GPUs (a larger --tp-size), or serve a quantized checkpoint (e.g. --quantization fp8).",
+                        "Raise --gpu-memory-utilization if nothing else uses the GPU, spread the weights over more "
+                        "GPUs (a larger --tensor-parallel-size), or serve a quantized checkpoint (e.g. "
+                        "--quantization fp8).",
+                    ),
+                    by_server(
+                        d.server,
+                        "Spread the weights over more GPUs (a larger --tp-size) or serve a quantized checkpoint "
+                        "(e.g. --quantization fp8).",
+                        "Spread the weights over more GPUs (a larger --tensor-parallel-size) or serve a quantized "
+                        "checkpoint (e.g. --quantization fp8).",
+                    ),
                 ),
                 evidence=first_evidence(sgl),
             )
@@ -79,7 +102,9 @@ def check(d: Diagnosis) -> list[Finding]:
                 "warning",
                 "Weights, activations and CUDA graphs exceed the configured GPU share",
                 explanation=expl,
-                fix=by_server(
+                fix=_share_fix(
+                    d,
+                    by_server(
                     d.server,
                     "Raise --mem-fraction-static if the GPU is not shared, or lower what sits outside the KV cache: "
                     "--chunked-prefill-size (activations), --cuda-graph-max-bs (CUDA graphs), a quantized checkpoint "
@@ -88,6 +113,15 @@ def check(d: Diagnosis) -> list[Finding]:
                     "cache: --max-num-batched-tokens (activations), --max-num-seqs or the capture sizes (CUDA "
                     "graphs), a quantized checkpoint or a larger --tensor-parallel-size (weights); or size the cache "
                     "directly with --kv-cache-memory.",
+                    ),
+                    by_server(
+                        d.server,
+                        "Lower what sits outside the KV cache: --chunked-prefill-size (activations), "
+                        "--cuda-graph-max-bs (CUDA graphs), a quantized checkpoint or a larger --tp-size (weights).",
+                        "Lower what sits outside the KV cache: --max-num-batched-tokens (activations), --max-num-seqs "
+                        "or the capture sizes (CUDA graphs), a quantized checkpoint or a larger "
+                        "--tensor-parallel-size (weights).",
+                    ),
                 ),
                 evidence=first_evidence(vll),
             )
@@ -104,10 +138,19 @@ def check(d: Diagnosis) -> list[Finding]:
                     f"--max-total-tokens={e.data['max_total_tokens']} asked for more KV tokens than the memory "
                     f"share holds; SGLang uses the profiled {e.data['profiled_tokens']} instead."
                 ),
-                fix=by_server(
-                    d.server,
-                    "Lower --max-total-tokens to the profiled value, or raise --mem-fraction-static if there is headroom.",
-                    "Raise --gpu-memory-utilization if there is headroom, or lower --max-model-len.",
+                fix=_share_fix(
+                    d,
+                    by_server(
+                        d.server,
+                        "Lower --max-total-tokens to the profiled value, or raise --mem-fraction-static if there is "
+                        "headroom.",
+                        "Raise --gpu-memory-utilization if there is headroom, or lower --max-model-len.",
+                    ),
+                    by_server(
+                        d.server,
+                        "Lower --max-total-tokens to the profiled value.",
+                        "Lower --max-model-len.",
+                    ),
                 ),
                 evidence=first_evidence(capped, 1),
             )

@@ -4,31 +4,23 @@ from __future__ import annotations
 
 from ..model import Diagnosis, Finding
 from . import Rule
+from ._common import SGLANG_MM_FRACTION_MAX, VLLM_MM_UTILIZATION_MAX, high_fraction_multimodal
 
-SGLANG_MAX = 0.85  # SGLang itself lowers the default fraction for multimodal models
-VLLM_MAX = 0.92
+SGLANG_MAX = SGLANG_MM_FRACTION_MAX  # SGLang itself lowers the default fraction for multimodal models
+VLLM_MAX = VLLM_MM_UTILIZATION_MAX
 
 
 def check(d: Diagnosis) -> list[Finding]:
-    f = d.facts
-    if f.multimodal is not True:
+    high = high_fraction_multimodal(d)
+    if high is None:
         return []
-    if (
-        d.server == "sglang"
-        and f.mem_fraction_static is not None
-        and f.mem_fraction_static > SGLANG_MAX
-    ):
-        value, flag, limit = f.mem_fraction_static, "--mem-fraction-static", SGLANG_MAX
-        ev = f.evidence.get("mem_fraction_static")
-    elif (
-        d.server == "vllm"
-        and f.gpu_memory_utilization is not None
-        and f.gpu_memory_utilization > VLLM_MAX
-    ):
-        value, flag, limit = f.gpu_memory_utilization, "--gpu-memory-utilization", VLLM_MAX
-        ev = f.evidence.get("gpu_memory_utilization")
-    else:
-        return []
+    flag, value, limit = high
+    name = "mem_fraction_static" if flag == "--mem-fraction-static" else "gpu_memory_utilization"
+    ev = d.facts.evidence.get(name)
+    fix = f"Lower {flag} to {limit - 0.1:.2f}-{limit:.2f} and measure the headroom under image load with `vramdoctor soak`."
+    if d.events_of("kv_budget_error") or d.events_of("kv_budget_negative"):
+        # the KV-budget finding says the trade-off once (review 12b): one direction for the share
+        fix += " (The KV-budget finding says how to fit the KV cache without a higher share.)"
     return [
         Finding(
             RULE.id,
@@ -40,7 +32,7 @@ def check(d: Diagnosis) -> list[Finding]:
                 "large or many images, the image processor's GPU scratch (SGLang fast processor) and "
                 "CUDA graphs. Image-heavy traffic then OOMs in prefill although text traffic is fine."
             ),
-            fix=f"Lower {flag} to {limit - 0.1:.2f}-{limit:.2f} and measure the headroom under image load with `vramdoctor soak`.",
+            fix=fix,
             evidence=[ev] if ev else [],
         )
     ]
