@@ -55,6 +55,14 @@ CASES: dict[str, tuple[str, str, str]] = {
     "prose words (key value key value)": ("", "key value ", ""),
     "a=b=c=... one word": ("", "a=", ""),
     "one 1 MiB word": ("x ", "a", ""),
+    # review 12b: curl/wget credentials and quoted secret headers (redact._redact_credentials)
+    '"api-key: never closed, repeated': ("", '"api-key: a ', ""),
+    '-H "x-api-key: a" headers, repeated': ("", '-H "x-api-key: a b" ', ""),
+    "-u 'a: never closed, repeated": ("", "-u 'a:", ""),
+    "-u a:b words, repeated": ("", "-u a:b ", ""),
+    "-u + 1 MiB user name without a colon": ("-u ", "a", ""),
+    "--header=Cookie:x, repeated": ("", "--header=Cookie:x ", ""),
+    '"key: prose in quotes, repeated': ("", '"key: see ', ""),
     "argument dumps, repeated": (
         "",
         "args: Namespace(host=None, port=8000, api_key='correct horse battery staple', "

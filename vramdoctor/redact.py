@@ -580,6 +580,103 @@ def _redact_argv_lists(text: str) -> str:
     return "".join(out)
 
 
+# curl/wget credentials on a command line: `-u user:password`, `--user user:password`,
+# `--proxy-user`/`-U` (curl), quoted or not (`-u 'admin:pass word'`, `--user=admin:pw`). The user
+# name stays; the password (after the first colon) is masked to the end of the shell word.
+_USER_ARG = re.compile(
+    r"(?<![\w-])(?:-u|-U|--user|--proxy-user)(?:[ \t]+|=)(?P<q>[\"']?)(?P<user>[^\s:\"']*):"
+)
+# A header given as a quoted string (`-H "api-key: zebra crossing 9"`, `"Cookie: a=b; c=d"`) or an
+# unquoted curl/wget header argument (`--header=Cookie:session=abc`, `-H X-Api-Key:abc`): under a
+# secret-looking name its whole value is masked, spaces and all, to the closing quote (or the end of
+# the word when unquoted; the end of the line when the quote is not closed there).
+_HEADER_QUOTED = re.compile(r"(?P<q>[\"'])(?P<name>[A-Za-z][\w-]*)[ \t]*:[ \t]*")
+_HEADER_ARG = re.compile(
+    r"(?<![\w-])(?:-H|--header|--proxy-header)(?:[ \t]+|=)(?P<name>[A-Za-z][\w-]*)[ \t]*:[ \t]*"
+)
+_WORD_END = re.compile(r"\S*")
+# Header names that are secret on their own (a one-word name other than these needs a value-like
+# first word: "key: see the docs" in quotes is prose).
+_HEADER_WORDS = frozenset({"authorization", "cookie", "apikey", "x-api-key", "api-key"})
+
+
+def _mask_span(text: str, out: list[str], last: int, start: int, end: int) -> int:
+    """Append text[last:start] and the mask for text[start:end] (remembered when long enough):
+    the new `last`, or `last` unchanged when there is nothing to mask."""
+    value = text[start:end]
+    if not value.strip() or value == REDACTED or _NUMBER.match(value.strip()):
+        return last
+    out.append(text[last:start])
+    out.append(REDACTED)
+    _remember(value)
+    return end
+
+
+def _redact_credentials(text: str) -> str:
+    """curl/wget `-u user:password` and secret headers (see `_USER_ARG`, `_HEADER_QUOTED`,
+    `_HEADER_ARG`). Left to right, each match is skipped past once handled: linear in the text."""
+    out: list[str] = []
+    last = 0
+    if "-u" in text or "-U" in text:
+        pos = 0
+        while (m := _USER_ARG.search(text, pos)) is not None:
+            start = m.end()
+            if m.group("q"):
+                close = _quoted_end(text, m.start("q"))
+                end = _line_end(text, start) if close < 0 else close - 1
+            else:
+                end = _WORD_END.match(text, start).end()  # type: ignore[union-attr]
+            password = text[start:end]
+            if not (m.group("user").isdigit() and password.isdigit()):  # docker -u 1000:1000
+                last = _mask_span(text, out, last, start, end)
+            pos = max(end, m.end())
+        if out:
+            out.append(text[last:])
+            text, out, last = "".join(out), [], 0
+    if "-H" in text or "-header" in text:
+        pos = 0
+        while (m := _HEADER_ARG.search(text, pos)) is not None:
+            pos = m.end()
+            if text[pos : pos + 1] in ("'", '"') or not _secret_name_cached(m.group("name")):
+                continue  # a quoted value after an unquoted name: the quoted-header rule's case
+            end = _WORD_END.match(text, pos).end()  # type: ignore[union-attr]
+            last = _mask_span(text, out, last, _after_scheme(text, pos, end), end)
+            pos = max(pos, end)
+        if out:
+            out.append(text[last:])
+            text, out, last = "".join(out), [], 0
+    if "'" in text or '"' in text:
+        pos = 0
+        while (m := _HEADER_QUOTED.search(text, pos)) is not None:
+            pos = m.end()
+            name = m.group("name")
+            if not _secret_name_cached(name):
+                pos = m.start() + 1
+                continue
+            close = _quoted_end(text, m.start("q"))
+            end = _line_end(text, pos) if close < 0 else close - 1
+            if (
+                "-" not in name
+                and name.lower() not in _HEADER_WORDS
+                and not _looks_like_value(text[pos:end].split(" ", 1)[0])
+            ):
+                continue  # prose in quotes ("key: see the docs"), not a header
+            last = _mask_span(text, out, last, _after_scheme(text, pos, end), end)
+            pos = max(pos, end + 1)
+        if out:
+            out.append(text[last:])
+            text = "".join(out)
+    return text
+
+
+def _after_scheme(text: str, start: int, end: int) -> int:
+    """`Authorization: Bearer X` / `Basic X`: the scheme word stays, what follows is the secret."""
+    i = text.find(" ", start, end)
+    if i > start and text[start:i].lower() in _AUTH_SCHEMES:
+        return i + 1
+    return start
+
+
 def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
     """The one redaction pass for free text (see the module doc for the rules)."""
     for secret in secrets:
@@ -598,6 +695,8 @@ def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
             lambda m: (m.group(1) or m.group(3)) + (m.group(2) or m.group(4)) + REDACTED, text
         )
         text = _KEY_SHAPE.sub(REDACTED, text)
+        if ":" in text:
+            text = _redact_credentials(text)
         text = _redact_pairs(text)
         if "', " in text or '", ' in text:
             text = _redact_argv_lists(text)

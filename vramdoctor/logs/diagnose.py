@@ -87,6 +87,14 @@ def _clearly(votes: dict[str, int], server: str) -> bool:
     return votes[server] >= CLEAR_VOTES and votes[server] > 2 * votes[other]
 
 
+def _only(votes: dict[str, int], server: str) -> bool:
+    """Every vote of the file is for `server` (a vLLM traceback excerpt: its package paths, no
+    SGLang mark at all). Such a file is that server's when logs are split by server, however few
+    its votes; a file with no vote (a bare torch traceback) belongs to neither."""
+    other = "vllm" if server == "sglang" else "sglang"
+    return votes[server] > 0 and votes[other] == 0
+
+
 def _merge_facts(exs: Sequence[FileExtractor]) -> tuple[Facts, dict[str, Any]]:
     best: dict[str, tuple[float, Any, Evidence]] = {}
     for ex in exs:
@@ -333,12 +341,16 @@ def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
         seen[key] = summaries[-1]
     if errors and len(errors) == len(summaries):
         raise errors[0]  # nothing could be read: the first reason, exit 2
-    # Files are split by server only when each side has a file that is clearly its server's (a file
-    # with only weak votes, a traceback excerpt, joins the others as before).
+    # Files are split by server only when each side has a file that is its server's: clearly (many
+    # votes, twice the other's), or with votes for that server alone (a vLLM traceback excerpt with
+    # vLLM package paths and no SGLang mark, given with an SGLang log). A file with mixed weak votes,
+    # or none (a bare torch traceback), joins the others as before.
     servers = {
         fs.server
         for ex, fs in zip(exs, summaries, strict=True)
-        if fs.recognised and fs.server and _clearly(ex.votes, fs.server)
+        if fs.recognised
+        and fs.server
+        and (_clearly(ex.votes, fs.server) or _only(ex.votes, fs.server))
     }
     secrets = set().union(*(ex.secrets for ex in exs)) if exs else set()
     if len(servers) > 1:

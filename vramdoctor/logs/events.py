@@ -848,6 +848,8 @@ class EventsMixin:
         if m := find(P.OOM_TRIED):
             data["requested_mib"] = size_mib(m.group(1))
         if "pid=" in hit.text[:120] and (m := P.PROC_PID.search(hit.text, 0, 160)):
+            while hit.text.startswith(" (", m.end()) and (n := P.PROC_PID.match(hit.text, m.end() + 1)):
+                m = n  # nested tags: the innermost one is the process that printed the line
             data["pid"] = int(m.group(2))  # the failing process, by its own tag
         if m := P.OOM_DEVICE.search(msg):
             data["device"] = m.group(1).upper() if m.group(1) else "HIP"  # ROCm / Ascend: not CUDA

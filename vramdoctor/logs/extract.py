@@ -204,16 +204,17 @@ class FileExtractor(EventsMixin):
             self.ranks.setdefault(kind, set()).add(rank)
         i = t.find(" pid=", 0, 80)
         if i >= 0 and len(self.pids) < 1024:
-            tag = t[
-                : t.find(")", i, i + 24) + 1
-            ]  # the line's prefix up to its process tag: one per process
+            end = t.find(")", i, i + 48) + 1  # (Ray's tag adds ", ip=10.0.16.95")
+            if end and t.startswith(" (", end) and (j := t.find(" pid=", end, end + 60)) >= 0:
+                end = t.find(")", j, j + 48) + 1 or end  # nested: "(EngineCore_0 pid=7) (VllmWorker TP0 pid=9)"
+            tag = t[:end]  # the line's prefix up to its process tag(s): one per process
             if tag and tag not in self._tags_seen:
                 if (
                     len(self._tags_seen) >= 4096
                 ):  # a varying wrapper (timestamps) before the tag: stay bounded
                     self._tags_seen.clear()
                 self._tags_seen.add(tag)
-                if m := P.PROC_PID.search(tag):
+                for m in P.PROC_PID.finditer(tag):
                     self.pids.setdefault(int(m.group(2)), m.group(1))
 
     def _mm_frame(self, hit: Hit, t: str) -> None:

@@ -115,27 +115,34 @@ COMPOSE = re.compile(  # docker-compose "name-1  | ", log shippers "2026-05-01 2
     r"^(?:\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?Z? |[\w.-]*\s*)\| "
 )
 JOURNALD = re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d (?:\S+ )?[\w.@/-]+(?:\[\d+\])?: ")
-PROC = re.compile(
-    r"^\((?:VllmWorker(?:Process)?|EngineCore\w*|APIServer|Worker\w*|\w+)[^)]*pid=\d+\)\s*"
+PROC = re.compile(  # one or more (nested: "(EngineCore_0 pid=715) (VllmWorker TP0 pid=720) ")
+    r"^(?:\((?:VllmWorker(?:Process)?|EngineCore\w*|APIServer|Worker\w*|\w+)[^)]*pid=\d+(?:, ip=[\w.:-]+)?\)\s*)+"
 )
 # vLLM's own process tags (vllm/v1/executor/multiproc_executor.py `setup_proc_title_and_log_prefix`,
 # vllm/utils `decorate_logs`): "(APIServer pid=P)", "(EngineCore pid=P)", "(EngineCore_DP0 pid=P)",
 # "(EngineCore_0 pid=P)" (0.10), "(Worker pid=P)", "(Worker_DP1_PP0_PCP0_TP3_DCP0_EP1 pid=P)" (0.10.2+:
-# Worker[_DPn][_PPn][_PCPn][_TPn][_DCPn][_EPn]); 0.8-0.10: "(VllmWorker rank=N pid=P)"; V0:
-# "(VllmWorkerProcess pid=P)".
-VLLM_PROC = re.compile(
-    r"^\((?:APIServer|EngineCore(?:_DP\d+|_\d+)?|Worker(?:_[A-Z]+\d+)*|VllmWorker(?: rank=\d+)?|VllmWorkerProcess) pid=\d+\)"
+# Worker[_DPn][_PPn][_PCPn][_TPn][_DCPn][_EPn]); 0.8-0.9: "(VllmWorker rank=N pid=P)"; 0.10.0-0.10.1:
+# "(VllmWorker pid=P)", "(VllmWorker TPn pid=P)", "(VllmWorker PPn pid=P)", "(VllmWorker PPn_TPn pid=P)"
+# (WorkerProc: PP rank = rank // tp, TP rank = rank % tp, each only when its size > 1), nested under the
+# engine's tag when the engine relays them ("(EngineCore_0 pid=715) (VllmWorker TP0 pid=720) ");
+# V0: "(VllmWorkerProcess pid=P)", Ray's "(RayWorkerWrapper pid=P, ip=A)".
+VLLM_TAG_NAME = (
+    r"(?:APIServer(?:_\d+)?|ApiServer_\d+|EngineCore(?:_DP\d+|_\d+)?|Worker(?:_[A-Z]+\d+)*"
+    r"|VllmWorker(?: rank=\d+| PP\d+(?:_TP\d+)?| TP\d+)?|VllmWorkerProcess|RayWorkerWrapper)"
 )
+VLLM_PROC = re.compile(r"^\(" + VLLM_TAG_NAME + r" pid=\d+(?:, ip=[\w.:-]+)?\)")
 # Sniffed in the first MiB (bytes): a vLLM process tag followed by vLLM's logger prefix
 # ("INFO 05-02 08:11:40 [file.py:N]" from 0.8, "INFO 05-02 08:11:40 file.py:N]" before), and SGLang's
 # prefix with rank tags ("[2025-09-14 03:22:10 DP0 TP0] ", sglang/srt/utils `configure_logger`).
-VLLM_PREFIX_SNIFF = re.compile(
-    rb"\((?:APIServer|EngineCore(?:_DP\d+|_\d+)?|Worker(?:_[A-Z]+\d+)*|VllmWorker(?: rank=\d+)?|VllmWorkerProcess) pid=\d+\)"
+VLLM_PREFIX_SNIFF = re.compile(  # (the tag may be coloured: "\x1b[1;36m(VllmWorker TP2 pid=415)\x1b[0;0m ")
+    rb"\(" + VLLM_TAG_NAME.encode() + rb" pid=\d+(?:, ip=[\w.:-]+)?\)(?:\x1b\[[0-9;]*m)?"
     rb" (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d"
 )
 # The pids of the server's own processes, from vLLM's process tags in the first MiB.
-PROC_PID = re.compile(r"\(([A-Za-z]\w*(?: rank=\d+)?) pid=(\d+)\)")
-PROC_PID_SNIFF = re.compile(rb"\(([A-Za-z]\w*(?: rank=\d+)?) pid=(\d+)\)")
+# (group 1: the name with its ranks, "VllmWorker TP1", "Worker_PP1_TP3"; group 2: the pid)
+PROC_PID_TEXT = r"\(([A-Za-z]\w*(?: rank=\d+| PP\d+(?:_TP\d+)?| TP\d+)?) pid=(\d+)(?:, ip=[\w.:-]+)?\)"
+PROC_PID = re.compile(PROC_PID_TEXT)
+PROC_PID_SNIFF = re.compile(PROC_PID_TEXT.encode())
 # SGLang's own marks in an excerpt that has none of its log lines (sniffed in the first MiB): its
 # package paths in traceback frames, the scheduler's crash line, its argument dump's class, the
 # launcher's SIGQUIT line ("Received sigquit from a child process. It usually means one child failed."),
@@ -150,8 +157,9 @@ VLLM_OWN_SNIFF = re.compile(rb"/vllm/(?:v1|engine|worker|executor|model_executor
 SGL_PREFIX_SNIFF = re.compile(
     rb"\[(?:\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d(?:[.,]\d+)?((?: (?:DP|TP|EP|PP)\d+)+)\] "
 )
-# The rank parts of those tags: "_TP3" in Worker_TP3, "rank=1" in VllmWorker rank=1 (a world rank).
-VLLM_PROC_RANKS = re.compile(r"_(DP|PP|TP|EP)(\d+)|VllmWorker rank=(\d+)")
+# The rank parts of those tags: "_TP3" in Worker_TP3, " TP3" / " PP1" / "_TP3" in VllmWorker TP3 /
+# VllmWorker PP1_TP3 (0.10.0-0.10.1), "rank=1" in VllmWorker rank=1 (a world rank).
+VLLM_PROC_RANKS = re.compile(r"[_ ](DP|PP|TP|EP)(\d+)|VllmWorker rank=(\d+)")
 RANKTAG = re.compile(r"^\[rank\d+\]:\s*")
 # SGLang: [2025-03-27 21:33:30 TP0] / [2025-03-27 21:33:30.123 DP1 TP3 EP3] (all versions)
 # 2024 (0.2/0.3): "[23:17:01 TP7] " (time only, always with a rank tag)
@@ -612,14 +620,10 @@ PHASE_MARKERS: tuple[tuple[str, Any], ...] = (
     # Multimodal preprocessing (review 12b): SGLang's tokenizer process (`tokenizer_manager` ->
     # `process_mm_data(_async)` of a multimodal processor, then a transformers fast image processor
     # `image_processing_*_fast.py` running torchvision on the GPU), or the scheduler materialising a
-    # request's inputs (`_process_and_broadcast_mm_inputs`); a torchvision transform frame (the fast
-    # processors' resize / normalize, a model's own torchvision preprocessing) is preprocessing too.
+    # request's inputs (`_process_and_broadcast_mm_inputs`).
     (
         "preprocessing",
-        _fast(
-            r"process_mm_data|_process_and_broadcast_mm_inputs|image_processing_\w+_fast\.py"
-            r"|torchvision/transforms/"
-        ),
+        _fast(r"process_mm_data|_process_and_broadcast_mm_inputs|image_processing_\w+_fast\.py"),
     ),
     # SGLang's scheduler being constructed (Scheduler.__init__ -> init_model_worker -> TpModelWorker):
     # start-up; the outermost marker, so a deeper one (weight load, KV pool, graphs) wins
@@ -715,9 +719,15 @@ MM_MODEL_FILE = re.compile(
 # DeepSeek-OCR are all vision models without "VL" in the name; Qwen2-Audio is audio).
 MM_NAME = re.compile(
     r"-vl\b|-vl-|_vl\b|vl-\d|vision|llava|janus|mllama|minicpm-?[vo]|internvl|pixtral|idefics|paligemma"
-    r"|molmo|qwen\d(?:\.\d)?-?vl|gemma-?3-(?!1b)\d|llama-?4|phi-\d(?:\.\d)?-vision|multimodal|kimi-vl"
+    r"|molmo|qwen\d(?:\.\d)?-?vl|gemma-?3-(?!1b|270m)\d|llama-?4|phi-\d(?:\.\d)?-vision|multimodal|kimi-vl"
     r"|qwen3\.5|qwen3_5|glm-?4\.?\d?v|deepseek-vl|olmocr|ui-tars|cogvlm|smolvlm|florence|-omni|nvlm|ovis|dots\.ocr"
     r"|gemma-?3n|mistral-small-3\.[12]\b|magistral-small-(?:2509|1\.2)|ministral-3-\d|ocr(?![a-z])"
+    # review 12b: vision releases of text families whose names say neither VL nor vision: MedGemma
+    # 4b/27b (Gemma 3 image+text; medgemma-27b-text-it is text-only), QVQ (Qwen2-VL), Llama Guard 4
+    # (Llama 4, image+text), ShieldGemma 2 (Gemma 3 image classifier), Mistral Large 3, Kimi K2.5,
+    # Cosmos-Reason (Qwen2.5-VL)
+    r"|medgemma(?![\w.-]*text)|qvq|llama-?guard-?4|shieldgemma-?2|mistral-large-3\b|kimi-k2\.5"
+    r"|cosmos-reason"
     r"|" + AUDIO_ONLY_NAME.pattern,
     re.IGNORECASE,
 )
