@@ -29,6 +29,11 @@ What is masked (docs/threat-model.md lists the same rules):
   tuple (`api_key=['a b', 'c d']`) to its closing bracket. Command lines (`redact_argv`) stay
   strict: there the word after a secret flag is always masked, and `NAME=value` whole;
 - `Bearer X` / `Basic X` credentials and well-known key shapes (`sk-...`, `hf_...`, `ghp_...`).
+- curl/wget `-u user:password` / `--user user:password` / `-U` (the password, to the end of its
+  shell word or closing quote; a uid:gid of digits is kept) and headers under a secret name: in
+  quotes (`-H "api-key: zebra crossing 9"`, `"Cookie: a=b; c=d"`) the whole value to the closing
+  quote, unquoted after `-H`/`--header` (`--header=Cookie:session=X`) to the end of the word; an
+  auth scheme word stays (`Authorization: Bearer ***`).
 
 Registered values are masked first, so a rule can never mask part of one and leave the rest
 unrecognisable. `redact_tail` is for a text that was cut before it was redacted: the start of a
