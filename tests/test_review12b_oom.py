@@ -211,3 +211,37 @@ def test_kv_budget_v0_message_names_the_fitting_length(tmp_path: Path) -> None:
     )
     kv = one(write(tmp_path, text), "kv-budget-error")
     assert kv.fix.startswith("Set --max-model-len 12000 or lower")
+
+
+def test_kv_budget_sglang_not_enough_memory_with_high_multimodal_fraction_never_raises(
+    tmp_path: Path,
+) -> None:
+    text = (
+        "[2025-05-20 10:00:00] server_args=ServerArgs(model_path='Qwen/Qwen2.5-VL-72B-Instruct', "
+        "mem_fraction_static=0.9, tp_size=2)\n"
+        "[2025-05-20 10:00:20 TP0] Load weight end. type=Qwen2_5_VLForConditionalGeneration, "
+        "dtype=torch.bfloat16, avail mem=3.10 GB, mem usage=68.20 GB.\n"
+        "[2025-05-20 10:00:21 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+        '  File "/sgl/python/sglang/srt/model_executor/model_runner.py", line 1100, in init_memory_pool\n'
+        '    raise RuntimeError(\n'
+        "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\n"
+    )
+    d = write(tmp_path, text)
+    kv = one(d, "kv-budget-error")
+    assert "Lower --mem-fraction-static" in one(d, "mem-fraction-high-multimodal").fix
+    assert "Raise --mem-fraction-static" not in kv.fix
+    assert "do not raise --mem-fraction-static" in kv.fix
+
+
+def test_torchvision_transform_frames_in_the_tokenizer_are_preprocessing(tmp_path: Path) -> None:
+    text = (
+        "[2025-05-20 11:00:00] Exception in ASGI application\n"
+        "Traceback (most recent call last):\n"
+        '  File "/usr/lib/sglang/srt/managers/tokenizer_manager.py", line 470, in _tokenize_one_request\n'
+        "    mm_inputs = await self.mm_data_processor.process(\n"
+        '  File "/usr/lib/torchvision/transforms/v2/functional/_geometry.py", line 260, in resize_image\n'
+        "    image = interpolate(image, size=size, mode=interpolation.value)\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.00 GiB. GPU 0 has a total capacity "
+        "of 79.19 GiB of which 1.00 GiB is free.\n"
+    )
+    assert oom_phase(write(tmp_path, text)) == "preprocessing"

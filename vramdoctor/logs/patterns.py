@@ -620,10 +620,14 @@ PHASE_MARKERS: tuple[tuple[str, Any], ...] = (
     # Multimodal preprocessing (review 12b): SGLang's tokenizer process (`tokenizer_manager` ->
     # `process_mm_data(_async)` of a multimodal processor, then a transformers fast image processor
     # `image_processing_*_fast.py` running torchvision on the GPU), or the scheduler materialising a
-    # request's inputs (`_process_and_broadcast_mm_inputs`).
+    # request's inputs (`_process_and_broadcast_mm_inputs`); a torchvision transform frame (the fast
+    # processors' resize / normalize, a model's own torchvision preprocessing) is preprocessing too.
     (
         "preprocessing",
-        _fast(r"process_mm_data|_process_and_broadcast_mm_inputs|image_processing_\w+_fast\.py"),
+        _fast(
+            r"process_mm_data|_process_and_broadcast_mm_inputs|image_processing_\w+_fast\.py"
+            r"|torchvision/transforms/"
+        ),
     ),
     # SGLang's scheduler being constructed (Scheduler.__init__ -> init_model_worker -> TpModelWorker):
     # start-up; the outermost marker, so a deeper one (weight load, KV pool, graphs) wins

@@ -19,7 +19,8 @@ PHASE_NAMES = {
     "decode": "in a decode forward pass",
     "startup": "while the server was starting (scheduler and model worker initialisation)",
     "distributed_init": (
-        "while initialising torch.distributed / NCCL at start-up (before any weights or KV cache)"
+        "while initialising the GPU worker and torch.distributed / NCCL at start-up (before any weights "
+        "or KV cache)"
     ),
     "preprocessing": "during multimodal preprocessing (the image processor, before the model runs)",
     "serving": "while serving a batch of requests (the frames do not say prefill or decode)",

@@ -217,14 +217,19 @@ def check(d: Diagnosis) -> list[Finding]:
             )
     elif high:
         # another finding advises lowering the share: never advise raising it here (review 12b)
+        lever = (
+            "Lower --max-model-len"
+            if reason == "max_seq_len_exceeds_kv_cache"
+            else "Lower what the profiling run takes outside the KV cache (--max-num-batched-tokens, "
+            "--max-num-seqs)"
+        )
         fix = by_server(
             d.server,
-            f"Do not raise --mem-fraction-static ({high[1]:g}, already high for a multimodal model: see "
-            "mem-fraction-high-multimodal); use more GPUs (--tp-size), a quantized model, or a shorter "
-            "--context-length.",
-            f"Lower --max-model-len; do not raise --gpu-memory-utilization ({high[1]:g}, already high for a "
-            "multimodal model: see mem-fraction-high-multimodal); use --kv-cache-dtype fp8, more GPUs "
-            "(--tensor-parallel-size) or a quantized model.",
+            f"Use more GPUs (--tp-size) or a quantized model; do not raise --mem-fraction-static ({high[1]:g}, "
+            "already high for a multimodal model: see mem-fraction-high-multimodal).",
+            f"{lever}; do not raise --gpu-memory-utilization ({high[1]:g}, already high for a multimodal model: "
+            "see mem-fraction-high-multimodal); use --kv-cache-dtype fp8, more GPUs (--tensor-parallel-size) or "
+            "a quantized model.",
         )
     else:
         fix = by_server(
