@@ -285,3 +285,15 @@ def test_case11_cli_shows_no_credential() -> None:
         assert r.returncode in (0, 1), r.stderr
         for secret in ("Sup3rS3cret", "zebra crossing", "crossing 9", "abcdef0123456789"):
             assert secret not in r.stdout + r.stderr
+
+
+def test_unmarked_excerpt_with_two_servers_is_its_own_group_not_dropped(tmp_path: Path) -> None:
+    bare = tmp_path / "oom.log"
+    bare.write_text(
+        "".join(x for x in VLLM13.read_text().splitlines(True) if "/vllm/" not in x)
+    )
+    d = diagnose([SGL13, VLLM13, bare])
+    assert d.groups is not None
+    assert [g.server for g in d.groups] == ["sglang", "vllm", None]
+    assert [f.file for f in d.groups[2].files] == [str(bare)]
+    assert d.event_counts.get("cuda_oom") == 2  # the vLLM excerpt's and the bare one's

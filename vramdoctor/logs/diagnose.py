@@ -355,7 +355,10 @@ def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
     secrets = set().union(*(ex.secrets for ex in exs)) if exs else set()
     if len(servers) > 1:
         groups = []
-        for srv in sorted(servers):
+        # files with no server mark at all (a bare torch traceback) cannot be given to either server:
+        # they are diagnosed as a group of their own (server None) rather than dropped
+        unmarked = any(fs.recognised and fs.server is None for fs in summaries)
+        for srv in [*sorted(servers), *([None] if unmarked else [])]:
             pairs = [
                 (ex, fs)
                 for ex, fs in zip(exs, summaries, strict=True)
