@@ -116,7 +116,8 @@ COMPOSE = re.compile(  # docker-compose "name-1  | ", log shippers "2026-05-01 2
 )
 JOURNALD = re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d (?:\S+ )?[\w.@/-]+(?:\[\d+\])?: ")
 PROC = re.compile(  # one or more (nested: "(EngineCore_0 pid=715) (VllmWorker TP0 pid=720) ")
-    r"^(?:\((?:VllmWorker(?:Process)?|EngineCore\w*|APIServer|Worker\w*|\w+)[^)]*pid=\d+(?:, ip=[\w.:-]+)?\)\s*)+"
+    # (a word character, then anything up to "pid=": one way to read it, linear on a 1 MiB line)
+    r"^(?:\(\w[^)]*?pid=\d+(?:, ip=[\w.:-]+)?\)\s*)+"
 )
 # vLLM's own process tags (vllm/v1/executor/multiproc_executor.py `setup_proc_title_and_log_prefix`,
 # vllm/utils `decorate_logs`): "(APIServer pid=P)", "(EngineCore pid=P)", "(EngineCore_DP0 pid=P)",
