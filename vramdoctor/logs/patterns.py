@@ -730,9 +730,11 @@ MM_NAME = re.compile(
     # review 12b: vision releases of text families whose names say neither VL nor vision: MedGemma
     # 4b/27b (Gemma 3 image+text; medgemma-27b-text-it is text-only), QVQ (Qwen2-VL), Llama Guard 4
     # (Llama 4, image+text), ShieldGemma 2 (Gemma 3 image classifier), Mistral Large 3, Kimi K2.5,
-    # Cosmos-Reason (Qwen2.5-VL)
+    # Cosmos-Reason (Qwen2.5-VL); and from vLLM's multimodal list (docs/models/supported_models.md),
+    # the names a text family's pattern would otherwise claim: Gemma 4, Intern-S1 (org internlm),
+    # MiniCPM-Llama3-V, BLIP-2 (blip2-opt-2.7b), Cosmos3, Kimi-K3
     r"|medgemma(?![\w.-]*text)|qvq|llama-?guard-?4|shieldgemma-?2|mistral-large-3\b|kimi-k2\.5"
-    r"|cosmos-reason"
+    r"|cosmos-reason|gemma-?4-|intern-?s\d|minicpm-llama3-v|blip|cosmos-?3|kimi-k3"
     r"|" + AUDIO_ONLY_NAME.pattern,
     re.IGNORECASE,
 )
