@@ -234,6 +234,8 @@ def memory_plan(t: str) -> tuple[Any, ...] | None:
         kind = "req_slots_exhausted"
         votes = sglang
     elif m := P.TRITON_SMEM.search(text):
+        if any(k in text for k in AUTOTUNE_SKIP):
+            return None  # inductor's autotuner skipped one candidate config (review 12b): harmless
         kind = "triton_shared_memory"
         if m.group(1):
             data = {"required_bytes": int(m.group(1)), "limit_bytes": int(m.group(2))}
@@ -320,7 +322,8 @@ def _frames_above(before: str) -> str:
 
     A frame is its 'File "..."' line, the code line right after it and Python 3.11+'s caret line."""
     lines = before.rstrip("\n").split("\n")[-200:]
-    texts = [clean(x).text for x in lines]
+    # a request echo quoting a traceback (review 12b) is user text: it ends the run of frames
+    texts = ["" if P.request_echo(t) >= 0 else t for t in (clean(x).text for x in lines)]
     k = len(lines)
     while k > 0:
         s = texts[k - 1]
@@ -569,7 +572,8 @@ class EventsMixin:
         ("During handling of the above exception, another exception occurred:"), that traceback's
         frames show where the server was (the chained one is raised while handling this one).
         """
-        region = hit.since_last(P.TRACEBACK_BYTES, 48 << 10)
+        # (a traceback header inside a request echo is user text: skipped, review 12b)
+        region = hit.since_last_own(P.TRACEBACK_BYTES, 48 << 10, P.request_echo)
         if not region:
             region = _frames_above(hit.before(32 << 10))
             if not region:
@@ -771,8 +775,12 @@ class EventsMixin:
             pid = m.group(1) or m.group(2)
             if pid:
                 data["pid"] = int(pid)
-            if hit.since_last(b"It usually means", 16 << 10):  # an rfind; decoded only when found
+            if hit.since_last_own(b"It usually means", 16 << 10, P.request_echo):  # rfind, decoded if found
                 data["cleanup"] = True
+            if stop := _operator_stop(hit):
+                # review 12b: a graceful stop began before the kill (uvicorn's shutdown, Ctrl-C, SIGTERM)
+                # and the server did not start again: the supervisor's stop timeout, not the OOM killer
+                data["after_shutdown"] = stop
             self.add_event(LogEvent("sigkill", self.name, hit.lineno, self.cut(text), None, data))
             return
         else:
@@ -805,6 +813,8 @@ class EventsMixin:
                 self.votes[server] += n
             for name, value in facts:
                 self.put(name, value, RUNTIME, hit)
+            if kind == "triton_shared_memory" and _autotune_choice(hit):
+                return  # torch inductor's autotuner rejected one candidate and went on (review 12b)
             n = self.event_counts.get(kind, 0)
             if n >= MAX_EVENTS_PER_KIND:
                 self.event_counts[kind] = n + 1  # counted; the first ones carry the detail
@@ -920,6 +930,8 @@ class EventsMixin:
                 break
         if wording.startswith("KV cache pool leak"):
             prev = hit.before(4096).rstrip("\n").rsplit("\n", 1)[-1]
+            if P.request_echo(prev) >= 0:
+                prev = ""  # a request echo above is user text (review 12b)
             body = prev + " " + body
         fields: dict[str, int] = {}
         pool = "token"

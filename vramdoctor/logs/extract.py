@@ -193,6 +193,10 @@ class FileExtractor(EventsMixin):
         for step in _dispatch_memo(t) if len(t) <= CACHE_LINE_CHARS else dispatch(t):
             step(self, hit, t)
 
+    def _echo_rank_tags(self, hit: Hit, t: str) -> None:
+        """The rank/process tags of a request-echo line, read off its prefix only (the rest is user text)."""
+        self._rank_tags(hit, t[: P.request_echo(t)])
+
     def _rank_tags(self, hit: Hit, t: str) -> None:
         if t in self._rank_lines:
             return
@@ -688,6 +692,14 @@ def dispatch(t: str) -> tuple[Step, ...]:
     text (a substring, or a regex the handler needs anyway), so the choice is memoised."""
     X = FileExtractor
     steps: list[Step] = []
+    echo = P.request_echo(t)
+    if echo >= 0:
+        # review 12b: a logged request/response (vLLM RequestLogger, SGLang --log-requests) echoes user
+        # text: nothing in it is an event or a fact; only the line's own prefix (rank/process tags)
+        head = t[:echo]
+        if "TP" in head or "DP" in head or "rank=" in head or "pid=" in head:
+            return (X._echo_rank_tags,)
+        return ()
     if "TP" in t[:80] or "DP" in t[:80] or "rank=" in t[:80] or "pid=" in t[:80]:
         steps.append(X._rank_tags)
     if "_args=" in t or "args: " in t:

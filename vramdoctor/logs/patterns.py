@@ -517,7 +517,8 @@ VLLM_CRASH = re.compile(
     # worker_base `execute_method` "Error executing method %r. This might cause deadlock in distributed
     # execution." (Ray workers)
     r"|\bException in worker (\S+) while processing method"
-    r"|\b(Error executing method) '\w+'\. This might cause deadlock"
+    # (0.4-0.6 print the method unquoted, f"Error executing method {method}. ...": review 12b)
+    r"|\b(Error executing method) '?\w+'?\. This might cause deadlock"
 )
 SGL_EXIT_CODE = re.compile(r"^Exit code: (-?\d+)$")
 VLLM_FAILED_PROCS = re.compile(r"Failed core proc\(s\): \{([^}]*)\}")
@@ -764,3 +765,50 @@ def is_mm_arch(arch: str) -> bool:
 TRACE_BACKEND = _fast(
     r"layers/attention/(\w+?)_backend\.py|init_flashinfer_args|BatchDecodeWithPagedKVCache|BatchPrefillWithPagedKVCache"
 )
+
+
+# --- review 12b (echo): request/response logs echo user text -------------------------------
+# Servers that log requests print the user's prompt and the model's answer inside one line (the text
+# is repr'd: its newlines are escaped). Nothing in such a line is a server event or fact. The marks,
+# each at the start of the line's message (after the process/rank/timestamp prefix):
+# vLLM entrypoints/logger.py RequestLogger "Received request %s: prompt: %r, params: ..." (0.5-0.10),
+# "Received request %s: params: %s, ..." (0.11+, the prompt at DEBUG in "Request %s details: prompt:
+# %r, ..."), "Generated response %s%s: output: %r, ..."; V0 async_llm_engine (0.2-0.4) "Received
+# request %s: prompt: %r, sampling_params: ..."; V0/V1 "Added request %s." (the id may come from the
+# client's X-Request-Id header). SGLang --log-requests (tokenizer_manager, utils/request_logger.py):
+# "Receive: obj=GenerateReqInput(...)", "Receive OpenAI: obj={...}", "Finish: obj=..., out={...}",
+# 2024 (0.2-0.3) "in=GenerateReqInput(...), out={...}", and --log-requests-format json's
+# "request.received" / "request.received.openai" / "request.finished" records.
+ECHO_HEAD = 256  # the mark must start within the line's first characters (its prefix is shorter)
+ECHO_MARKS = (
+    "Received request ",
+    "Receive: obj=",
+    "Receive OpenAI: obj=",
+    '"request.received',
+    "Received raw HTTP request ",
+)  # (each has "eceive": one gate for them)
+ECHO_OTHER_MARKS = (
+    "Generated response ",
+    "Finish: obj=",
+    " details: prompt: ",
+    "Added request ",
+    '"request.finished"',
+    "in=GenerateReqInput(",
+    "in=EmbeddingReqInput(",
+)
+
+
+def request_echo(t: str) -> int:
+    """Where a logged request or response starts in line `t` (vLLM's RequestLogger, SGLang's
+    --log-requests; see ECHO_MARKS), -1 when `t` is not one: the text from there is user data.
+    Bounded `str.find`s over the line's head only (a pure function of the text: memoisable)."""
+    if t.find("eceive", 0, ECHO_HEAD) >= 0:
+        for mark in ECHO_MARKS:
+            i = t.find(mark, 0, ECHO_HEAD)
+            if i >= 0:
+                return i
+    for mark in ECHO_OTHER_MARKS:
+        i = t.find(mark, 0, ECHO_HEAD)
+        if i >= 0:
+            return i
+    return -1

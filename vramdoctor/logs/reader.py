@@ -93,6 +93,23 @@ class Hit:
         i = self._buf.rfind(marker, lo, self._start)
         return "" if i < 0 else self._buf[i : self._start].decode("utf-8", "replace")
 
+    def since_last_own(
+        self, marker: bytes, max_bytes: int, foreign: Callable[[str], int]
+    ) -> str:
+        """`since_last`, skipping a `marker` inside a line that `foreign` claims (it gets the line's
+        text up to the marker, its first KiB, and returns >= 0 for a foreign line): a request echo
+        (patterns.request_echo) that quotes a traceback or a shutdown line is user text."""
+        lo = max(0, self._start - max_bytes)
+        hi = self._start
+        while True:
+            i = self._buf.rfind(marker, lo, hi)
+            if i < 0:
+                return ""
+            ls = self._buf.rfind(b"\n", lo, i) + 1 or lo
+            if foreign(self._buf[ls : min(i, ls + 1024)].decode("utf-8", "replace")) < 0:
+                return self._buf[i : self._start].decode("utf-8", "replace")
+            hi = ls
+
     def after(self, max_lines: int) -> list[str]:
         """Up to `max_lines` raw lines after this one (fewer at the end of the buffer)."""
         out: list[str] = []

@@ -117,6 +117,30 @@ def _sigkill(d: Diagnosis, evs: list[LogEvent]) -> Finding:
     )
 
 
+def _stopped(d: Diagnosis, evs: list[LogEvent]) -> Finding:
+    """Every SIGKILL came after a graceful stop had begun (review 12b): the stop timeout, an info note."""
+    e = evs[0]
+    return Finding(
+        RULE.id,
+        "info",
+        "A server process was killed by SIGKILL after a shutdown had begun: a stop timeout, not the OOM "
+        "killer",
+        explanation=(
+            f"`{e.text[:200]}` came after `{str(e.data['after_shutdown'])[:120]}`: someone (an operator's "
+            "Ctrl-C, `docker stop`, a Kubernetes rollout) asked the server to stop, and it was still "
+            "shutting down when its supervisor sent SIGKILL (docker stop waits 10 s, Kubernetes the pod's "
+            "terminationGracePeriodSeconds). The server did not start again in between. This is not a "
+            "sign of the Linux OOM killer."
+        ),
+        fix=(
+            "Nothing to fix for memory. To let the server exit on its own, give it a longer stop "
+            "timeout (`docker stop -t 60`, compose `stop_grace_period`, the pod's "
+            "terminationGracePeriodSeconds)."
+        ),
+        evidence=first_evidence(evs),
+    )
+
+
 def check(d: Diagnosis) -> list[Finding]:
     strong = d.events_of("host_oom")
     if strong:
@@ -129,7 +153,9 @@ def check(d: Diagnosis) -> list[Finding]:
         return []
     if any(e.data.get("error") or not e.data.get("report") for e in d.events_of("server_crash")):
         return []  # a process died of an exception: the SIGKILL is the server's cleanup after it
-    return [_sigkill(d, evs)]
+    if all(e.data.get("after_shutdown") for e in evs):
+        return [_stopped(d, evs)]  # a graceful stop, then the supervisor's kill (review 12b)
+    return [_sigkill(d, [e for e in evs if not e.data.get("after_shutdown")])]
 
 
 RULE = Rule(
@@ -141,7 +167,8 @@ RULE = Rule(
         "'DefaultCPUAllocator: can't allocate memory' / 'not enough memory: you tried to allocate N bytes', "
         "Python 'MemoryError', the kernel's 'Out of memory: Killed process N' / 'oom-kill:' / 'OOMKilled' "
         "(critical); a bare SIGKILL ('Killed', exit code -9 / 137, vLLM 'Failed core proc(s): {...: -9}', "
-        "SGLang 'exitcode=9') with no other cause in the log (warning)"
+        "SGLang 'exitcode=9') with no other cause in the log (warning); a SIGKILL after a graceful stop had begun "
+        "(uvicorn 'Shutting down', 'Application shutdown complete.', Ctrl-C, SIGTERM) is a stop timeout (info)"
     ),
     fix="more host RAM and /dev/shm, safetensors, fewer workers per node, lower --swap-space / host caches",
     check=check,
