@@ -784,31 +784,31 @@ ECHO_MARKS = (
     "Received request ",
     "Receive: obj=",
     "Receive OpenAI: obj=",
-    '"request.received',
-    "Received raw HTTP request ",
-)  # (each has "eceive": one gate for them)
-ECHO_OTHER_MARKS = (
     "Generated response ",
     "Finish: obj=",
     " details: prompt: ",
     "Added request ",
+    '"request.received',
     '"request.finished"',
+    "Received raw HTTP request ",
     "in=GenerateReqInput(",
     "in=EmbeddingReqInput(",
 )
+# Every mark holds one of these (" details: prompt: " follows "Request <id>"): four bounded finds decide
+# for the (many) lines that are no echo.
+ECHO_GATES = ("quest", "obj=", "esponse ", "ReqInput(")
 
 
 def request_echo(t: str) -> int:
     """Where a logged request or response starts in line `t` (vLLM's RequestLogger, SGLang's
     --log-requests; see ECHO_MARKS), -1 when `t` is not one: the text from there is user data.
     Bounded `str.find`s over the line's head only (a pure function of the text: memoisable)."""
-    if t.find("eceive", 0, ECHO_HEAD) >= 0:
-        for mark in ECHO_MARKS:
-            i = t.find(mark, 0, ECHO_HEAD)
-            if i >= 0:
-                return i
-    for mark in ECHO_OTHER_MARKS:
-        i = t.find(mark, 0, ECHO_HEAD)
-        if i >= 0:
-            return i
-    return -1
+    if (
+        t.find("quest", 0, ECHO_HEAD) < 0
+        and t.find("obj=", 0, ECHO_HEAD) < 0
+        and t.find("esponse ", 0, ECHO_HEAD) < 0
+        and t.find("ReqInput(", 0, ECHO_HEAD) < 0
+    ):
+        return -1
+    found = [i for i in (t.find(m, 0, ECHO_HEAD) for m in ECHO_MARKS) if i >= 0]
+    return min(found) if found else -1
