@@ -249,3 +249,22 @@ def test_shutdown_words_in_a_request_echo_are_not_a_stop(tmp_path: Path) -> None
     d = diagnose([write(tmp_path, SGL_HEAD + echo + "Killed\n")])
     assert [(f.id, f.severity) for f in d.findings] == [("host-oom", "warning")]
     assert [e.kind for e in d.events] == ["sigkill"]
+
+
+def test_an_unprefixed_echo_after_a_real_oom_is_not_its_wrapped_tail(tmp_path: Path) -> None:
+    # SGLang's request logger (utils/request_logger.py) prints "%(message)s": no timestamp, no rank
+    text = SGL_HEAD + (
+        "[2025-09-14 03:25:02 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+        '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 2797, in '
+        "run_scheduler_process\n"
+        "    scheduler.event_loop_overlap()\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
+        "Receive: obj=GenerateReqInput(text='GPU 0 has a total capacity of 79.19 GiB of which 1.06 GiB "
+        "is free. Of the allocated memory 70.00 GiB is allocated by PyTorch', rid='z')\n"
+    )
+    d = diagnose([write(tmp_path, text)])
+    ooms = d.events_of("cuda_oom")
+    assert len(ooms) == 1 and ooms[0].line == 7
+    assert ooms[0].data["requested_mib"] == 2048.0
+    assert "total_mib" not in ooms[0].data and "free_mib" not in ooms[0].data
+    assert "Receive" not in ooms[0].text

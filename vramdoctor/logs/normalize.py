@@ -106,4 +106,6 @@ def is_continuation(raw: str) -> bool:
     s = strip_noise(raw)
     if not s.strip():
         return False
-    return P.RECORD_START.match(s) is None
+    # a logged request (SGLang's request logger prints "Receive: obj=..." with no prefix) starts its own
+    # record: its user text is never an error message's tail (review 12b)
+    return P.RECORD_START.match(s) is None and P.request_echo(s) < 0
