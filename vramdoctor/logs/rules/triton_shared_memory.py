@@ -43,7 +43,10 @@ RULE = Rule(
     id="triton-shared-memory",
     severity="critical",
     title="Triton shared-memory limit (not a CUDA OOM)",
-    fires_when="'OutOfResources: out of resource: shared memory, Required: N, Hardware limit: M'",
+    fires_when=(
+        "'OutOfResources: out of resource: shared memory, Required: N, Hardware limit: M' (not inside torch "
+        "inductor's 'Runtime error during autotuning: ... Ignoring this choice.': one skipped candidate)"
+    ),
     fix="another attention backend, or a version with Triton configs for this GPU",
     check=check,
 )
