@@ -13,12 +13,13 @@ import json
 import math
 import os
 import platform
+import signal
 import socket
 import sys
 import threading
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -145,6 +146,30 @@ def make_header(
         "gpus": gpus or [],
         "config": config or {},
     }
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM back (main thread) for a few statements: a run file's creation
+    and its registration with the code that reports an interrupt are then one step. A signal
+    that arrives meanwhile is recorded and raised again, to the handler in force before, when the
+    block ends. (Blocking the signal would not do: the kernel hands a process-wide signal to
+    any thread that does not block it, and Python then interrupts the main thread anyway.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {
+        sig: signal.signal(sig, lambda signum, _frame: pending.append(signum)) for sig in held
+    }
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if pending:
+            signal.raise_signal(pending[0])
 
 
 class RunWriter:

@@ -25,7 +25,7 @@ from ..load.images import PromptImage, generate_images, load_image_dir, parse_im
 from ..load.protocol import Protocol, ProtocolConfig, ProtocolState
 from ..load.workload import PlannedRequest, build_requests
 from ..model import SERVER_DIED, Event, GpuSample, MetricsSample, now
-from ..record import RunWriter, make_header
+from ..record import RunWriter, interrupts_held, make_header
 from ..redact import redact_url, register_secret
 from ..sources.collector import Collector
 from ..sources.discover import ServerWatch, discover_server, gpu_peers, roles
@@ -415,115 +415,124 @@ def _run_soak(
         config=record_cfg,
         secrets=[key] if key else [],
     )
-    writer = RunWriter(run_path, header)
-    made.append(writer)
-    run_dir = run_path.parent
+    # Ctrl-C and SIGTERM are held from the run file's creation until the measurement's `try`:
+    # one that lands in the set-up is delivered there, so it too gives a partial report.
+    hold = contextlib.ExitStack()
+    hold.enter_context(interrupts_held())
+    try:
+        writer = RunWriter(run_path, header)
+        made.append(writer)
+        run_dir = run_path.parent
 
-    ticks = [0]
+        ticks = [0]
 
-    def extra() -> list[Any]:
-        ticks[0] += 1
-        if ticks[0] % 20 != 1:
-            return []
-        mono, wall = now()
-        return [{"kind": "host_memory", "t": mono, "wall": wall, **host_memory()}]
+        def extra() -> list[Any]:
+            ticks[0] += 1
+            if ticks[0] % 20 != 1:
+                return []
+            mono, wall = now()
+            return [{"kind": "host_memory", "t": mono, "wall": wall, **host_memory()}]
 
-    collector = Collector(writer, sources, interval=cfg.interval_s, extra=extra)
-    collector.add_listener(roles_fn.on_sample)
-    baseline_traffic = _BaselineTraffic()
-    collector.add_listener(baseline_traffic.on_sample)
-    if on_sample is not None:
-        collector.add_listener(on_sample)
-    client = LoadClient(base, key, timeout=cfg.timeout_s)
-    proto_cfg = ProtocolConfig(
-        rounds=cfg.rounds,
-        concurrency=cfg.concurrency,
-        idle_s=cfg.idle_s,
-        baseline_s=cfg.baseline,
-        max_requests=cfg.max_requests,
-        duration_s=cfg.duration_s,
-        max_rounds=cfg.rounds_cap if cfg.adapt else None,
-        abort_fraction=cfg.abort_fraction,
-    )
-    production = [cfg.production_rate_rps]
+        collector = Collector(writer, sources, interval=cfg.interval_s, extra=extra)
+        collector.add_listener(roles_fn.on_sample)
+        baseline_traffic = _BaselineTraffic()
+        collector.add_listener(baseline_traffic.on_sample)
+        if on_sample is not None:
+            collector.add_listener(on_sample)
+        client = LoadClient(base, key, timeout=cfg.timeout_s)
+        proto_cfg = ProtocolConfig(
+            rounds=cfg.rounds,
+            concurrency=cfg.concurrency,
+            idle_s=cfg.idle_s,
+            baseline_s=cfg.baseline,
+            max_requests=cfg.max_requests,
+            duration_s=cfg.duration_s,
+            max_rounds=cfg.rounds_cap if cfg.adapt else None,
+            abort_fraction=cfg.abort_fraction,
+        )
+        production = [cfg.production_rate_rps]
 
-    def more_rounds(_state: ProtocolState) -> list[tuple[str, str]]:
-        run = writer.read_back()  # the file, plus memory when the disk filled
-        return undecided_layers(analyse_run(run, production_rate_rps=production[0]))
+        def more_rounds(_state: ProtocolState) -> list[tuple[str, str]]:
+            run = writer.read_back()  # the file, plus memory when the disk filled
+            return undecided_layers(analyse_run(run, production_rate_rps=production[0]))
 
-    def on_idle_end(rnd: int) -> None:
-        if rnd == 0:
-            rate, data = baseline_traffic.rate()
-            writer.write(Event(*now(), name="baseline_traffic", data=data))
-            if production[0] is None and rate is not None:
-                production[0] = rate
-                say(
-                    f"production rate from the server's own counters during the baseline: "
-                    f"{rate * 3600:.0f} requests/hour"
-                )
-        for hook in hooks:
-            try:
-                hook(rnd, run_dir)
-            except Exception as exc:  # a hook must not end the measurement
-                writer.write(
-                    Event(
-                        *now(),
-                        name="source_error",
-                        data={
-                            "source": f"round-hook {getattr(hook, '__name__', type(hook).__name__)}",
-                            "error": f"{type(exc).__name__}: {exc}"[:300],
-                        },
+        def on_idle_end(rnd: int) -> None:
+            if rnd == 0:
+                rate, data = baseline_traffic.rate()
+                writer.write(Event(*now(), name="baseline_traffic", data=data))
+                if production[0] is None and rate is not None:
+                    production[0] = rate
+                    say(
+                        f"production rate from the server's own counters during the baseline: "
+                        f"{rate * 3600:.0f} requests/hour"
                     )
-                )
+            for hook in hooks:
+                try:
+                    hook(rnd, run_dir)
+                except Exception as exc:  # a hook must not end the measurement
+                    writer.write(
+                        Event(
+                            *now(),
+                            name="source_error",
+                            data={
+                                "source": f"round-hook {getattr(hook, '__name__', type(hook).__name__)}",
+                                "error": f"{type(exc).__name__}: {exc}"[:300],
+                            },
+                        )
+                    )
 
-    first_round = _FirstRoundCheck(
-        min(len(plan), cfg.max_requests or len(plan)), key_given=key is not None
-    )
-    refused: list[str] = []
+        first_round = _FirstRoundCheck(
+            min(len(plan), cfg.max_requests or len(plan)), key_given=key is not None
+        )
+        refused: list[str] = []
 
-    def on_request(req: PlannedRequest, outcome: Outcome) -> None:
-        if outcome.kind == "connection":
-            for _name, data in watch.connection_failed():
-                protocol.server_died(str(data.get("reason")), pid=data.get("pid"))
-        if protocol.state.round == 1 and outcome.kind != "connection":
-            stop = first_round.add(outcome)
-            if stop is not None and protocol.state.server_died is None:
-                protocol.state.stopped_by = stop[0]
-                refused.append(stop[1])
-                protocol.stop.set()  # no idle window, no more rounds: they would measure nothing
-        if on_result is not None:
-            on_result(req, outcome)
-
-    protocol = Protocol(
-        proto_cfg,
-        client=client,
-        plan=plan,
-        writer=writer,
-        on_result=on_request,
-        progress=progress,
-        more_rounds=more_rounds if cfg.adapt else None,
-        on_idle_end=on_idle_end,
-    )
-
-    # A sampler that dies (COLLECTOR_FAILED) ends the traffic: the rest could not be measured.
-    collector.on_failure = lambda _reason: protocol.stop.set()
-    stop_watch = threading.Event()
-
-    def watch_loop() -> None:
-        while not stop_watch.wait(min(1.0, max(0.2, cfg.interval_s * 2))):
-            try:
-                events = watch.check()
-            except Exception:
-                continue
-            for name, data in events:
-                if name == SERVER_DIED:
+        def on_request(req: PlannedRequest, outcome: Outcome) -> None:
+            if outcome.kind == "connection":
+                for _name, data in watch.connection_failed():
                     protocol.server_died(str(data.get("reason")), pid=data.get("pid"))
-                else:
-                    writer.write(Event(*now(), name=name, data=dict(data)))
+            if protocol.state.round == 1 and outcome.kind != "connection":
+                stop = first_round.add(outcome)
+                if stop is not None and protocol.state.server_died is None:
+                    protocol.state.stopped_by = stop[0]
+                    refused.append(stop[1])
+                    protocol.stop.set()  # no idle window, no more rounds: they would measure nothing
+            if on_result is not None:
+                on_result(req, outcome)
 
-    watcher = threading.Thread(target=watch_loop, name="vramdoctor-server-watch", daemon=True)
+        protocol = Protocol(
+            proto_cfg,
+            client=client,
+            plan=plan,
+            writer=writer,
+            on_result=on_request,
+            progress=progress,
+            more_rounds=more_rounds if cfg.adapt else None,
+            on_idle_end=on_idle_end,
+        )
+
+        # A sampler that dies (COLLECTOR_FAILED) ends the traffic: the rest could not be measured.
+        collector.on_failure = lambda _reason: protocol.stop.set()
+        stop_watch = threading.Event()
+
+        def watch_loop() -> None:
+            while not stop_watch.wait(min(1.0, max(0.2, cfg.interval_s * 2))):
+                try:
+                    events = watch.check()
+                except Exception:
+                    continue
+                for name, data in events:
+                    if name == SERVER_DIED:
+                        protocol.server_died(str(data.get("reason")), pid=data.get("pid"))
+                    else:
+                        writer.write(Event(*now(), name=name, data=dict(data)))
+
+        watcher = threading.Thread(target=watch_loop, name="vramdoctor-server-watch", daemon=True)
+    except BaseException:
+        hold.close()
+        raise
     status = "complete"
     try:
+        hold.close()  # a Ctrl-C held during the set-up is raised here
         collector.tick()  # one sample before anything else: the first point of every series
         collector.start()
         watcher.start()
