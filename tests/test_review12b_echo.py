@@ -138,7 +138,7 @@ def test_echo_keeps_its_rank_tags_but_not_tags_in_user_text(tmp_path: Path) -> N
 def test_real_oom_right_after_an_echo_is_found_without_the_echoed_frames(tmp_path: Path) -> None:
     echo = (
         "(APIServer pid=2211) INFO 09-14 03:25:11 [logger.py:40] Received request chatcmpl-9: prompt: "
-        "'Why? Traceback (most recent call last):\\n  File \"/x/vllm/v1/worker/gpu_model_runner.py\", "
+        '\'Why? Traceback (most recent call last):\\n  File "/x/vllm/v1/worker/gpu_model_runner.py", '
         "line 2400, in profile_run\\n    self._dummy_run()\\ntorch.OutOfMemoryError: CUDA out of memory. "
         "Tried to allocate 9.00 GiB.', params: SamplingParams(n=1), lora_request: None.\n"
     )

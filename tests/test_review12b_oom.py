@@ -51,7 +51,9 @@ def _assert_startup_full_gpu(f: Finding, fraction_flag: str) -> None:
     assert "NCCL" in f.title and "before any weights or KV cache" in f.title
     assert "already (nearly) full when the server started" in f.explanation
     assert "leftover server" in f.explanation and "two ranks mapped to one GPU" in f.explanation
-    assert "nvidia-smi" in f.fix and "vramdoctor census" in f.fix and "CUDA_VISIBLE_DEVICES" in f.fix
+    assert (
+        "nvidia-smi" in f.fix and "vramdoctor census" in f.fix and "CUDA_VISIBLE_DEVICES" in f.fix
+    )
     # never "lower the share": the server had reserved nothing yet
     assert f"{fraction_flag} cannot help" in f.fix
     assert f"lower {fraction_flag}" not in text.lower().replace("lower --", "lower --")
@@ -91,7 +93,9 @@ def test_nccl_warn_line_before_its_traceback_takes_the_traceback_below(tmp_path:
 def test_warn_line_before_an_unrelated_traceback_stays_unplaced(tmp_path: Path) -> None:
     lines = CASE_12B.read_text().splitlines()
     warn = lines.pop(15)
-    assert lines[-1].endswith("RuntimeError: NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO for details)")
+    assert lines[-1].endswith(
+        "RuntimeError: NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO for details)"
+    )
     lines[-1] = lines[-1].split("RuntimeError:")[0] + "ValueError: bad value"
     lines.insert(2, warn)
     d = write(tmp_path, "\n".join(lines) + "\n")
@@ -157,7 +161,9 @@ def test_tokenizer_fast_image_processor_oom_is_preprocessing_in_the_tokenizer() 
     assert "the traceback does not show the phase" not in f.fix
 
 
-def test_scheduler_materialising_mm_inputs_is_preprocessing_in_the_scheduler(tmp_path: Path) -> None:
+def test_scheduler_materialising_mm_inputs_is_preprocessing_in_the_scheduler(
+    tmp_path: Path,
+) -> None:
     text = (
         "[2025-09-14 03:22:10] server_args=ServerArgs(model_path='Qwen/Qwen2.5-VL-7B-Instruct', tp_size=1)\n"
         "[2025-09-14 03:22:20 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
@@ -223,7 +229,7 @@ def test_kv_budget_sglang_not_enough_memory_with_high_multimodal_fraction_never_
         "dtype=torch.bfloat16, avail mem=3.10 GB, mem usage=68.20 GB.\n"
         "[2025-05-20 10:00:21 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
         '  File "/sgl/python/sglang/srt/model_executor/model_runner.py", line 1100, in init_memory_pool\n'
-        '    raise RuntimeError(\n'
+        "    raise RuntimeError(\n"
         "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\n"
     )
     d = write(tmp_path, text)

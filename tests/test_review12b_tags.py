@@ -56,7 +56,11 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
             (("PP", 1), ("TP", 3)),
         ),
         ("(VllmWorker pid=4004) INFO 09-02 10:29:38 [gpu_worker.py:276] m", "m", ()),
-        ("(VllmWorker rank=5 pid=4004) INFO 09-02 10:29:38 [gpu_worker.py:276] m", "m", (("WORLD", 5),)),
+        (
+            "(VllmWorker rank=5 pid=4004) INFO 09-02 10:29:38 [gpu_worker.py:276] m",
+            "m",
+            (("WORLD", 5),),
+        ),
         (
             "(Worker_DP1_PP0_PCP0_TP3_DCP0_EP1 pid=9) INFO 11-02 10:29:38 [gpu_worker.py:276] m",
             "m",
@@ -162,9 +166,7 @@ def test_vllm_excerpt_with_sglang_log_is_diagnosed_apart_with_vllm_flags() -> No
 
 def test_bare_torch_excerpt_still_joins_the_sglang_log(tmp_path: Path) -> None:
     bare = tmp_path / "oom.log"
-    bare.write_text(
-        "".join(x for x in VLLM13.read_text().splitlines(True) if "/vllm/" not in x)
-    )
+    bare.write_text("".join(x for x in VLLM13.read_text().splitlines(True) if "/vllm/" not in x))
     d = diagnose([SGL13, bare])
     assert not d.groups
     assert d.server == "sglang"
@@ -295,9 +297,7 @@ def test_case11_cli_shows_no_credential() -> None:
 
 def test_unmarked_excerpt_with_two_servers_is_its_own_group_not_dropped(tmp_path: Path) -> None:
     bare = tmp_path / "oom.log"
-    bare.write_text(
-        "".join(x for x in VLLM13.read_text().splitlines(True) if "/vllm/" not in x)
-    )
+    bare.write_text("".join(x for x in VLLM13.read_text().splitlines(True) if "/vllm/" not in x))
     d = diagnose([SGL13, VLLM13, bare])
     assert d.groups is not None
     assert [g.server for g in d.groups] == ["sglang", "vllm", None]

@@ -399,7 +399,12 @@ STOP_MARKS = (
     b"\n^C",
 )
 # a server (re)started after the stop: the kill is not that stop's
-START_MARKS = ("Application startup complete", "Started server process", "Uvicorn running", "fired up")
+START_MARKS = (
+    "Application startup complete",
+    "Started server process",
+    "Uvicorn running",
+    "fired up",
+)
 STOP_LOOKBACK = 64 << 10
 
 
@@ -775,7 +780,9 @@ class EventsMixin:
             pid = m.group(1) or m.group(2)
             if pid:
                 data["pid"] = int(pid)
-            if hit.since_last_own(b"It usually means", 16 << 10, P.request_echo):  # rfind, decoded if found
+            if hit.since_last_own(
+                b"It usually means", 16 << 10, P.request_echo
+            ):  # rfind, decoded if found
                 data["cleanup"] = True
             if stop := _operator_stop(hit):
                 # review 12b: a graceful stop began before the kill (uvicorn's shutdown, Ctrl-C, SIGTERM)
@@ -841,7 +848,9 @@ class EventsMixin:
         ):
             msg, alt = _oom_wrapped(hit, text)  # rows past a sentence's "." carry the figures too
         region = self._region(hit)
-        if not region and "NCCL" in text:  # NCCL's WARN line comes before the traceback Python raises
+        if (
+            not region and "NCCL" in text
+        ):  # NCCL's WARN line comes before the traceback Python raises
             region = _nccl_traceback_below(hit.after(60))
         self._frames(region)
         data: dict[str, Any] = {}
@@ -858,7 +867,9 @@ class EventsMixin:
         if m := find(P.OOM_TRIED):
             data["requested_mib"] = size_mib(m.group(1))
         if "pid=" in hit.text[:120] and (m := P.PROC_PID.search(hit.text, 0, 160)):
-            while hit.text.startswith(" (", m.end()) and (n := P.PROC_PID.match(hit.text, m.end() + 1)):
+            while hit.text.startswith(" (", m.end()) and (
+                n := P.PROC_PID.match(hit.text, m.end() + 1)
+            ):
                 m = n  # nested tags: the innermost one is the process that printed the line
             data["pid"] = int(m.group(2))  # the failing process, by its own tag
         if m := P.OOM_DEVICE.search(msg):

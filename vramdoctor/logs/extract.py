@@ -210,7 +210,9 @@ class FileExtractor(EventsMixin):
         if i >= 0 and len(self.pids) < 1024:
             end = t.find(")", i, i + 48) + 1  # (Ray's tag adds ", ip=10.0.16.95")
             if end and t.startswith(" (", end) and (j := t.find(" pid=", end, end + 60)) >= 0:
-                end = t.find(")", j, j + 48) + 1 or end  # nested: "(EngineCore_0 pid=7) (VllmWorker TP0 pid=9)"
+                end = (
+                    t.find(")", j, j + 48) + 1 or end
+                )  # nested: "(EngineCore_0 pid=7) (VllmWorker TP0 pid=9)"
             tag = t[:end]  # the line's prefix up to its process tag(s): one per process
             if tag and tag not in self._tags_seen:
                 if (

@@ -73,7 +73,9 @@ def clean(line: str) -> Clean:
     m = P.PROC.match(s)
     if m:
         tag = m.group()
-        if ("_" in tag or "rank=" in tag or " TP" in tag or " PP" in tag) and P.VLLM_PROC.match(tag):
+        if ("_" in tag or "rank=" in tag or " TP" in tag or " PP" in tag) and P.VLLM_PROC.match(
+            tag
+        ):
             # vLLM's process tag: Worker_DP1_TP3 -> DP 1, TP 3; VllmWorker PP1_TP3 -> PP 1, TP 3;
             # VllmWorker rank=N -> world rank N. Nested tags ("(EngineCore_0 pid=715) (VllmWorker TP0
             # pid=720) ") are all stripped; the ranks are read from each.

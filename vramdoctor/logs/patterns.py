@@ -141,7 +141,9 @@ VLLM_PREFIX_SNIFF = re.compile(  # (the tag may be coloured: "\x1b[1;36m(VllmWor
 )
 # The pids of the server's own processes, from vLLM's process tags in the first MiB.
 # (group 1: the name with its ranks, "VllmWorker TP1", "Worker_PP1_TP3"; group 2: the pid)
-PROC_PID_TEXT = r"\(([A-Za-z]\w*(?: rank=\d+| PP\d+(?:_TP\d+)?| TP\d+)?) pid=(\d+)(?:, ip=[\w.:-]+)?\)"
+PROC_PID_TEXT = (
+    r"\(([A-Za-z]\w*(?: rank=\d+| PP\d+(?:_TP\d+)?| TP\d+)?) pid=(\d+)(?:, ip=[\w.:-]+)?\)"
+)
 PROC_PID = re.compile(PROC_PID_TEXT)
 PROC_PID_SNIFF = re.compile(PROC_PID_TEXT.encode())
 # SGLang's own marks in an excerpt that has none of its log lines (sniffed in the first MiB): its

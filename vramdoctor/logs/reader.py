@@ -93,9 +93,7 @@ class Hit:
         i = self._buf.rfind(marker, lo, self._start)
         return "" if i < 0 else self._buf[i : self._start].decode("utf-8", "replace")
 
-    def since_last_own(
-        self, marker: bytes, max_bytes: int, foreign: Callable[[str], int]
-    ) -> str:
+    def since_last_own(self, marker: bytes, max_bytes: int, foreign: Callable[[str], int]) -> str:
         """`since_last`, skipping a `marker` inside a line that `foreign` claims (it gets the line's
         text up to the marker, its first KiB, and returns >= 0 for a foreign line): a request echo
         (patterns.request_echo) that quotes a traceback or a shutdown line is user text."""

@@ -33,10 +33,14 @@ def _fitting_len(e: LogEvent) -> int | None:
 
 
 def _len_at(d: Diagnosis, e: LogEvent, share: float, lower: float) -> str:
-    """" (about N tokens at LOWER)": the max length the KV cache holds once the share drops from `share`
+    """ " (about N tokens at LOWER)": the max length the KV cache holds once the share drops from `share`
     to `lower`, from the message's figures (KV MiB per token = needed / max seq len) and the GPU's total
     memory when the log shows it; "" when a figure is missing or nothing would be left."""
-    need, avail, n = e.data.get("needed_mib"), e.data.get("available_mib"), e.data.get("max_seq_len")
+    need, avail, n = (
+        e.data.get("needed_mib"),
+        e.data.get("available_mib"),
+        e.data.get("max_seq_len"),
+    )
     total = d.facts.total_gpu_mib
     if not (need and avail and n and total):
         return ""

@@ -105,14 +105,14 @@ def check(d: Diagnosis) -> list[Finding]:
                 fix=_share_fix(
                     d,
                     by_server(
-                    d.server,
-                    "Raise --mem-fraction-static if the GPU is not shared, or lower what sits outside the KV cache: "
-                    "--chunked-prefill-size (activations), --cuda-graph-max-bs (CUDA graphs), a quantized checkpoint "
-                    "or a larger --tp-size (weights).",
-                    "Raise --gpu-memory-utilization if the GPU is not shared, or lower what sits outside the KV "
-                    "cache: --max-num-batched-tokens (activations), --max-num-seqs or the capture sizes (CUDA "
-                    "graphs), a quantized checkpoint or a larger --tensor-parallel-size (weights); or size the cache "
-                    "directly with --kv-cache-memory.",
+                        d.server,
+                        "Raise --mem-fraction-static if the GPU is not shared, or lower what sits outside the KV cache: "
+                        "--chunked-prefill-size (activations), --cuda-graph-max-bs (CUDA graphs), a quantized checkpoint "
+                        "or a larger --tp-size (weights).",
+                        "Raise --gpu-memory-utilization if the GPU is not shared, or lower what sits outside the KV "
+                        "cache: --max-num-batched-tokens (activations), --max-num-seqs or the capture sizes (CUDA "
+                        "graphs), a quantized checkpoint or a larger --tensor-parallel-size (weights); or size the cache "
+                        "directly with --kv-cache-memory.",
                     ),
                     by_server(
                         d.server,

@@ -6,7 +6,9 @@ from ..model import Diagnosis, Finding
 from . import Rule
 from ._common import SGLANG_MM_FRACTION_MAX, VLLM_MM_UTILIZATION_MAX, high_fraction_multimodal
 
-SGLANG_MAX = SGLANG_MM_FRACTION_MAX  # SGLang itself lowers the default fraction for multimodal models
+SGLANG_MAX = (
+    SGLANG_MM_FRACTION_MAX  # SGLang itself lowers the default fraction for multimodal models
+)
 VLLM_MAX = VLLM_MM_UTILIZATION_MAX
 
 
