@@ -293,9 +293,12 @@ def _scan_stream(src: BinaryIO, name: str, st: ReadStats) -> Iterator[Hit]:
                 continue
             data = data[nl + 1 :]
             skipping = False
-        buf = buf[max(0, start - HISTORY) :] if start else buf
-        start = min(start, HISTORY) if start else 0
-        buf += data
+        if start:  # keep HISTORY bytes before the unprocessed text: one copy, not a slice then +=
+            lo = max(0, start - HISTORY)
+            buf = b"".join((memoryview(buf)[lo:], data))
+            start -= lo
+        else:
+            buf += data
         if final:
             end = len(buf)
         else:
