@@ -151,7 +151,9 @@ def make_header(
 @contextlib.contextmanager
 def interrupts_held() -> Iterator[None]:
     """Hold Ctrl-C and SIGTERM back (main thread) for a few statements: a run file's creation
-    and its registration with the code that reports an interrupt are then one step. A signal
+    and its registration with the code that reports an interrupt are then one step, and a heavy
+    import (numpy's C code turns an interrupt into a printed traceback and an ImportError) ends
+    before the interrupt is raised. A signal
     that arrives meanwhile is recorded and raised again, to the handler in force before, when the
     block ends. (Blocking the signal would not do: the kernel hands a process-wide signal to
     any thread that does not block it, and Python then interrupts the main thread anyway.)"""

@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 
 from ..errors import InputError
-from ..record import read_run
+from ..record import interrupts_held, read_run
 from . import app
 
 # header "command" -> module providing report_run(run, *, json_out, report_file) -> int
@@ -66,6 +66,9 @@ def report_cmd(
         if not (production_rate > 0 and production_rate < float("inf")):
             raise InputError("--production-rate must be a positive number of requests per second")
         extra["production_rate_rps"] = production_rate
-    module = importlib.import_module(module_name)
+    # held: a Ctrl-C inside numpy's C import makes it print a traceback and fail with ImportError;
+    # held, it is raised once the import is done (one line, exit 130)
+    with interrupts_held():
+        module = importlib.import_module(module_name)
     code = module.report_run(run, json_out=json_out, report_file=report_file, **extra)
     raise typer.Exit(code)

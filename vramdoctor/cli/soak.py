@@ -16,7 +16,7 @@ import typer
 
 from ..errors import ExitCode, InputError, Interrupted
 from ..model import SERVER_DIED, Event
-from ..record import Run, read_run
+from ..record import Run, interrupts_held, read_run
 from ..report import console
 from ..soak.analyse import is_leak
 from ..soak.config import DEFAULT_MAX_ROUNDS, DEFAULT_SIZES, MIN_GROWTH_MIB, SoakConfig
@@ -288,7 +288,8 @@ def soak_cmd(
     previous_term = _term_as_interrupt()
     try:
         try:
-            from ..soak.runner import run_soak  # here: it brings requests, numpy, PIL, psutil
+            with interrupts_held():  # numpy's C import turns a Ctrl-C into ImportError
+                from ..soak.runner import run_soak  # here: it brings requests, numpy, PIL, psutil
 
             plain = _plain_progress(cfg.requests, cfg.rounds)
             hooks = _attribute_hooks(
