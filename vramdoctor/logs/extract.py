@@ -688,6 +688,11 @@ class FileExtractor(EventsMixin):
 Step = Callable[[FileExtractor, Hit, str], None]
 
 
+def _rank_tagged(head: str) -> bool:
+    """A line's prefix that may carry rank or process tags (SGLang "TP0"/"DP1", vLLM "rank=", "pid=")."""
+    return "TP" in head or "DP" in head or "rank=" in head or "pid=" in head
+
+
 @short_line_memo()
 def dispatch(t: str) -> tuple[Step, ...]:
     """The handlers a line's text selects, in order. Every gate is a pure function of the
@@ -698,11 +703,8 @@ def dispatch(t: str) -> tuple[Step, ...]:
     if echo >= 0:
         # review 12b: a logged request/response (vLLM RequestLogger, SGLang --log-requests) echoes user
         # text: nothing in it is an event or a fact; only the line's own prefix (rank/process tags)
-        head = t[:echo]
-        if "TP" in head or "DP" in head or "rank=" in head or "pid=" in head:
-            return (X._echo_rank_tags,)
-        return ()
-    if "TP" in t[:80] or "DP" in t[:80] or "rank=" in t[:80] or "pid=" in t[:80]:
+        return (X._echo_rank_tags,) if _rank_tagged(t[:echo]) else ()
+    if _rank_tagged(t[:80]):
         steps.append(X._rank_tags)
     if "_args=" in t or "args: " in t:
         steps.append(X._args)

@@ -805,12 +805,10 @@ def request_echo(t: str) -> int:
     """Where a logged request or response starts in line `t` (vLLM's RequestLogger, SGLang's
     --log-requests; see ECHO_MARKS), -1 when `t` is not one: the text from there is user data.
     Bounded `str.find`s over the line's head only (a pure function of the text: memoisable)."""
-    if (
-        t.find("quest", 0, ECHO_HEAD) < 0
-        and t.find("obj=", 0, ECHO_HEAD) < 0
-        and t.find("esponse ", 0, ECHO_HEAD) < 0
-        and t.find("ReqInput(", 0, ECHO_HEAD) < 0
-    ):
+    for gate in ECHO_GATES:
+        if t.find(gate, 0, ECHO_HEAD) >= 0:
+            break
+    else:
         return -1
     found = [i for i in (t.find(m, 0, ECHO_HEAD) for m in ECHO_MARKS) if i >= 0]
     return min(found) if found else -1
