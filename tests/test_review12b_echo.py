@@ -268,3 +268,34 @@ def test_an_unprefixed_echo_after_a_real_oom_is_not_its_wrapped_tail(tmp_path: P
     assert ooms[0].data["requested_mib"] == 2048.0
     assert "total_mib" not in ooms[0].data and "free_mib" not in ooms[0].data
     assert "Receive" not in ooms[0].text
+
+
+def test_tags_quoted_in_a_logged_prompt_are_not_the_servers(tmp_path: Path) -> None:
+    """The first-MiB sniff reads process tags and rank prefixes anywhere in a line: one quoted in a
+    logged prompt made tp 'at least 8' and a foreign pid the server's own (third review)."""
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total"
+        " capacity of 79.19 GiB of which 1.06 GiB is free. Process 5 has 0.50 GiB memory in use."
+        " Including non-PyTorch memory, this process has 77.60 GiB memory in use."
+    )
+    vllm = tmp_path / "vllm.log"
+    vllm.write_text(
+        "INFO 05-01 10:00:00 [logger.py:43] Received request cmpl-1: prompt: 'what is"
+        " (VllmWorker TP7 pid=5)?', params: SamplingParams(n=1), prompt_token_ids: None\n"
+        f"ERROR 05-01 10:00:01 [core.py:700] {oom}\n"
+    )
+    d = diagnose([vllm])
+    assert d.facts.tp_size is None and d.facts.tp_size_at_least is None
+    assert not any(
+        p.get("server_process")
+        for e in d.events_of("cuda_oom")
+        for p in e.data.get("processes", ())
+    )
+    sgl = tmp_path / "sglang.log"
+    sgl.write_text(
+        "[2025-05-01 10:00:00] Receive: obj=GenerateReqInput(text='see [2025-05-01 10:00:00 TP7] in"
+        " the log', sampling_params={})\n"
+        "[2025-05-01 10:00:02] Prefill batch. #new-seq: 1, #new-token: 6, #cached-token: 0\n"
+    )
+    d = diagnose([sgl])
+    assert d.facts.tp_size is None and d.facts.tp_size_at_least is None

@@ -40,7 +40,9 @@ PREFIX_LINES_RECOGNISED = (
 
 def _sniff(ex: FileExtractor, head: bytes) -> None:
     """Weak votes from the first MiB: package paths and names in tracebacks and banners, and the
-    servers' own line prefixes (vLLM's process tags, SGLang's rank tags)."""
+    servers' own line prefixes (vLLM's process tags, SGLang's rank tags). Request-echo lines are
+    left out: what a logged prompt quotes is user text."""
+    head = P.without_echo_lines(head)
     low = head.lower()
     ex.votes["sglang"] += min(20, low.count(b"sglang"))
     ex.votes["vllm"] += min(20, low.count(b"/vllm/") + low.count(b"vllm "))

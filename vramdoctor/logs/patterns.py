@@ -801,6 +801,24 @@ ECHO_MARKS = (
 ECHO_GATES = ("quest", "obj=", "esponse ", "ReqInput(")
 
 
+# A whole request-echo line in raw bytes (the mark within its first ECHO_HEAD characters), for the
+# first-MiB sniff: the tags and prefixes quoted in a prompt are user text, not the server's.
+ECHO_MARK_BYTES = tuple(m.encode() for m in ECHO_MARKS)
+ECHO_LINE = fast_bytes(
+    rb"(?m)^[^\n]{0,%d}(?:" % (ECHO_HEAD - 1)
+    + b"|".join(re.escape(m) for m in ECHO_MARK_BYTES)
+    + rb")[^\n]*"
+)
+
+
+def without_echo_lines(head: bytes) -> bytes:
+    """`head` with its request-echo lines blanked (kept as empty lines); the bytes as they are when
+    no echo mark occurs (the usual case: one find per mark)."""
+    if not any(m in head for m in ECHO_MARK_BYTES):
+        return head
+    return ECHO_LINE.sub(b"", head)
+
+
 def request_echo(t: str) -> int:
     """Where a logged request or response starts in line `t` (vLLM's RequestLogger, SGLang's
     --log-requests; see ECHO_MARKS), -1 when `t` is not one: the text from there is user data.
