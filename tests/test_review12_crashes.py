@@ -271,6 +271,22 @@ def test_engine_core_killed_by_sigkill_points_at_the_oom_killer(tmp_path: Path) 
     assert run(str(log)).returncode == 1
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        "vllm-0 exited with code 137",  # docker compose
+        "command terminated with exit code 137",  # kubectl exec / logs
+        "Nov 30 10:00:05 gpu1 systemd[1]: vllm.service: Main process exited, code=killed, status=9/KILL",
+    ],
+)
+def test_every_supervisors_kill_line_is_a_sigkill(tmp_path: Path, line: str) -> None:
+    """The supervisors' own words for a process killed by signal 9 (third review: kubectl's and
+    systemd's were not read, so the log was called healthy)."""
+    log = write(tmp_path, VLLM_BANNER + line + "\n")
+    d = diagnose([log])
+    assert d.events_of("sigkill") and finding(d, "host-oom").severity == "warning"
+
+
 def test_sglang_self_kill_after_a_crash_is_not_an_oom_kill() -> None:
     # Real excerpts: the launcher SIGKILLs its own tree after "Received sigquit from a child process",
     # and the shell prints "Killed"; another cause (Triton shared memory, a flashinfer check) is shown.

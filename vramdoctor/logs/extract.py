@@ -775,7 +775,7 @@ def dispatch(t: str) -> tuple[Step, ...]:
         or "Error executing method" in t
     ):
         steps.append(X._exception)
-    if "Kill" in t or "SIGKILL" in t or "exitcode" in t or "code 137" in t or "oom-kill" in t:
+    if "Kill" in t or "KILL" in t or "exitcode" in t or "code 137" in t or "oom-kill" in t:
         steps.append(X._killed)  # review 12: the OOM killer / SIGKILL (host RAM, most often)
     if "fired up" in t and P.SGL_READY.search(t):
         steps.append(X._ready)

@@ -102,6 +102,7 @@ ANCHORS: tuple[bytes, ...] = (
     b"SIGKILL",  # torch elastic "Signal 9 (SIGKILL) received by PID N"
     b"exitcode",  # SGLang "Child process unexpectedly failed with exitcode=9", torch elastic "exitcode  : -9"
     b"code 137",  # docker "exited with code 137" (128 + SIGKILL)
+    b"9/KILL",  # systemd "Main process exited, code=killed, status=9/KILL"
     b"oom-kill",  # kernel "oom-kill:constraint=...,task=NAME,pid=N"
     b"scheduler is dead",  # SGLang's launcher "Rank 0 scheduler is dead. Please check if there are ..."
     b"Exception in worker",  # vLLM V0 "Exception in worker VllmWorkerProcess while processing method X."
@@ -491,11 +492,13 @@ KERNEL_OOM_KILL = re.compile(
     r"|oom-kill:constraint=(\w+).*?task=([^,\s]+), ?pid=(\d+)|\bOOMKilled\b"
 )
 # A process killed by SIGKILL (signal 9) with no text of its own: on Linux most often the OOM killer.
-# bash "Killed" / "./run.sh: line 3:  4242 Killed    python3 -m ..."; docker "exited with code 137";
+# bash "Killed" / "./run.sh: line 3:  4242 Killed    python3 -m ..."; docker "exited with code 137"; kubectl
+# "command terminated with exit code 137"; systemd "Main process exited, code=killed, status=9/KILL";
 # torch elastic "Signal 9 (SIGKILL) received by PID N" / "exitcode  : -9 (pid: N)"; SGLang's SIGCHLD
 # handler "Child process unexpectedly failed with exitcode=9. pid=N" (a waitpid status: 9 = signal 9).
 SIGKILL_LINE = re.compile(
-    r"^Killed$|^\S+: line \d+: +\d+ Killed\b|exited with code 137\b|Signal 9 \(SIGKILL\) received by PID (\d+)"
+    r"^Killed$|^\S+: line \d+: +\d+ Killed\b|exit(?:ed with)? code 137\b|Signal 9 \(SIGKILL\) received by PID (\d+)"
+    r"|code=killed, status=9/KILL\b"
     r"|exitcode +: -9\b|unexpectedly failed with exitcode=9\. pid=(\d+)"
 )
 # vLLM's death lines (crash lines, like "hit an exception"): v1/engine/core.py `run_engine_core`
