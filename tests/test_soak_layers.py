@@ -248,9 +248,12 @@ def test_a_server_killed_mid_round_is_never_a_pass(server_factory, tmp_path) -> 
     assert d["verdict"] != "STABLE" and d.get("server_died")
     recs = read_run(run).records
     died = [e for e in recs if isinstance(e, Event) and e.name == SERVER_DIED]
-    assert len(died) == 1 and died[0].data["round"] == 2
-    ends = [e for e in recs if isinstance(e, Event) and e.name == "round_start"]
-    assert max(e.data["round"] for e in ends) == 2  # nothing sent after the death
+    # killed once round 2 had started; a fast machine may have reached round 3 by then: the death
+    # belongs to the round in progress, and no round starts after it
+    starts = [e for e in recs if isinstance(e, Event) and e.name == "round_start"]
+    in_progress = max(e.data["round"] for e in starts)
+    assert len(died) == 1 and died[0].data["round"] == in_progress >= 2
+    assert all(e.t <= died[0].t for e in starts)  # nothing sent after the death
 
 
 def test_undecided_layers_get_more_rounds_and_no_adapt_keeps_the_count(
