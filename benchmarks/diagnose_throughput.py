@@ -39,7 +39,7 @@ STEADY_MARKERS = ("Prefill batch", "Decode batch", "GET /metrics", "POST /v1/", 
 
 CHILD = r"""
 import json, resource, sys, time
-from vramdoctor.logs import diagnose
+from vramdoctor.diagnose import diagnose
 t0 = time.perf_counter(); c0 = time.process_time()
 d = diagnose([sys.argv[1]])
 wall = time.perf_counter() - t0; cpu = time.process_time() - c0
@@ -91,7 +91,7 @@ def one_core() -> list[str]:
 
 
 def grep_pattern() -> str:
-    from vramdoctor.logs.patterns import ANCHORS
+    from vramdoctor.diagnose.patterns import ANCHORS
 
     specials = set(".[]()*+?{}|^$\\")
     parts = []

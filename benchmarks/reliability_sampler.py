@@ -23,8 +23,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from vramdoctor.model import HostSample, MetricsSample
 from vramdoctor.record import RunWriter, make_header, read_run
+from vramdoctor.samples import HostSample, MetricsSample
 from vramdoctor.sources.collector import Collector
 from vramdoctor.sources.host import HostSource
 from vramdoctor.sources.server_metrics import ServerMetricsSource

@@ -24,7 +24,7 @@ for m in ("typer", "rich", "pynvml", "prometheus_client", "requests", "psutil", 
         print(m, "MISSING", exc)
 PYEOF
 nvidia-smi -L 2>&1 | tee "$OUT/sources_gpus.txt"
-"$PY" -m pytest -p no:cacheprovider -m gpu tests/test_sources_nvml.py -v -s -rs 2>&1 | tee "$OUT/sources_gpu_tests.txt"
+"$PY" -m pytest -p no:cacheprovider -m gpu tests/sources/test_sources_nvml.py -v -s -rs 2>&1 | tee "$OUT/sources_gpu_tests.txt"
 tests_rc=${PIPESTATUS[0]}
 "$PY" benchmarks/sources_nvml_cost.py --json-out "$OUT/sources_nvml_cost.json" 2>&1 | tee "$OUT/sources_nvml_cost.txt"
 bench_rc=${PIPESTATUS[0]}

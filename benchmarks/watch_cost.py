@@ -2,7 +2,7 @@
 
 1. CPU: a Watcher at the defaults (sample every 5 s, analyse every 30 s, /metrics served and
    scraped every 15 s as Prometheus would) over loopback sources shaped like production: an
-   SGLang /metrics page (tests/helpers_sources.sglang_text), an nvitop-exporter page with 8 GPUs
+   SGLang /metrics page (tests/support/sources.sglang_text), an nvitop-exporter page with 8 GPUs
    and 16 processes (standing in for NVML, which this CPU host lacks; NVML calls cost less than
    parsing that page), and host memory by kind of 8 real processes. Measured two ways: the
    process's CPU time over a real run at the default rate, and the cost of one tick and of
@@ -32,7 +32,7 @@ import requests
 ROOT = Path(__file__).parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from fixtures.fleet.histories import History, Proc, records  # noqa: E402
-from helpers_sources import nvitop_text, serve, sglang_text  # noqa: E402
+from support.sources import nvitop_text, serve, sglang_text  # noqa: E402
 
 from vramdoctor.watch import WatchConfig, Watcher, WatchOptions, WatchState  # noqa: E402
 

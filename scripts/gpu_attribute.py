@@ -3,7 +3,7 @@
 Every server runs with vramdoctor's agent (PYTHONPATH=$(agent path), VRAMDOCTOR_AGENT_DIR);
 this driver sends identical rounds of image requests, triggers a snapshot in every armed
 process at the end of each idle window (vramdoctor.agent.Controller, the same code soak uses),
-reads each server process's NVML usage at that moment, and diffs with vramdoctor.attribute.
+reads each server process's NVML usage at that moment, and diffs with vramdoctor.attribution.
 Results: one JSON object per scenario in OUT/attribute_gpu.json.
 
 Scenarios (run concurrently, each server on its own port):
@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from vramdoctor.agent import Controller, agent_path  # noqa: E402
-from vramdoctor.attribute import attribute, load_snapshot  # noqa: E402
+from vramdoctor.attribution import attribute, load_snapshot  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 OUT.mkdir(parents=True, exist_ok=True)

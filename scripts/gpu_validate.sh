@@ -27,7 +27,7 @@ step "sources: NVML tests, cost benchmark, census"
 OUT="$W/sources" PY=python3 timeout 150 bash benchmarks/sources_gpu_check.sh 2>&1 | tee "$W/sources.log" | tail -40
 
 step "other gpu tests"
-timeout 120 python3 -m pytest -p no:cacheprovider -m gpu -q -rs tests/test_fixes_gpu.py tests/test_abtest_gpu.py 2>&1 | tee "$W/gpu-tests.log" | tail -15
+timeout 120 python3 -m pytest -p no:cacheprovider -m gpu -q -rs tests/fixes/test_fixes_gpu.py tests/abtest/test_abtest_gpu.py 2>&1 | tee "$W/gpu-tests.log" | tail -15
 
 t=$(( $(left) - 25 ))
 if [ "$t" -gt 60 ]; then

@@ -45,8 +45,8 @@ def fixtures_dir() -> Path:
 
 @pytest.fixture
 def server_factory() -> Iterator[Any]:
-    """Start reference servers (tests/helpers_procs.RefServer); all are stopped at the end."""
-    from helpers_procs import RefServer
+    """Start reference servers (tests/support/procs.RefServer); all are stopped at the end."""
+    from support.procs import RefServer
 
     started: list[RefServer] = []
 

@@ -4,10 +4,10 @@ The library is usable without the CLI. The root re-exports the shared vocabulary
 subpackage holds one job and declares its own public names in ``__all__``:
 
 - ``vramdoctor.soak``: run a soak from a config object, analyse a recorded run.
-- ``vramdoctor.logs``: diagnose SGLang/vLLM logs (``vramdoctor.logs.diagnose(paths)``).
+- ``vramdoctor.diagnose``: diagnose SGLang/vLLM logs (``vramdoctor.diagnose.diagnose(paths)``).
 - ``vramdoctor.fixes``: memory fixes to import into a server (request-scoped CUDA pools, CUDA
   IPC device redirect); torch is imported on first use only.
-- ``vramdoctor.watch``, ``vramdoctor.fleet``, ``vramdoctor.attribute``, ``vramdoctor.agent``:
+- ``vramdoctor.watch``, ``vramdoctor.fleet``, ``vramdoctor.attribution``, ``vramdoctor.agent``:
   continuous watch, many hosts, attribution of growth to requests, the in-server agent.
 - ``vramdoctor.sources`` (NVML, exporters, server metrics), ``vramdoctor.record`` (run files),
   ``vramdoctor.units`` (MiB/GiB/bytes and durations, parsing and formatting).
@@ -24,12 +24,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import _lazy
-from ._version import __version__
+from vramdoctor import _lazy
+from vramdoctor._version import __version__
 
 if TYPE_CHECKING:  # the lazy names below, for type checkers and IDEs
-    from .errors import ExitCode, InputError, MissingExtra, SourceUnavailable, VramdoctorError
-    from .model import (
+    from vramdoctor.errors import (
+        ExitCode,
+        InputError,
+        MissingExtra,
+        SourceUnavailable,
+        VramdoctorError,
+    )
+    from vramdoctor.record import Run, RunWriter, read_run
+    from vramdoctor.samples import (
         Event,
         GpuMemory,
         GpuSample,
@@ -39,7 +46,6 @@ if TYPE_CHECKING:  # the lazy names below, for type checkers and IDEs
         MetricsSample,
         ProcessGpuMemory,
     )
-    from .record import Run, RunWriter, read_run
 
 # Public name -> the module that defines it (imported on first access).
 _LAZY: dict[str, str] = {
@@ -48,14 +54,14 @@ _LAZY: dict[str, str] = {
     "MissingExtra": "errors",
     "SourceUnavailable": "errors",
     "VramdoctorError": "errors",
-    "Event": "model",
-    "GpuMemory": "model",
-    "GpuSample": "model",
-    "HostProcessMemory": "model",
-    "HostSample": "model",
-    "KvPoolSample": "model",
-    "MetricsSample": "model",
-    "ProcessGpuMemory": "model",
+    "Event": "samples",
+    "GpuMemory": "samples",
+    "GpuSample": "samples",
+    "HostProcessMemory": "samples",
+    "HostSample": "samples",
+    "KvPoolSample": "samples",
+    "MetricsSample": "samples",
+    "ProcessGpuMemory": "samples",
     "Run": "record",
     "RunWriter": "record",
     "read_run": "record",
@@ -66,18 +72,20 @@ _SUBMODULES = frozenset(
     {
         "abtest",
         "agent",
-        "analysis",
-        "attribute",
+        "attribution",
+        "census",
+        "diagnose",
         "errors",
         "fixes",
         "fleet",
-        "load",
-        "logs",
-        "model",
+        "judge",
         "record",
-        "report",
+        "redact",
+        "render",
+        "samples",
         "soak",
         "sources",
+        "stats",
         "units",
         "watch",
     }

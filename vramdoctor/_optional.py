@@ -15,7 +15,7 @@ import importlib
 import importlib.util
 from types import ModuleType
 
-from .errors import MissingExtra
+from vramdoctor.errors import MissingExtra
 
 # The import name of each optional module -> the extra that installs it.
 EXTRA_OF = {"matplotlib": "charts", "torch": "gpu", "torchvision": "gpu", "transformers": "gpu"}

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from ._version import __version__
-from .errors import InputError
-from .model import SAMPLE_TYPES, now
-from .redact import redact_argv, redact_obj, redact_url
+from vramdoctor._version import __version__
+from vramdoctor.errors import InputError
+from vramdoctor.redact import redact_argv, redact_obj, redact_url
+from vramdoctor.samples import SAMPLE_TYPES, now
 
 __all__ = [
     "HEADER_LIMIT_BYTES",
@@ -332,7 +332,7 @@ class Run:
     def dropped(self, limit: int = 8) -> list[str]:
         """What the sampler left out and why, one sentence per kind of source error (from the
         SOURCE_ERROR and SOURCE_ERROR_COUNT events), with how often it happened."""
-        from .model import SOURCE_ERROR, SOURCE_ERROR_COUNT, Event
+        from vramdoctor.samples import SOURCE_ERROR, SOURCE_ERROR_COUNT, Event
 
         counts: dict[tuple[str, str], int] = {}
         for rec in self.records:
@@ -519,7 +519,7 @@ def read_run(path: str | Path) -> Run:
 
     The header must be a JSON line in the first 64 KiB (anything else, /dev/zero included, is
     an `InputError` at once). Later lines: a torn last line is dropped and noted; a line that
-    is not JSON, or a record with a wrong-typed field (checked against `vramdoctor.model`), is
+    is not JSON, or a record with a wrong-typed field (checked against `vramdoctor.samples`), is
     skipped, and `Run.problems` names the first one and why; NaN/Infinity become null (an
     entry of a number series is left out); records are put back in time order (`t`).
     Raises InputError for a missing, unreadable or foreign file.

@@ -3,7 +3,7 @@
 API keys, bearer tokens and passwords must never reach the terminal, a report or a run file.
 There is one pass, `redact_text` (strings) / `redact_obj` (records, JSON documents) /
 `redact_argv` (command lines), and every output path goes through it: the terminal consoles
-and the JSON printer (`vramdoctor.report.console`) and the run-file writer
+and the JSON printer (`vramdoctor.render.console`) and the run-file writer
 (`vramdoctor.record.RunWriter`); reports are rendered from run files, so they inherit it.
 
 What is masked (docs/threat-model.md lists the same rules):

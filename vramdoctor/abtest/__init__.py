@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .. import _lazy
+from vramdoctor import _lazy
 
 if TYPE_CHECKING:
-    from .analysis import analyse
-    from .models import ModelChoice, resolve_model, supported
-    from .processor import load_processor
-    from .workload import WorkloadSpec, make_image
+    from vramdoctor.abtest.analysis import analyse
+    from vramdoctor.abtest.models import ModelChoice, resolve_model, supported
+    from vramdoctor.abtest.processor import load_processor
+    from vramdoctor.abtest.workload import WorkloadSpec, make_image
 
 # Public name -> its module in this package (imported on first access).
 _LAZY = {

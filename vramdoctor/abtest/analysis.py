@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from ..units import MIB, format_mib
+from vramdoctor.units import MIB, format_mib
 
 # A variant "grows" when its memory rises by more than this per round after the first.
 GROWTH_TOLERANCE_MIB = 8.0

@@ -10,14 +10,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..model import GpuSample
+from vramdoctor.samples import GpuSample
 
 
 class ProcessMemory:
     """NVML used MiB of one process on one GPU (None where NVML cannot attribute it)."""
 
     def __init__(self, gpu: int, pid: int | None = None) -> None:
-        from ..sources.nvml import NvmlSource
+        from vramdoctor.sources.nvml import NvmlSource
 
         self.gpu = gpu
         self.pid = os.getpid() if pid is None else pid
@@ -41,7 +41,7 @@ def process_mib(sample: GpuSample, pid: int, gpu: int) -> float | None:
 
 def census() -> dict[str, Any]:
     """Every process on every GPU, now (a GpuSample as a dict)."""
-    from ..sources.nvml import NvmlSource
+    from vramdoctor.sources.nvml import NvmlSource
 
     with NvmlSource() as source:
         return source.sample().to_dict()

@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..model import MIB
+from vramdoctor.samples import MIB
 
 __all__ = [
     "CudaIpcPayload",
@@ -106,8 +106,8 @@ class CudaIpcPayload:
     """The real thing: a FeatureBufferPool slice and a plain tensor shared over CUDA IPC."""
 
     def share(self, gpu: int) -> tuple[dict[str, Any], dict[str, Any], Any]:
-        from ..fixes import FeatureBufferPool, share_cuda_tensor, to_transport
-        from ..fixes._torch import load_torch
+        from vramdoctor.fixes import FeatureBufferPool, share_cuda_tensor, to_transport
+        from vramdoctor.fixes._torch import load_torch
 
         torch = load_torch("ab-test IPC arm")
         torch.cuda.set_device(gpu)
@@ -138,8 +138,8 @@ class CudaIpcPayload:
         return message, facts, (pool, feature, plain, piece)
 
     def prepare(self, gpu: int, producer_gpu: int) -> dict[str, Any]:
-        from ..fixes import peer_access
-        from ..fixes._torch import load_torch
+        from vramdoctor.fixes import peer_access
+        from vramdoctor.fixes._torch import load_torch
 
         torch = load_torch("ab-test IPC arm")
         torch.cuda.set_device(gpu)
@@ -149,8 +149,8 @@ class CudaIpcPayload:
     def open(
         self, message: dict[str, Any], gpu: int, producer_gpu: int, redirect: bool
     ) -> tuple[dict[str, Any], Any]:
-        from ..fixes import open_cuda_tensor, open_slice
-        from ..fixes._torch import load_torch
+        from vramdoctor.fixes import open_cuda_tensor, open_slice
+        from vramdoctor.fixes._torch import load_torch
 
         torch = load_torch("ab-test IPC arm")
         with warnings.catch_warnings(record=True) as caught:
@@ -170,8 +170,8 @@ class CudaIpcPayload:
         return facts, [sliced, plain]
 
     def release(self, held: Any) -> None:
-        from ..fixes._torch import load_torch
-        from ..fixes.feature_pool import forget_opened
+        from vramdoctor.fixes._torch import load_torch
+        from vramdoctor.fixes.feature_pool import forget_opened
 
         held.clear()
         forget_opened()
@@ -549,7 +549,7 @@ def run_ipc_subprocess(
     producer/consumers re-import a module with a main guard (whatever started the CLI may not
     have one), and the CLI process stays off every GPU. A child that crashes or runs past
     timeout_s leaves one "failed" record saying so."""
-    from .protocol import stream
+    from vramdoctor.abtest.wire import stream
 
     cmd = [*(command or [sys.executable, "-m", "vramdoctor.abtest.ipc_arm"]), str(gpu_count)]
     if max_gpus is not None:
@@ -584,14 +584,14 @@ def main(
     payload: IpcPayload | None = None,
 ) -> int:
     """`python -m vramdoctor.abtest.ipc_arm NVML_GPU_COUNT [--max-gpus N]`: records on stdout."""
-    from .protocol import emit_record
+    from vramdoctor.abtest.wire import emit_record
 
     parser = argparse.ArgumentParser(prog="python -m vramdoctor.abtest.ipc_arm")
     parser.add_argument("gpu_count", type=int, help="GPUs NVML sees")
     parser.add_argument("--max-gpus", type=int, default=None, help="use at most this many GPUs")
     args = parser.parse_args(argv)
     if census is None:
-        from .gpumem import census as nvml_census
+        from vramdoctor.abtest.gpumem import census as nvml_census
 
         census = nvml_census
     run_ipc_arm(

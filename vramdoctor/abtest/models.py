@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from vramdoctor.errors import InputError
 
 # model_type -> patterns that name the family in a model id. One row per family.
 FAMILIES: dict[str, tuple[str, ...]] = {

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import InputError, MissingExtra
-from .models import ModelChoice
+from vramdoctor.abtest.models import ModelChoice
+from vramdoctor.errors import InputError, MissingExtra
 
 
 def _transformers() -> Any:

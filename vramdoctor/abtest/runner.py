@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..units import format_duration
-from .protocol import stream
-from .variants import Variant
+from vramdoctor.abtest.variants import Variant
+from vramdoctor.abtest.wire import stream
+from vramdoctor.units import format_duration
 
 Sink = Callable[[dict[str, Any]], object]  # e.g. RunWriter.write (its return value is ignored)
 

@@ -68,7 +68,7 @@ BY_NAME = {v.name: v for v in VARIANTS}
 
 def select(names: list[str] | None) -> list[Variant]:
     """The variants to run, in the canonical order; the baseline always runs first and last."""
-    from ..errors import InputError
+    from vramdoctor.errors import InputError
 
     if not names:
         return list(VARIANTS)

@@ -17,12 +17,12 @@ import time
 from contextlib import nullcontext
 from typing import Any
 
-from ..errors import VramdoctorError
-from ..model import MIB
-from .models import ModelChoice
-from .protocol import emit_record
-from .variants import Variant
-from .workload import WorkloadSpec, round_images
+from vramdoctor.abtest.models import ModelChoice
+from vramdoctor.abtest.variants import Variant
+from vramdoctor.abtest.wire import emit_record
+from vramdoctor.abtest.workload import WorkloadSpec, round_images
+from vramdoctor.errors import VramdoctorError
+from vramdoctor.samples import MIB
 
 
 def emit(kind: str, **data: Any) -> None:
@@ -30,11 +30,11 @@ def emit(kind: str, **data: Any) -> None:
 
 
 def run_variant(config: dict[str, Any]) -> None:
-    from ..fixes import escaped_bytes, outputs_to_cpu, parked_pools, request_scoped_pool
-    from ..fixes._torch import cuda_usable, has_mem_pool, load_torch
-    from ..fixes.scoped_pool import unguarded_scoped_pool
-    from .gpumem import ProcessMemory
-    from .processor import load_processor
+    from vramdoctor.abtest.gpumem import ProcessMemory
+    from vramdoctor.abtest.processor import load_processor
+    from vramdoctor.fixes import escaped_bytes, outputs_to_cpu, parked_pools, request_scoped_pool
+    from vramdoctor.fixes._torch import cuda_usable, has_mem_pool, load_torch
+    from vramdoctor.fixes.scoped_pool import unguarded_scoped_pool
 
     variant = Variant.from_dict(config["variant"])
     spec = WorkloadSpec.from_dict(config["workload"])

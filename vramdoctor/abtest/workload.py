@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
+from vramdoctor.errors import InputError
 
 DISTRIBUTIONS = ("uniform", "loguniform", "fixed")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")

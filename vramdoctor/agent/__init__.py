@@ -17,11 +17,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import _lazy
-from .pythonpath import vramdoctor_agent as runtime
+from vramdoctor import _lazy
+from vramdoctor.agent.pythonpath import vramdoctor_agent as runtime
 
 if TYPE_CHECKING:  # the lazy names below, for type checkers
-    from .control import AgentInfo, Controller, SnapshotFile, list_agents
+    from vramdoctor.agent.control import AgentInfo, Controller, SnapshotFile, list_agents
 
 # Public name -> the module that defines it (imported on first access: control brings psutil,
 # which `vramdoctor --help` and `vramdoctor agent-path` do not need).

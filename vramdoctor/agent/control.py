@@ -21,8 +21,8 @@ from pathlib import Path
 
 import psutil
 
-from ..errors import InputError
-from .pythonpath import vramdoctor_agent as runtime
+from vramdoctor.agent.pythonpath import vramdoctor_agent as runtime
+from vramdoctor.errors import InputError
 
 __all__ = ["AgentInfo", "Controller", "SnapshotFile", "list_agents"]
 

@@ -32,9 +32,9 @@ import os  # noqa: E402
 import click  # noqa: E402
 import typer  # noqa: E402
 
-from .._version import __version__  # noqa: E402
-from ..errors import ExitCode, VramdoctorError  # noqa: E402
-from ..report import console  # noqa: E402
+from vramdoctor._version import __version__  # noqa: E402
+from vramdoctor.errors import ExitCode, VramdoctorError  # noqa: E402
+from vramdoctor.render import console  # noqa: E402
 
 # With --json, an exit-2 error also prints this object on stdout, so scripts always get JSON.
 ERROR_SCHEMA = "vramdoctor.error/1"
@@ -61,7 +61,7 @@ _CLICK_ERRORS = _errors("ClickException")
 _NO_ARGS = _errors("NoArgsIsHelpError")
 _ABORT = _errors("Abort")
 
-from ._help import PlainTypesGroup  # noqa: E402
+from vramdoctor.cli._help import PlainTypesGroup  # noqa: E402
 
 app = typer.Typer(
     name="vramdoctor",
@@ -102,20 +102,20 @@ def _root(
     ),
 ) -> None:
     """vramdoctor: is it a leak or only caching, what causes it, does the fix work."""
-    if no_color:  # the one colour switch: every console reads NO_COLOR (vramdoctor.report.console)
+    if no_color:  # the one colour switch: every console reads NO_COLOR (vramdoctor.render.console)
         os.environ["NO_COLOR"] = "1"
 
 
 # Register the commands (each module adds itself to `app`).
-from . import abtest as _abtest  # noqa: E402,F401
-from . import agent as _agent  # noqa: E402,F401
-from . import attribute as _attribute  # noqa: E402,F401
-from . import census as _census  # noqa: E402,F401
-from . import diagnose as _diagnose  # noqa: E402,F401
-from . import fleet as _fleet  # noqa: E402,F401
-from . import report as _report  # noqa: E402,F401
-from . import soak as _soak  # noqa: E402,F401
-from . import watch as _watch  # noqa: E402,F401
+from vramdoctor.cli import abtest as _abtest  # noqa: E402,F401
+from vramdoctor.cli import agent as _agent  # noqa: E402,F401
+from vramdoctor.cli import attribute as _attribute  # noqa: E402,F401
+from vramdoctor.cli import census as _census  # noqa: E402,F401
+from vramdoctor.cli import diagnose as _diagnose  # noqa: E402,F401
+from vramdoctor.cli import fleet as _fleet  # noqa: E402,F401
+from vramdoctor.cli import report as _report  # noqa: E402,F401
+from vramdoctor.cli import soak as _soak  # noqa: E402,F401
+from vramdoctor.cli import watch as _watch  # noqa: E402,F401
 
 
 def _json_wanted(args: list[str]) -> bool:
@@ -144,7 +144,7 @@ def _learn_secrets(args: list[str]) -> None:
     flags and URL credentials on the command line, and values of secret-named environment
     variables (OPENAI_API_KEY, HF_TOKEN, ...) long enough to be keys. A server that echoes one
     back (a model id, an error body) then shows it masked."""
-    from ..redact import redact_argv, register_secret, secret_name
+    from vramdoctor.redact import redact_argv, register_secret, secret_name
 
     redact_argv(args)
     for name, value in os.environ.items():

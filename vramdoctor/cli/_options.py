@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..errors import InputError
+from vramdoctor.errors import InputError
 
 GPU_HELP = "Only these NVML GPU indices: --gpu 0 --gpu 1, or --gpu 0,1."
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import typer
 
-from ..errors import ExitCode, InputError, MissingExtra, SourceUnavailable, VramdoctorError
-from ..record import Run, RunWriter, make_header, read_run
-from ..report import console
-from ..units import format_duration
-from . import app
+from vramdoctor.cli import app
+from vramdoctor.errors import ExitCode, InputError, MissingExtra, SourceUnavailable, VramdoctorError
+from vramdoctor.record import Run, RunWriter, make_header, read_run
+from vramdoctor.render import console
+from vramdoctor.units import format_duration
 
 # The JSON of an ab-test (`vramdoctor ab-test --json`, `vramdoctor report AB.jsonl --json`).
 SCHEMA = "vramdoctor.abtest/1"
@@ -30,8 +30,8 @@ def _records(run: Run) -> list[dict[str, Any]]:
 def report_run(run: Run, *, json_out: bool, report_file: Path | None) -> int:
     """Analyse an ab-test run file and print it (table or JSON); exit 1 when a variant failed
     or the scoped pool missed its memory targets on this GPU."""
-    from ..abtest.analysis import analyse
-    from ..report import abtest as render
+    from vramdoctor.abtest import report as render
+    from vramdoctor.abtest.analysis import analyse
 
     if report_file is not None and report_file.suffix.lower() not in (".png", ".svg"):
         raise InputError(f"--report {report_file}: ab-test writes its chart as .png or .svg")
@@ -71,7 +71,7 @@ def report_run(run: Run, *, json_out: bool, report_file: Path | None) -> int:
 
 def _gpus() -> list[dict[str, Any]]:
     try:
-        from ..sources.nvml import NvmlSource
+        from vramdoctor.sources.nvml import NvmlSource
 
         with NvmlSource() as source:
             return source.devices()
@@ -157,10 +157,10 @@ def abtest_cmd(
 
       vramdoctor ab-test --model gemma3 --variants scoped_pool,cpu --no-ipc --json
     """
-    from ..abtest.models import resolve_model
-    from ..abtest.variants import select
-    from ..abtest.workload import WorkloadSpec, describe
-    from ..fixes._torch import torch_available
+    from vramdoctor.abtest.models import resolve_model
+    from vramdoctor.abtest.variants import select
+    from vramdoctor.abtest.workload import WorkloadSpec, describe
+    from vramdoctor.fixes._torch import torch_available
 
     spec = WorkloadSpec(
         count=count,
@@ -242,8 +242,8 @@ def run_abtest(
     ipc_gpus: int | None = None,
 ) -> None:
     """Run every variant (and the IPC arm), appending each record to the run file as it comes."""
-    from ..abtest.ipc_arm import run_ipc_subprocess
-    from ..abtest.runner import run_variants
+    from vramdoctor.abtest.ipc_arm import run_ipc_subprocess
+    from vramdoctor.abtest.runner import run_variants
 
     console.note(f"model: {header['config']['model_note']}")
     started = time.monotonic()

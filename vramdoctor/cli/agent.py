@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import typer
 
-from ..agent import agent_path, pth_line
-from . import app
+from vramdoctor.agent import agent_path, pth_line
+from vramdoctor.cli import app
 
 
 @app.command("agent-path")

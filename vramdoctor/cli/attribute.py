@@ -12,13 +12,13 @@ from pathlib import Path
 
 import typer
 
-from ..attribute.analysis import Thresholds
-from ..attribute.render import render_attribution
-from ..attribute.snapshots import attribute_files
-from ..errors import ExitCode, InputError
-from ..report import console
-from ..units import MIB
-from . import app
+from vramdoctor.attribution.analysis import Thresholds
+from vramdoctor.attribution.report import render_attribution
+from vramdoctor.attribution.snapshots import attribute_files
+from vramdoctor.cli import app
+from vramdoctor.errors import ExitCode, InputError
+from vramdoctor.render import console
+from vramdoctor.units import MIB
 
 
 @app.command("attribute")

@@ -8,14 +8,14 @@ from typing import Any
 
 import typer
 
-from ..analysis.census import CONTEXT_MIB, Census, census
-from ..errors import ExitCode, InputError
-from ..model import GpuSample
-from ..record import Run, RunWriter, make_header
-from ..report import console
-from ..report.census import render
-from . import app
-from ._options import GPU_HELP, parse_gpu_indices
+from vramdoctor.census.analysis import CONTEXT_MIB, Census, census
+from vramdoctor.census.report import render
+from vramdoctor.cli import app
+from vramdoctor.cli._options import GPU_HELP, parse_gpu_indices
+from vramdoctor.errors import ExitCode, InputError
+from vramdoctor.record import Run, RunWriter, make_header
+from vramdoctor.render import console
+from vramdoctor.samples import GpuSample
 
 
 def _parse_range(text: str) -> tuple[float, float]:
@@ -35,7 +35,7 @@ def take_sample(
 ) -> tuple[GpuSample, dict[int, int], list[dict[str, Any]]]:
     """One GPU sample from NVML here or from the exporters, plus server groups where visible."""
     if exporters:
-        from ..sources.exporter import ExporterSource
+        from vramdoctor.sources.exporter import ExporterSource
 
         with ExporterSource(exporters) as src:
             sample = src.sample()
@@ -50,8 +50,8 @@ def take_sample(
             for g in sample.gpus
         ]
         return sample, {}, devices
-    from ..sources.nvml import NvmlSource
-    from ..sources.procinfo import server_groups
+    from vramdoctor.sources.nvml import NvmlSource
+    from vramdoctor.sources.procinfo import server_groups
 
     with NvmlSource(gpus) as src:
         sample = src.sample()

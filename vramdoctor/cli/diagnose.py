@@ -6,10 +6,10 @@ import sys
 
 import typer
 
-from ..errors import ExitCode, InputError
-from ..logs import diagnose
-from ..report import console
-from . import app
+from vramdoctor.cli import app
+from vramdoctor.diagnose import diagnose
+from vramdoctor.errors import ExitCode, InputError
+from vramdoctor.render import console
 
 
 @app.command("diagnose")
@@ -51,7 +51,7 @@ def diagnose_cmd(
     if json_out:
         console.print_json(d.to_json())
     else:
-        from ..report.diagnose import render
+        from vramdoctor.diagnose.report import render
 
         render(d, console.stdout())
     problem = any(f.severity in ("warning", "critical") for f in d.findings)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import typer
 
-from ..errors import ExitCode, InputError
-from ..report import console
-from . import app
-from .watch import parse_duration
+from vramdoctor.cli import app
+from vramdoctor.cli.watch import parse_duration
+from vramdoctor.errors import ExitCode, InputError
+from vramdoctor.render import console
 
 
 @app.command("fleet")
@@ -66,7 +66,7 @@ def fleet_cmd(
 
       vramdoctor fleet --prometheus http://prometheus:9090 --json | jq '.rows[] | select(.verdict=="LEAK")'
     """
-    from ..fleet import FleetConfig, run_fleet
+    from vramdoctor.fleet import FleetConfig, run_fleet
 
     since_s = parse_duration(since, "--since")
     step_s = parse_duration(step, "--step")
@@ -96,7 +96,7 @@ def fleet_cmd(
     )
     written = []
     if charts is not None:
-        from ..fleet.report import chart
+        from vramdoctor.fleet.report import chart
 
         for row in result.leaks:
             try:
@@ -110,7 +110,7 @@ def fleet_cmd(
         doc["charts"] = written
         console.print_json(doc)
     else:
-        from ..fleet.report import render
+        from vramdoctor.fleet.report import render
 
         render(result, console.stdout(), top=top or None)
         for path in written:

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import typer
 
-from ..errors import InputError
-from ..record import interrupts_held, read_run
-from . import app
+from vramdoctor.cli import app
+from vramdoctor.errors import InputError
+from vramdoctor.record import interrupts_held, read_run
 
 # header "command" -> module providing report_run(run, *, json_out, report_file) -> int
 _RENDERERS = {
-    "soak": "vramdoctor.report.soak",
+    "soak": "vramdoctor.soak.report",
     "census": "vramdoctor.cli.census",
     "ab-test": "vramdoctor.cli.abtest",
     "watch": "vramdoctor.cli.watch",

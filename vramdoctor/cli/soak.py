@@ -1,7 +1,7 @@
 """`vramdoctor soak --url`: is this server leaking, only caching, or stable; per memory layer.
 
 Thin: options -> `vramdoctor.soak.SoakConfig` -> `run_soak` (the library: sources, run file,
-protocol, adaptive rounds, the server's life) -> the report (`vramdoctor.report.soak`).
+protocol, adaptive rounds, the server's life) -> the report (`vramdoctor.soak.report`).
 `report_run` re-renders a recorded run for `vramdoctor report`.
 """
 
@@ -14,14 +14,14 @@ from typing import Any
 
 import typer
 
-from ..errors import ExitCode, InputError, Interrupted
-from ..model import SERVER_DIED, Event
-from ..record import Run, interrupts_held, read_run
-from ..report import console
-from ..soak.analyse import is_leak
-from ..soak.config import DEFAULT_MAX_ROUNDS, DEFAULT_SIZES, MIN_GROWTH_MIB, SoakConfig
-from . import app
-from ._options import GPU_HELP, parse_gpu_indices
+from vramdoctor.cli import app
+from vramdoctor.cli._options import GPU_HELP, parse_gpu_indices
+from vramdoctor.errors import ExitCode, InputError, Interrupted
+from vramdoctor.record import Run, interrupts_held, read_run
+from vramdoctor.render import console
+from vramdoctor.samples import SERVER_DIED, Event
+from vramdoctor.soak.analyse import is_leak
+from vramdoctor.soak.config import DEFAULT_MAX_ROUNDS, DEFAULT_SIZES, MIN_GROWTH_MIB, SoakConfig
 
 __all__ = ["MIN_GROWTH_MIB", "report_run", "soak_cmd"]
 
@@ -52,7 +52,7 @@ def _emit(
     run_path: Path | None,
     died: dict[str, Any] | None,
 ) -> int:
-    from ..report.soak import render, write_report_file
+    from vramdoctor.soak.report import render, write_report_file
 
     if report_file is not None:
         try:
@@ -94,7 +94,7 @@ def report_run(
     the run's path and its analysis) and offline in `vramdoctor report RUN.jsonl`.
     Exit 1 when a layer leaks or the server died during the run, else 0."""
     _check_report_suffix(report_file)
-    from ..report.soak import report_run as report_soak_run
+    from vramdoctor.soak.report import report_run as report_soak_run
 
     return report_soak_run(
         run, json_out=json_out, report_file=report_file, run_path=run_path, analysis=analysis
@@ -255,7 +255,7 @@ def soak_cmd(
     def before_run(protocol: Any) -> Any:
         if not console.interactive() or json_out:
             return None
-        from ..report.soak import LiveView
+        from vramdoctor.soak.report import LiveView
 
         live = LiveView(console.stderr(), cfg.rounds, len(protocol.plan))
         live_box.append(live)
@@ -289,12 +289,14 @@ def soak_cmd(
     try:
         try:
             with interrupts_held():  # numpy's C import turns a Ctrl-C into ImportError
-                from ..soak.runner import run_soak  # here: it brings requests, numpy, PIL, psutil
+                from vramdoctor.soak.runner import (
+                    run_soak,  # here: it brings requests, numpy, PIL, psutil
+                )
 
             plain = _plain_progress(cfg.requests, cfg.rounds)
             hooks = _attribute_hooks(
                 attribute, cfg
-            )  # soak --attribute (vramdoctor.attribute.hooks)
+            )  # soak --attribute (vramdoctor.attribution.hooks)
         except KeyboardInterrupt:
             raise Interrupted(
                 "interrupted before measuring: nothing was sent or recorded"
@@ -341,8 +343,8 @@ def _attribute_hooks(value: str | None, cfg: SoakConfig) -> list[Any]:
     import dataclasses
     from types import SimpleNamespace
 
-    from ..attribute.hooks import build_hook
-    from ..soak.runner import default_run_path
+    from vramdoctor.attribution.hooks import build_hook
+    from vramdoctor.soak.runner import default_run_path
 
     if cfg.out is None:  # the snapshots live beside the run file: fix its name now
         cfg = dataclasses.replace(cfg, out=default_run_path())

@@ -10,16 +10,16 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ..errors import ExitCode, InputError
-from ..model import Event
-from ..report import console
-from . import app
-from ._options import GPU_HELP, parse_gpu_indices
+from vramdoctor.cli import app
+from vramdoctor.cli._options import GPU_HELP, parse_gpu_indices
+from vramdoctor.errors import ExitCode, InputError
+from vramdoctor.render import console
+from vramdoctor.samples import Event
 
 if TYPE_CHECKING:  # imported where used: `vramdoctor --help` loads no numpy/scipy/psutil
-    from ..record import Run
-    from ..watch.runner import WatchOptions
-    from ..watch.state import WatchResult
+    from vramdoctor.record import Run
+    from vramdoctor.watch.runner import WatchOptions
+    from vramdoctor.watch.state import WatchResult
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*([smhd]))+\s*$")
@@ -117,9 +117,9 @@ def watch_cmd(
 
       vramdoctor watch --gpu-metrics http://gpu-host:9400/metrics --duration 1h --json
     """
-    from ..watch.exporter import parse_listen
-    from ..watch.runner import WatchOptions
-    from ..watch.state import WatchConfig
+    from vramdoctor.watch.exporter import parse_listen
+    from vramdoctor.watch.runner import WatchOptions
+    from vramdoctor.watch.state import WatchConfig
 
     parse_listen(listen)  # refuse a bad address before measuring anything
     interval_s = parse_duration(interval, "--interval")
@@ -156,7 +156,7 @@ def watch_cmd(
 
 def run_watch(options: WatchOptions, duration_s: float | None, *, json_out: bool) -> int:
     """Run until Ctrl-C, SIGTERM or `duration_s`; print the final report; return the exit code."""
-    from ..watch.runner import Watcher
+    from vramdoctor.watch.runner import Watcher
 
     stop = threading.Event()
     last_verdict: dict[str, Any] = {"v": None}
@@ -164,7 +164,7 @@ def run_watch(options: WatchOptions, duration_s: float | None, *, json_out: bool
     def on_result(res: WatchResult) -> None:
         if res.verdict != last_verdict["v"]:
             last_verdict["v"] = res.verdict
-            from ..watch.report import sentence
+            from vramdoctor.watch.report import sentence
 
             console.note(f"watch: {res.verdict}: {sentence(res)}")
 
@@ -197,7 +197,7 @@ def run_watch(options: WatchOptions, duration_s: float | None, *, json_out: bool
     if json_out:
         console.print_json(result.to_dict())
     else:
-        from ..watch.report import render
+        from vramdoctor.watch.report import render
 
         render(result, console.stdout())
     return int(ExitCode.PROBLEM if result.verdict == "LEAK" else ExitCode.OK)
@@ -205,7 +205,7 @@ def run_watch(options: WatchOptions, duration_s: float | None, *, json_out: bool
 
 def report_run(run: Run, *, json_out: bool, report_file: Path | None) -> int:
     """Re-run the rolling analysis over a recorded watch run file (one rotated part at a time)."""
-    from ..watch.state import WatchConfig, replay
+    from vramdoctor.watch.state import WatchConfig, replay
 
     if report_file is not None:
         raise InputError("watch reports have no file form: use --json, or the exporter's metrics")
@@ -224,7 +224,7 @@ def report_run(run: Run, *, json_out: bool, report_file: Path | None) -> int:
     if json_out:
         console.print_json(result.to_dict())
     else:
-        from ..watch.report import render
+        from vramdoctor.watch.report import render
 
         render(result, console.stdout())
     return int(ExitCode.PROBLEM if result.verdict == "LEAK" else ExitCode.OK)

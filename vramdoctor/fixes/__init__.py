@@ -11,7 +11,7 @@ line. torch is imported in one place, `vramdoctor.fixes._torch`, on first use.
 
 from __future__ import annotations
 
-from .feature_pool import (
+from vramdoctor.fixes.feature_pool import (
     FeatureBufferPool,
     PooledSlice,
     PoolFullWarning,
@@ -19,9 +19,15 @@ from .feature_pool import (
     per_worker_bytes,
     to_transport,
 )
-from .ipc import CudaIpcHandle, PeerAccessWarning, open_cuda_tensor, peer_access, share_cuda_tensor
-from .outputs import outputs_to_cpu
-from .scoped_pool import (
+from vramdoctor.fixes.ipc import (
+    CudaIpcHandle,
+    PeerAccessWarning,
+    open_cuda_tensor,
+    peer_access,
+    share_cuda_tensor,
+)
+from vramdoctor.fixes.outputs import outputs_to_cpu
+from vramdoctor.fixes.scoped_pool import (
     EscapedTensorWarning,
     ScopeResult,
     escape_events,

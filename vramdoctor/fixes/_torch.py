@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from ..errors import MissingExtra
+from vramdoctor.errors import MissingExtra
 
 
 def load_torch(what: str = "vramdoctor.fixes") -> ModuleType:

@@ -15,10 +15,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from ..model import MIB
-from ..units import format_bytes
-from ._torch import load_torch
-from .ipc import CudaIpcHandle, open_cuda_tensor, share_cuda_tensor
+from vramdoctor.fixes._torch import load_torch
+from vramdoctor.fixes.ipc import CudaIpcHandle, open_cuda_tensor, share_cuda_tensor
+from vramdoctor.samples import MIB
+from vramdoctor.units import format_bytes
 
 MIN_WORKER_BYTES = 128 * MIB
 _ALIGN = 512

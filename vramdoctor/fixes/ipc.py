@@ -15,7 +15,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from ._torch import load_torch
+from vramdoctor.fixes._torch import load_torch
 
 log = logging.getLogger("vramdoctor.fixes")
 

@@ -38,8 +38,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..units import MIB, format_bytes
-from ._torch import cuda_usable, has_mem_pool, load_torch
+from vramdoctor.fixes._torch import cuda_usable, has_mem_pool, load_torch
+from vramdoctor.units import MIB, format_bytes
 
 log = logging.getLogger("vramdoctor.fixes")
 

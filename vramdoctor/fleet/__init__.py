@@ -13,8 +13,15 @@ from __future__ import annotations
 
 import time
 
-from .analysis import SCHEMA, FleetConfig, FleetResult, FleetRow, FleetSeries, analyse
-from .collect import FAMILIES, KV_QUERIES, collect, metric_names_used
+from vramdoctor.fleet.analysis import (
+    SCHEMA,
+    FleetConfig,
+    FleetResult,
+    FleetRow,
+    FleetSeries,
+    analyse,
+)
+from vramdoctor.fleet.collect import FAMILIES, KV_QUERIES, collect, metric_names_used
 
 __all__ = [
     "FAMILIES",
@@ -44,7 +51,7 @@ def run_fleet(
     timeout_s: float = 60.0,
 ) -> FleetResult:
     """Query `days` of history ending at `end` (default now) and analyse every series."""
-    from ..sources.prometheus import PrometheusClient  # here: it brings requests and numpy
+    from vramdoctor.sources.prometheus import PrometheusClient  # here: it brings requests and numpy
 
     end = time.time() if end is None else end
     start = end - days * 86400.0

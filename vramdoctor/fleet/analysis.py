@@ -28,8 +28,15 @@ from typing import Any
 
 import numpy as np
 
-from ..analysis.soak.results import finite
-from ..watch.trend import LEAK, VERDICT_RANK, Trend, TrendThresholds, classify, low_envelope_arrays
+from vramdoctor.judge.results import finite
+from vramdoctor.stats.trend import (
+    LEAK,
+    VERDICT_RANK,
+    Trend,
+    TrendThresholds,
+    classify,
+    low_envelope_arrays,
+)
 
 __all__ = [
     "SCHEMA",

@@ -32,10 +32,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import InputError
-from ..sources.prometheus import PrometheusClient, RangeSeries
-from ..units import MIB
-from .analysis import FleetSeries
+from vramdoctor.errors import InputError
+from vramdoctor.fleet.analysis import FleetSeries
+from vramdoctor.sources.prometheus import PrometheusClient, RangeSeries
+from vramdoctor.units import MIB
 
 __all__ = ["FAMILIES", "KV_QUERIES", "Family", "collect", "host_of", "metric_names_used"]
 

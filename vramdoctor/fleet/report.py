@@ -8,9 +8,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import InputError
-from ..units import format_count, format_duration, format_mib, format_percent
-from .analysis import FleetResult, FleetRow
+from vramdoctor.errors import InputError
+from vramdoctor.fleet.analysis import FleetResult, FleetRow
+from vramdoctor.units import format_count, format_duration, format_mib, format_percent
 
 __all__ = ["chart", "render", "sentence"]
 

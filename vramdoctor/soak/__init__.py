@@ -15,22 +15,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .. import _lazy
-from .analyse import analyse_run, undecided_layers
-from .config import DEFAULT_MAX_ROUNDS, SoakConfig
+from vramdoctor import _lazy
+from vramdoctor.soak.analyse import analyse_run, undecided_layers
+from vramdoctor.soak.config import DEFAULT_MAX_ROUNDS, SoakConfig
 
 if TYPE_CHECKING:  # the lazy names below, for type checkers
-    from ..analysis.soak import SoakAnalysis
-    from .runner import RoundHook, SoakOutcome, default_run_path, run_soak
+    from vramdoctor.judge import SoakAnalysis
+    from vramdoctor.soak.runner import RoundHook, SoakOutcome, default_run_path, run_soak
 
 
 def analyse_soak(
     records: list[Any], header: dict[str, Any] | None = None, **kwargs: Any
 ) -> SoakAnalysis:
-    """The per-layer soak analysis of a run's records (`vramdoctor.analysis.soak.analyse_soak`:
+    """The per-layer soak analysis of a run's records (`vramdoctor.judge.analyse_soak`:
     pure; keyword arguments production_rate_rps, raw_host, status, th). Imported on use, so
     `import vramdoctor.soak` does not pay for scipy."""
-    from ..analysis.soak import analyse_soak as analyse
+    from vramdoctor.soak.analysis import analyse_soak as analyse
 
     return analyse(records, header, **kwargs)
 

@@ -1,4 +1,4 @@
-"""The bridge from a recorded run to the pure analysis (`vramdoctor.analysis.soak`).
+"""The bridge from a recorded run to the pure analysis (`vramdoctor.judge`).
 
 `analyse_run` analyses a `record.Run` with `analyse_soak` (schema vramdoctor.soak/2), taking
 the thresholds and the production rate the run recorded unless given; the runner's adaptive
@@ -10,17 +10,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..record import Run
+from vramdoctor.record import Run
 
 if TYPE_CHECKING:  # scipy is imported with the analysis: only when a run is analysed
-    from ..analysis.soak import SoakAnalysis
+    from vramdoctor.judge import SoakAnalysis
 
 
 def analyse_run(
     run: Run, *, production_rate_rps: float | None = None, min_growth_mib: float | None = None
 ) -> SoakAnalysis:
     """The per-layer soak analysis of a recorded run."""
-    from ..analysis.soak import Thresholds, analyse_soak
+    from vramdoctor.judge import Thresholds
+    from vramdoctor.soak.analysis import analyse_soak
 
     cfg = run.header.get("config") if isinstance(run.header.get("config"), dict) else {}
     assert isinstance(cfg, dict)

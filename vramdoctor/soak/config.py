@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import InputError
+from vramdoctor.errors import InputError
 
 DEFAULT_SIZES = ("448x448", "896x672")
 MIN_GROWTH_MIB = 2.0  # NVML/DCGM report whole MiB; the allocator rounds to 2 MiB blocks

@@ -19,20 +19,25 @@ from pathlib import Path
 from typing import Any
 from typing import Protocol as TypingProtocol
 
-from ..errors import ExitCode, InputError, Interrupted, SourceUnavailable
-from ..load.client import LoadClient, Outcome
-from ..load.images import PromptImage, generate_images, load_image_dir, parse_image_size
-from ..load.protocol import Protocol, ProtocolConfig, ProtocolState
-from ..load.workload import PlannedRequest, build_requests
-from ..model import SERVER_DIED, Event, GpuSample, MetricsSample, now
-from ..record import RunWriter, interrupts_held, make_header
-from ..redact import redact_url, register_secret
-from ..sources.collector import Collector
-from ..sources.discover import ServerWatch, discover_server, gpu_peers, roles
-from ..sources.host import HostSource, host_memory
-from ..sources.server_info import ServerInfo, base_url, identify
-from .analyse import analyse_run, undecided_layers
-from .config import INTERRUPTED, SoakConfig
+from vramdoctor.errors import ExitCode, InputError, Interrupted, SourceUnavailable
+from vramdoctor.record import RunWriter, interrupts_held, make_header
+from vramdoctor.redact import redact_url, register_secret
+from vramdoctor.samples import SERVER_DIED, Event, GpuSample, MetricsSample, now
+from vramdoctor.soak.analyse import analyse_run, undecided_layers
+from vramdoctor.soak.config import INTERRUPTED, SoakConfig
+from vramdoctor.soak.traffic.client import LoadClient, Outcome
+from vramdoctor.soak.traffic.images import (
+    PromptImage,
+    generate_images,
+    load_image_dir,
+    parse_image_size,
+)
+from vramdoctor.soak.traffic.schedule import Protocol, ProtocolConfig, ProtocolState
+from vramdoctor.soak.traffic.workload import PlannedRequest, build_requests
+from vramdoctor.sources.collector import Collector
+from vramdoctor.sources.discover import ServerWatch, discover_server, gpu_peers, roles
+from vramdoctor.sources.host import HostSource, host_memory
+from vramdoctor.sources.server_info import ServerInfo, base_url, identify
 
 
 class RoundHook(TypingProtocol):
@@ -53,7 +58,7 @@ class SoakOutcome:
     `status`: complete, interrupted or failed (the run file's end mark). `stopped_by`: why the
     protocol stopped early (interrupt, duration, max-requests, max-rounds, server-died) or None.
     `server_died`: the SERVER_DIED data (reason, pid, round) when the server died. `analysis`:
-    the soak analysis of the run file (`vramdoctor.analysis.soak`).
+    the soak analysis of the run file (`vramdoctor.judge`).
     """
 
     run_path: Path
@@ -100,7 +105,7 @@ def prompt_images(cfg: SoakConfig) -> list[PromptImage]:
 def _gpu_source(cfg: SoakConfig, remote: bool) -> tuple[Any, str | None]:
     """(source or None, note). --gpu-metrics wins; else NVML when the server is on this host."""
     if cfg.gpu_metrics:
-        from ..sources.exporter import ExporterSource
+        from vramdoctor.sources.exporter import ExporterSource
 
         src = ExporterSource(cfg.gpu_metrics)
         src.sample()  # fail now, with its one line, if it is not an exporter
@@ -111,7 +116,7 @@ def _gpu_source(cfg: SoakConfig, remote: bool) -> tuple[Any, str | None]:
             "not measured (pass --gpu-metrics http://HOST:9400/metrics)"
         )
     try:
-        from ..sources.nvml import NvmlSource
+        from vramdoctor.sources.nvml import NvmlSource
 
         return NvmlSource(list(cfg.gpus) if cfg.gpus else None).open(), None
     except SourceUnavailable as exc:
@@ -370,7 +375,7 @@ def _run_soak(
             "pass --gpu-metrics http://HOST:9400/metrics (dcgm-exporter or nvitop-exporter)"
         )
     try:
-        from ..sources.server_metrics import ServerMetricsSource
+        from vramdoctor.sources.server_metrics import ServerMetricsSource
 
         msrc = ServerMetricsSource(base, headers=headers, page_size_tokens=info.page_size_tokens)
         msrc.sample()
@@ -405,7 +410,7 @@ def _run_soak(
     )
     # Imported before the run file exists: scipy takes a second to import, and a Ctrl-C in that
     # second must land inside the try below (partial report, run file closed), not before it.
-    from ..analysis import soak as _analysis  # noqa: F401
+    from vramdoctor.soak import analysis as _analysis  # noqa: F401
 
     header = make_header(
         "soak",

@@ -36,9 +36,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..model import COLLECTOR_FAILED, SOURCE_ERROR, SOURCE_ERROR_COUNT, Event, now
-from ..record import RunWriter
-from ..redact import redact_text
+from vramdoctor.record import RunWriter
+from vramdoctor.redact import redact_text
+from vramdoctor.samples import COLLECTOR_FAILED, SOURCE_ERROR, SOURCE_ERROR_COUNT, Event, now
 
 __all__ = [
     "EXTRA",
@@ -333,6 +333,6 @@ class Collector:
 
 def _is_ours(exc: Exception) -> bool:
     """Our own errors carry a full sentence already (no class name needed)."""
-    from ..errors import VramdoctorError
+    from vramdoctor.errors import VramdoctorError
 
     return isinstance(exc, VramdoctorError)

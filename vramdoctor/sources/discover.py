@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from ..model import GpuSample
+from vramdoctor.samples import GpuSample
 
 
 @dataclass
@@ -197,7 +197,7 @@ class ServerWatch:
     """The server's life during a soak: which pid owns the port, which processes its tree holds.
 
     `check()` (about once a second) returns the events to record, as (name, data) pairs with
-    the names of `vramdoctor.model`: PROCESS_APPEARED / PROCESS_EXITED for the tree (workers,
+    the names of `vramdoctor.samples`: PROCESS_APPEARED / PROCESS_EXITED for the tree (workers,
     compile helpers, a second server that fails to bind), SERVER_REPLACED when a new pid owns
     the port, SERVER_DIED when the port owner is gone and nothing has listened for `grace_s`
     (a restart that comes back within it is a replacement), or a remote port refuses
@@ -221,7 +221,7 @@ class ServerWatch:
         self._lock = threading.Lock()
 
     def _died(self, reason: str) -> list[tuple[str, dict[str, object]]]:
-        from ..model import SERVER_DIED
+        from vramdoctor.samples import SERVER_DIED
 
         self.dead = True
         return [(SERVER_DIED, {"reason": reason, "pid": self.roots[0] if self.roots else None})]
@@ -239,7 +239,7 @@ class ServerWatch:
             return [] if self.dead else self._check()
 
     def _check(self) -> list[tuple[str, dict[str, object]]]:
-        from ..model import PROCESS_APPEARED, PROCESS_EXITED, SERVER_REPLACED
+        from vramdoctor.samples import PROCESS_APPEARED, PROCESS_EXITED, SERVER_REPLACED
 
         events: list[tuple[str, dict[str, object]]] = []
         if not self.local:

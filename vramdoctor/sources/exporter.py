@@ -21,10 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import SourceUnavailable
-from ..model import GpuMemory, GpuSample, ProcessGpuMemory, now
-from ..redact import redact_argv
-from .http import DEFAULT_TIMEOUT_S, Scraper, parse_exposition
+from vramdoctor.errors import SourceUnavailable
+from vramdoctor.redact import redact_argv
+from vramdoctor.samples import GpuMemory, GpuSample, ProcessGpuMemory, now
+from vramdoctor.sources.http import DEFAULT_TIMEOUT_S, Scraper, parse_exposition
 
 _DCGM_FIELDS = {
     "DCGM_FI_DEV_FB_USED": "used",

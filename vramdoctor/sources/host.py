@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from ..model import MIB, HostProcessMemory, HostSample, now
+from vramdoctor.samples import MIB, HostProcessMemory, HostSample, now
 
 PidRoles = Callable[[], dict[int, str]]
 

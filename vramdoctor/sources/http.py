@@ -18,8 +18,8 @@ from urllib.parse import urlsplit, urlunsplit
 import requests
 import urllib3
 
-from ..errors import InputError, SourceUnavailable
-from ..redact import redact_url
+from vramdoctor.errors import InputError, SourceUnavailable
+from vramdoctor.redact import redact_url
 
 __all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_TIMEOUT_S", "Scraper", "metrics_url", "parse_exposition"]
 

@@ -13,9 +13,9 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import SourceUnavailable
-from ..model import MIB, GpuMemory, GpuSample, ProcessGpuMemory, now
-from .procinfo import ProcInfoCache
+from vramdoctor.errors import SourceUnavailable
+from vramdoctor.samples import MIB, GpuMemory, GpuSample, ProcessGpuMemory, now
+from vramdoctor.sources.procinfo import ProcInfoCache
 
 REMOTE_HINT = (
     "watch a GPU host remotely with --gpu-metrics http://HOST:9400/metrics (dcgm-exporter) "

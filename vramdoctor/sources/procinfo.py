@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from ..redact import redact_argv
+from vramdoctor.redact import redact_argv
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import requests
 
-from ..errors import InputError, SourceUnavailable
-from ..redact import redact_url
-from .http import metrics_url
+from vramdoctor.errors import InputError, SourceUnavailable
+from vramdoctor.redact import redact_url
+from vramdoctor.sources.http import metrics_url
 
 __all__ = ["MAX_POINTS_PER_SERIES", "PrometheusClient", "QueryStats", "RangeSeries", "chunk_bounds"]
 

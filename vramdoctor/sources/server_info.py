@@ -13,9 +13,9 @@ from typing import Any
 
 import requests
 
-from ..errors import InputError, SourceUnavailable
-from ..redact import redact_url
-from .http import metrics_url
+from vramdoctor.errors import InputError, SourceUnavailable
+from vramdoctor.redact import redact_url
+from vramdoctor.sources.http import metrics_url
 
 
 @dataclass

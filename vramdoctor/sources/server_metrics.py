@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..model import KvPoolSample, MetricsSample, now
-from .http import DEFAULT_TIMEOUT_S, Scraper, parse_exposition
+from vramdoctor.samples import KvPoolSample, MetricsSample, now
+from vramdoctor.sources.http import DEFAULT_TIMEOUT_S, Scraper, parse_exposition
 
 Labels = dict[str, str]
 Rows = list[tuple[Labels, float]]

@@ -13,13 +13,28 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .. import _lazy
+from vramdoctor import _lazy
 
 if TYPE_CHECKING:  # the lazy names below, for type checkers
-    from .exporter import EXPORTED_METRICS, SamplerHealth, WatchCollector, serve
-    from .runner import Watcher, WatchOptions
-    from .state import SCHEMA, SeriesVerdict, WatchConfig, WatchResult, WatchState, replay
-    from .trend import CACHING, INCONCLUSIVE, LEAK, STABLE, Trend, TrendThresholds, classify
+    from vramdoctor.stats.trend import (
+        CACHING,
+        INCONCLUSIVE,
+        LEAK,
+        STABLE,
+        Trend,
+        TrendThresholds,
+        classify,
+    )
+    from vramdoctor.watch.exporter import EXPORTED_METRICS, SamplerHealth, WatchCollector, serve
+    from vramdoctor.watch.runner import Watcher, WatchOptions
+    from vramdoctor.watch.state import (
+        SCHEMA,
+        SeriesVerdict,
+        WatchConfig,
+        WatchResult,
+        WatchState,
+        replay,
+    )
 
 # Public name -> the module that defines it (imported on first access).
 _LAZY = {
@@ -35,13 +50,13 @@ _LAZY = {
     "WatchResult": ".state",
     "WatchState": ".state",
     "replay": ".state",
-    "CACHING": ".trend",
-    "INCONCLUSIVE": ".trend",
-    "LEAK": ".trend",
-    "STABLE": ".trend",
-    "Trend": ".trend",
-    "TrendThresholds": ".trend",
-    "classify": ".trend",
+    "CACHING": "..stats.trend",
+    "INCONCLUSIVE": "..stats.trend",
+    "LEAK": "..stats.trend",
+    "STABLE": "..stats.trend",
+    "Trend": "..stats.trend",
+    "TrendThresholds": "..stats.trend",
+    "classify": "..stats.trend",
 }
 
 __all__ = [

@@ -24,10 +24,10 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..errors import InputError
-from ..units import MIB
-from .state import WatchResult
-from .trend import VERDICTS
+from vramdoctor.errors import InputError
+from vramdoctor.stats.trend import VERDICTS
+from vramdoctor.units import MIB
+from vramdoctor.watch.state import WatchResult
 
 __all__ = [
     "EXPORTED_METRICS",

@@ -7,8 +7,8 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from ..units import format_count, format_duration, format_mib
-from .state import SeriesVerdict, WatchResult
+from vramdoctor.units import format_count, format_duration, format_mib
+from vramdoctor.watch.state import SeriesVerdict, WatchResult
 
 __all__ = ["render", "sentence"]
 

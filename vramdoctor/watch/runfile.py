@@ -14,8 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
-from ..record import RunWriter
+from vramdoctor.errors import InputError
+from vramdoctor.record import RunWriter
 
 __all__ = ["RotatingRunWriter"]
 

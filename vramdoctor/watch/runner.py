@@ -20,12 +20,12 @@ from typing import Any
 
 import psutil
 
-from ..errors import InputError, SourceUnavailable
-from ..model import Event, GpuSample, now
-from ..record import make_header
-from .exporter import ExporterServer, SamplerHealth, WatchCollector, serve
-from .runfile import RotatingRunWriter
-from .state import WatchConfig, WatchResult, WatchState
+from vramdoctor.errors import InputError, SourceUnavailable
+from vramdoctor.record import make_header
+from vramdoctor.samples import Event, GpuSample, now
+from vramdoctor.watch.exporter import ExporterServer, SamplerHealth, WatchCollector, serve
+from vramdoctor.watch.runfile import RotatingRunWriter
+from vramdoctor.watch.state import WatchConfig, WatchResult, WatchState
 
 __all__ = ["WatchOptions", "Watcher"]
 
@@ -85,11 +85,11 @@ class Watcher:
             if not psutil.pid_exists(pid):
                 raise InputError(f"--pid {pid}: no such process on this host")
         if o.gpu_metrics:
-            from ..sources.exporter import ExporterSource
+            from vramdoctor.sources.exporter import ExporterSource
 
             self._sources["gpu"] = ExporterSource(o.gpu_metrics, headers=None)
         elif o.use_nvml:
-            from ..sources.nvml import NvmlSource
+            from vramdoctor.sources.nvml import NvmlSource
 
             try:
                 self._sources["gpu"] = NvmlSource(o.gpus).open()
@@ -100,17 +100,17 @@ class Watcher:
             o.server_url.rstrip("/") + "/metrics" if o.server_url else None
         )
         if metrics_url:
-            from ..sources.server_metrics import ServerMetricsSource
+            from vramdoctor.sources.server_metrics import ServerMetricsSource
 
             self._sources["server_metrics"] = ServerMetricsSource(metrics_url, headers=o.headers)
         if o.server_url:
-            from ..sources.discover import is_local
+            from vramdoctor.sources.discover import is_local
 
             if not is_local(o.server_url):
                 self.notes.append(
                     "the server is on another host: its processes' host memory is not watched here"
                 )
-        from ..sources.host import HostSource
+        from vramdoctor.sources.host import HostSource
 
         self._host = HostSource(self._host_pids)
         if not self._sources and not o.pids and not o.server_url:
@@ -174,7 +174,7 @@ class Watcher:
         o = self.options
         if o.server_url and time.monotonic() - self._discovered_at > _DISCOVER_EVERY_S:
             self._discovered_at = time.monotonic()
-            from ..sources.discover import discover_server
+            from vramdoctor.sources.discover import discover_server
 
             try:
                 found = discover_server(o.server_url)
@@ -252,7 +252,7 @@ class Watcher:
             host = self._sample("host", self._host)
             if host is not None:
                 self._record(host)
-            from ..sources.host import host_memory
+            from vramdoctor.sources.host import host_memory
 
             mono, wall = now()
             self._record({"kind": "host_memory", "t": mono, "wall": wall, **host_memory()})

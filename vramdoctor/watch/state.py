@@ -40,9 +40,9 @@ from typing import Any
 import numpy as np
 from scipy.stats import kendalltau
 
-from ..analysis.census import census
-from ..analysis.soak.results import finite
-from ..model import (
+from vramdoctor.census.analysis import census
+from vramdoctor.judge.results import finite
+from vramdoctor.samples import (
     PROCESS_APPEARED,
     PROCESS_EXITED,
     SERVER_REPLACED,
@@ -51,8 +51,16 @@ from ..model import (
     HostSample,
     MetricsSample,
 )
-from .series import Bucket, BucketSeries
-from .trend import CACHING, INCONCLUSIVE, LEAK, VERDICT_RANK, Trend, TrendThresholds, classify
+from vramdoctor.stats.trend import (
+    CACHING,
+    INCONCLUSIVE,
+    LEAK,
+    VERDICT_RANK,
+    Trend,
+    TrendThresholds,
+    classify,
+)
+from vramdoctor.watch.series import Bucket, BucketSeries
 
 __all__ = [
     "LAYERS",

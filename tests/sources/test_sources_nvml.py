@@ -1,0 +1,203 @@
+"""NVML source. Without NVML (CI): one clear line and exit 2. On a GPU machine (marked `gpu`):
+real samples, a real CUDA context seen per process, and census flagging a real stray context.
+
+The GPU tests make CUDA contexts through the driver API (libcuda via ctypes), so they need
+an NVIDIA driver but not torch.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from vramdoctor.census.analysis import CONTEXT_MIB, census
+from vramdoctor.errors import SourceUnavailable
+from vramdoctor.samples import GpuSample
+from vramdoctor.sources.nvml import NvmlSource, nvml_status
+
+NVML_OK, NVML_WHY = nvml_status()
+needs_nvml = pytest.mark.skipif(
+    not NVML_OK, reason="no NVML here: " + NVML_WHY.split(";")[0].split(":")[0]
+)
+no_nvml_only = pytest.mark.skipif(NVML_OK, reason="NVML works here; this checks the no-driver path")
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "NO_COLOR": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "vramdoctor", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+@no_nvml_only
+def test_without_nvml_the_source_names_what_is_missing_and_the_remote_option() -> None:
+    with pytest.raises(SourceUnavailable) as err:
+        NvmlSource().open()
+    message = str(err.value)
+    assert "NVML" in message and "--gpu-metrics" in message and "dcgm-exporter" in message
+    assert "\n" not in message
+    assert message == NVML_WHY
+
+
+@no_nvml_only
+@pytest.mark.parametrize("args", [["census"], ["census", "--json"]])
+def test_census_without_nvml_exits_2_with_one_line(args: list[str]) -> None:
+    r = run_cli(*args)
+    assert r.returncode == 2
+    if "--json" in args:  # scripts get the error as a JSON object on stdout too
+        error = json.loads(r.stdout)
+        assert error["exit_code"] == 2 and error["error"].startswith("NVML")
+    else:
+        assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr
+    assert lines[0].startswith("vramdoctor: error: NVML")
+
+
+# --- on a GPU machine -------------------------------------------------------------------
+
+CONTEXT_HOLDER = textwrap.dedent("""
+    # Holds CUDA contexts until killed: argv = "GPU:MiB" ...  (MiB allocated in that context)
+    import ctypes, sys, time
+    cuda = ctypes.CDLL("libcuda.so.1")
+    assert cuda.cuInit(0) == 0
+    keep = []
+    for spec in sys.argv[1:]:
+        dev_index, mib = (int(x) for x in spec.split(":"))
+        dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
+        assert cuda.cuDeviceGet(ctypes.byref(dev), dev_index) == 0
+        assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
+        assert cuda.cuCtxSetCurrent(ctx) == 0
+        if mib:
+            assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(mib << 20)) == 0
+        keep.append((ctx, ptr))
+    print("ready", flush=True)
+    time.sleep(300)
+""")
+
+
+def hold_contexts(*specs: str) -> subprocess.Popen[str]:
+    if ctypes.util.find_library("cuda") is None and not os.path.exists(
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+    ):
+        pytest.skip("no libcuda")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CONTEXT_HOLDER, *specs], stdout=subprocess.PIPE, text=True
+    )
+    line = proc.stdout.readline()  # type: ignore[union-attr]
+    if line.strip() != "ready":
+        proc.kill()
+        pytest.fail(f"could not create CUDA contexts {specs}: exit {proc.wait()}")
+    return proc
+
+
+def wait_for_pid(src: NvmlSource, pid: int, gpus: set[int], timeout: float = 20.0) -> GpuSample:
+    deadline = time.monotonic() + timeout
+    while True:
+        s = src.sample()
+        if {p.gpu for p in s.processes if p.pid == pid} >= gpus:
+            return s
+        if time.monotonic() > deadline:
+            pytest.fail(f"NVML never listed PID {pid} on GPUs {sorted(gpus)}; rows: {s.processes}")
+        time.sleep(0.2)
+
+
+@pytest.mark.gpu
+@needs_nvml
+def test_nvml_sample_is_consistent() -> None:
+    import pynvml
+
+    with NvmlSource() as src:
+        a = src.sample()
+        b = src.sample()
+        devices = src.devices()
+    pynvml.nvmlInit()
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+    finally:
+        pynvml.nvmlShutdown()
+    assert [g.index for g in a.gpus] == list(range(count)) == [d["index"] for d in devices]
+    assert b.t > a.t and b.wall >= a.wall and a.source == "nvml"
+    for g in a.gpus:
+        assert g.total_mib > 1000 and g.uuid and g.uuid.startswith(("GPU-", "MIG-")) and g.name
+        accounted = g.used_mib + g.free_mib + (g.driver_reserved_mib or 0.0)
+        assert abs(accounted - g.total_mib) <= 0.01 * g.total_mib, g
+    print("NVML sample:", json.dumps(a.to_dict())[:2000])
+
+
+@pytest.mark.gpu
+@needs_nvml
+def test_nvml_lists_a_real_cuda_context_with_name_and_command() -> None:
+    proc = hold_contexts("0:256")
+    try:
+        with NvmlSource([0]) as src:
+            s = wait_for_pid(src, proc.pid, {0})
+        row = next(p for p in s.processes if p.pid == proc.pid)
+        print(f"context + 256 MiB on GPU 0: NVML charges {row.used_mib} MiB to PID {proc.pid}")
+        assert row.visible and row.name and "python" in row.name
+        assert row.cmdline and row.cmdline[-1] == "0:256"  # our holder, read from /proc
+        assert row.used_mib is not None and 256 + 100 <= row.used_mib <= 256 + 1500
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.gpu
+@needs_nvml
+def test_census_flags_a_real_stray_context_on_a_second_gpu() -> None:
+    with NvmlSource() as src:
+        if len(src.sample().gpus) < 2:
+            pytest.skip("needs two GPUs")
+        proc = hold_contexts("1:4096", "0:0")  # main work on GPU 1, a bare context on GPU 0
+        try:
+            s = wait_for_pid(src, proc.pid, {0, 1})
+        finally:
+            proc.kill()
+            proc.wait()
+    c = census(s)
+    row = next(p for p in c.processes if p.pid == proc.pid)
+    print(f"per GPU for the holder: {row.per_gpu}")
+    assert row.main_gpu == 1
+    assert "multi_gpu" in row.flags
+    ctx = row.per_gpu[0]
+    assert ctx is not None
+    assert CONTEXT_MIB[0] <= ctx <= CONTEXT_MIB[1], (
+        f"a bare context measured {ctx} MiB: outside {CONTEXT_MIB}"
+    )
+    assert "stray_context" in row.flags
+
+
+@pytest.mark.gpu
+@needs_nvml
+def test_census_command_on_this_gpu_machine() -> None:
+    proc = hold_contexts("0:128")
+    try:
+        with NvmlSource([0]) as src:
+            wait_for_pid(src, proc.pid, {0})
+        r = run_cli("census", "--json")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert r.returncode in (0, 1), r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["source"] == "nvml" and doc["gpus"]
+    assert proc.pid in {p["pid"] for p in doc["processes"]}
+
+
+@pytest.mark.gpu
+@needs_nvml
+def test_census_with_a_gpu_index_that_does_not_exist() -> None:
+    r = run_cli("census", "--gpu", "4096")
+    assert r.returncode == 2
+    assert "no GPU with index 4096" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -1,0 +1,1 @@
+"""Test plumbing shared by every capability: real processes, real servers, real files."""

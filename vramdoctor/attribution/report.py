@@ -1,0 +1,140 @@
+"""The attribution in sentences: per process, the growing stack and where the growth went."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from vramdoctor.attribution.analysis import (
+    GROWING,
+    TOO_FEW_SNAPSHOTS,
+    NvmlSplit,
+    ProcessAttribution,
+)
+from vramdoctor.attribution.snapshots import AttributionReport
+from vramdoctor.units import format_bytes, format_percent
+
+__all__ = [
+    "render_attribution",
+    "render_run_attribution",
+    "run_attribution",
+    "run_attribution_json",
+]
+
+
+def _split_lines(split: NvmlSplit) -> list[str]:
+    span = f"between snapshots {split.from_snapshot + 1} and {split.to_snapshot + 1}"
+    whole = split.nvml_growth_bytes
+    lines = []
+    rate = split.growth_per_request_bytes
+    per = f" ({format_bytes(rate, signed=True)} per request)" if rate is not None else ""
+    if whole is not None:
+        lines.append(f"NVML growth {format_bytes(whole, signed=True)}{per} {span}:")
+    else:
+        lines.append(
+            f"PyTorch reserved growth {format_bytes(split.reserved_growth_bytes, signed=True)}{per} {span} "
+            "(no NVML figures: memory outside the allocator not measured):"
+        )
+
+    def share(n: float) -> str:
+        base = whole if whole else split.reserved_growth_bytes
+        return f" ({format_percent(n / base)})" if base and base > 0 else ""
+
+    lines.append(
+        f"  live tensors of the growing stacks   {format_bytes(split.growing_stacks_bytes, signed=True)}"
+        f"{share(split.growing_stacks_bytes)}"
+    )
+    lines.append(
+        f"  other live tensors                   {format_bytes(split.other_live_bytes, signed=True)}"
+    )
+    lines.append(
+        f"  allocator slack, default pool        {format_bytes(split.slack_default_bytes, signed=True)}"
+    )
+    lines.append(
+        f"  allocator slack, private pools       {format_bytes(split.slack_private_pool_bytes, signed=True)}"
+        "  (dead request-scoped MemPools, CUDA graph pools)"
+    )
+    if split.outside_allocator_bytes is not None:
+        lines.append(
+            f"  outside the PyTorch allocator        {format_bytes(split.outside_allocator_bytes, signed=True)}"
+            "  (NVML growth - reserved growth: NCCL, CUDA graphs, extensions)"
+        )
+    return lines
+
+
+def _process(p: ProcessAttribution, out: Console) -> None:
+    if p.verdict == TOO_FEW_SNAPSHOTS:
+        out.print(f"{escape(p.label)}: {len(p.summaries)} snapshot: nothing to diff")
+        return
+    if p.verdict == GROWING:
+        out.print(f"[bold red]{escape(p.label)}: memory held by a stack that grows every round[/]")
+        for s in p.growing:
+            rate = (
+                f"{format_bytes(s.bytes_per_request)} per request"
+                if s.bytes_per_request is not None
+                else f"{format_bytes(s.growth_bytes, signed=True)} over {len(s.live_bytes) - 1} intervals"
+            )
+            out.print(
+                f"  {rate}, {format_bytes(s.live_bytes[-1])} live in {s.blocks[-1]} blocks now; allocated at:",
+                soft_wrap=True,
+            )
+            for i, fr in enumerate(s.stack.frames):
+                out.print(
+                    f"    {'' if i == 0 else 'called from '}{escape(str(fr))}", soft_wrap=True
+                )
+    else:
+        reserved = [format_bytes(s.reserved_bytes) for s in p.summaries]
+        out.print(
+            f"{escape(p.label)}: no growing stack (PyTorch reserved at each snapshot: {', '.join(reserved)})",
+            soft_wrap=True,
+        )
+    if p.split is not None and (p.verdict == GROWING or (p.split.nvml_growth_bytes or 0) > 0):
+        for line in _split_lines(p.split):
+            out.print(f"  {escape(line)}", soft_wrap=True)
+    for note in p.notes:
+        out.print(f"  note: {escape(note)}", soft_wrap=True)
+
+
+def render_attribution(report: AttributionReport, out: Console) -> None:
+    """Print the attribution section (terminal or piped text)."""
+    out.print()
+    out.print(
+        f"[bold]Attribution[/] (PyTorch allocator snapshots, source: {escape(report.source)})"
+    )
+    if report.covered:
+        out.print(f"  covers: {escape(', '.join(report.covered))}", soft_wrap=True)
+    if report.not_covered:
+        out.print(f"  not covered: {escape(', '.join(report.not_covered))}", soft_wrap=True)
+    if not report.processes:
+        out.print("  no snapshots were collected")
+    for p in report.processes:
+        _process(p, out)
+    for note in report.notes:
+        out.print(f"  note: {escape(note)}", soft_wrap=True)
+
+
+def run_attribution(run: Any) -> AttributionReport | None:
+    """The attribution of a recorded soak run (`record.Run`), when its folder of snapshots exists
+    (`runs/soak-X.attribution/` beside `runs/soak-X.jsonl`); None otherwise."""
+    from vramdoctor.attribution.snapshots import attribute_run, attribution_dir
+
+    path = getattr(run, "path", None)
+    if path is None:
+        return None
+    return attribute_run(run.records, attribution_dir(Path(path)))
+
+
+def run_attribution_json(run: Any) -> dict[str, Any] | None:
+    """`run_attribution(run)` as JSON (schema vramdoctor.attribution/1), or None."""
+    report = run_attribution(run)
+    return report.to_dict() if report is not None else None
+
+
+def render_run_attribution(run: Any, out: Console) -> None:
+    """Print the attribution section of a recorded soak run, if it has snapshots."""
+    report = run_attribution(run)
+    if report is not None:
+        render_attribution(report, out)

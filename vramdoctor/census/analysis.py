@@ -1,0 +1,312 @@
+"""Census: who holds GPU memory, grouped by process, with the shapes that point at a cause.
+
+Pure: takes one `GpuSample` (and, where the PIDs are visible, which processes belong to one
+server) and returns rows and flags. The flags:
+
+- multi_gpu: one process holds memory on more than one GPU.
+- stray_context: a context-sized footprint (default 300-700 MiB) on a GPU other than the
+  process's main one: what a tensor-parallel rank leaves on the producer's GPU when it opens
+  a CUDA IPC handle there (~500 MiB a rank), or any code that touched bare "cuda" (GPU 0).
+- off_main_gpu: a small process (a context up to `helper_max_mib`) of a server on a GPU where
+  none of that server's big processes live: SGLang's tokenizer running the fast image
+  processor on bare "cuda" (GPU 0) while the model runs elsewhere.
+- helper_context (a note, not a problem): such a small process on a GPU the server already
+  uses, e.g. the tokenizer's image-processor context next to scheduler TP0. Watch it with
+  `soak`: in public reports it grows until OOM.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from vramdoctor.samples import GpuSample
+from vramdoctor.units import format_mib
+
+# The JSON of a census (`vramdoctor census --json`, the run file's result record).
+SCHEMA = "vramdoctor.census/1"
+
+CONTEXT_MIB = (300.0, 700.0)
+HELPER_MAX_MIB = 2048.0
+
+PROBLEM_FLAGS = frozenset({"multi_gpu", "stray_context", "off_main_gpu"})
+
+
+@dataclass
+class Flag:
+    code: str
+    pid: int
+    message: str
+    gpu: int | None = None
+    mib: float | None = None
+    host: str | None = None
+
+    @property
+    def problem(self) -> bool:
+        return self.code in PROBLEM_FLAGS
+
+
+@dataclass
+class ProcessRow:
+    pid: int
+    host: str | None
+    name: str | None
+    cmdline: list[str] | None
+    visible: bool
+    role: str | None
+    per_gpu: dict[int, float | None]
+    group: int
+    flags: list[str] = field(default_factory=list)
+
+    @property
+    def total_mib(self) -> float | None:
+        known = [v for v in self.per_gpu.values() if v is not None]
+        return sum(known) if known else None
+
+    @property
+    def main_gpu(self) -> int | None:
+        known = [(v, -g) for g, v in self.per_gpu.items() if v is not None]
+        if not known:
+            return None
+        return -max(known)[1]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["per_gpu"] = {str(g): v for g, v in self.per_gpu.items()}
+        d["total_mib"] = self.total_mib
+        d["main_gpu"] = self.main_gpu
+        return d
+
+
+@dataclass
+class GpuRow:
+    index: int
+    host: str | None
+    name: str | None
+    uuid: str | None
+    total_mib: float
+    used_mib: float
+    free_mib: float
+    # NVML's driver-reserved memory (not usable by processes); None where the source lacks it.
+    driver_reserved_mib: float | None
+    processes: int
+    processes_mib: float | None
+    # used minus what the listed processes hold: other containers, MIG, the driver.
+    unattributed_mib: float | None
+
+
+@dataclass
+class Census:
+    source: str
+    t: float
+    wall: float
+    gpus: list[GpuRow]
+    processes: list[ProcessRow]
+    flags: list[Flag]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def problem(self) -> bool:
+        return any(f.problem for f in self.flags)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "source": self.source,
+            "t": self.t,
+            "wall": self.wall,
+            "problem": self.problem,
+            "gpus": [asdict(g) for g in self.gpus],
+            "processes": [p.to_dict() for p in self.processes],
+            "flags": [{**asdict(f), "problem": f.problem} for f in self.flags],
+            "notes": self.notes,
+        }
+
+
+_ROLES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"sglang::scheduler(?:_DP(\d+))?(?:_TP(\d+))?"), "sglang scheduler"),
+    (re.compile(r"sglang::gpu_worker"), "sglang GPU worker"),
+    (re.compile(r"sglang::detokenizer"), "sglang detokenizer"),
+    (re.compile(r"sglang::tokenizer_worker"), "sglang tokenizer worker"),
+    (re.compile(r"sglang::"), "sglang"),
+    (
+        re.compile(r"sglang[./]launch_server|sglang serve\b|-m sglang\b"),
+        "sglang server (tokenizer)",
+    ),
+    (re.compile(r"VLLM::EngineCore"), "vllm engine core"),
+    (re.compile(r"VLLM::Worker"), "vllm worker"),
+    (re.compile(r"vllm serve\b|vllm\.entrypoints|vllm/entrypoints"), "vllm API server"),
+)
+
+
+def role_of(name: str | None, cmdline: list[str] | None) -> str | None:
+    """A guess at what the process is, from SGLang/vLLM process titles and command lines."""
+    text = " ".join(cmdline or []) + " " + (name or "")
+    for pattern, role in _ROLES:
+        m = pattern.search(text)
+        if m:
+            if role == "sglang scheduler":
+                dp, tp = m.groups()
+                return role + (f" DP{dp}" if dp else "") + (f" TP{tp}" if tp else "")
+            return role
+    return None
+
+
+def census(
+    sample: GpuSample,
+    *,
+    groups: dict[int, int] | None = None,
+    context_mib: tuple[float, float] = CONTEXT_MIB,
+    helper_max_mib: float = HELPER_MAX_MIB,
+) -> Census:
+    """Group a sample's process rows by process and flag the shapes above. Pure."""
+    lo, hi = context_mib
+    groups = groups or {}
+    rows: dict[tuple[str | None, int], ProcessRow] = {}
+    for p in sample.processes:
+        key = (p.host, p.pid)
+        row = rows.get(key)
+        if row is None:
+            row = rows[key] = ProcessRow(
+                pid=p.pid,
+                host=p.host,
+                name=p.name,
+                cmdline=p.cmdline,
+                visible=p.visible,
+                role=role_of(p.name, p.cmdline),
+                per_gpu={},
+                group=groups.get(p.pid, p.pid),
+            )
+        if p.gpu not in row.per_gpu:
+            row.per_gpu[p.gpu] = p.used_mib
+        elif p.used_mib is not None:  # two rows for one GPU (e.g. MIG instances): add up
+            row.per_gpu[p.gpu] = (row.per_gpu[p.gpu] or 0.0) + p.used_mib
+
+    flags: list[Flag] = []
+    notes: list[str] = []
+
+    def flag(
+        row: ProcessRow, code: str, message: str, gpu: int | None = None, mib: float | None = None
+    ) -> None:
+        row.flags.append(code)
+        flags.append(Flag(code=code, pid=row.pid, message=message, gpu=gpu, mib=mib, host=row.host))
+
+    # Per process: several GPUs, and context-sized footprints off the main one.
+    for row in rows.values():
+        if len(row.per_gpu) > 1:
+            main = row.main_gpu
+            held_on = ", ".join(str(g) for g in sorted(row.per_gpu))
+            flag(
+                row,
+                "multi_gpu",
+                f"PID {row.pid} holds memory on GPUs {held_on}"
+                + (f" (main: GPU {main})" if main is not None else ""),
+            )
+            for g, v in sorted(row.per_gpu.items()):
+                if g != main and v is not None and lo <= v <= hi:
+                    flag(
+                        row,
+                        "stray_context",
+                        f"PID {row.pid} holds {format_mib(v, 0)} on GPU {g} besides its main GPU {main}: "
+                        "the size of a CUDA context. A tensor-parallel rank that opens a CUDA IPC "
+                        "handle on the producer's GPU creates one there (~500 MiB a rank); so "
+                        "does any code that touches bare 'cuda' (GPU 0).",
+                        gpu=g,
+                        mib=v,
+                    )
+
+    # Per server (process tree): small processes on or off the server's main GPUs.
+    members: dict[tuple[str | None, int], list[ProcessRow]] = {}
+    for row in rows.values():
+        members.setdefault((row.host, row.group), []).append(row)
+    for group_rows in members.values():
+        if len(group_rows) < 2:
+            continue
+        big_gpus = {
+            r.main_gpu
+            for r in group_rows
+            if r.main_gpu is not None and (r.per_gpu.get(r.main_gpu) or 0) > helper_max_mib
+        }
+        if not big_gpus:
+            continue
+        for row in group_rows:
+            if len(row.per_gpu) != 1:
+                continue
+            ((g, v),) = row.per_gpu.items()
+            if v is None or not lo <= v <= helper_max_mib:
+                continue
+            who = row.role or row.name or "process"
+            if g not in big_gpus:
+                where = ", ".join(str(x) for x in sorted(big_gpus))
+                flag(
+                    row,
+                    "off_main_gpu",
+                    f"PID {row.pid} ({who}) holds {format_mib(v, 0)} on GPU {g}, where none of its server's "
+                    f"model processes run (they are on GPU {where}): a CUDA context on the wrong GPU, "
+                    "e.g. SGLang's tokenizer running the fast image processor on bare 'cuda' (GPU 0)",
+                    gpu=g,
+                    mib=v,
+                )
+            else:
+                flag(
+                    row,
+                    "helper_context",
+                    f"PID {row.pid} ({who}) holds {format_mib(v, 0)} on GPU {g} beside its server's model "
+                    "process: a CUDA context in a helper (e.g. the tokenizer's fast image "
+                    "processor). If it grows under load, `vramdoctor soak` will show it.",
+                    gpu=g,
+                    mib=v,
+                )
+
+    invisible = [r.pid for r in rows.values() if not r.visible]
+    if invisible:
+        notes.append(
+            f"{len(invisible)} PID(s) NVML reports are not in this PID namespace, or belong here to a "
+            "process without the GPU open (a container sees host PIDs): rows kept, names unknown; "
+            "run census on the host, or the container with --pid=host."
+        )
+    if any(v is None for r in rows.values() for v in r.per_gpu.values()):
+        notes.append("the driver does not report per-process memory for some rows (shown as '?').")
+
+    gpus: list[GpuRow] = []
+    for mem in sample.gpus:
+        procs = [r for r in rows.values() if mem.index in r.per_gpu and r.host == mem.host]
+        known = [r.per_gpu[mem.index] for r in procs]
+        proc_mib = sum(v for v in known if v is not None) if procs else 0.0
+        all_known = all(v is not None for v in known)
+        unattributed = mem.used_mib - proc_mib if all_known and sample.source != "dcgm" else None
+        gpus.append(
+            GpuRow(
+                index=mem.index,
+                host=mem.host,
+                name=mem.name,
+                uuid=mem.uuid,
+                total_mib=mem.total_mib,
+                used_mib=mem.used_mib,
+                free_mib=mem.free_mib,
+                driver_reserved_mib=mem.driver_reserved_mib,
+                processes=len(procs),
+                processes_mib=proc_mib if all_known else None,
+                unattributed_mib=unattributed,
+            )
+        )
+    if sample.source == "dcgm":
+        notes.append(
+            "dcgm-exporter reports device memory only: no process rows. For processes, run "
+            "census on the GPU host or point --gpu-metrics at nvitop-exporter."
+        )
+
+    ordered = sorted(
+        rows.values(),
+        key=lambda r: (r.host or "", r.main_gpu if r.main_gpu is not None else 1 << 30, r.pid),
+    )
+    return Census(
+        source=sample.source,
+        t=sample.t,
+        wall=sample.wall,
+        gpus=gpus,
+        processes=ordered,
+        flags=flags,
+        notes=notes,
+    )

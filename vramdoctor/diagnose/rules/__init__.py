@@ -1,0 +1,72 @@
+"""The rule registry: every module in this package defines one `RULE`; adding a rule is one file.
+
+A rule is pure: it reads a `Diagnosis` (facts and events, no I/O) and returns findings. The
+registry discovers the modules, so the docs table (`python -m vramdoctor.diagnose.rules
+--markdown`) and the evaluation can never miss one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+
+from vramdoctor.diagnose.findings import SEVERITY_RANK, Diagnosis, Finding, Severity
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    severity: Severity  # the most severe level it reports
+    title: str
+    fires_when: str  # documentation: what in the log fires it
+    fix: str  # documentation: the fix it proposes
+    check: Callable[[Diagnosis], list[Finding]]
+
+
+@cache
+def all_rules() -> tuple[Rule, ...]:
+    """Every RULE defined in this package, ordered by id."""
+    found: list[Rule] = []
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_"):
+            continue
+        mod = importlib.import_module(f"{__name__}.{info.name}")
+        rule = getattr(mod, "RULE", None)
+        if isinstance(rule, Rule):
+            found.append(rule)
+    ids = [r.id for r in found]
+    if len(ids) != len(set(ids)):
+        raise RuntimeError(f"duplicate rule ids: {sorted(ids)}")
+    return tuple(sorted(found, key=lambda r: r.id))
+
+
+def evaluate(d: Diagnosis) -> list[Finding]:
+    """All findings, most severe first (then by rule id, for a stable report)."""
+    out: list[Finding] = []
+    for rule in all_rules():
+        out.extend(rule.check(d))
+    for f in out:  # the same line quoted once (one line can carry several facts a rule cites)
+        f.evidence = list(dict.fromkeys(f.evidence))
+    return sorted(out, key=lambda f: (SEVERITY_RANK[f.severity], f.id))
+
+
+def markdown() -> str:
+    """The docs/rules.md table, generated from the registry."""
+    lines = [
+        "# diagnose rules",
+        "",
+        "Generated from the rule registry by `python -m vramdoctor.diagnose.rules --markdown > docs/rules.md`;",
+        "do not edit by hand (a test checks that this file matches the registry).",
+        "",
+        "| id | severity | title | fires when | fix |",
+        "|---|---|---|---|---|",
+    ]
+    for r in all_rules():
+        cells = [f"`{r.id}`", r.severity, r.title, r.fires_when, r.fix]
+        lines.append(
+            "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,180 @@
+"""The KV cache gets less memory than configured, or none: weights + activations + graphs take it.
+
+Two servers' lines (format strings in vramdoctor/diagnose/patterns.py):
+- SGLang model_runner.py (0.1-0.5.x; `_apply_token_constraints` from 0.5.18): "max_total_tokens=N is
+  larger than the profiled value M. Use the profiled value instead." M <= 0: the weights (and the
+  activation reserve) leave nothing for the KV cache under --mem-fraction-static; the server then
+  fails with "Not enough memory" (or a draft model's pool is sized otherwise).
+- vLLM gpu_worker.py (0.11+): "... Desired GPU memory utilization is (U, R GiB). Actual usage is ...
+  Replace gpu_memory_utilization config with --kv-cache-memory=N (X GiB) to fit into requested
+  memory ..." with N < 0: what the engine actually uses besides the KV cache already exceeds the
+  share U asks for; "Available KV cache memory: -X GiB" says the same before the cache is sized.
+"""
+
+from __future__ import annotations
+
+from vramdoctor.diagnose.findings import Diagnosis, Finding
+from vramdoctor.diagnose.rules import Rule
+from vramdoctor.diagnose.rules._common import (
+    by_server,
+    first_evidence,
+    high_fraction_multimodal,
+    mib,
+)
+
+
+def _share_fix(d: Diagnosis, raising: str, without: str) -> str:
+    """`raising` (a fix that starts by raising the memory share), or `without` plus why not when the
+    mem-fraction-high-multimodal finding advises lowering that share (one direction per diagnosis)."""
+    high = high_fraction_multimodal(d)
+    if high is None:
+        return raising
+    return (
+        f"{without} Do not raise {high[0]} ({high[1]:g}): it is already high for a multimodal model (see "
+        "mem-fraction-high-multimodal)."
+    )
+
+
+def check(d: Diagnosis) -> list[Finding]:
+    out: list[Finding] = []
+    neg = d.events_of("kv_budget_negative")
+    sgl = [e for e in neg if e.data.get("reason") == "sglang_profiled_tokens_negative"]
+    vll = [
+        e
+        for e in neg
+        if e.data.get("reason") in ("vllm_kv_cache_memory_negative", "vllm_available_kv_negative")
+    ]
+    if sgl:
+        e = sgl[0]
+        frac = d.facts.mem_fraction_static
+        weights = f" The weights take {mib(d.facts.weights_mib)}." if d.facts.weights_mib else ""
+        out.append(
+            Finding(
+                RULE.id,
+                "critical",
+                "The weights leave no memory for the KV cache (negative profiled budget)",
+                explanation=(
+                    f"SGLang profiled room for {e.data['profiled_tokens']} KV tokens (asked for "
+                    f"max_total_tokens={e.data['max_total_tokens']}): a negative budget means the weights and the "
+                    f"activation reserve already exceed the static share"
+                    + (f" mem_fraction_static={frac:g}" if frac is not None else "")
+                    + " of this GPU, so there is no KV cache at all; the server fails with 'Not enough memory' "
+                    "(a speculative draft model's pool may be sized separately)." + weights
+                ),
+                fix=_share_fix(
+                    d,
+                    by_server(
+                        d.server,
+                        "Raise --mem-fraction-static if nothing else uses the GPU, spread the weights over more "
+                        "GPUs (a larger --tp-size), or serve a quantized checkpoint (e.g. --quantization fp8).",
+                        "Raise --gpu-memory-utilization if nothing else uses the GPU, spread the weights over more "
+                        "GPUs (a larger --tensor-parallel-size), or serve a quantized checkpoint (e.g. "
+                        "--quantization fp8).",
+                    ),
+                    by_server(
+                        d.server,
+                        "Spread the weights over more GPUs (a larger --tp-size) or serve a quantized checkpoint "
+                        "(e.g. --quantization fp8).",
+                        "Spread the weights over more GPUs (a larger --tensor-parallel-size) or serve a quantized "
+                        "checkpoint (e.g. --quantization fp8).",
+                    ),
+                ),
+                evidence=first_evidence(sgl),
+            )
+        )
+    if vll:
+        e = vll[0]
+        kv = e.data.get("kv_cache_memory_mib")
+        util = e.data.get("gpu_memory_utilization") or d.facts.gpu_memory_utilization
+        share = (
+            f"gpu_memory_utilization={util:g}" if util else "the configured gpu_memory_utilization"
+        )
+        if e.data.get("reason") == "vllm_available_kv_negative":
+            expl = (
+                f"vLLM profiled the memory left for the KV cache at {share}: {mib(kv)} (negative). Weights + peak "
+                "activation + CUDA graphs already take more than the share asked for, so no KV cache fits."
+            )
+        else:
+            expl = (
+                f"vLLM measured its real use after start-up: at {share} ({mib(e.data.get('requested_mib'))}) "
+                f"the KV cache that would fit is {mib(kv)} (negative), so weights + peak activation + CUDA "
+                "graphs already take more than the share asked for; the engine runs beyond its budget and "
+                "the headroom the share was meant to leave is gone."
+            )
+        out.append(
+            Finding(
+                RULE.id,
+                "warning",
+                "Weights, activations and CUDA graphs exceed the configured GPU share",
+                explanation=expl,
+                fix=_share_fix(
+                    d,
+                    by_server(
+                        d.server,
+                        "Raise --mem-fraction-static if the GPU is not shared, or lower what sits outside the KV cache: "
+                        "--chunked-prefill-size (activations), --cuda-graph-max-bs (CUDA graphs), a quantized checkpoint "
+                        "or a larger --tp-size (weights).",
+                        "Raise --gpu-memory-utilization if the GPU is not shared, or lower what sits outside the KV "
+                        "cache: --max-num-batched-tokens (activations), --max-num-seqs or the capture sizes (CUDA "
+                        "graphs), a quantized checkpoint or a larger --tensor-parallel-size (weights); or size the cache "
+                        "directly with --kv-cache-memory.",
+                    ),
+                    by_server(
+                        d.server,
+                        "Lower what sits outside the KV cache: --chunked-prefill-size (activations), "
+                        "--cuda-graph-max-bs (CUDA graphs), a quantized checkpoint or a larger --tp-size (weights).",
+                        "Lower what sits outside the KV cache: --max-num-batched-tokens (activations), --max-num-seqs "
+                        "or the capture sizes (CUDA graphs), a quantized checkpoint or a larger "
+                        "--tensor-parallel-size (weights).",
+                    ),
+                ),
+                evidence=first_evidence(vll),
+            )
+        )
+    capped = d.events_of("kv_budget_capped")
+    if capped and not sgl:
+        e = capped[0]
+        out.append(
+            Finding(
+                RULE.id,
+                "info",
+                f"max_total_tokens capped to the profiled {e.data['profiled_tokens']} tokens",
+                explanation=(
+                    f"--max-total-tokens={e.data['max_total_tokens']} asked for more KV tokens than the memory "
+                    f"share holds; SGLang uses the profiled {e.data['profiled_tokens']} instead."
+                ),
+                fix=_share_fix(
+                    d,
+                    by_server(
+                        d.server,
+                        "Lower --max-total-tokens to the profiled value, or raise --mem-fraction-static if there is "
+                        "headroom.",
+                        "Raise --gpu-memory-utilization if there is headroom, or lower --max-model-len.",
+                    ),
+                    by_server(
+                        d.server,
+                        "Lower --max-total-tokens to the profiled value.",
+                        "Lower --max-model-len.",
+                    ),
+                ),
+                evidence=first_evidence(capped, 1),
+            )
+        )
+    return out
+
+
+RULE = Rule(
+    id="kv-budget-shortfall",
+    severity="critical",
+    title="KV cache budget below what was configured (negative or capped)",
+    fires_when=(
+        "SGLang 'max_total_tokens=N is larger than the profiled value M' (critical when M <= 0: the weights leave "
+        "no memory for the KV cache; info otherwise); vLLM 'Desired GPU memory utilization is (U, R GiB) ... "
+        "--kv-cache-memory=N' with N < 0, or 'Available KV cache memory: -X GiB' (warning)"
+    ),
+    fix=(
+        "SGLang: --mem-fraction-static, a larger --tp-size, quantisation; vLLM: --gpu-memory-utilization, fewer "
+        "activations/graphs, quantisation or a larger --tensor-parallel-size, or --kv-cache-memory"
+    ),
+    check=check,
+)

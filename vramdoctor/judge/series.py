@@ -1,0 +1,298 @@
+"""Memory series from a run's samples, and their settled level after each round.
+
+One series per thing that can hold memory, keyed so the reports can name it:
+- VRAM: each GPU (`gpu0`, with each sample's per-process parts, so the processes that only
+  came and went can be taken out of it) and each process on each GPU (`gpu0/pid42`);
+- host RAM: each server process's RSS (`rss/pid42`) and its kinds (`rss_anon/`, `rss_file/`,
+  `rss_shmem/`), its glibc malloc arenas (`arenas/`, a count; `arena_mib/`, reserved MiB;
+  `arena_wmib/`, MiB the arena heaps have grown to), and `/dev/shm` (`dev_shm`);
+- KV: each pool in tokens (`kv/full`, `kv/swa`, ...); runs recorded before per-pool tokens
+  existed give `kv/kv` from `used_tokens` or the usage ratio times the pool size, else the
+  bare ratio (`kv_usage`).
+
+Values that are not finite (NaN from a broken exporter, inf) are skipped, never fitted.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from vramdoctor.judge.results import HOST, KV, VRAM, Window
+from vramdoctor.samples import GpuSample, HostSample, KvPoolSample, MetricsSample
+
+# Stable names of vramdoctor.sources.server_metrics (the first is the current one).
+KV_USAGE_NAMES = ("kv_usage_ratio", "kv_usage")
+KV_POOL_GIB_NAMES = ("kv_cache_memory_gib", "kv_cache_mem_gib")
+
+
+def _ok(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+@dataclass
+class Series:
+    """One series' identity and samples. `settle_points` are the samples a settled level may
+    use (for KV: only samples with no running and no queued request); `points` all of them."""
+
+    key: str
+    layer: str
+    kind: str
+    unit: str
+    pid: int | None = None
+    gpu: int | None = None
+    name: str | None = None
+    role: str | None = None
+    pool: str | None = None
+    points: list[tuple[float, float]] = field(default_factory=list)
+    settle_points: list[tuple[float, float]] | None = None
+    # KV pools: what the server says about the pool (latest known value).
+    total_tokens: float | None = None
+    page_size_tokens: int | None = None
+    bytes_per_token: float | None = None
+    source: str | None = None
+    idle_verified: bool = True  # KV: running/queued gauges were there to check idleness
+    # Device series: MiB of each listed process in each sample (aligned with `points`).
+    parts: list[dict[int, float]] | None = None
+
+    @property
+    def levels_from(self) -> list[tuple[float, float]]:
+        return self.points if self.settle_points is None else self.settle_points
+
+
+def kv_usage(sample: MetricsSample) -> float | None:
+    """The KV pool usage ratio 0..1 of a /metrics sample, if the server publishes one."""
+    for name in KV_USAGE_NAMES:
+        v = sample.values.get(name)
+        if _ok(v):
+            return float(v)  # type: ignore[arg-type]
+    return None
+
+
+def _idle(running: float | None, queued: float | None) -> bool | None:
+    """True when the server says nothing runs or waits, None when it does not say."""
+    known = [v for v in (running, queued) if _ok(v)]
+    if not known:
+        return None
+    return all(v == 0 for v in known)
+
+
+def _kv_pools(r: MetricsSample) -> list[KvPoolSample]:
+    """The sample's KV pools in tokens; for samples without `.kv`, one pool built from the
+    stable values (`used_tokens`, or the usage ratio x `max_total_tokens`)."""
+    if r.kv:
+        return r.kv
+    v = r.values
+    running, queued = v.get("running_requests"), v.get("queued_requests")
+    total = v.get("max_total_tokens")
+    if _ok(v.get("used_tokens")):
+        return [
+            KvPoolSample(
+                "kv",
+                float(v["used_tokens"]),
+                total_tokens=total if _ok(total) else None,
+                running_requests=running,
+                queued_requests=queued,
+                source="used_tokens",
+            )
+        ]
+    ratio = kv_usage(r)
+    if ratio is not None and _ok(total) and total:
+        return [
+            KvPoolSample(
+                "kv",
+                ratio * float(total),
+                total_tokens=float(total),
+                running_requests=running,
+                queued_requests=queued,
+                source="kv_usage_ratio*max_total_tokens",
+            )
+        ]
+    return []
+
+
+def extract_series(records: list[Any]) -> dict[str, Series]:
+    """Every memory series in the run (records in time order), keyed as the module says."""
+    out: dict[str, Series] = {}
+
+    def get(key: str, layer: str, kind: str, unit: str, **ids: Any) -> Series:
+        s = out.get(key)
+        if s is None:
+            s = out[key] = Series(key, layer, kind, unit, **ids)
+        return s
+
+    for r in records:
+        if isinstance(r, GpuSample):
+            per_gpu: dict[int, dict[int, float]] = defaultdict(dict)
+            for p in r.processes:
+                if not _ok(p.used_mib):
+                    continue
+                used = float(p.used_mib)  # type: ignore[arg-type]
+                per_gpu[p.gpu][p.pid] = per_gpu[p.gpu].get(p.pid, 0.0) + used
+                s = get(f"gpu{p.gpu}/pid{p.pid}", VRAM, "gpu_process", "MiB", pid=p.pid, gpu=p.gpu)
+                s.name = s.name or p.name
+                s.points.append((r.t, used))
+            for g in r.gpus:
+                if not _ok(g.used_mib):
+                    continue
+                s = get(f"gpu{g.index}", VRAM, "gpu", "MiB", gpu=g.index, name=g.name)
+                s.points.append((r.t, float(g.used_mib)))
+                if s.parts is None:
+                    s.parts = []
+                s.parts.append(per_gpu.get(g.index, {}))
+        elif isinstance(r, HostSample):
+            for hp in r.processes:
+                ids = {"pid": hp.pid, "name": hp.name, "role": hp.role}
+                for prefix, kind, value, unit in (
+                    ("rss", "rss", hp.rss_mib, "MiB"),
+                    ("rss_anon", "rss_anon", hp.rss_anon_mib, "MiB"),
+                    ("rss_file", "rss_file", hp.rss_file_mib, "MiB"),
+                    ("rss_shmem", "rss_shmem", hp.rss_shmem_mib, "MiB"),
+                    ("arenas", "arenas", hp.malloc_arenas, "arenas"),
+                    ("arena_mib", "arena_mib", hp.malloc_arena_reserved_mib, "MiB"),
+                    (
+                        "arena_wmib",
+                        "arena_wmib",
+                        getattr(hp, "malloc_arena_writable_mib", None),
+                        "MiB",
+                    ),
+                ):
+                    if value is not None and _ok(value):
+                        s = get(f"{prefix}/pid{hp.pid}", HOST, kind, unit, **ids)
+                        s.name, s.role = s.name or hp.name, s.role or hp.role
+                        s.points.append((r.t, float(value)))
+            if _ok(r.dev_shm_used_mib):
+                get("dev_shm", HOST, "dev_shm", "MiB").points.append(
+                    (r.t, float(r.dev_shm_used_mib))  # type: ignore[arg-type]
+                )
+        elif isinstance(r, MetricsSample):
+            pools = _kv_pools(r)
+            for pool in pools:
+                if not _ok(pool.used_tokens):
+                    continue
+                s = get(f"kv/{pool.pool}", KV, "kv", "tokens", pool=pool.pool)
+                used = float(pool.used_tokens)  # type: ignore[arg-type]
+                s.points.append((r.t, used))
+                idle = _idle(pool.running_requests, pool.queued_requests)
+                if s.settle_points is None:
+                    s.settle_points = []
+                if idle is None:
+                    s.idle_verified = False
+                if idle is not False:
+                    s.settle_points.append((r.t, used))
+                if _ok(pool.total_tokens) and pool.total_tokens:
+                    s.total_tokens = float(pool.total_tokens)
+                if pool.page_size_tokens and pool.page_size_tokens > 0:
+                    s.page_size_tokens = int(pool.page_size_tokens)
+                if _ok(pool.bytes_per_token) and pool.bytes_per_token:
+                    s.bytes_per_token = float(pool.bytes_per_token)
+                s.source = pool.source or s.source
+            if not pools:
+                ratio = kv_usage(r)
+                if ratio is not None:
+                    s = get("kv_usage", KV, "kv", "ratio", pool="kv")
+                    s.points.append((r.t, ratio))
+                    idle = _idle(r.values.get("running_requests"), r.values.get("queued_requests"))
+                    if s.settle_points is None:
+                        s.settle_points = []
+                    if idle is None:
+                        s.idle_verified = False
+                    if idle is not False:
+                        s.settle_points.append((r.t, ratio))
+                    s.source = "kv_usage_ratio"
+    # A run where the same pool shows up both in tokens and as a bare ratio keeps the tokens.
+    if "kv_usage" in out and any(k.startswith("kv/") for k in out):
+        del out["kv_usage"]
+    return out
+
+
+def without(s: Series, pids: set[int]) -> Series:
+    """A device series with the memory of `pids` taken out of every sample (processes that
+    only came and went: their footprint is reported, it does not decide the device)."""
+    if not pids or s.parts is None:
+        return s
+    pts = [
+        (t, v - sum(mib for pid, mib in part.items() if pid in pids))
+        for (t, v), part in zip(s.points, s.parts, strict=True)
+    ]
+    return dataclasses.replace(s, points=pts)
+
+
+def late(values: list[tuple[float, float]], w: Window, fraction: float) -> list[float]:
+    """Samples of the last `fraction` of a closed window (`values` in time order)."""
+    if w.end is None:
+        return []
+    start = w.end - (w.end - w.start) * fraction
+    lo = bisect.bisect_left(values, (start, -math.inf))
+    hi = bisect.bisect_right(values, (w.end, math.inf))
+    return [v for _, v in values[lo:hi]]
+
+
+def settled_levels(
+    values: list[tuple[float, float]], windows: list[Window], rounds: list[int], fraction: float
+) -> tuple[float | None, list[float | None], list[list[float]]]:
+    """(baseline level, settled level per round, the samples each level came from)."""
+    baseline = None
+    by_round: dict[int, list[float]] = {}
+    for w in windows:
+        if w.kind == "baseline":
+            xs = late(values, w, max(fraction, 0.8))
+            if xs:
+                baseline = float(statistics.median(xs))
+        elif w.kind == "idle" and w.round in rounds:
+            by_round[w.round] = late(values, w, fraction)
+    levels = [float(statistics.median(by_round[r])) if by_round.get(r) else None for r in rounds]
+    samples = [by_round.get(r, []) for r in rounds]
+    return baseline, levels, samples
+
+
+def appeared_from_zero(
+    values: list[tuple[float, float]],
+    windows: list[Window],
+    rounds: list[int],
+    baseline: float | None,
+    levels: list[float | None],
+    fraction: float,
+) -> tuple[float | None, list[float | None]]:
+    """A process that first shows up after the baseline held nothing before: 0 MiB there.
+    (A new process on the GPU is a step of the whole footprint, not a missing measurement.)"""
+    if not values:
+        return baseline, levels
+    first_t = values[0][0]
+    base_end = next((w.end for w in windows if w.kind == "baseline" and w.end is not None), None)
+    if baseline is not None or base_end is None or first_t < base_end:
+        return baseline, levels
+    absent_until = {
+        w.round: w.end - (w.end - w.start) * fraction / 2
+        for w in windows
+        if w.kind == "idle" and w.end is not None
+    }
+    fixed = [
+        0.0 if r in absent_until and first_t > absent_until[r] else v
+        for r, v in zip(rounds, levels, strict=True)
+    ]
+    return 0.0, fixed
+
+
+def kv_pool_mib(records: list[Any], header: dict[str, Any] | None) -> float | None:
+    """The KV pool's size in MiB, from /metrics (SGLang 0.5.17+) or the server's info."""
+    for r in reversed(records):
+        if isinstance(r, MetricsSample):
+            gib = next(
+                (
+                    r.values[k]
+                    for k in KV_POOL_GIB_NAMES
+                    if _ok(r.values.get(k)) and r.values.get(k)
+                ),
+                None,
+            )
+            if gib:
+                return float(gib) * 1024.0
+    mem = (((header or {}).get("config") or {}).get("server") or {}).get("memory_usage") or {}
+    kv = mem.get("kvcache") if isinstance(mem, dict) else None
+    return float(kv) * 1024.0 if kv is not None and _ok(kv) else None

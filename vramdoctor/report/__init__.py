@@ -1,1 +1,0 @@
-"""Faces of a result: terminal (rich), JSON, charts. Never measures anything."""

@@ -1,0 +1,239 @@
+"""The sample types every source produces and every analysis reads.
+
+One vocabulary for all sources: NVML on this host and a dcgm-exporter/nvitop-exporter on
+another host both yield a `GpuSample`; a server's /metrics yields a `MetricsSample`; host
+memory of the server's processes yields a `HostSample`. Each carries a monotonic timestamp
+(for intervals and rates) and a wall-clock one (for humans and cross-host alignment).
+
+Sizes are MiB as floats: NVML reports bytes, DCGM reports MiB, and reports print MiB.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
+
+MIB = 1024 * 1024
+
+
+# Request outcomes (soak traffic) that mean the server received the request: it may hold memory
+# for failed requests too, so leak rates are per request that reached it, not per success.
+# "aborted": a streamed request the client closed after its first chunks (--abort-fraction).
+REACHED_SERVER = frozenset({"ok", "aborted", "http_error", "timeout"})
+
+
+def now() -> tuple[float, float]:
+    """(monotonic, wall) timestamps taken together."""
+    return time.monotonic(), time.time()
+
+
+def _from_dict(cls: type, data: dict[str, Any]) -> Any:
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+class _Record:
+    """A run-file record: its `kind` tag and its fields; nested types override from_dict."""
+
+    kind: ClassVar[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **asdict(self)}  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Any:
+        return _from_dict(cls, data)
+
+
+@dataclass
+class GpuMemory:
+    """One GPU's device-level memory at one instant."""
+
+    index: int
+    total_mib: float
+    used_mib: float
+    free_mib: float
+    uuid: str | None = None
+    name: str | None = None
+    # NVML v2 memory info: memory the driver reserves (not usable by processes). Run files of
+    # schema vramdoctor.run/1 called it `reserved_mib` (vramdoctor.record maps the old name).
+    driver_reserved_mib: float | None = None
+    host: str | None = None
+    pod: str | None = None
+
+
+@dataclass
+class ProcessGpuMemory:
+    """One process's memory on one GPU, as the driver charges it (context included)."""
+
+    pid: int
+    gpu: int
+    used_mib: float | None
+    name: str | None = None
+    cmdline: list[str] | None = None
+    # "compute" or "graphics" (the NVML process list it came from).
+    kind: str = "compute"
+    # False when the PID NVML reports does not exist in our PID namespace (containers):
+    # the row is kept, but name and command line cannot be read here.
+    visible: bool = True
+    host: str | None = None
+
+
+@dataclass
+class GpuSample(_Record):
+    """All GPUs and their processes at one instant, from one source."""
+
+    kind: ClassVar[str] = "gpu"
+    t: float
+    wall: float
+    source: str
+    gpus: list[GpuMemory] = field(default_factory=list)
+    processes: list[ProcessGpuMemory] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GpuSample:
+        return cls(
+            t=data["t"],
+            wall=data["wall"],
+            source=data.get("source", "nvml"),
+            gpus=[_from_dict(GpuMemory, g) for g in data.get("gpus", [])],
+            processes=[_from_dict(ProcessGpuMemory, p) for p in data.get("processes", [])],
+        )
+
+
+@dataclass
+class MetricsSample(_Record):
+    """A server's /metrics at one instant.
+
+    `values` holds the series that matter for memory under stable names (see
+    `vramdoctor.sources.server_metrics`), aggregated over label sets; `raw` keeps every
+    series scraped, unknown ones included, as "name{labels}" -> value.
+    """
+
+    kind: ClassVar[str] = "metrics"
+    t: float
+    wall: float
+    flavour: str | None
+    values: dict[str, float] = field(default_factory=dict)
+    raw: dict[str, float] = field(default_factory=dict)
+    # KV pools in tokens, one entry per pool the server exposes (SGLang 0.5.23+: full, swa,
+    # mamba; vLLM: one pool). Empty when the server exports no usable KV gauge.
+    kv: list[KvPoolSample] = field(default_factory=list)
+    # The server's own cumulative count of finished requests (SGLang/vLLM request counters),
+    # None when it exports none: used to estimate the production request rate.
+    requests_total: float | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MetricsSample:
+        return cls(
+            t=data["t"],
+            wall=data["wall"],
+            flavour=data.get("flavour"),
+            values=dict(data.get("values") or {}),
+            raw=dict(data.get("raw") or {}),
+            kv=[_from_dict(KvPoolSample, k) for k in data.get("kv") or []],
+            requests_total=data.get("requests_total"),
+        )
+
+
+@dataclass
+class KvPoolSample:
+    """One KV-cache pool at one instant, in tokens (the pool's real resolution).
+
+    `used_tokens` follows the server's own accounting: SGLang used = total - available -
+    evictable (radix-cached prefixes are evictable, not used); vLLM v1 usage x pool size
+    (freed prefix-cached blocks sit in the free queue, not used). A healthy idle server
+    (0 running, 0 queued) holds 0 used tokens.
+    """
+
+    pool: str  # "full", "swa", "mamba", or "kv" when the server has one unnamed pool
+    used_tokens: float | None
+    total_tokens: float | None = None
+    evictable_tokens: float | None = None
+    running_requests: float | None = None
+    queued_requests: float | None = None
+    # Tokens per page (SGLang page_size, vLLM block_size) and bytes of KV per token, when known.
+    page_size_tokens: int | None = None
+    bytes_per_token: float | None = None
+    # Where used_tokens came from, e.g. "sglang:num_used_tokens" or
+    # "vllm:kv_cache_usage_perc*num_gpu_blocks*block_size".
+    source: str | None = None
+
+
+@dataclass
+class HostProcessMemory:
+    """One server process's host memory at one instant (MiB).
+
+    The kinds come from `/proc/PID/status` (None where it cannot be read: another user, a
+    container): `RssAnon` (heap: Python objects, malloc arenas), `RssFile` (mapped libraries
+    and files), `RssShmem` (shared memory, CUDA pinned host memory included). The glibc arena
+    fields come from `/proc/PID/maps`: heap regions of non-main malloc arenas.
+    """
+
+    pid: int
+    rss_mib: float
+    name: str | None = None
+    role: str | None = None
+    rss_anon_mib: float | None = None
+    rss_file_mib: float | None = None
+    rss_shmem_mib: float | None = None
+    threads: int | None = None
+    # glibc malloc: number of non-main arenas seen in /proc/PID/maps and the address space
+    # they reserve (each arena heap is reserved in 64 MiB units). None when maps is unreadable.
+    malloc_arenas: int | None = None
+    malloc_arena_reserved_mib: float | None = None
+    # The read-write part of those heaps: what the arenas have grown to (<= reserved).
+    malloc_arena_writable_mib: float | None = None
+    # What could not be read for this process, e.g. "status: permission denied".
+    unreadable: str | None = None
+
+
+@dataclass
+class HostSample(_Record):
+    """Host RAM (RSS) of the server's processes: a host-RAM leak is not a VRAM leak."""
+
+    kind: ClassVar[str] = "host"
+    t: float
+    wall: float
+    processes: list[HostProcessMemory] = field(default_factory=list)
+    # Used bytes of /dev/shm (tmpfs) in MiB, None where it cannot be read.
+    dev_shm_used_mib: float | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HostSample:
+        return cls(
+            t=data["t"],
+            wall=data["wall"],
+            processes=[_from_dict(HostProcessMemory, p) for p in data.get("processes", [])],
+            dev_shm_used_mib=data.get("dev_shm_used_mib"),
+        )
+
+
+# Event names every producer and the analysis share (Event.name). Soak's protocol marks
+# (round/idle start and end, request outcomes) are named in vramdoctor.soak.traffic.schedule.
+PROCESS_APPEARED = "process_appeared"  # data: pid, name, gpu (optional), role
+PROCESS_EXITED = "process_exited"  # data: pid, name, exit_code (optional)
+SERVER_DIED = "server_died"  # data: reason ("connection refused", "process gone"), pid
+SERVER_REPLACED = "server_replaced"  # data: old_pid, new_pid (a new pid owns the port)
+SOURCE_ERROR = "source_error"  # data: source, error (recorded once per kind of error)
+SOURCE_ERROR_COUNT = (
+    "source_error_count"  # data: source, error, count, first_t, last_t (at the end)
+)
+COLLECTOR_FAILED = "collector_failed"  # data: error; the run's status becomes "failed"
+
+
+@dataclass
+class Event(_Record):
+    """A protocol mark (round start/end, idle window, request outcome, error, note)."""
+
+    kind: ClassVar[str] = "event"
+    t: float
+    wall: float
+    name: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+SAMPLE_TYPES: dict[str, Any] = {
+    cls.kind: cls for cls in (GpuSample, MetricsSample, HostSample, Event)
+}

@@ -1,0 +1,303 @@
+"""`analyse_soak`: a recorded soak run -> one verdict per memory layer and the run's verdict.
+
+Pure: no I/O, no clock. Records are put in time order first (a run file whose lines came out
+of order gives the same answer), non-finite values are skipped, the run is split into server
+lives at deaths and replacements, every series is judged over the rounds of its life, each
+layer (vram.py, kv.py, host.py) turns its series into a verdict, and verdict.py applies the
+overall rule.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import numpy as np
+
+from vramdoctor.judge.layers.host import host_layer
+from vramdoctor.judge.layers.kv import kv_layer
+from vramdoctor.judge.layers.vram import vram_layer
+from vramdoctor.judge.results import (
+    HOST,
+    INCONCLUSIVE,
+    KV,
+    LAYERS,
+    LEAK,
+    NOT_MEASURED,
+    R_NO_TRAFFIC,
+    R_SERVER_DIED,
+    VRAM,
+    LayerResult,
+    Life,
+    ProcessChange,
+    SeriesResult,
+    SoakAnalysis,
+    Thresholds,
+    Window,
+)
+from vramdoctor.judge.run_verdict import baseline_request_rate, overall_verdict, undecided
+from vramdoctor.judge.series import Series, extract_series, kv_pool_mib, without
+from vramdoctor.judge.series_verdict import LifeRounds, judge
+from vramdoctor.judge.timeline import (
+    lives_from_events,
+    process_changes_from_events,
+    round_at,
+    rounds_from_events,
+    windows_from_events,
+)
+from vramdoctor.samples import COLLECTOR_FAILED, SERVER_DIED, SERVER_REPLACED, SOURCE_ERROR, Event
+
+
+def _t(r: Any) -> float:
+    t = r.get("t") if isinstance(r, dict) else getattr(r, "t", None)
+    return float(t) if isinstance(t, (int, float)) and math.isfinite(t) else math.inf
+
+
+def _host_available(raw: list[dict[str, Any]]) -> float | None:
+    for r in reversed(raw):
+        v = r.get("available_mib")
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            return float(v)
+    return None
+
+
+def _cpu_count(header: dict[str, Any] | None) -> int | None:
+    h = header or {}
+    for v in (h.get("cpu_count"), (h.get("config") or {}).get("cpu_count")):
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+def _arena_max(header: dict[str, Any] | None) -> int | None:
+    """MALLOC_ARENA_MAX set in the server's environment, as the run header recorded it."""
+    v = ((header or {}).get("config") or {}).get("server_malloc_arena_max")
+    return v if isinstance(v, int) and v > 0 else None
+
+
+def analyse_soak(
+    records: list[Any],
+    header: dict[str, Any] | None = None,
+    *,
+    production_rate_rps: float | None = None,
+    raw_host: list[dict[str, Any]] | None = None,
+    status: str = "complete",
+    th: Thresholds | None = None,
+    cpu_count: int | None = None,
+) -> SoakAnalysis:
+    """Analyse a soak run's records (GpuSample, HostSample, MetricsSample, Event, in any order).
+
+    `header` is the run file's header (pool size from the server's info, cpu_count);
+    `production_rate_rps` the request rate production sees (hours to OOM are given only at
+    it, or at the server's own counter rate measured in the baseline window); `raw_host` the
+    run's `host_memory` records (available host RAM); `status` the run's end status. Returns
+    a `SoakAnalysis`; never raises on odd values (NaN, missing windows, no rounds), and never
+    lets numpy or scipy print a warning (values near the float limit overflow to inf quietly).
+    """
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return _analyse(records, header, production_rate_rps, raw_host, status, th, cpu_count)
+
+
+def _analyse(
+    records: list[Any],
+    header: dict[str, Any] | None,
+    production_rate_rps: float | None,
+    raw_host: list[dict[str, Any]] | None,
+    status: str,
+    th: Thresholds | None,
+    cpu_count: int | None,
+) -> SoakAnalysis:
+    th = th or Thresholds()
+    recs = sorted((r for r in records if _t(r) != math.inf), key=_t)
+    events = [r for r in recs if isinstance(r, Event)]
+    windows = windows_from_events(events)
+    rounds = rounds_from_events(events)
+    lives = lives_from_events(events, windows, rounds, -math.inf)
+    changes = process_changes_from_events(events, windows)
+    raw = extract_series(recs)
+    run_rounds = [r.round for r in rounds]
+    pool_mib = kv_pool_mib(recs, header)
+    available = _host_available(raw_host or [])
+    cpus = cpu_count or _cpu_count(header)
+
+    all_series: list[SeriesResult] = []
+    per_life: list[dict[str, LayerResult]] = []
+    for life in lives:
+        life_rounds = [r for r in rounds if r.life == life.index]
+        if not life_rounds and life.index > 0:
+            continue
+        cum, total = [], 0.0
+        for r in life_rounds:
+            total += r.reached
+            cum.append(total)
+        lr = LifeRounds(
+            life.index, run_rounds, [r.round for r in life_rounds], cum, life.index == 0
+        )
+        keys = _series_of_life(raw, life.index, lives)
+        judged = [judge(raw[k], windows, lr, th) for k in keys if raw[k].kind != "gpu"]
+        # Devices are judged without the processes that exited: a worker that started and
+        # failed, or one whose own series already carries its verdict. One that appeared and
+        # is still there stays in: its memory is real and the next rounds tell what it does.
+        passing = {
+            s.pid
+            for s in judged
+            if s.kind == "gpu_process"
+            and s.pid is not None
+            and s.presence in ("exited", "transient")
+        }
+        judged += [
+            judge(without(raw[k], passing), windows, lr, th) for k in keys if raw[k].kind == "gpu"
+        ]
+        layers = {
+            VRAM: vram_layer(judged, recs, life.index),
+            KV: kv_layer(judged, raw, life.index, pool_mib, th),
+            HOST: host_layer(judged, life.index, available, cpus, th, arena_max=_arena_max(header)),
+        }
+        per_life.append(layers)
+        all_series += judged
+    layers = _merge(per_life)
+
+    ok = sum(r.ok for r in rounds)
+    no_success = bool(rounds) and ok == 0
+    died = any(life.ended_by == SERVER_DIED for life in lives)
+    if no_success:
+        for lay in layers.values():
+            if lay.verdict not in (LEAK, NOT_MEASURED):
+                lay.verdict, lay.reason = INCONCLUSIVE, R_NO_TRAFFIC
+    if died:
+        for lay in layers.values():
+            if lay.verdict == INCONCLUSIVE and not any(r.life >= 0 and r.complete for r in rounds):
+                lay.reason = R_SERVER_DIED
+    verdict = overall_verdict(layers, no_request_succeeded=no_success)
+    # Nothing more rounds could decide once the server is dead or the traffic never worked.
+    open_layers = [] if died or no_success else undecided(layers, th)
+    if died or no_success:
+        for lay in layers.values():
+            if lay.verdict == INCONCLUSIVE:
+                lay.undecided_reason = lay.reason
+
+    load_s = sum(r.load_s or 0.0 for r in rounds)
+    reached = sum(r.reached for r in rounds)
+    rate_src = None
+    rate = production_rate_rps if production_rate_rps and production_rate_rps > 0 else None
+    if rate is not None:
+        rate_src = "argument"
+    else:
+        rate = baseline_request_rate(recs, windows)
+        rate_src = "server_counter" if rate is not None else None
+    # Rounds that all abandoned streams: the leak rate per aborted request, should only the
+    # aborted ones leak (the rounds record streamed/aborted counts; the report says how to tell).
+    done = [r for r in rounds if r.life >= 0 and r.reached]
+    aborted = sum(r.aborted or 0 for r in done)
+    if done and aborted and all(r.aborted for r in done):
+        for lay in layers.values():
+            if (
+                lay.verdict == LEAK
+                and lay.rate_per_request is not None
+                and lay.rate_per_hour is None
+            ):
+                lay.rate_per_aborted_request = (
+                    lay.rate_per_request * sum(r.reached for r in done) / aborted
+                )
+    for lay in layers.values():
+        if lay.projection is not None and rate is not None:
+            lay.projection.production_rate_rps = rate
+            lay.projection.production_rate_source = rate_src
+            if lay.projection.requests is not None:
+                lay.projection.hours = lay.projection.requests / (rate * 3600.0)
+
+    collector_failed = next(
+        (
+            str(e.data.get("error") or "collector failed")
+            for e in events
+            if e.name == COLLECTOR_FAILED
+        ),
+        None,
+    )
+    first_error = next((m for r in rounds for m in r.messages), None)
+    changes += _series_changes(all_series, changes, windows)
+    return SoakAnalysis(
+        verdict=verdict,
+        layers=layers,
+        rounds=rounds,
+        windows=windows,
+        lives=lives,
+        series=all_series,
+        process_changes=changes,
+        undecided=open_layers,
+        status=status,
+        server_died=died,
+        server_replaced=any(life.ended_by == SERVER_REPLACED for life in lives),
+        collector_failed=collector_failed,
+        source_errors=sum(1 for e in events if e.name == SOURCE_ERROR),
+        no_request_succeeded=no_success,
+        first_error=first_error,
+        observed_requests_per_hour=reached / load_s * 3600.0 if load_s > 0 and reached else None,
+        production_rate_rps=rate,
+        production_rate_source=rate_src,
+        cpu_count=cpus,
+        points={k: s.points for k, s in raw.items()},
+        stopped_by=next(
+            (str(e.data.get("by")) for e in reversed(events) if e.name == "stopped"), None
+        ),
+    )
+
+
+def _series_of_life(raw: dict[str, Series], life: int, lives: list[Life]) -> list[str]:
+    """Series that have samples inside the life (all of them when the run has one life)."""
+    if len(lives) == 1:
+        return list(raw)
+    lf = lives[life]
+    end = lf.end_t if lf.end_t is not None else math.inf
+    return [k for k, s in raw.items() if any(lf.start_t <= t <= end for t, _ in s.points)]
+
+
+def _merge(per_life: list[dict[str, LayerResult]]) -> dict[str, LayerResult]:
+    """One result per layer over the server's lives: a LEAK in any life; else the life with
+    the most settled rounds (the latest on a tie)."""
+    if len(per_life) == 1:
+        return per_life[0]
+    out: dict[str, LayerResult] = {}
+    for name in LAYERS:
+        cands = [lay[name] for lay in per_life]
+        leak = [c for c in cands if c.verdict == LEAK]
+        if leak:
+            out[name] = leak[0]
+            continue
+
+        def settled(c: LayerResult) -> int:
+            return max((s.settled_rounds for s in c.series if s.decides), default=0)
+
+        out[name] = max(reversed(cands), key=settled)
+    return out
+
+
+def _series_changes(
+    series: list[SeriesResult], known: list[ProcessChange], windows: list[Window]
+) -> list[ProcessChange]:
+    """Processes the samples show coming or going that no event reported."""
+    seen = {(c.pid, c.change) for c in known}
+    out: list[ProcessChange] = []
+    for s in series:
+        if s.kind not in ("gpu_process", "rss") or s.pid is None or s.presence == "whole":
+            continue
+        if (s.pid, s.presence) in seen or (
+            s.presence == "transient" and (s.pid, "appeared") in seen
+        ):
+            continue
+        seen.add((s.pid, s.presence))
+        t = s.last_t if s.presence == "exited" else s.first_t
+        out.append(
+            ProcessChange(
+                s.pid,
+                s.presence,
+                t,
+                None if t is None else round_at(windows, t),
+                name=s.name,
+                gpu=s.gpu,
+                settled_rounds=s.settled_rounds,
+            )
+        )
+    return out

@@ -1,0 +1,27 @@
+"""Traffic for soak: the same request set replayed every round, bounded and never crashing."""
+
+from vramdoctor.soak.traffic.client import LoadClient, Outcome
+from vramdoctor.soak.traffic.driver import Budget, RoundResult, run_round
+from vramdoctor.soak.traffic.images import (
+    ImageSize,
+    data_url,
+    generate_images,
+    load_image_dir,
+    parse_image_size,
+)
+from vramdoctor.soak.traffic.workload import PlannedRequest, build_requests
+
+__all__ = [
+    "Budget",
+    "ImageSize",
+    "LoadClient",
+    "Outcome",
+    "PlannedRequest",
+    "RoundResult",
+    "build_requests",
+    "data_url",
+    "generate_images",
+    "load_image_dir",
+    "parse_image_size",
+    "run_round",
+]
