@@ -88,11 +88,11 @@ def folding_tables() -> Iterator[None]:
             for column in self.columns:  # columns are made by the first row
                 column.overflow = "fold"
 
-    rich_utils.Table = FoldingTable  # type: ignore[misc]
+    rich_utils.Table = FoldingTable  # type: ignore[misc,attr-defined]
     try:
         yield
     finally:
-        rich_utils.Table = original  # type: ignore[misc]
+        rich_utils.Table = original  # type: ignore[misc,attr-defined]
 
 
 def plain_types(command: Any) -> Any:
