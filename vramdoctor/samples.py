@@ -234,6 +234,46 @@ class Event(_Record):
     data: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class InsideSample(_Record):
+    """What one server process's own allocators count, read by the in-process agent.
+
+    Written by soak (through `vramdoctor.agent.control`) at the end of the baseline and of every
+    idle window, one record per armed server process; read by the judge, where it decides
+    between a leak (live bytes grow) and caching (only reserved, kept or slack bytes grow).
+    Every byte count is an integer number of bytes (the judge converts to MiB).
+
+    `cuda`: one dict per device the process uses, from `torch.cuda.memory_stats(device)`:
+    ``device`` (int), ``allocated_bytes`` (live tensors), ``reserved_bytes`` (segments the
+    caching allocator holds), ``active_bytes`` (allocated plus blocks awaiting free),
+    ``inactive_split_bytes`` (free pieces of split segments: fragmentation), and optionally
+    ``pools``: ``[{pool_id, reserved_bytes, allocated_bytes}]`` per private pool (CUDA graphs,
+    `torch.cuda.MemPool`), from the snapshot's segments. None = no CUDA in that process (the
+    agent never creates a context to find out).
+    `glibc`: `mallinfo2()` (glibc >= 2.33): ``in_use_bytes`` (uordblks + hblkhd),
+    ``free_kept_bytes`` (fordblks), ``mmap_bytes`` (hblkhd), ``arena_bytes`` (arena),
+    ``keepcost`` (bytes at the top of the main heap that `malloc_trim` could return), ``call_ms`` (how long the call took: it walks every free
+    chunk under each arena's lock). None = not glibc, or glibc < 2.33.
+    `python`: with `soak --trace-python`, tracemalloc: ``traced_bytes``, ``peak_bytes``,
+    ``top``: ``[{file, line, bytes, count}]`` (the lines holding most, largest first).
+    `error`: one line saying why a part is missing (None when nothing is).
+    """
+
+    kind: ClassVar[str] = "inside"
+    t: float
+    wall: float
+    pid: int
+    round: int = 0  # 0 = the baseline, before the first round
+    window: str = "idle_end"
+    cuda: list[dict[str, Any]] | None = None
+    glibc: dict[str, Any] | None = None
+    python: dict[str, Any] | None = None
+    error: str | None = None
+    # The agent's host (file-name-safe) and program name, as its status file says.
+    host: str | None = None
+    program: str | None = None
+
+
 SAMPLE_TYPES: dict[str, Any] = {
-    cls.kind: cls for cls in (GpuSample, MetricsSample, HostSample, Event)
+    cls.kind: cls for cls in (GpuSample, MetricsSample, HostSample, InsideSample, Event)
 }
