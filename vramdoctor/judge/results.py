@@ -14,60 +14,80 @@ from typing import Any
 
 import numpy as np
 
+from vramdoctor.verdicts import RANK as _RANK
+from vramdoctor.verdicts import Caveat, Explanation, Reason, Verdict
+
 SCHEMA = "vramdoctor.soak/2"
 
-# Verdicts of a series, a layer and a run.
-LEAK = "LEAK"
-CACHING = "CACHING"
-STABLE = "STABLE"
-INCONCLUSIVE = "INCONCLUSIVE"
-NOT_MEASURED = "NOT_MEASURED"  # a layer no source measured (no /metrics: no KV layer)
-RANK = {LEAK: 3, INCONCLUSIVE: 2, CACHING: 1, STABLE: 0}
+# Verdicts of a series, a layer and a run (vramdoctor.verdicts: one vocabulary for soak, watch
+# and fleet; each name below is the same object as there, kept so old imports work).
+LEAK = Verdict.LEAK
+CACHING = Verdict.CACHING
+STABLE = Verdict.STABLE
+INCONCLUSIVE = Verdict.INCONCLUSIVE
+NOT_MEASURED = Verdict.NOT_MEASURED  # a layer no source measured (no /metrics: no KV layer)
+RANK = _RANK
 
-# The memory layers, in the order the report answers them.
+# The memory layers, in the order the report answers them (the built-in ones; the registry,
+# vramdoctor.judge.layers, holds every layer, plugins included).
 VRAM = "vram"
 KV = "kv"
 HOST = "host"
 LAYERS = (VRAM, KV, HOST)
 
-# Why a series got its verdict (the report words them).
-R_FLAT = "flat"  # STABLE: every settled level within the threshold of the reference
-R_ROSE_THEN_FLAT = "rose_then_flat"  # CACHING
-R_FELL_BACK = "fell_back"  # CACHING: rose, then came down
-R_BOUNDED = "bounded"  # CACHING: moves up and down within a band, no trend, no new high
-R_GREW_EVERY_ROUND = "grew_every_round"  # LEAK
-R_NO_LEVEL = "no_settled_level"  # INCONCLUSIVE: no idle window completed
-R_NO_REFERENCE = "no_reference"  # INCONCLUSIVE: one level, no baseline
-R_ONE_ROUND = "one_round_only"  # INCONCLUSIVE: flat but one round
-R_TOO_FEW_ROUNDS = "too_few_rounds"  # INCONCLUSIVE: rose, fewer than 3 rounds settled
-R_STILL_CHANGING = "still_changing"  # INCONCLUSIVE: changing without a steady rate
-R_TRANSIENT = "transient"  # present for fewer than 2 settled rounds: reported, never decides
-R_NEVER_IDLE = "never_idle"  # KV: no idle sample with 0 running and 0 queued requests
-R_NO_TRAFFIC = "no_request_succeeded"  # the run's traffic never exercised memory
-R_SERVER_DIED = "server_died"  # no settled round before the server died
-R_GREW_WITH_TIME = "grew_with_time"  # LEAK driven by time: grows in idle windows too
+# Why a series got its verdict (the report words them): vramdoctor.verdicts.Reason.
+R_FLAT = Reason.FLAT
+R_ROSE_THEN_FLAT = Reason.ROSE_THEN_FLAT
+R_CONVERGING = Reason.CONVERGING
+R_FELL_BACK = Reason.FELL_BACK
+R_BOUNDED = Reason.BOUNDED
+R_LIVE_FLAT = Reason.LIVE_FLAT
+R_GREW_EVERY_ROUND = Reason.GREW_EVERY_ROUND
+R_GREW_WITH_TIME = Reason.GREW_WITH_TIME
+R_LIVE_GREW = Reason.LIVE_GREW
+R_NO_LEVEL = Reason.NO_LEVEL
+R_NO_REFERENCE = Reason.NO_REFERENCE
+R_ONE_ROUND = Reason.ONE_ROUND
+R_TOO_FEW_ROUNDS = Reason.TOO_FEW_ROUNDS
+R_STILL_CHANGING = Reason.STILL_CHANGING
+R_STEADY_OR_CONVERGING = Reason.STEADY_OR_CONVERGING
+R_RETENTION_OR_LEAK = Reason.RETENTION_OR_LEAK
+R_OUTSIDE_MALLOC = Reason.OUTSIDE_MALLOC
+R_TRANSIENT = Reason.TRANSIENT
+R_NEVER_IDLE = Reason.NEVER_IDLE
+R_NO_TRAFFIC = Reason.NO_TRAFFIC
+R_SERVER_DIED = Reason.SERVER_DIED
 
 # Why a layer is undecided (SoakAnalysis.undecided), for the adaptive rounds and the live view.
-U_TOO_FEW_ROUNDS = R_TOO_FEW_ROUNDS
-U_STILL_CHANGING = R_STILL_CHANGING
-U_NO_LEVEL = R_NO_LEVEL
-U_NEVER_IDLE = R_NEVER_IDLE
-U_NOISY = "noisy"  # idle windows too noisy for the floor
-U_NO_TRAFFIC = R_NO_TRAFFIC
+U_TOO_FEW_ROUNDS = Reason.TOO_FEW_ROUNDS
+U_STILL_CHANGING = Reason.STILL_CHANGING
+U_STEADY_OR_CONVERGING = Reason.STEADY_OR_CONVERGING
+U_RETENTION_OR_LEAK = Reason.RETENTION_OR_LEAK
+U_NO_LEVEL = Reason.NO_LEVEL
+U_NEVER_IDLE = Reason.NEVER_IDLE
+U_NOISY = Reason.NOISY  # idle windows too noisy for the floor
+U_NO_TRAFFIC = Reason.NO_TRAFFIC
 
 # Explanations of growth that is not a leak (LayerResult.explanation, SeriesResult.explanation).
-X_MALLOC_ARENAS = "malloc_arenas"  # host: new glibc arenas keep freed heap (allocator caching)
-X_PINNED = "pinned_host_memory"  # host: RssShmem levels off: PyTorch's pinned host cache
-X_FILE_BACKED = "file_backed"  # host: the growth is RssFile (mapped files paged in), anon flat
-X_KV_RESIDUE = "kv_idle_residue"  # KV: used tokens at idle, flat: held, not growing
-X_STRAY_CONTEXT = "stray_context"  # VRAM: a context-sized footprint on another GPU
+X_MALLOC_ARENAS = Explanation.MALLOC_ARENAS
+X_ARENA_RETENTION = Explanation.ARENA_RETENTION
+X_PINNED = Explanation.PINNED
+X_FILE_BACKED = Explanation.FILE_BACKED
+X_KV_RESIDUE = Explanation.KV_RESIDUE
+X_STRAY_CONTEXT = Explanation.STRAY_CONTEXT
+X_ALLOCATOR_CACHE = Explanation.ALLOCATOR_CACHE
+X_FRAGMENTATION = Explanation.FRAGMENTATION
+X_CONVERGING_CACHE = Explanation.CONVERGING_CACHE
+X_LIVE_CACHE = Explanation.LIVE_CACHE
 
 # Caveats: what the analysis could not see.
-C_NO_KINDS = "rss_kinds_unreadable"  # /proc/PID/status kinds missing: judged on RSS
-C_NO_ARENAS = "malloc_arenas_unreadable"  # /proc/PID/maps unreadable: arenas not ruled out
-C_PAGE_SIZE_ASSUMED = "page_size_assumed"  # KV page size unknown: tokens only, no pages
-C_KV_RATIO_ONLY = "kv_ratio_only"  # KV pool size unknown: judged on the usage ratio
-C_NOT_IDLE_FILTERED = "kv_idle_unverified"  # no running/queued gauges: idle not verified
+C_NO_KINDS = Caveat.NO_KINDS
+C_NO_ARENAS = Caveat.NO_ARENAS
+C_PAGE_SIZE_ASSUMED = Caveat.PAGE_SIZE_ASSUMED
+C_KV_RATIO_ONLY = Caveat.KV_RATIO_ONLY
+C_NOT_IDLE_FILTERED = Caveat.NOT_IDLE_FILTERED
+C_TENANTS_IN_DEVICE = Caveat.TENANTS_IN_DEVICE
+C_INSIDE_PARTIAL = Caveat.INSIDE_PARTIAL
 
 
 @dataclass(frozen=True)
