@@ -257,6 +257,12 @@ class InsideSample(_Record):
     `python`: with `soak --trace-python`, tracemalloc: ``traced_bytes``, ``peak_bytes``,
     ``top``: ``[{file, line, bytes, count}]`` (the lines holding most, largest first).
     `error`: one line saying why a part is missing (None when nothing is).
+    `pid` is the process as this host sees it (the agent's own pid inside a container differs:
+    `agent_pid`). `python` also carries, whether or not tracing is on, ``allocated_blocks``
+    (`sys.getallocatedblocks()`: live blocks of Python's own allocator, whose arenas are mmap'd
+    outside glibc's counters) and ``tracing`` (bool); the traced fields only with tracing.
+    `glibc` also has ``free_chunks`` (ordblks + smblks: what the call walks) and ``glibc`` (its
+    version).
     """
 
     kind: ClassVar[str] = "inside"
@@ -272,6 +278,13 @@ class InsideSample(_Record):
     # The agent's host (file-name-safe) and program name, as its status file says.
     host: str | None = None
     program: str | None = None
+    # Pinned host memory PyTorch's caching host allocator holds: held_bytes (handed out and
+    # cached), in_use_bytes (handed out); None without CUDA or without the API.
+    pinned: dict[str, Any] | None = None
+    # How long reading the CUDA counters took in the process (ms; glibc and python carry their
+    # own call_ms). The pid the agent saw when it differs from `pid` (inside a container).
+    cuda_ms: float | None = None
+    agent_pid: int | None = None
 
 
 SAMPLE_TYPES: dict[str, Any] = {
