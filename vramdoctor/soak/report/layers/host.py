@@ -1,0 +1,139 @@
+"""The host RAM layer's sentences: RSS of the server's processes by kind (/proc status and maps).
+
+Growth that is not a leak has a name here: new glibc malloc arenas that keep freed heap,
+mapped files paged in (RssFile), PyTorch's pinned host memory (RssShmem that levels off). A
+leak says in which kind it grows and whether the arena count rules allocator caching out.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+from vramdoctor.judge.results import (
+    C_NO_ARENAS,
+    C_NO_KINDS,
+    HOST,
+    X_FILE_BACKED,
+    X_MALLOC_ARENAS,
+    X_PINNED,
+    HostProcessResult,
+    LayerResult,
+    SoakAnalysis,
+)
+from vramdoctor.soak.report.layers.base import LayerBlock, who
+from vramdoctor.soak.report.text import count, rate, size
+
+__all__ = ["HostBlock", "arena_text"]
+
+
+def arena_text(p: HostProcessResult, cpus: int | None) -> str:
+    """Why new malloc arenas are caching, bounded by MALLOC_ARENA_MAX (the server's own, or
+    glibc's default of 8 x `cpus` cores), and how to confirm it."""
+    if p.arena_bound and p.arena_bound_set:
+        bound = f"the server's MALLOC_ARENA_MAX={p.arena_bound} ({count(p.arena_bound, 'arena')})"
+    elif p.arena_bound and cpus:
+        bound = f"MALLOC_ARENA_MAX, by default 8 x {count(cpus, 'core')} = {count(p.arena_bound, 'arena')}"
+    else:
+        bound = "MALLOC_ARENA_MAX (by default 8 x the cores)"
+    return (
+        f"glibc created new malloc arenas ({count(p.arenas_first, 'arena')} -> "
+        f"{count(p.arenas_last, 'arena')}, {size(p.arena_reserved_growth_mib, signed=True)} "
+        f"reserved) and keeps freed heap in them: host-allocator caching, bounded by {bound}, "
+        "not a leak; to confirm, restart the server with MALLOC_ARENA_MAX=2 (or jemalloc): "
+        "the growth should stop"
+    )
+
+
+def _process(lay: LayerResult) -> HostProcessResult | None:
+    return next((p for p in lay.host_processes if p.series == lay.main_series), None)
+
+
+class HostBlock(LayerBlock):
+    """RSS by kind per process; /dev/shm; malloc arenas as the host allocator's cache."""
+
+    layer = HOST
+    display = "host RAM"
+    not_measured = "the server's processes are not visible from here"
+    caveats = MappingProxyType(
+        {
+            C_NO_KINDS: "no RssAnon/RssFile/RssShmem (not recorded, or /proc/PID/status of another "
+            "user or a container): judged on total RSS only",
+            C_NO_ARENAS: "no malloc arena counts (not recorded, or /proc/PID/maps unreadable): "
+            "growth from new glibc arenas cannot be ruled out",
+        }
+    )
+
+    def leak(self, lay: LayerResult, a: SoakAnalysis, *, ci: str, proj: str) -> str:
+        name = self.display
+        proc = _process(lay)
+        kind = ""
+        if proc is not None and proc.growth_kind == "shmem":
+            kind = " in RssShmem (pinned or shared host memory that is never released)"
+        elif proc is not None and proc.growth_kind == "anon":
+            kind = " in anonymous memory (heap)"
+            if proc.arenas_first is not None and proc.arenas_first == proc.arenas_last:
+                kind += ", with the malloc arena count flat: not allocator caching"
+            elif proc.arenas_first is not None:
+                kind += ", beyond what new malloc arenas explain"
+        caveat = ""
+        if proc is not None and C_NO_ARENAS in proc.missing:
+            caveat = (
+                " (malloc arenas could not be read: to rule allocator caching out, restart "
+                "with MALLOC_ARENA_MAX=2)"
+            )
+        if lay.culprit is not None and lay.culprit.cause == "dev_shm":
+            return (
+                f"{name}: LEAK: /dev/shm grows {rate(lay.rate_per_request, 'MiB')} per request{ci} "
+                f"in every round of identical traffic: files in shared memory (tmpfs) that no "
+                f"process's RSS shows; list them with `ls -la /dev/shm`{proj}."
+            )
+        return (
+            f"{name}: LEAK: RSS of {who(lay)} grows {rate(lay.rate_per_request, 'MiB')} per "
+            f"request{ci}{kind} in every round of identical traffic{caveat}{proj}."
+        )
+
+    def explained(self, lay: LayerResult, a: SoakAnalysis) -> str | None:
+        name = self.display
+        proc = _process(lay)
+        if proc is not None and proc.explanation == X_MALLOC_ARENAS:
+            return (
+                f"{name}: CACHING: RSS of pid {proc.pid} ({proc.name or '?'}) grew "
+                f"{size(proc.rss_growth_mib, signed=True)}: {arena_text(proc, a.cpu_count)}."
+            )
+        if proc is not None and proc.explanation == X_FILE_BACKED:
+            return (
+                f"{name}: CACHING: RSS of pid {proc.pid} ({proc.name or '?'}) grew "
+                f"{size(proc.file_growth_mib, signed=True)} in RssFile while its heap (RssAnon) did "
+                "not: mapped files (weights, libraries) paged in as requests touch them, bounded "
+                "by the files' size and reclaimable by the kernel, not a leak."
+            )
+        if proc is not None and proc.explanation == X_PINNED:
+            return (
+                f"{name}: CACHING: RSS of pid {proc.pid} ({proc.name or '?'}) grew "
+                f"{size(proc.shmem_growth_mib, signed=True)} in RssShmem and levelled off: CUDA "
+                "pinned host memory kept by PyTorch's host allocator (the host twin of VRAM "
+                "caching), not a leak."
+            )
+        return None
+
+    def caching_why(self, lay: LayerResult) -> str | None:
+        proc = _process(lay)
+        if (
+            proc is not None
+            and proc.arenas_first is not None
+            and proc.arenas_last is not None
+            and proc.arenas_last > proc.arenas_first
+        ):
+            return (
+                f"glibc's malloc arenas ({count(proc.arenas_first, 'arena')} -> "
+                f"{count(proc.arenas_last, 'arena')}) keep freed heap: host-allocator caching, not a leak"
+            )
+        return None
+
+    def short_caching(self, lay: LayerResult, growth: str) -> str | None:
+        if lay.explanation == X_MALLOC_ARENAS:
+            return f"host RAM grows with malloc arenas ({growth}): allocator caching, not a leak"
+        return None
+
+
+BLOCK = HostBlock()

@@ -1,0 +1,90 @@
+"""A recorded soak run, end to end: analysis (`vramdoctor.soak.analyse_run`), the run file's
+own damage as notes, the optional report file, then `--json` or the terminal report.
+
+The one `report_run` of soak: `vramdoctor soak` calls it at its end (with the analysis it
+already has) and `vramdoctor report RUN.jsonl` calls it offline.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from vramdoctor.errors import InputError
+from vramdoctor.judge.results import SoakAnalysis
+from vramdoctor.soak.report.files import write_report_file
+from vramdoctor.soak.report.json_doc import soak_json
+from vramdoctor.soak.report.terminal import render
+from vramdoctor.soak.report.text import known
+
+if TYPE_CHECKING:
+    from vramdoctor.record import Run
+
+__all__ = ["report_run"]
+
+
+def report_run(
+    run: Run,
+    *,
+    json_out: bool,
+    report_file: Path | None,
+    run_path: Path | None = None,
+    production_rate_rps: float | None = None,
+    analysis: SoakAnalysis | None = None,
+) -> int:
+    """Analyse a soak run file and print its report (or `--json`); write `report_file` when
+    given. Used at the end of `soak` and by `vramdoctor report RUN.jsonl`. Returns the exit
+    code: 0 healthy, 1 a problem (LEAK in any layer, the server died, sampling failed).
+    `analysis` is the run's analysis when the caller has it already (soak's adaptive rounds)."""
+    from vramdoctor.attribution.report import render_run_attribution, run_attribution_json
+    from vramdoctor.render import console
+    from vramdoctor.soak.analyse import analyse_run
+
+    if report_file is not None and report_file.suffix.lower() not in (".png", ".html", ".htm"):
+        raise InputError(
+            f"--report {report_file}: use a .html or .png file name"
+        )  # before any work
+    cfg = run.header.get("config") or {}
+    min_growth = cfg.get("min_growth_mib", 2.0)
+    rate_cfg = cfg.get("production_rate_rps")
+    if (
+        production_rate_rps is None
+        and isinstance(rate_cfg, (int, float))
+        and known(rate_cfg)
+        and rate_cfg > 0
+    ):
+        production_rate_rps = float(rate_cfg)
+    if analysis is None:
+        result = analyse_run(
+            run,
+            production_rate_rps=production_rate_rps,
+            min_growth_mib=float(min_growth) if known(min_growth) else 2.0,
+        )
+    else:  # soak's own analysis of this run: the run file's damage as read now, once each
+        result = analysis
+        extra = [*run.problems, *run.dropped()]
+        if run.torn_tail:
+            extra.append(
+                "the run file's last line was torn (the writer was killed); it was skipped"
+            )
+        result.notes.extend(n for n in extra if n not in result.notes)
+    if report_file is not None:
+        try:
+            write_report_file(result, report_file, target=run.header.get("target"))
+        except InputError as exc:  # the measurement stands; only the extra file is missing
+            console.error(str(exc))
+            report_file = None
+    if json_out:
+        d = soak_json(result)
+        d["run_file"] = str(run_path or run.path)  # the file the report was made from
+        d["report_file"] = str(report_file) if report_file else None
+        d["attribution"] = run_attribution_json(run)  # soak --attribute (vramdoctor.attribution)
+        console.print_json(d)
+    else:
+        render(result, console.stdout())
+        render_run_attribution(run, console.stdout())
+        if run_path is not None:
+            console.note(f"run file: {run_path}  (re-analyse: vramdoctor report {run_path})")
+        if report_file is not None:
+            console.note(f"report: {report_file}")
+    return result.exit_code

@@ -1,0 +1,160 @@
+"""The terminal report: headline panel, verdict per layer, key figures, settled levels after
+each round, the time chart in sparklines, notes and what to run to decide.
+
+Nothing is cut at 80 columns or when piped: cells wrap (overflow "fold"), the verdict column
+never shrinks, sparklines sit on their own line with their range printed.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from vramdoctor.judge.results import (
+    CACHING,
+    INCONCLUSIVE,
+    LEAK,
+    NOT_MEASURED,
+    STABLE,
+    LayerResult,
+    SeriesResult,
+    SoakAnalysis,
+)
+from vramdoctor.soak.report.layers import display_name
+from vramdoctor.soak.report.sentences import (
+    figures,
+    headline,
+    layer_order,
+    layer_sentence,
+    notes,
+    suggestion,
+)
+from vramdoctor.soak.report.series import label
+from vramdoctor.soak.report.sparklines import phase_strip, time_range, time_sparkline
+from vramdoctor.soak.report.text import known, rate, value
+from vramdoctor.units import format_duration
+
+__all__ = ["VERDICT_STYLE", "levels_text", "render", "shown_series"]
+
+VERDICT_STYLE = {
+    LEAK: "bold red",
+    CACHING: "bold yellow",
+    STABLE: "bold green",
+    INCONCLUSIVE: "bold magenta",
+    NOT_MEASURED: "dim",
+}
+
+
+def levels_text(s: SeriesResult) -> str:
+    """ "baseline -> level 1, level 2, ..." in the series' unit."""
+    vals = [value(v, s.unit) for v in s.settled]
+    base = value(s.baseline, s.unit)
+    return f"{base} -> " + ", ".join(vals)
+
+
+def shown_series(lay: LayerResult, limit: int) -> list[SeriesResult]:
+    """The series worth a table row: deciding ones, then evidence that moved."""
+    deciding = [s for s in lay.series if s.decides]
+    culprit = lay.main_series
+    deciding.sort(key=lambda s: (s.key != culprit, -abs(s.growth or 0.0), s.key))
+    rest = [
+        s
+        for s in lay.series
+        if not s.decides
+        and (s.kind in ("gpu", "rss_anon", "rss_shmem", "arenas") or s.presence != "whole")
+    ]
+    return (deciding + rest)[:limit]
+
+
+def render(a: SoakAnalysis, console: Console) -> None:
+    """The terminal report: headline, layers, figures, settled levels, time chart, notes."""
+    style = VERDICT_STYLE.get(a.verdict, "bold")
+    console.print(Panel(Text(headline(a), style=style), title="vramdoctor soak", expand=False))
+    lt = Table(
+        title="verdict per memory layer", title_justify="left", show_lines=True, expand=False
+    )
+    lt.add_column("layer", no_wrap=True)
+    lt.add_column("verdict", no_wrap=True, min_width=len("INCONCLUSIVE"))
+    lt.add_column("why", overflow="fold", ratio=1)
+    for name in layer_order(a):
+        lay = a.layers[name]
+        sentence = layer_sentence(lay, a)
+        lt.add_row(
+            display_name(name),
+            Text(lay.verdict.replace("_", " "), style=VERDICT_STYLE.get(lay.verdict, "")),
+            Text(sentence.split(": ", 2)[-1] if lay.verdict != NOT_MEASURED else sentence),
+        )
+    console.print(lt)
+    fig = Table(box=None, show_header=False, pad_edge=False)
+    fig.add_column(style="dim", no_wrap=True)
+    fig.add_column(overflow="fold")
+    for k, v in figures(a):
+        fig.add_row(k, v)
+    console.print(fig)
+    if a.rounds:
+        t = Table(
+            title="settled level after each round (baseline -> rounds 1..N; late idle window median)",
+            title_justify="left",
+            show_lines=False,
+        )
+        t.add_column("series", overflow="fold", ratio=2)
+        t.add_column("verdict", no_wrap=True, min_width=len("INCONCLUSIVE"))
+        t.add_column("levels", overflow="fold", ratio=3)
+        t.add_column("rate/request", overflow="fold", ratio=1)
+        for name in layer_order(a):
+            for s in shown_series(a.layers[name], 6):
+                verdict = s.verdict if s.decides else "(evidence)"
+                t.add_row(
+                    label(s),
+                    Text(verdict, style=VERDICT_STYLE.get(s.verdict, "") if s.decides else "dim"),
+                    levels_text(s),
+                    rate(s.slope_per_request, s.unit)
+                    if s.verdict == LEAK and s.kind != "arenas"
+                    else "-",
+                )
+        reqs = ", ".join(
+            f"{r.sent}" + (f" ({r.errors} failed)" if r.errors else "") for r in a.rounds
+        )
+        t.add_row("requests per round", "", reqs, "", style="dim")
+        console.print(t)
+    _render_time_chart(a, console)
+    for n in notes(a):
+        console.print(f"note: {n}", style="dim", markup=False, highlight=False)
+    sugg = suggestion(a)
+    if sugg:
+        console.print(f"to decide: {sugg}", style="bold", markup=False, highlight=False)
+
+
+def _render_time_chart(a: SoakAnalysis, console: Console) -> None:
+    rng = time_range(a)
+    if rng is None:
+        return
+    t0, t1 = rng
+    width = max(20, min(72, console.width - 2))
+    console.print(
+        f"time: {format_duration(t1 - t0)} from left to right; b baseline, 1-9 load round, "
+        ". idle; each line's own range is printed above it",
+        style="dim",
+        markup=False,
+        highlight=False,
+    )
+    console.print("  " + phase_strip(a, t0, t1, width), markup=False, highlight=False, style="dim")
+    for name in layer_order(a):
+        for s in shown_series(a.layers[name], 4):
+            pts = a.points.get(s.key, [])
+            vals = [v for _, v in pts if known(v)]
+            if not vals:
+                continue
+            line = time_sparkline(pts, t0, t1, width, min_span=s.threshold)
+            lo, hi = min(vals), max(vals)
+            console.print(
+                f"{label(s)}: {value(lo, s.unit)} to {value(hi, s.unit)}",
+                markup=False,
+                highlight=False,
+            )
+            console.print("  " + line, markup=False, highlight=False)
+
+
+# --- files -----------------------------------------------------------------------------------
