@@ -53,6 +53,7 @@ __all__ = [
     "REDACTED",
     "escape_control",
     "forget_secrets",
+    "one_line",
     "redact_argv",
     "redact_obj",
     "redact_tail",
@@ -815,3 +816,26 @@ def escape_control(text: str) -> str:
 def safe_text(text: str) -> str:
     """What may reach a terminal: redacted, then control characters escaped."""
     return escape_control(redact_text(text))
+
+
+# Characters that end a line on a terminal or in a text viewer (Unicode's line boundaries).
+_LINE_BREAKS = re.compile("[\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
+_SHOWN_BREAK = {"\n": "\\n", "\r": "\\r"}
+
+
+def _show_break(m: re.Match[str]) -> str:
+    ch = m.group(0)
+    return _SHOWN_BREAK.get(ch) or _escape_char(m)
+
+
+def one_line(text: str) -> str:
+    """A value that must stay on one line, with every line break shown, not obeyed.
+
+    For one-line fields whose text comes from outside (a model id, a Prometheus label, a
+    process name, a file name): a newline inside one becomes the two characters `\\n`, so a
+    sender cannot start a line of its choosing ("STABLE: no leak ...") in a table, a note or
+    an error message. Returns `text` unchanged when it has no line break (the usual case).
+    The table renderer (`vramdoctor.render.table`) and the one-line messages
+    (`vramdoctor.render.console.error` / `note`) apply it to everything they print.
+    """
+    return _LINE_BREAKS.sub(_show_break, text) if _LINE_BREAKS.search(text) else text
