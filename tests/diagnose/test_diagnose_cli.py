@@ -60,7 +60,9 @@ def test_json_schema() -> None:
     r = run(fix("16"), "--json")
     assert r.returncode == 1
     d = json.loads(r.stdout)
-    assert d["schema"] == "vramdoctor.diagnose/1"
+    assert (
+        d["schema"] == "vramdoctor.diagnose/2"
+    )  # 2: every evidence and finding says what it rests on
     assert d["server"] == "vllm" and d["version"] == "0.6.1.dev238+ge2c6e0a82"
     for key in (
         "model",
@@ -82,8 +84,22 @@ def test_json_schema() -> None:
     ev = next(e for e in d["events"] if e["kind"] == "cuda_oom")
     assert ev["phase"] == "mm_profiling"
     f = d["findings"][0]
-    assert set(f) == {"id", "severity", "title", "evidence", "explanation", "fix"}
-    assert {"file", "line", "text"} == set(f["evidence"][0])
+    assert set(f) == {
+        "id",
+        "severity",
+        "title",
+        "basis",
+        "evidence",
+        "derived",
+        "explanation",
+        "fix",
+    }
+    assert {"file", "line", "text", "kind"} == set(f["evidence"][0])
+    assert f["basis"] in ("read", "derived", "unknown") and f["evidence"][0]["kind"] == "read"
+    for name, ev in d["facts"][
+        "evidence"
+    ].items():  # every fact: a line read, or how it was derived
+        assert ev["kind"] == ("read" if ev["line"] else "derived"), name
 
 
 def test_stdin_and_gz_and_several_files(tmp_path: Path) -> None:

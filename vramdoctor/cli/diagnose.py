@@ -20,7 +20,7 @@ def diagnose_cmd(
         help="Server log files (one per TP rank is fine), .gz files, or - for stdin.",
     ),
     json_out: bool = typer.Option(
-        False, "--json", help="Print one JSON object (schema vramdoctor.diagnose/1)."
+        False, "--json", help="Print one JSON object (schema vramdoctor.diagnose/2)."
     ),
 ) -> None:
     """Find what explains GPU-memory growth or an OOM in SGLang/vLLM logs, with evidence and fixes.

@@ -6,15 +6,27 @@ merge by priority across files, events keep their file and line.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from vramdoctor.diagnose import marks
 from vramdoctor.diagnose import patterns as P
-from vramdoctor.diagnose.extract import FileExtractor
-from vramdoctor.diagnose.findings import SEVERITY_RANK, Diagnosis, Evidence, Facts, FileSummary
+from vramdoctor.diagnose.extract import KINDS, FileExtractor
+from vramdoctor.diagnose.findings import (
+    ARGS,
+    INFERRED,
+    RUNTIME,
+    SEVERITY_RANK,
+    Diagnosis,
+    Evidence,
+    Facts,
+    FileSummary,
+)
+from vramdoctor.diagnose.normalize import clean
 from vramdoctor.diagnose.reader import ReadStats, display_name, scan
 from vramdoctor.errors import InputError
 from vramdoctor.redact import redact_text
@@ -32,6 +44,10 @@ def extract_file(path: str | Path) -> tuple[FileExtractor, ReadStats]:
     _sniff(ex, stats.head)
     return ex, stats
 
+
+OTHER_KINDS = tuple(k for k in KINDS if k != "sglang")  # vLLM's marks add to its own sniff
+# a platform mark's priority (marks.PLATFORM_MARKS) as a fact priority: a line that states it beats a path
+PLATFORM_PRIO = {3: RUNTIME, 2: ARGS, 1: INFERRED}
 
 PREFIX_LINES_RECOGNISED = (
     3  # lines with a server's own process/rank prefix that make a file its log
@@ -62,6 +78,18 @@ def _sniff(ex: FileExtractor, head: bytes) -> None:
     ex.votes["sglang"] += sgl_own
     ex.votes["vllm"] += vllm_own
     ex.own_marks = max(sgl_own, vllm_own)
+    # the other servers' own marks (and vLLM's bare logger prefix, its forks): marks.py
+    for kind in OTHER_KINDS:
+        n, variants = marks.count(head, kind)
+        if n:
+            ex.votes[kind] = ex.votes.get(kind, 0) + n
+            ex.own_marks = max(ex.own_marks, n)
+            for name, k in variants.items():
+                ex.variants[name] = ex.variants.get(name, 0) + k
+    if (found := marks.platform_in(head)) is not None:
+        name, prio, shown = found
+        lineno, text = _line_at(head, shown)
+        ex.put("platform", name, PLATFORM_PRIO[prio], Evidence(ex.name, lineno, ex.cut(text)))
     # (tag, pid) pairs, each distinct one once and in order: the first tag seen names a pid
     for raw_tag, pid in dict.fromkeys(P.PROC_PID_SNIFF.findall(head)):
         if len(ex.pids) >= 1024:
@@ -72,11 +100,31 @@ def _sniff(ex: FileExtractor, head: bytes) -> None:
             ex.ranks.setdefault(k or "WORLD", set()).add(int(v or w))
 
 
+def _line_at(head: bytes, shown: bytes) -> tuple[int, str]:
+    """(line number from 1, the cleaned line) of the first line of `head` holding `shown`."""
+    i = max(head.find(shown), 0)
+    start = head.rfind(b"\n", 0, i) + 1
+    end = head.find(b"\n", i)
+    raw = head[start : end if end >= 0 else len(head)].decode("utf-8", "replace")
+    return head.count(b"\n", 0, start) + 1, clean(raw).text
+
+
 def _server(votes: dict[str, int]) -> str | None:
-    s, v = votes["sglang"], votes["vllm"]
-    if s == v == 0:
-        return None
-    return "sglang" if s >= v else "vllm"
+    """The kind with the most votes (SGLang before vLLM on a tie, as before; then kind order). A kind
+    that embeds another (Ollama runs llama.cpp) takes that kind's votes once it has its own."""
+    votes = _folded(votes)
+    best = max(KINDS, key=lambda k: (votes.get(k, 0), -KINDS.index(k)))
+    return best if votes.get(best, 0) > 0 else None
+
+
+def _folded(votes: dict[str, int]) -> dict[str, int]:
+    out = dict(votes)
+    for kind in KINDS:
+        for inner in marks.marks_of(kind).embeds:
+            if out.get(kind, 0) > 0 and out.get(inner, 0) > 0:
+                out[kind] += out[inner]
+                out[inner] = 0
+    return out
 
 
 CLEAR_VOTES = (
@@ -85,16 +133,17 @@ CLEAR_VOTES = (
 
 
 def _clearly(votes: dict[str, int], server: str) -> bool:
-    other = "vllm" if server == "sglang" else "sglang"
-    return votes[server] >= CLEAR_VOTES and votes[server] > 2 * votes[other]
+    votes = _folded(votes)
+    other = max((n for k, n in votes.items() if k != server), default=0)
+    return votes.get(server, 0) >= CLEAR_VOTES and votes.get(server, 0) > 2 * other
 
 
 def _only(votes: dict[str, int], server: str) -> bool:
     """Every vote of the file is for `server` (a vLLM traceback excerpt: its package paths, no
     SGLang mark at all). Such a file is that server's when logs are split by server, however few
     its votes; a file with no vote (a bare torch traceback) belongs to neither."""
-    other = "vllm" if server == "sglang" else "sglang"
-    return votes[server] > 0 and votes[other] == 0
+    votes = _folded(votes)
+    return votes.get(server, 0) > 0 and all(n == 0 for k, n in votes.items() if k != server)
 
 
 def _merge_facts(exs: Sequence[FileExtractor]) -> tuple[Facts, dict[str, Any]]:
@@ -389,10 +438,10 @@ def _diagnose_group(
 ) -> Diagnosis:
     """One server's files: merged facts, their events, the rules' findings (not yet redacted)."""
     if server is None and used:
-        votes = {"sglang": 0, "vllm": 0}
+        votes: dict[str, int] = {}
         for ex in used:
-            for k in votes:
-                votes[k] += ex.votes[k]
+            for k, n in ex.votes.items():
+                votes[k] = votes.get(k, 0) + n
         server = _server(votes)
     facts, extra = _merge_facts(used)
     if facts.tp_size is not None:
@@ -515,7 +564,7 @@ def _redact(d: Diagnosis, secrets: set[str]) -> None:
         return r
 
     def ev(e: Evidence | None) -> Evidence | None:
-        return None if e is None else Evidence(e.file, e.line, red(e.text))
+        return None if e is None else dataclasses.replace(e, text=red(e.text))
 
     d.facts.evidence = {k: ev(v) for k, v in d.facts.evidence.items()}  # type: ignore[misc]
     d.version_evidence = ev(d.version_evidence)

@@ -105,6 +105,10 @@ _IPC_POOL_LINES: tuple[
 )
 
 
+# The server kinds diagnose reads (vramdoctor.servers), in identification order: a tie goes to the first.
+KINDS = ("sglang", "vllm", "tgi", "trtllm", "llamacpp", "ollama", "lmdeploy")
+
+
 @dataclass
 class FileExtractor(EventsMixin):
     """Facts and events of one input file."""
@@ -113,7 +117,8 @@ class FileExtractor(EventsMixin):
     facts: dict[str, tuple[float, Any, Evidence]] = field(default_factory=dict)
     events: list[LogEvent] = field(default_factory=list)
     event_counts: dict[str, int] = field(default_factory=dict)
-    votes: dict[str, int] = field(default_factory=lambda: {"sglang": 0, "vllm": 0})
+    votes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    variants: dict[str, int] = field(default_factory=dict)  # a fork's or wrapper's marks ("LoRAX")
     version: tuple[str, Evidence] | None = None
     ranks: dict[str, set[int]] = field(default_factory=dict)
     model_files: set[str] = field(default_factory=set)

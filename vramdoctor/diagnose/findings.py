@@ -2,6 +2,13 @@
 
 A fact that the log does not show stays None: rules and the report must never guess.
 Sizes are MiB floats like the rest of vramdoctor (the servers print GB meaning GiB).
+
+Every claim says what it rests on (schema `vramdoctor.diagnose/2`):
+- `Evidence.kind`: "read" (the line at `line` says it) or "derived" (arithmetic or an inference
+  over read lines; `text` says how, `line` is 0 when no single line carries it);
+- `Finding.basis`: "read" (the cause is stated by the evidence lines), "derived" (the cause is
+  computed from read figures: `Finding.derived` shows the arithmetic) or "unknown" (the log does
+  not show the cause: the finding says what is missing).
 """
 
 from __future__ import annotations
@@ -10,8 +17,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Severity = Literal["info", "warning", "critical"]
+EvidenceKind = Literal["read", "derived"]
+Basis = Literal["read", "derived", "unknown"]
 SEVERITY_RANK: dict[str, int] = {"critical": 0, "warning": 1, "info": 2}
-SCHEMA = "vramdoctor.diagnose/1"
+SCHEMA = "vramdoctor.diagnose/2"
 MAX_EVENTS_PER_KIND = 50  # the first ones are kept in full, the rest only counted
 EVIDENCE_CHARS = 600  # characters of a line kept as evidence
 # Fact priorities: a later source of higher priority replaces an earlier value.
@@ -22,12 +31,22 @@ INFERRED, CMDLINE, ARGS, RUNTIME, EFFECTIVE = 1, 1.5, 2, 3, 4
 
 @dataclass(frozen=True)
 class Evidence:
+    """A line of the log (`line` from 1, `text` as printed, prefixes stripped), or a derivation
+    (`kind` "derived": `text` says what it was computed from; `line` 0 when no one line holds it)."""
+
     file: str
     line: int
     text: str
+    kind: EvidenceKind | None = None  # None: "read" when line > 0, else "derived"
+
+    @property
+    def basis(self) -> EvidenceKind:
+        if self.kind is not None:
+            return self.kind
+        return "read" if self.line > 0 else "derived"
 
     def to_json(self) -> dict[str, Any]:
-        return {"file": self.file, "line": self.line, "text": self.text}
+        return {"file": self.file, "line": self.line, "text": self.text, "kind": self.basis}
 
 
 @dataclass
@@ -78,6 +97,10 @@ class Facts:
     gpu_memory_utilization: float | None = None
     attention_backend: str | None = None
     fast_image_processor: bool | None = None
+    # "cuda", "rocm", "npu": the platform a line names (vLLM's detected platform, HIP errors, ...)
+    platform: str | None = None
+    # a fork or wrapper of the server its own marks name ("LoRAX" for TGI, "vLLM-Ascend")
+    variant: str | None = None
     cuda_ipc_transport: bool | None = None
     tokenizer_worker_num: int | None = None
     mm_feature_cache_mb: float | None = None
@@ -105,6 +128,25 @@ class Facts:
     cuda_graph_mib: float | None = None
     avail_after_graph_mib: float | None = None
     total_gpu_mib: float | None = None
+    free_before_load_mib: float | None = None  # free memory the server saw on its device at load
+    # vLLM 0.18+: "Estimated CUDA graph memory: X GiB total"; whether the KV budget subtracted it
+    # ("CUDA graph memory profiling is enabled" / "... will be enabled by default" in 0.18-0.20)
+    cuda_graph_estimate_mib: float | None = None
+    cuda_graph_estimate_applied: bool | None = None
+    cuda_graph_capture_sizes: int | None = (
+        None  # graphs vLLM profiles ("PIECEWISE=51 (largest=512)")
+    )
+    cuda_graph_largest_batch: int | None = None
+    kv_share: float | None = (
+        None  # TRT-LLM kv_cache_free_gpu_mem_fraction, LMDeploy cache_max_entry_count
+    )
+    kv_available_mib: float | None = None  # memory left for the KV cache after the engine (TRT-LLM)
+    kv_on_cpu: bool | None = None  # llama.cpp "CPU KV buffer size" (--no-kv-offload)
+    compute_buffer_mib: float | None = None  # llama.cpp's compute buffer on the GPU
+    mm_reserved_mib: float | None = (
+        None  # SGLang 0.5.18+ "Reserving X GB of the KV budget for ... multimodal"
+    )
+    torch_compile: bool | None = None  # SGLang enable_torch_compile / vLLM compilation in the log
     swap_space_mib: float | None = None  # vLLM CPU swap space (pinned host memory)
     host_memory_mib: float | None = None  # total CPU memory as vLLM reports it
     long_context_length: int | None = None  # vLLM's long-context warning fired for this length
@@ -134,19 +176,35 @@ def _jsonable(v: Any) -> Any:
 
 @dataclass
 class Finding:
+    """One cause and its fix. `basis`: what the cause rests on ("read", "derived", "unknown";
+    None: "read" when every evidence line is read, else "derived"); `derived`: the arithmetic
+    over read figures the explanation uses, one statement each ("12.95 GiB asked < 18.55 GiB free")."""
+
     id: str
     severity: Severity
     title: str
     explanation: str
     fix: str
     evidence: list[Evidence] = field(default_factory=list)
+    basis: Basis | None = None
+    derived: list[str] = field(default_factory=list)
+
+    @property
+    def rests_on(self) -> Basis:
+        if self.basis is not None:
+            return self.basis
+        if self.derived or any(e.basis == "derived" for e in self.evidence):
+            return "derived"
+        return "read" if self.evidence else "unknown"
 
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "severity": self.severity,
             "title": self.title,
+            "basis": self.rests_on,
             "evidence": [e.to_json() for e in self.evidence],
+            "derived": list(self.derived),
             "explanation": self.explanation,
             "fix": self.fix,
         }

@@ -1,0 +1,432 @@
+"""The fix vocabulary: each server's own flags for each lever, per platform, and how rules use them.
+
+A rule never writes a flag. It asks for a *lever* by name ("memory_share", "prefill_chunk", ...)
+and gets the diagnosed server's own spelling on the detected platform, or None when that server
+(or platform) has no such setting; a sentence that needs a missing lever is left out. So a
+TensorRT-LLM log is never told about `--mem-fraction-static`, and a ROCm host never about
+flashinfer.
+
+The levers of each server kind live with the kind (`vramdoctor.servers.<kind>.KIND.levers`, the
+section this module reads through `levers_of`); `LEVER_NAMES` is the shared vocabulary with what
+each lever means. Sources of the flag names: the servers' argument parsers as released
+(/work/research/servers/NOTES.md for SGLang 0.5.23 and vLLM 0.33, parse-checked), their
+launchers' `--help` text (TGI, LMDeploy, llama.cpp's server), TensorRT-LLM's Triton backend
+`config.pbtxt` parameters (named by the log lines themselves) and Ollama's Modelfile options.
+
+    v = vocab("vllm", "rocm", version="0.8.5")
+    v("memory_share")                          -> "--gpu-memory-utilization"
+    v.say("lower {memory_share} or {prefill_chunk}")  -> "lower --gpu-memory-utilization or ..."
+    v.say("use {attention_backend}")           -> None on a server without that lever
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+
+Platform = str  # "cuda", "rocm", "npu" (what diagnose detects; None = not shown)
+PLATFORMS = ("cuda", "rocm", "npu")
+
+# The shared vocabulary: lever name -> what it changes (docs/diagnose.md lists it).
+LEVER_NAMES: dict[str, str] = {
+    "memory_share": "the share of GPU memory the server takes for weights, KV cache and its buffers",
+    "kv_share": "the share of the memory left after the weights that the KV cache takes",
+    "kv_size": "the KV cache size, set directly",
+    "context_length": "the longest sequence (prompt + output) a request may have",
+    "input_length": "the longest prompt a request may have",
+    "prefill_chunk": "the tokens one prefill step takes at once",
+    "batch_tokens": "the tokens of all requests in one batch",
+    "max_running": "the requests (sequences) in one batch",
+    "graph_batch": "the largest batch CUDA graphs are captured for",
+    "graph_sizes": "the batch sizes CUDA graphs are captured for",
+    "graph_off": "run without CUDA graphs",
+    "graph_estimate_off": "leave the CUDA-graph estimate out of the memory profile",
+    "compile_off": "run without torch.compile",
+    "compile_batch": "the largest batch torch.compile compiles",
+    "kv_dtype": "a smaller KV cache dtype",
+    "tensor_parallel": "the GPUs the model is split over",
+    "gpu_layers": "the layers placed on the GPU (the rest run on the CPU)",
+    "tensor_split": "how the layers are split between GPUs",
+    "compute_batch": "the physical batch the compute buffers are sized for",
+    "quantize": "quantized weights",
+    "attention_backend": "the attention kernels",
+    "image_processor_cpu": "run the image processor on the CPU",
+    "mm_limits": "images or videos per request",
+    "mm_pixels": "the image size the processor produces",
+    "mm_transport_cpu": "send multimodal features through CPU shared memory, not CUDA IPC",
+    "mm_feature_pool": "the GPU pool for CUDA-IPC multimodal features",
+    "cpu_offload": "weights kept in CPU RAM",
+    "swap": "CPU swap space for KV blocks",
+    "schedule_conservativeness": "how cautiously the scheduler admits requests",
+    "host_cache": "KV cache kept in host RAM",
+    "kv_offload_cpu": "the KV cache kept in CPU RAM",
+    "parallel": "requests served at once",
+}
+
+
+@dataclass(frozen=True)
+class Lever:
+    """One way to set a lever: `text` in the server's own words ("--mem-fraction-static",
+    "kv_cache_free_gpu_mem_fraction in config.pbtxt"), on `platforms` (None: every platform the
+    server runs on), for versions in [`since`, `until`) when known (dotted strings)."""
+
+    text: str
+    platforms: tuple[str, ...] | None = None
+    since: str | None = None
+    until: str | None = None
+
+
+Levers = Mapping[str, tuple[Lever, ...]]
+
+
+def _l(text: str, *platforms: str, since: str | None = None, until: str | None = None) -> Lever:
+    return Lever(text, platforms or None, since, until)
+
+
+# --- each server's levers (moving into its ServerKind: vramdoctor/servers/<kind>.py) -------------
+
+SGLANG: Levers = {
+    "memory_share": (_l("--mem-fraction-static"),),
+    "kv_size": (_l("--max-total-tokens"),),
+    "context_length": (_l("--context-length"),),
+    "prefill_chunk": (_l("--chunked-prefill-size"),),
+    "batch_tokens": (_l("--max-prefill-tokens"),),
+    "max_running": (_l("--max-running-requests"),),
+    # 0.5.14 added the per-phase flags; 0.5.20 rejects the old one as ambiguous (NOTES.md §5)
+    "graph_batch": (
+        _l("--cuda-graph-max-bs-decode", since="0.5.14"),
+        _l("--cuda-graph-max-bs", until="0.5.14"),
+        _l("--cuda-graph-max-bs (--cuda-graph-max-bs-decode from 0.5.14)"),
+    ),
+    "graph_off": (
+        _l("--cuda-graph-backend-decode disabled", since="0.5.14"),
+        _l("--disable-cuda-graph", until="0.5.14"),
+        _l(
+            "--disable-cuda-graph (deprecated from 0.5.14 for --cuda-graph-backend-decode disabled)"
+        ),
+    ),
+    "compile_off": (_l("no --enable-torch-compile"),),
+    "compile_batch": (_l("--torch-compile-max-bs"),),
+    "kv_dtype": (_l("--kv-cache-dtype fp8_e5m2", "cuda", "rocm"),),
+    "tensor_parallel": (_l("--tp-size"),),
+    "quantize": (_l("--quantization"),),
+    "attention_backend": (
+        _l("--attention-backend flashinfer, fa3 or triton", "cuda"),
+        _l("--attention-backend aiter or triton", "rocm"),
+        _l("--attention-backend ascend", "npu"),
+    ),
+    "image_processor_cpu": (
+        _l("--image-processor-backend pil", since="0.5.18"),
+        _l("--disable-fast-image-processor", until="0.5.18"),
+        _l("--disable-fast-image-processor (0.5.18+: --image-processor-backend pil)"),
+    ),
+    "mm_limits": (_l("--limit-mm-data-per-request"),),
+    "mm_transport_cpu": (
+        _l("--mm-feature-transport cpu", since="0.5.17"),
+        _l("no SGLANG_USE_CUDA_IPC_TRANSPORT=1", until="0.5.17"),
+        _l("--mm-feature-transport cpu (before 0.5.17: unset SGLANG_USE_CUDA_IPC_TRANSPORT)"),
+    ),
+    "mm_feature_pool": (_l("SGLANG_MM_FEATURE_CACHE_MB"),),
+    "cpu_offload": (_l("--cpu-offload-gb"),),
+    "schedule_conservativeness": (_l("--schedule-conservativeness"),),
+    "host_cache": (_l("--hicache-ratio / --hicache-size"),),
+}
+
+VLLM: Levers = {
+    "memory_share": (_l("--gpu-memory-utilization"),),
+    "kv_size": (_l("--kv-cache-memory-bytes", since="0.11"),),
+    "context_length": (_l("--max-model-len"),),
+    "prefill_chunk": (_l("--max-num-batched-tokens"),),
+    "max_running": (_l("--max-num-seqs"),),
+    "graph_sizes": (
+        _l("--max-cudagraph-capture-size (or fewer --cudagraph-capture-sizes)", since="0.13"),
+        _l("--compilation-config '{\"cudagraph_capture_sizes\": [...]}' with fewer sizes"),
+    ),
+    "graph_off": (_l("--enforce-eager"),),
+    # vllm envs.py: "1" by default from 0.21.0 (NOTES.md §5)
+    "graph_estimate_off": (_l("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0"),),
+    "compile_off": (_l("-O0"),),
+    "kv_dtype": (_l("--kv-cache-dtype fp8", "cuda", "rocm"),),
+    "tensor_parallel": (_l("--tensor-parallel-size"),),
+    "quantize": (_l("--quantization"),),
+    "attention_backend": (
+        _l("--attention-backend (VLLM_ATTENTION_BACKEND before 0.11)", "cuda"),
+        _l(
+            "--attention-backend TRITON_ATTN or ROCM_AITER_FA (VLLM_ATTENTION_BACKEND before 0.11)",
+            "rocm",
+        ),
+    ),
+    "image_processor_cpu": (_l("--mm-processor-kwargs '{\"use_fast\": false}'"),),
+    "mm_limits": (_l("--limit-mm-per-prompt"),),
+    "mm_pixels": (_l("--mm-processor-kwargs '{\"max_pixels\": ...}'"),),
+    "cpu_offload": (_l("--cpu-offload-gb"),),
+    # removed in 0.18 (vllm PR #36216; NOTES.md §5)
+    "swap": (_l("--swap-space", until="0.18"),),
+}
+
+TGI: Levers = {
+    "memory_share": (_l("--cuda-memory-fraction"),),
+    "kv_size": (_l("--max-batch-total-tokens"),),
+    "context_length": (_l("--max-total-tokens"),),
+    "input_length": (_l("--max-input-tokens (--max-input-length before TGI 2.0)"),),
+    "prefill_chunk": (_l("--max-batch-prefill-tokens"),),
+    "max_running": (_l("--max-batch-size"),),
+    "graph_off": (_l("--cuda-graphs 0"),),
+    "tensor_parallel": (_l("--num-shard"),),
+    "quantize": (_l("--quantize"),),
+}
+
+TRTLLM: Levers = {
+    # the Triton backend's config.pbtxt parameter (the log names it) and trtllm-serve's option
+    "kv_share": (
+        _l(
+            "kv_cache_free_gpu_mem_fraction (config.pbtxt; trtllm-serve: "
+            "--kv_cache_free_gpu_memory_fraction)"
+        ),
+    ),
+    "kv_size": (_l("max_tokens_in_paged_kv_cache (config.pbtxt)"),),
+    # engine build settings (trtllm-build): rebuilding the engine is the lever
+    "context_length": (_l("--max_seq_len (trtllm-build)"),),
+    "input_length": (_l("--max_input_len (trtllm-build)"),),
+    "prefill_chunk": (_l("--max_num_tokens (trtllm-build)"),),
+    "max_running": (_l("--max_batch_size (trtllm-build)"),),
+    "tensor_parallel": (_l("--tp_size (convert_checkpoint)"),),
+    "quantize": (_l("an FP8/INT4 engine (quantize.py, then trtllm-build)"),),
+}
+
+LLAMACPP: Levers = {
+    "context_length": (_l("--ctx-size (-c)"),),
+    "compute_batch": (_l("--ubatch-size (-ub)"),),
+    "parallel": (_l("--parallel (-np)"),),
+    "gpu_layers": (_l("--n-gpu-layers (-ngl)"),),
+    "tensor_split": (_l("--tensor-split (-ts)"),),
+    "kv_dtype": (_l("--cache-type-k / --cache-type-v q8_0 (the V cache needs --flash-attn)"),),
+    "kv_offload_cpu": (_l("--no-kv-offload (-nkvo)"),),
+    "quantize": (_l("a smaller quantization of the GGUF"),),
+}
+
+OLLAMA: Levers = {
+    "context_length": (_l("num_ctx (OLLAMA_CONTEXT_LENGTH for every model)"),),
+    "gpu_layers": (_l("num_gpu"),),
+    "compute_batch": (_l("num_batch"),),
+    "parallel": (_l("OLLAMA_NUM_PARALLEL"),),
+    "kv_dtype": (_l("OLLAMA_KV_CACHE_TYPE=q8_0 (with OLLAMA_FLASH_ATTENTION=1)"),),
+    "quantize": (_l("a smaller quantization tag of the model"),),
+}
+
+LMDEPLOY: Levers = {
+    "kv_share": (_l("--cache-max-entry-count"),),
+    "context_length": (_l("--session-len"),),
+    "prefill_chunk": (_l("--max-prefill-token-num"),),
+    "max_running": (_l("--max-batch-size"),),
+    "kv_dtype": (_l("--quant-policy 8"),),
+    "tensor_parallel": (_l("--tp"),),
+    "quantize": (_l("--model-format awq (AWQ / W4A16 weights)"),),
+    "graph_off": (_l("--eager-mode (PyTorch backend)"),),
+}
+
+BUILTIN: dict[str, Levers] = {
+    "sglang": SGLANG,
+    "vllm": VLLM,
+    "tgi": TGI,
+    "trtllm": TRTLLM,
+    "llamacpp": LLAMACPP,
+    "ollama": OLLAMA,
+    "lmdeploy": LMDEPLOY,
+}
+
+# The platform's own tools and options (not the server's).
+PLATFORM_TOOLS: dict[str, dict[str, str]] = {
+    "cuda": {"smi": "nvidia-smi", "alloc_conf": "PYTORCH_CUDA_ALLOC_CONF"},
+    "rocm": {"smi": "rocm-smi (or amd-smi)", "alloc_conf": "PYTORCH_HIP_ALLOC_CONF"},
+    "npu": {"smi": "npu-smi info", "alloc_conf": "PYTORCH_NPU_ALLOC_CONF"},
+}
+# Options that exist on one platform only: a fix for another platform must never name them.
+PLATFORM_ONLY: dict[str, tuple[str, ...]] = {
+    "cuda": ("flashinfer", "fa3", "FLASH_ATTN", "FLASHINFER", "nvidia-smi", "NCCL_NVLS_ENABLE"),
+    "rocm": ("rocm-smi", "amd-smi", "aiter", "ROCM_AITER_FA", "PYTORCH_HIP_ALLOC_CONF"),
+    "npu": ("npu-smi", "ascend", "PYTORCH_NPU_ALLOC_CONF"),
+}
+
+
+def levers_of(server: str | None) -> Levers:
+    """The levers of a server kind (its ServerKind section when the registry has one), {} for an
+    unknown or generic server."""
+    if server is None:
+        return {}
+    try:
+        from vramdoctor import servers
+
+        section = getattr(servers.get(server), "levers", None)
+    except (ImportError, KeyError):
+        section = None
+    if section:
+        return section  # type: ignore[no-any-return]
+    return BUILTIN.get(server, {})
+
+
+def _vt(v: str | None) -> tuple[int, ...] | None:
+    if not v:
+        return None
+    m = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", v)
+    return tuple(int(x) for x in m.groups(default="0")) if m else None
+
+
+def pick(options: Iterable[Lever], platform: str | None, version: str | None) -> str | None:
+    """The first option that exists on `platform` (unknown platform: the options for every
+    platform, else CUDA's) and, when the version is known, in that version; when it is not, the
+    first option without a version bound (the text naming both spellings)."""
+    opts = list(options)
+    if platform in PLATFORMS:
+        opts = [o for o in opts if o.platforms is None or platform in o.platforms]
+    elif any(o.platforms for o in opts):
+        # the platform is not shown: each platform's own option, labelled (never CUDA's alone)
+        per = [(p, pick(opts, p, version)) for p in ("cuda", "rocm")]
+        named = [f"{t} ({'CUDA' if p == 'cuda' else 'ROCm'})" for p, t in per if t]
+        return " / ".join(named) or None
+    v = _vt(version)
+    for o in opts:
+        lo, hi = _vt(o.since), _vt(o.until)
+        if v is None:
+            if lo is None and hi is None:
+                return o.text
+            continue
+        if (lo is None or v >= lo) and (hi is None or v < hi):
+            return o.text
+    return None
+
+
+_FIELDS = string.Formatter()
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """The levers of one diagnosed server on one platform. `server` None: the server is unknown,
+    and each lever reads as SGLang's and vLLM's own flags, labelled ("--mem-fraction-static
+    (SGLang) / --gpu-memory-utilization (vLLM)"); other servers are never guessed."""
+
+    server: str | None
+    platform: str | None = None
+    version: str | None = None
+
+    def __call__(self, lever: str) -> str | None:
+        if lever not in LEVER_NAMES:
+            raise KeyError(f"unknown lever {lever!r}")
+        return _text(self.server, self.platform, self.version, lever)
+
+    def has(self, *levers: str) -> bool:
+        return all(self(name) is not None for name in levers)
+
+    def say(self, template: str) -> str | None:
+        """`template` with each {lever} replaced by its text; None when one of them is missing.
+        Other fields: {smi} (the platform's process list tool), {alloc_conf}."""
+        values: dict[str, str] = {}
+        for _, name, _, _ in _FIELDS.parse(template):
+            if not name or name in values:
+                continue
+            if name in ("smi", "alloc_conf"):
+                values[name] = platform_tool(self.platform, name)
+                continue
+            text = self(name)
+            if text is None:
+                return None
+            values[name] = text
+        return template.format(**values)
+
+    def join(self, *templates: str, sep: str = "; ") -> str:
+        """Every template whose levers exist, joined (empty string when none)."""
+        return sep.join(s for t in templates if (s := self.say(t)) is not None)
+
+    def first(self, *templates: str) -> str | None:
+        """The first template whose levers exist."""
+        return next((s for t in templates if (s := self.say(t)) is not None), None)
+
+
+@lru_cache(maxsize=512)
+def _text(server: str | None, platform: str | None, version: str | None, lever: str) -> str | None:
+    if server is None:
+        sgl = pick(SGLANG.get(lever, ()), platform, None)
+        vll = pick(VLLM.get(lever, ()), platform, None)
+        if sgl and vll:
+            return f"{sgl} (SGLang) / {vll} (vLLM)"
+        return None
+    return pick(levers_of(server).get(lever, ()), platform, version)
+
+
+def vocab(server: str | None, platform: str | None = None, version: str | None = None) -> Vocab:
+    return Vocab(server, platform, version)
+
+
+def platform_tool(platform: str | None, what: str) -> str:
+    """The platform's tool for `what` ("smi": list the processes on a GPU; "alloc_conf": the
+    PyTorch allocator's environment variable); CUDA's when the platform is not shown."""
+    tools = PLATFORM_TOOLS.get(platform or "", PLATFORM_TOOLS["cuda"])
+    if platform not in PLATFORM_TOOLS and what == "smi":
+        return "nvidia-smi / rocm-smi"
+    return tools[what]
+
+
+# --- checks the tests use (a fix must speak only its own server's and platform's words) ---------
+
+_TOKEN = re.compile(
+    r"--[a-z][\w-]*|\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b|\b[a-z]+(?:_[a-z0-9]+){2,}\b|\bnum_(?:gpu|ctx|batch)\b"
+)
+# tokens several servers share, so they prove nothing about which server a fix is for
+_SHARED = {
+    "--kv-cache-dtype",
+    "--quantization",
+    "--attention-backend",
+    "--cpu-offload-gb",
+    "--max-total-tokens",
+    "--max-batch-size",
+    "--tp",
+    "--max-num-batched-tokens",
+}
+
+
+def _tokens(text: str) -> set[str]:
+    return set(_TOKEN.findall(text))
+
+
+@lru_cache(maxsize=16)
+def _owned(server: str) -> frozenset[str]:
+    out: set[str] = set()
+    for options in levers_of(server).values():
+        for o in options:
+            out |= _tokens(o.text)
+    return frozenset(out)
+
+
+def foreign_flags(server: str | None, text: str) -> list[str]:
+    """Flags in `text` that belong to another server's levers and not to `server`'s. For an unknown
+    server, SGLang's and vLLM's (named, labelled) are allowed; the other servers' are not."""
+    mine: set[str] = set()
+    for name in ("sglang", "vllm") if server is None else (server,):
+        mine |= _owned(name)
+    found = _tokens(text)
+    bad = set()
+    for other in BUILTIN:
+        if server is None and other in ("sglang", "vllm"):
+            continue
+        if other == server:
+            continue
+        bad |= (found & _owned(other)) - mine - _SHARED
+    return sorted(bad)
+
+
+def platform_forbidden(platform: str | None, text: str) -> list[str]:
+    """Options in `text` that exist only on a platform other than `platform` (nothing for an unknown
+    platform)."""
+    if platform not in PLATFORM_ONLY:
+        return []
+    out = []
+    for other, words in PLATFORM_ONLY.items():
+        if other == platform:
+            continue
+        for w in words:
+            if re.search(r"(?<![\w-])" + re.escape(w) + r"(?![\w-])", text):
+                out.append(w)
+    return out
