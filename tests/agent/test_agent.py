@@ -74,7 +74,7 @@ def test_stale_and_repeated_triggers_do_nothing(tmp_path: Path) -> None:
         stale = Controller(agent_dir, token="earlierrun", clock=lambda: time.time() - 3600)
         stale.trigger(5)  # an earlier run's trigger, long expired
         time.sleep(0.6)
-        assert not (agent_dir / "snapshots").exists()
+        assert not (agent_dir / "replies").exists()
         ctl = Controller(agent_dir, token="thisrun")
         files, _ = ctl.snapshot(1, timeout_s=10)
         (meta,) = [f.pickle_path.with_suffix(".json") for f in files]
@@ -82,19 +82,31 @@ def test_stale_and_repeated_triggers_do_nothing(tmp_path: Path) -> None:
         ctl.trigger(1)  # the same token and seq again: already handled
         time.sleep(0.6)
         assert json.loads(meta.read_text())["wall"] == first
-        assert sorted(p.name for p in (agent_dir / "snapshots").iterdir()) == ["thisrun"]
+        assert sorted(p.name for p in (agent_dir / "replies").iterdir()) == ["thisrun"]
     finally:
         srv.stop()
 
 
 def test_a_process_that_never_initialises_cuda_is_left_alone(tmp_path: Path) -> None:
+    """Ready for host evidence, never armed, no snapshot, no CUDA call: the fake torch kills the
+    process (exit 98) on any call that would create a context in real PyTorch."""
     agent_dir = tmp_path / "agent"
     srv = agent_server(tmp_path, agent_dir, "--no-cuda")
     try:
         post(srv.port, 3)
-        Controller(agent_dir).trigger(0)
-        time.sleep(0.8)
-        assert not (agent_dir / "agents").exists() and not (agent_dir / "snapshots").exists()
+        assert wait_for(lambda: list_agents(agent_dir))
+        (info,) = list_agents(agent_dir)
+        assert info.state == "ready" and not info.cuda and info.pid == srv.proc.pid
+        ctl = Controller(agent_dir)
+        files, missing = ctl.snapshot(0, timeout_s=1)
+        assert files == [] and missing == []  # nobody armed: nobody is asked for a snapshot
+        replies, missing = ctl.collect(1, want=["inside"], timeout_s=10)
+        assert missing == [] and [r.pid for r in replies] == [srv.proc.pid]
+        assert replies[0].inside is not None and replies[0].inside["cuda"] is None
+        assert "no CUDA in this process" in (replies[0].inside["error"] or "")
+        assert not list((agent_dir / "replies").rglob("*.pickle"))
+        post(srv.port)
+        assert srv.proc.poll() is None, srv.text()
         assert agent_lines(srv.text()) == []
     finally:
         srv.stop()
@@ -120,7 +132,7 @@ def test_unwritable_directory_one_line_and_the_server_keeps_serving(tmp_path: Pa
         assert wait_for(lambda: agent_lines(srv.text()))
         post(srv.port, 5)
         lines = agent_lines(srv.text())
-        assert len(lines) == 1 and "standing down" in lines[0] and "cannot write" in lines[0]
+        assert len(lines) == 1 and "standing down" in lines[0] and "cannot create" in lines[0]
         assert srv.proc.poll() is None
     finally:
         srv.stop()
@@ -173,35 +185,60 @@ def test_torch_without_the_history_api_stands_down(tmp_path: Path) -> None:
         srv.stop()
 
 
-CHILDREN = r"""
+# Each process waits until its own agent registered, says so, and exits (a normal exit removes
+# the status file again: the directory keeps only live processes).
+REGISTERED = r"""
+def registered():
+    import os, time, vramdoctor_agent as a
+    path = os.path.join(os.environ["VRAMDOCTOR_AGENT_DIR"], "agents", f"{a.safe_host()}-{os.getpid()}.json")
+    deadline = time.monotonic() + 20
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    print("registered", os.getpid(), os.path.exists(path), flush=True)
+"""
+
+CHILDREN = (
+    REGISTERED
+    + r"""
 import os, subprocess, sys, time
 import torch
 torch.cuda.init()
 pid = os.fork()
 if pid == 0:
     keep = torch.empty(1 << 20, device="cuda")
-    time.sleep(2.5)
+    registered()
     os._exit(0)
-subprocess.run([sys.executable, "-c", "import time, torch; torch.cuda.init(); time.sleep(2.0)"])
-print("child", pid, flush=True)
+spawned = "import torch; torch.cuda.init()\n" + sys.argv[1] + "\nregistered()"
+subprocess.run([sys.executable, "-c", spawned])
+registered()
 os.waitpid(pid, 0)
 """
+)
+
+
+def _registered(stdout: str) -> dict[int, bool]:
+    return {
+        int(line.split()[1]): line.split()[2] == "True"
+        for line in stdout.splitlines()
+        if line.startswith("registered ")
+    }
 
 
 def test_forked_and_spawned_children_arm_too(tmp_path: Path) -> None:
     agent_dir = tmp_path / "agent"
     out = subprocess.run(
-        [sys.executable, "-c", CHILDREN],
+        [sys.executable, "-c", CHILDREN, REGISTERED],
         env=agent_env(agent_dir),
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
-    forked = int(out.stdout.split()[1])
-    pids = {a.pid for a in list_agents(agent_dir)}
-    assert len(pids) == 3, (pids, out.stderr)  # the parent, the forked child, the spawned child
-    assert forked in pids
+    seen = _registered(out.stdout)
+    # the parent, the forked child, the spawned child: three processes, each registered
+    assert len(seen) == 3 and all(seen.values()), (out.stdout, out.stderr)
+    # normal exits removed their status files; the forked child's os._exit left its own
+    assert len(list_agents(agent_dir)) <= 1
 
 
 def test_sitecustomize_chains_to_the_one_it_shadows(tmp_path: Path) -> None:
@@ -328,13 +365,15 @@ def test_a_relative_directory_is_the_same_for_children_that_change_directory(
     tmp_path: Path,
 ) -> None:
     code = (
-        "import os, subprocess, sys, time, torch; torch.cuda.init(); os.chdir('/'); "
-        "subprocess.run([sys.executable, '-c', 'import time, torch; torch.cuda.init(); time.sleep(1.5)']); "
-        "time.sleep(0.3)"
+        REGISTERED
+        + "import os, subprocess, sys, torch; torch.cuda.init(); os.chdir('/')\n"
+        + "child = 'import torch; torch.cuda.init()\\n' + sys.argv[1] + '\\nregistered()'\n"
+        + "subprocess.run([sys.executable, '-c', child])\n"
+        + "registered()\n"
     )
     env = agent_env(Path("agent"))
     out = subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, "-c", code, REGISTERED],
         env=env,
         cwd=tmp_path,
         capture_output=True,
@@ -342,5 +381,7 @@ def test_a_relative_directory_is_the_same_for_children_that_change_directory(
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
-    assert len(list_agents(tmp_path / "agent")) == 2, out.stderr
+    seen = _registered(out.stdout)
+    assert len(seen) == 2 and all(seen.values()), (out.stdout, out.stderr)
+    assert (tmp_path / "agent" / "agents").is_dir()
     assert not Path("/agent").exists()

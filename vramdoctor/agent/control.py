@@ -1,35 +1,135 @@
-"""The soak side of the agent protocol: which processes are armed, trigger, collect.
+"""The soak side of the agent protocol: which processes have an agent, ask them, collect answers.
 
-Files in the agent directory (written by `pythonpath/vramdoctor_agent.py`):
-`agents/<host>-<pid>.json` (state "armed" / "stood-down"), `trigger.json` (ours: token, seq,
-expiry), `snapshots/<token>/<seq>-<host>-<pid>.pickle` and its `.json` (written last: the pair is
-complete once the `.json` exists).
+Files in the agent directory (protocol 2; the agent is `pythonpath/vramdoctor_agent.py`):
+
+- `agents/<host>-<pid>.json`: one per process with an agent (state "ready": host evidence only;
+  "armed": CUDA allocator history on, snapshots possible; "stood-down" with its reason),
+  rewritten every 30 s (a heartbeat).
+- `session.json`: ours while a soak runs: its token, pid and start time. Agents accept only
+  triggers with this token, and only while this process lives (when they can see it).
+- `trigger.json`: ours: token, sequence number, round, window, expiry, what is wanted
+  ("inside", "snapshot") and whether to trace Python allocations.
+- `replies/<token>/<seq>-<host>-<pid>.json` (and `.pickle` for a snapshot, written before it).
+
+vramdoctor may run as root and the directory may belong to the server's user: everything read
+here is treated as hostile. Files are opened without following links, must be regular files
+under a size cap, names must have the agent's shape, snapshots are moved by rename (or copied
+from an fd opened without following links), and an answer's evidence is reduced to the fields
+and types of `vramdoctor.samples.InsideSample` before it reaches a run file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import math
 import os
+import re
 import secrets
-import shutil
-import tempfile
+import stat
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
-
-import psutil
+from typing import Any
 
 from vramdoctor.agent.pythonpath import vramdoctor_agent as runtime
 from vramdoctor.errors import InputError
 
-__all__ = ["AgentInfo", "Controller", "SnapshotFile", "list_agents"]
+__all__ = [
+    "AGENT_STATES",
+    "AgentInfo",
+    "Controller",
+    "Reply",
+    "SnapshotFile",
+    "clean_inside",
+    "list_agents",
+]
+
+AGENT_STATES = ("ready", "armed", "stood-down")
+# Caps on what is read from the directory (bytes).
+STATUS_MAX_BYTES = 64 * 1024
+REPLY_MAX_BYTES = 1024 * 1024
+SNAPSHOT_MAX_BYTES = 1024 * 1024 * 1024
+# A status file older than this (seconds) belongs to a process that is gone (heartbeat 30 s).
+STALE_STATUS_S = 3 * runtime.HEARTBEAT_S
+_REPLY_NAME = re.compile(r"^(\d{1,7})-([A-Za-z0-9._-]{1,64})-(\d{1,10})\.json$")
+_STATUS_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}-\d{1,10}\.json$")
+_O_READ = (
+    os.O_RDONLY
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
+
+
+def read_regular(path: Path, limit: int) -> bytes | None:
+    """The bytes of a regular file, never through a link, at most `limit` (None otherwise)."""
+    try:
+        fd = os.open(path, _O_READ)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            return None
+        chunks: list[bytes] = []
+        left = limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        return data if len(data) <= limit else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _json_file(path: Path, limit: int) -> dict[str, Any] | None:
+    raw = read_regular(path, limit)
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _int(value: Any, low: int = 0, high: int = 2**62) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        return None
+    value = int(value)
+    return value if low <= value <= high else None
+
+
+def _float(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) and abs(value) < 1e15 else None
+
+
+def _text(value: Any, limit: int = 300) -> str | None:
+    if not isinstance(value, str):
+        return None
+    return value[:limit]
 
 
 @dataclass(frozen=True)
 class AgentInfo:
-    """One process's agent as its status file says (times are wall-clock seconds)."""
+    """One process's agent as its status file says (times are wall-clock seconds).
+
+    `local_pid`: the process's pid as this host sees it (inside a container the agent's own pid
+    differs: matched through /proc/PID/status NSpid and the start time), None when it is not
+    visible from here (another host, another PID namespace)."""
 
     pid: int
     host: str
@@ -38,47 +138,106 @@ class AgentInfo:
     reason: str | None
     torch: str | None
     updated_wall: float
+    start_ticks: int | None = None
+    local_pid: int | None = None
+    cuda: bool = False
 
     @property
     def local(self) -> bool:
-        return self.host == runtime.safe_host()
+        return self.local_pid is not None or self.host == runtime.safe_host()
 
     def alive(self) -> bool | None:
-        """True/False for a process on this host; None (unknown) for another host's."""
-        if not self.local:
+        """True/False for a process visible from here; for another host's (or namespace's),
+        whether its heartbeat is fresh (None when its status gives no time at all)."""
+        if self.local_pid is not None:
+            ticks = runtime.start_ticks(self.local_pid)
+            if ticks is None:
+                return False
+            return self.start_ticks is None or ticks == self.start_ticks
+        if self.host == runtime.safe_host() and self.start_ticks is None:
+            return os.path.isdir(f"/proc/{self.pid}")  # an agent from before start times
+        if not self.updated_wall:
             return None
-        try:
-            return (
-                psutil.pid_exists(self.pid)
-                and psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
-            )
-        except psutil.Error:
-            return False
+        return time.time() - self.updated_wall < STALE_STATUS_S
 
     def label(self) -> str:
         where = "" if self.local else f"@{self.host}"
-        return f"pid {self.pid}{where} ({self.program})"
+        shown = self.local_pid if self.local_pid is not None else self.pid
+        inner = f", pid {self.pid} inside its container" if shown != self.pid else ""
+        return f"pid {shown}{where} ({self.program}{inner})"
+
+
+def _ns_pids() -> dict[tuple[int, int], int]:
+    """(innermost pid, start ticks) -> host pid, for every process whose /proc entry is readable."""
+    out: dict[tuple[int, int], int] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status", encoding="utf-8", errors="replace") as fh:
+                ns = next((line for line in fh if line.startswith("NSpid:")), None)
+        except OSError:
+            continue
+        ticks = runtime.start_ticks(entry)
+        if ns is None or ticks is None:
+            continue
+        inner = ns.split()[-1]
+        if inner.isdigit():
+            out[(int(inner), ticks)] = int(entry)
+    return out
+
+
+def _locate(
+    pid: int, host: str, ticks: int | None, ns: dict[tuple[int, int], int] | None
+) -> int | None:
+    """The host pid of the agent's process (see AgentInfo.local_pid)."""
+    if ticks is None:
+        return pid if host == runtime.safe_host() and os.path.isdir(f"/proc/{pid}") else None
+    if runtime.start_ticks(pid) == ticks and host == runtime.safe_host():
+        return pid
+    if ns is None:
+        return None
+    return ns.get((pid, ticks))
 
 
 def list_agents(agent_dir: Path) -> list[AgentInfo]:
-    """Every status file in the agent directory (unreadable ones skipped), by pid."""
+    """Every status file in the agent directory (unreadable or foreign ones skipped), by pid."""
     out: list[AgentInfo] = []
-    for path in sorted((agent_dir / runtime.AGENTS_DIR).glob("*.json")):
-        try:
-            d = json.loads(path.read_text(encoding="utf-8"))
-            out.append(
-                AgentInfo(
-                    int(d["pid"]),
-                    str(d["host"]),
-                    str(d.get("program", "?")),
-                    str(d.get("state", "?")),
-                    d.get("reason"),
-                    d.get("torch"),
-                    float(d.get("updated_wall", 0.0)),
-                )
-            )
-        except (OSError, ValueError, KeyError, TypeError):
+    folder = Path(agent_dir) / runtime.AGENTS_DIR
+    try:
+        names = sorted(os.listdir(folder)) if not folder.is_symlink() else []
+    except OSError:
+        names = []
+    ns: dict[tuple[int, int], int] | None = None
+    for name in names[:10_000]:
+        if not _STATUS_NAME.fullmatch(name):
             continue
+        d = _json_file(folder / name, STATUS_MAX_BYTES)
+        if d is None:
+            continue
+        pid, host = _int(d.get("pid"), 1, 2**31), _text(d.get("host"), 64)
+        state = _text(d.get("state"), 32) or "?"
+        if pid is None or host is None:
+            continue
+        ticks = _int(d.get("start_ticks"))
+        local = _locate(pid, host, ticks, ns)
+        if local is None and ticks is not None and ns is None:
+            ns = _ns_pids()  # only when an agent is not where its pid says: a container
+            local = _locate(pid, host, ticks, ns)
+        out.append(
+            AgentInfo(
+                pid,
+                host,
+                _text(d.get("program"), 120) or "?",
+                state,
+                _text(d.get("reason"), 500),
+                _text(d.get("torch"), 64),
+                _float(d.get("updated_wall")) or 0.0,
+                ticks,
+                local,
+                d.get("cuda") is True or state == "armed",
+            )
+        )
     return sorted(out, key=lambda a: (a.host, a.pid))
 
 
@@ -96,7 +255,10 @@ class SnapshotFile:
 
     @classmethod
     def from_meta(cls, meta_path: Path) -> SnapshotFile:
-        d = json.loads(meta_path.read_text(encoding="utf-8"))
+        """Read a snapshot's `.json` (raises ValueError/KeyError/TypeError/OSError when bad)."""
+        d = _json_file(meta_path, STATUS_MAX_BYTES)
+        if d is None:
+            raise ValueError(f"{meta_path.name}: not a readable snapshot description")
         return cls(
             meta_path.with_suffix(".pickle"),
             int(d["seq"]),
@@ -107,12 +269,161 @@ class SnapshotFile:
             float(d["snapshot_s"]) if d.get("snapshot_s") is not None else None,
         )
 
+    def meta(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "pid": self.pid,
+            "host": self.host,
+            "program": self.program,
+            "wall": self.wall,
+            "snapshot_s": self.snapshot_s,
+            "source": "agent",
+        }
+
+
+# --- the inside evidence, reduced to InsideSample's fields ------------------------------------
+_CUDA_KEYS = (
+    "allocated_bytes",
+    "reserved_bytes",
+    "active_bytes",
+    "inactive_split_bytes",
+    "requested_bytes",
+    "segments",
+    "allocations",
+    "alloc_retries",
+    "ooms",
+)
+_GLIBC_KEYS = (
+    "in_use_bytes",
+    "free_kept_bytes",
+    "mmap_bytes",
+    "arena_bytes",
+    "keepcost",
+    "free_chunks",
+)
+_PYTHON_KEYS = ("allocated_blocks", "traced_bytes", "peak_bytes", "overhead_bytes", "lines")
+_MAX_DEVICES = 64
+_MAX_POOLS = 256
+_MAX_TOP = 50
+
+
+def _numbers(src: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in keys:
+        value = _int(src.get(key))
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def clean_inside(raw: Any) -> dict[str, Any]:
+    """An answer's `inside` part with only InsideSample's fields, each of its type and bounded:
+    {cuda, pinned, glibc, python, error} (a part that is absent or not of its shape is None)."""
+    src = raw if isinstance(raw, dict) else {}
+    cuda: list[dict[str, Any]] | None = None
+    if isinstance(src.get("cuda"), list):
+        cuda = []
+        for dev in src["cuda"][:_MAX_DEVICES]:
+            if not isinstance(dev, dict) or _int(dev.get("device"), 0, 1024) is None:
+                continue
+            entry: dict[str, Any] = {"device": int(dev["device"]), **_numbers(dev, _CUDA_KEYS)}
+            if isinstance(dev.get("pools"), list):
+                pools = []
+                for pool in dev["pools"][:_MAX_POOLS]:
+                    if not isinstance(pool, dict):
+                        continue
+                    pid = pool.get("pool_id")
+                    ident = (
+                        [int(x) for x in pid[:2] if _int(x, -(2**62)) is not None]
+                        if isinstance(pid, list)
+                        else []
+                    )
+                    pools.append(
+                        {
+                            "pool_id": ident,
+                            **_numbers(pool, ("reserved_bytes", "allocated_bytes", "segments")),
+                        }
+                    )
+                entry["pools"] = pools
+            cuda.append(entry)
+    glibc = None
+    if isinstance(src.get("glibc"), dict):
+        glibc = _numbers(src["glibc"], _GLIBC_KEYS)
+        call = _float(src["glibc"].get("call_ms"))
+        if call is not None:
+            glibc["call_ms"] = call
+        version = _text(src["glibc"].get("glibc"), 16)
+        if version:
+            glibc["glibc"] = version
+    pinned = None
+    if isinstance(src.get("pinned"), dict):
+        pinned = _numbers(src["pinned"], ("held_bytes", "in_use_bytes"))
+    python = None
+    if isinstance(src.get("python"), dict):
+        py = src["python"]
+        python = _numbers(py, _PYTHON_KEYS)
+        python["tracing"] = py.get("tracing") is True
+        call = _float(py.get("call_ms"))
+        if call is not None:
+            python["call_ms"] = call
+        if isinstance(py.get("top"), list):
+            top = []
+            for item in py["top"][:_MAX_TOP]:
+                if not isinstance(item, dict) or not isinstance(item.get("file"), str):
+                    continue
+                line = _int(item.get("line"), 0, 10**9)
+                size = _int(item.get("bytes"))
+                if line is None or size is None:
+                    continue
+                top.append(
+                    {
+                        "file": item["file"][:500],
+                        "line": line,
+                        "bytes": size,
+                        "count": _int(item.get("count")) or 0,
+                        "bytes_diff": _int(item.get("bytes_diff"), -(2**62)) or 0,
+                    }
+                )
+            python["top"] = top
+    cuda_ms = _float(src.get("cuda_ms"))
+    return {
+        "cuda": cuda,
+        "pinned": pinned,
+        "glibc": glibc,
+        "python": python,
+        "cuda_ms": cuda_ms,
+        "error": _text(src.get("error"), 500),
+    }
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One process's answer to one trigger: its inside evidence and, when asked, a snapshot."""
+
+    pid: int
+    host: str
+    program: str
+    seq: int
+    round: int
+    window: str
+    wall: float
+    local_pid: int | None
+    inside: dict[str, Any] | None
+    snapshot: SnapshotFile | None
+    path: Path = field(compare=False)
+
+    @property
+    def label(self) -> str:
+        shown = self.local_pid if self.local_pid is not None else self.pid
+        return f"pid {shown} ({self.program})"
+
 
 class Controller:
-    """Trigger snapshots in every armed process of an agent directory and collect them.
+    """Ask every agent of a directory for inside evidence and snapshots; collect the answers.
 
     token: this run's own (random by default); a trigger expires after `expires_s`, so one left
-    behind by a killed soak does nothing to a later server.
+    behind by a killed soak does nothing to a later server. `open_session()` makes this soak the
+    directory's one soak (agents then accept its token only); `close()` ends it.
     """
 
     def __init__(
@@ -129,89 +440,285 @@ class Controller:
             raise InputError(f"agent token {self.token!r}: use 1-64 letters, digits, '-' or '_'")
         self.expires_s = expires_s
         self.clock = clock
+        self.session_open = False
+        self._ns_cache: dict[tuple[str, int], int | None] = {}
 
+    # --- the directory -------------------------------------------------------------------------
     def check(self) -> None:
-        """The directory must exist (or be creatable) and be writable: a usage error otherwise."""
+        """The directory must exist (or be creatable, 0700) as a real directory that this user
+        can write and that group and others cannot (the agents refuse such a directory)."""
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
-            raise InputError(f"--attribute {self.dir}: cannot create it ({exc.strerror})") from None
+            raise InputError(
+                f"agent directory {self.dir}: cannot create it ({exc.strerror})"
+            ) from None
+        try:
+            st = os.lstat(self.dir)
+        except OSError as exc:
+            raise InputError(f"agent directory {self.dir}: {exc.strerror}") from None
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            raise InputError(
+                f"agent directory {self.dir} is a link or not a directory: give its real path"
+            )
+        if st.st_mode & 0o022:
+            raise InputError(
+                f"agent directory {self.dir} is writable by group or others (mode "
+                f"{stat.S_IMODE(st.st_mode):o}); the agents refuse it: chmod go-w {self.dir}"
+            )
         if not os.access(self.dir, os.W_OK | os.X_OK):
-            raise InputError(f"--attribute {self.dir}: not writable")
+            raise InputError(f"agent directory {self.dir}: not writable by this user")
+
+    def _write(self, name: str, data: dict[str, Any]) -> None:
+        """Write a file of ours atomically, readable by the agents (a root soak, a user server)."""
+        fd = os.open(
+            self.dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+        )
+        try:
+            runtime.write_atomic(fd, name, json.dumps(data).encode("utf-8"), mode=0o644)
+        finally:
+            os.close(fd)
+
+    def open_session(self) -> None:
+        """Make this soak the directory's soak: raises InputError when another live soak is."""
+        d = _json_file(self.dir / runtime.SESSION_FILE, runtime.TRIGGER_MAX_BYTES)
+        if d is not None and d.get("token") != self.token:
+            with contextlib.suppress(Exception):
+                other = runtime.parse_session(json.dumps(d).encode("utf-8"))
+                if runtime.session_alive(other, runtime.safe_host()):
+                    raise InputError(
+                        f"another soak (pid {other['pid']}) is using the agent directory "
+                        f"{self.dir}; one soak per agent directory at a time"
+                    )
+        self._write(
+            runtime.SESSION_FILE,
+            {
+                "protocol": runtime.PROTOCOL,
+                "token": self.token,
+                "pid": os.getpid(),
+                "start_ticks": runtime.start_ticks(),
+                "host": runtime.safe_host(),
+                "created_wall": self.clock(),
+            },
+        )
+        self.session_open = True
+
+    # --- agents ----------------------------------------------------------------------------------
+    def agents(self) -> list[AgentInfo]:
+        """Every agent of the directory whose process is alive (or, elsewhere, heard lately)."""
+        return [a for a in list_agents(self.dir) if a.alive() is not False]
+
+    def ready(self) -> list[AgentInfo]:
+        """Live agents that answer for inside evidence ("ready" or "armed")."""
+        return [a for a in self.agents() if a.state in ("ready", "armed")]
 
     def armed(self) -> list[AgentInfo]:
-        """Armed agents that are alive (or on another host, where we cannot tell)."""
-        return [a for a in list_agents(self.dir) if a.state == "armed" and a.alive() is not False]
+        """Live agents whose CUDA allocator history is armed (they can take snapshots)."""
+        return [a for a in self.agents() if a.state == "armed"]
 
-    def trigger(self, seq: int) -> None:
+    def stood_down(self) -> list[AgentInfo]:
+        return [a for a in self.agents() if a.state == "stood-down"]
+
+    # --- triggers --------------------------------------------------------------------------------
+    def trigger(
+        self,
+        seq: int,
+        *,
+        round_index: int | None = None,
+        want: Iterable[str] = ("snapshot",),
+        window: str = "idle_end",
+        trace_python: bool = False,
+    ) -> None:
         """Write trigger.json atomically (agents pick it up at their next poll)."""
+        if not self.session_open:
+            self.open_session()
         now = self.clock()
-        data = {
-            "protocol": runtime.PROTOCOL,
-            "token": self.token,
-            "seq": int(seq),
-            "created_wall": now,
-            "expires_wall": now + self.expires_s,
-        }
-        self.dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(
-            dir=self.dir, prefix=".vd-", suffix=".tmp"
-        )  # never through a planted link
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(data))
-        os.replace(tmp, self.dir / runtime.TRIGGER_FILE)
+        self._write(
+            runtime.TRIGGER_FILE,
+            {
+                "protocol": runtime.PROTOCOL,
+                "token": self.token,
+                "seq": int(seq),
+                "round": int(seq if round_index is None else round_index),
+                "window": window,
+                "want": sorted(set(want)),
+                "trace_python": bool(trace_python),
+                "created_wall": now,
+                "expires_wall": now + self.expires_s,
+            },
+        )
 
-    def _meta_paths(self, seq: int) -> dict[tuple[str, int], Path]:
+    def _reply_dir(self) -> Path:
+        return self.dir / runtime.REPLIES_DIR / self.token
+
+    def _replies(self, seq: int) -> dict[tuple[str, int], Path]:
         found: dict[tuple[str, int], Path] = {}
-        for meta in (self.dir / runtime.SNAPSHOTS_DIR / self.token).glob(f"{seq:04d}-*.json"):
-            try:
-                host, pid = meta.stem.split("-", 1)[1].rsplit("-", 1)
-                found[(host, int(pid))] = meta
-            except ValueError:
-                continue
+        folder = self._reply_dir()
+        try:
+            if folder.is_symlink() or (self.dir / runtime.REPLIES_DIR).is_symlink():
+                return found
+            names = os.listdir(folder)
+        except OSError:
+            return found
+        for name in names[:100_000]:
+            m = _REPLY_NAME.fullmatch(name)
+            if m and int(m.group(1)) == seq:
+                found[(m.group(2), int(m.group(3)))] = folder / name
         return found
+
+    def collect(
+        self,
+        seq: int,
+        *,
+        round_index: int | None = None,
+        want: Iterable[str] = ("inside",),
+        trace_python: bool = False,
+        timeout_s: float = 10.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> tuple[list[Reply], list[AgentInfo]]:
+        """Trigger `seq` and wait until every live agent that should answer did, or `timeout_s`.
+
+        Returns (the answers, read and reduced; the agents that did not answer in time).
+        Agents answer "inside" when ready or armed, "snapshot" only when armed."""
+        wanted = sorted(set(want))
+        self.trigger(seq, round_index=round_index, want=wanted, trace_python=trace_python)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            agents = self.ready() if "inside" in wanted else self.armed()
+            found = self._replies(seq)
+            missing = [a for a in agents if (a.host, a.pid) not in found]
+            if not missing or time.monotonic() >= deadline:
+                break
+            sleep(0.05)
+        by_key = {(a.host, a.pid): a for a in list_agents(self.dir)}
+        replies = []
+        for key, path in sorted(found.items()):
+            reply = self._read_reply(path, by_key.get(key))
+            if reply is not None:
+                replies.append(reply)
+        return replies, missing
+
+    def _read_reply(self, path: Path, agent: AgentInfo | None) -> Reply | None:
+        d = _json_file(path, REPLY_MAX_BYTES)
+        if d is None:
+            return None
+        pid, host = _int(d.get("pid"), 1, 2**31), _text(d.get("host"), 64)
+        seq = _int(d.get("seq"), 0, runtime.MAX_SEQ)
+        wall = _float(d.get("wall"))
+        if pid is None or host is None or seq is None or wall is None:
+            return None
+        program = _text(d.get("program"), 120) or "?"
+        snapshot = None
+        snap = d.get("snapshot")
+        if isinstance(snap, dict) and isinstance(snap.get("file"), str):
+            pickle_name = path.with_suffix(".pickle").name
+            if snap["file"] == pickle_name:
+                snapshot = SnapshotFile(
+                    path.with_suffix(".pickle"),
+                    seq,
+                    pid,
+                    host,
+                    program,
+                    wall,
+                    _float(snap.get("snapshot_s")),
+                )
+        local = agent.local_pid if agent is not None else None
+        if local is None:
+            local = _locate(pid, host, _int(d.get("start_ticks")), None)
+        return Reply(
+            pid=pid,
+            host=host,
+            program=program,
+            seq=seq,
+            round=_int(d.get("round"), 0, runtime.MAX_SEQ) or 0,
+            window=_text(d.get("window"), 32) or "idle_end",
+            wall=wall,
+            local_pid=local,
+            inside=clean_inside(d["inside"]) if "inside" in d else None,
+            snapshot=snapshot,
+            path=path,
+        )
 
     def snapshot(
         self, seq: int, *, timeout_s: float = 10.0, sleep: Callable[[float], None] = time.sleep
     ) -> tuple[list[SnapshotFile], list[AgentInfo]]:
-        """Trigger `seq` and wait until every armed agent answered or `timeout_s` passed.
+        """Trigger a snapshot `seq` and wait for every armed agent (see `collect`).
 
         Returns (snapshots written for this token and seq, armed agents that did not answer).
-        """
-        self.trigger(seq)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            agents = self.armed()
-            found = self._meta_paths(seq)
-            missing = [a for a in agents if (a.host, a.pid) not in found]
-            if not missing or time.monotonic() >= deadline:
-                break
-            sleep(0.1)
-        files: list[SnapshotFile] = []
-        for meta in found.values():
-            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                files.append(SnapshotFile.from_meta(meta))
-        return sorted(files, key=lambda f: (f.host, f.pid)), missing
+        The answers' files stay in the directory until `move` (or `discard`)."""
+        replies, missing = self.collect(seq, want=("snapshot",), timeout_s=timeout_s, sleep=sleep)
+        return [r.snapshot for r in replies if r.snapshot is not None], missing
 
-    def move(self, files: list[SnapshotFile], dest: Path) -> list[SnapshotFile]:
-        """Move collected snapshots (pickle + json) into `dest` (the run's attribution folder)."""
+    def discard(self, replies: Iterable[Reply]) -> None:
+        """Remove answers read and not moved (their pickles too)."""
+        for r in replies:
+            for p in (r.path, r.path.with_suffix(".pickle")):
+                with contextlib.suppress(OSError):
+                    os.unlink(p)
+
+    def move(self, files: Iterable[SnapshotFile], dest: Path) -> list[SnapshotFile]:
+        """Move collected snapshots into `dest` (the run's attribution folder): the pickle by
+        rename (copied from a descriptor opened without following links when the folder is on
+        another file system), its description written anew by us; the answer file removed."""
         dest.mkdir(parents=True, exist_ok=True)
         out: list[SnapshotFile] = []
         for f in files:
-            meta = f.pickle_path.with_suffix(".json")
+            target = dest / f.pickle_path.name
+            if not _move_regular(f.pickle_path, target, SNAPSHOT_MAX_BYTES):
+                continue
+            moved = SnapshotFile(target, f.seq, f.pid, f.host, f.program, f.wall, f.snapshot_s)
+            meta = target.with_suffix(".json")
             try:
-                shutil.move(str(f.pickle_path), dest / f.pickle_path.name)
-                shutil.move(str(meta), dest / meta.name)
+                meta.write_text(json.dumps(moved.meta()), encoding="utf-8")
             except OSError:
                 continue
-            out.append(SnapshotFile.from_meta(dest / meta.name))
+            with contextlib.suppress(OSError):
+                os.unlink(f.pickle_path.with_suffix(".json"))
+            out.append(moved)
         return out
 
-    def clear(self) -> None:
-        """Remove our trigger (if it is still ours) and our empty snapshot folder."""
-        path = self.dir / runtime.TRIGGER_FILE
-        with contextlib.suppress(OSError, ValueError):
-            if json.loads(path.read_text(encoding="utf-8")).get("token") == self.token:
-                path.unlink()
+    def close(self) -> None:
+        """End the session: remove our trigger and session (if still ours) and our empty folder."""
+        for name in (runtime.TRIGGER_FILE, runtime.SESSION_FILE):
+            path = self.dir / name
+            d = _json_file(path, runtime.TRIGGER_MAX_BYTES)
+            if d is not None and d.get("token") == self.token:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        folder = self._reply_dir()
         with contextlib.suppress(OSError):
-            (self.dir / runtime.SNAPSHOTS_DIR / self.token).rmdir()
+            if not folder.is_symlink():
+                for name in os.listdir(folder):
+                    if _REPLY_NAME.fullmatch(name) or name.endswith(".pickle"):
+                        with contextlib.suppress(OSError):
+                            os.unlink(folder / name)
+                folder.rmdir()
+        self.session_open = False
+
+    clear = close  # the name of protocol 1
+
+
+def _move_regular(src: Path, dest: Path, limit: int) -> bool:
+    """Move a regular file (never a link) to `dest`; False when it is not one or too large."""
+    try:
+        st = os.lstat(src)
+    except OSError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+        return False
+    try:
+        os.rename(src, dest)
+        return True
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            return False
+    data = read_regular(src, limit)  # another file system: copy through a checked descriptor
+    if data is None:
+        return False
+    try:
+        dest.write_bytes(data)
+    except OSError:
+        return False
+    with contextlib.suppress(OSError):
+        os.unlink(src)
+    return True

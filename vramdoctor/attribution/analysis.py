@@ -47,6 +47,8 @@ __all__ = [
     "Thresholds",
     "attribute",
     "frame_origin",
+    "has_device",
+    "has_pinned",
     "stack_of",
     "summarise",
 ]
@@ -141,14 +143,30 @@ def frame_origin(filename: str) -> tuple[str, str | None]:
     return "code", None
 
 
+def _line(value: Any) -> int:
+    """A frame's line number as an int (0 for anything that is not a plausible one)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0
+    try:
+        line = int(value)
+    except (OverflowError, ValueError):
+        return 0
+    return line if 0 <= line < 2**31 else 0
+
+
 def _frames(raw: Any) -> list[Frame]:
+    """The first MAX_FRAMES frames (innermost first) of a block's `frames` list."""
     out: list[Frame] = []
-    for fr in raw or []:
+    if not isinstance(raw, (list, tuple)):
+        return out
+    for fr in raw[:MAX_FRAMES]:
         if not isinstance(fr, Mapping):
             continue
         out.append(
             Frame(
-                str(fr.get("filename", "?")), int(fr.get("line", 0) or 0), str(fr.get("name", "?"))
+                str(fr.get("filename", "?"))[:_MAX_NAME],
+                _line(fr.get("line")),
+                str(fr.get("name", "?"))[:_MAX_NAME],
             )
         )
     return out
@@ -179,7 +197,10 @@ def stack_of(frames: Sequence[Frame]) -> Stack:
 
 @dataclass
 class SnapshotSummary:
-    """One snapshot reduced to sizes (bytes) and live bytes per stack."""
+    """One snapshot reduced to sizes (bytes) and live bytes per stack.
+
+    `memory`: "cuda" (the device allocator's `segments`) or "pinned" (the pinned host
+    allocator's `host_segments`, torch 2.14+)."""
 
     reserved_bytes: int
     live_bytes: int
@@ -191,6 +212,7 @@ class SnapshotSummary:
     devices: list[int]
     live_by_stack: dict[Stack, int]
     blocks_by_stack: dict[Stack, int]
+    memory: str = "cuda"
 
     @property
     def slack_bytes(self) -> int:
@@ -206,64 +228,179 @@ def _is_private(pool_id: Any) -> bool:
     if pool_id is None:
         return False
     try:
-        return any(int(x) != 0 for x in pool_id)
-    except (TypeError, ValueError):
+        return any(int(x) != 0 for x in list(pool_id)[:4])
+    except (TypeError, ValueError, OverflowError):
         return False
 
 
-def summarise(snapshot: Mapping[str, Any]) -> SnapshotSummary:
-    """Reduce a `torch.cuda.memory._snapshot()` dict. Raises SnapshotError when it is not one."""
-    if not isinstance(snapshot, Mapping) or not isinstance(snapshot.get("segments"), list):
-        raise SnapshotError("not a PyTorch allocator snapshot (no 'segments' list)")
+def _size(value: Any) -> int:
+    """A byte count as an int (0 for anything that is not one)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0
+    try:
+        n = int(value)
+    except (OverflowError, ValueError):
+        return 0
+    return n if 0 <= n < 2**60 else 0
+
+
+# Work caps per snapshot (a hostile pickle can make every block share one huge stack through
+# the pickle memo, or list one block a million times): at most MAX_FRAMES frames of a stack are
+# read (innermost first: the frames that name the code), each distinct frames list is read once
+# (by identity), and a snapshot with more than MAX_BLOCKS blocks is refused.
+MAX_FRAMES = 256
+MAX_BLOCKS = 2_000_000
+_MAX_NAME = 1000
+
+
+class _Walk:
+    """Live bytes per stack over blocks, with the caps above."""
+
+    def __init__(self) -> None:
+        self.by_stack: dict[Stack, int] = {}
+        self.count: dict[Stack, int] = {}
+        self.by_list: dict[int, tuple[Any, Stack]] = {}
+        self.by_key: dict[tuple[tuple[str, int, str], ...], Stack] = {}
+        self.blocks = 0
+
+    def stack(self, raw: Any) -> Stack:
+        if not raw:
+            return _NO_FRAMES
+        hit = self.by_list.get(id(raw))
+        if hit is not None and hit[0] is raw:
+            return hit[1]
+        frames = _frames(raw)
+        key = tuple((f.filename, f.line, f.function) for f in frames)
+        stack = self.by_key.get(key)
+        if stack is None:
+            stack = self.by_key[key] = stack_of(frames)
+        self.by_list[id(raw)] = (raw, stack)  # keeps `raw` alive: ids stay unique
+        return stack
+
+    def add(self, size: int, raw_frames: Any) -> None:
+        stack = self.stack(raw_frames)
+        self.by_stack[stack] = self.by_stack.get(stack, 0) + size
+        self.count[stack] = self.count.get(stack, 0) + 1
+
+    def tick(self, n: int = 1) -> None:
+        self.blocks += n
+        if self.blocks > MAX_BLOCKS:
+            raise SnapshotError(
+                f"more than {MAX_BLOCKS:,} blocks in one snapshot: refused (work cap)"
+            )
+
+
+_NO_FRAMES = Stack("no-frames")
+
+
+def summarise(snapshot: Mapping[str, Any], memory: str = "cuda") -> SnapshotSummary:
+    """Reduce a `torch.cuda.memory._snapshot()` dict. Raises SnapshotError when it is not one.
+
+    memory: "cuda" reads `segments` (GPU memory); "pinned" reads `host_segments` (torch 2.14+,
+    `record_pinned_host_memory=True`), or replays `host_traces` when the snapshot holds traces
+    but no host segments. A snapshot taken with `record_cuda=False` has an empty `segments`."""
+    if not isinstance(snapshot, Mapping):
+        raise SnapshotError("not a PyTorch allocator snapshot (not a dict)")
+    key = "segments" if memory == "cuda" else "host_segments"
+    segments = snapshot.get(key)
+    if memory == "cuda" and not isinstance(segments, list):
+        if not isinstance(snapshot.get("host_segments"), list):
+            raise SnapshotError("not a PyTorch allocator snapshot (no 'segments' list)")
+        segments = []  # record_cuda=False: host memory only
+    if not isinstance(segments, list):
+        segments = []
+    if memory == "pinned" and not segments and isinstance(snapshot.get("host_traces"), list):
+        return _replay(snapshot["host_traces"])
     reserved = live = pp_reserved = pp_live = expandable = 0
-    pools: set[Any] = set()
+    pools: set[tuple[int, ...]] = set()
     devices: set[int] = set()
-    by_stack: dict[Stack, int] = {}
-    count: dict[Stack, int] = {}
-    cache: dict[tuple[tuple[str, int, str], ...], Stack] = {}
-    for seg in snapshot["segments"]:
+    walk = _Walk()
+    for seg in segments:
+        walk.tick()
         if not isinstance(seg, Mapping):
             raise SnapshotError("a segment is not a dict")
-        total = int(seg.get("total_size", 0) or 0)
-        private = _is_private(seg.get("segment_pool_id"))
+        total = _size(seg.get("total_size"))
+        pool_id = seg.get("segment_pool_id")
+        private = _is_private(pool_id)
         reserved += total
         if private:
             pp_reserved += total
-            pools.add(tuple(seg["segment_pool_id"]))
-        if seg.get("is_expandable"):
+            pools.add(tuple(int(x) for x in list(pool_id or ())[:4]))
+        if seg.get("is_expandable") is True:
             expandable += 1
-        if seg.get("device") is not None:
-            devices.add(int(seg["device"]))
-        for blk in seg.get("blocks") or []:
+        device = seg.get("device")
+        if isinstance(device, int) and not isinstance(device, bool) and 0 <= device < 4096:
+            devices.add(device)
+        blocks = seg.get("blocks")
+        if not isinstance(blocks, list):
+            continue
+        walk.tick(len(blocks))
+        for blk in blocks:
             if not isinstance(blk, Mapping) or blk.get("state") != "active_allocated":
                 continue
-            size = int(blk.get("size", 0) or 0)
+            size = _size(blk.get("size"))
             live += size
             if private:
                 pp_live += size
-            raw = blk.get("frames") or []
-            key = tuple(
-                (str(f.get("filename")), int(f.get("line", 0) or 0), str(f.get("name")))
-                for f in raw
-                if isinstance(f, Mapping)
-            )
-            stack = cache.get(key)
-            if stack is None:
-                stack = cache[key] = stack_of(_frames(raw))
-            by_stack[stack] = by_stack.get(stack, 0) + size
-            count[stack] = count.get(stack, 0) + 1
+            walk.add(size, blk.get("frames"))
     return SnapshotSummary(
         reserved,
         live,
         pp_reserved,
         pp_live,
         len(pools),
-        len(snapshot["segments"]),
+        len(segments),
         expandable,
         sorted(devices),
-        by_stack,
-        count,
+        walk.by_stack,
+        walk.count,
+        memory,
     )
+
+
+_ALLOC_ACTIONS = frozenset({"alloc"})
+_FREE_ACTIONS = frozenset({"free_completed", "free_requested", "free"})
+
+
+def _replay(traces: list[Any]) -> SnapshotSummary:
+    """Live pinned blocks from a trace (alloc/free events with address, size, frames): what is
+    allocated and not freed at the snapshot's end. Reserved = live (traces hold no cache)."""
+    walk = _Walk()
+    alive: dict[int, tuple[int, Any]] = {}
+    entries = traces
+    if traces and all(isinstance(t, list) for t in traces):  # per device, like device_traces
+        entries = [e for t in traces for e in t]
+    walk.tick(len(entries))
+    for entry in entries:
+        if not isinstance(entry, Mapping):
+            continue
+        action = entry.get("action")
+        addr = entry.get("addr")
+        if not isinstance(addr, int) or isinstance(addr, bool):
+            continue
+        if action in _ALLOC_ACTIONS:
+            alive[addr] = (_size(entry.get("size")), entry.get("frames"))
+        elif action in _FREE_ACTIONS:
+            alive.pop(addr, None)
+    live = 0
+    for size, frames in alive.values():
+        live += size
+        walk.add(size, frames)
+    return SnapshotSummary(live, live, 0, 0, 0, 0, 0, [], walk.by_stack, walk.count, "pinned")
+
+
+def has_pinned(snapshot: Mapping[str, Any]) -> bool:
+    """Whether a snapshot carries pinned host memory (non-empty `host_segments`/`host_traces`)."""
+    return any(
+        isinstance(snapshot.get(k), list) and bool(snapshot.get(k))
+        for k in ("host_segments", "host_traces")
+    )
+
+
+def has_device(snapshot: Mapping[str, Any]) -> bool:
+    """Whether a snapshot carries GPU memory (False for one taken with `record_cuda=False`)."""
+    segments = snapshot.get("segments")
+    return isinstance(segments, list) and bool(segments)
 
 
 @dataclass(frozen=True)
@@ -378,6 +515,8 @@ class ProcessAttribution:
     split: NvmlSplit | None
     pid: int | None = None
     notes: list[str] = field(default_factory=list)
+    # "cuda" (GPU memory, the device allocator) or "pinned" (pinned host memory, torch 2.14+)
+    memory: str = "cuda"
 
     @property
     def growing(self) -> list[StackSeries]:
@@ -388,6 +527,7 @@ class ProcessAttribution:
         return {
             "label": self.label,
             "pid": self.pid,
+            "memory": self.memory,
             "verdict": self.verdict,
             "snapshots": len(self.summaries),
             "requests_per_interval": self.requests,
@@ -440,6 +580,7 @@ def attribute(
     label: str = "process",
     pid: int | None = None,
     th: Thresholds | None = None,
+    memory: str = "cuda",
 ) -> ProcessAttribution:
     """Diff one process's snapshots (time order) by allocation stack.
 
@@ -447,10 +588,12 @@ def attribute(
     without them rates are per interval, not per request. nvml_used_bytes: the process's NVML
     usage at each snapshot (len = n), for the split's outside-the-allocator part.
     The split spans the second to the last snapshot when there are 3 or more (the first
-    interval holds warm-up and caches filling), else all. Raises SnapshotError on bad input.
+    interval holds warm-up and caches filling), else all. memory: "cuda" (GPU memory, the
+    snapshots' `segments`) or "pinned" (pinned host memory, `host_segments` of torch 2.14+;
+    give no NVML figures then). Raises SnapshotError on bad input.
     """
     th = th or Thresholds()
-    summaries = [summarise(s) for s in snapshots]
+    summaries = [summarise(s, memory) for s in snapshots]
     n = len(summaries)
     reqs: list[int | None] = list(requests) if requests is not None else [None] * max(0, n - 1)
     if len(reqs) != max(0, n - 1):
@@ -468,6 +611,7 @@ def attribute(
             None,
             pid,
             ["one snapshot: nothing to diff (need 2, better 3 or more)"],
+            memory,
         )
     stacks: set[Stack] = set()
     for s in summaries:
@@ -511,4 +655,4 @@ def attribute(
             "was armed); they cannot be attributed"
         )
     verdict = GROWING if any(s.growing for s in series) else NO_GROWING_STACK
-    return ProcessAttribution(label, verdict, summaries, reqs, series, split, pid, notes)
+    return ProcessAttribution(label, verdict, summaries, reqs, series, split, pid, notes, memory)

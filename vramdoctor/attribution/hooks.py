@@ -1,8 +1,13 @@
-"""`soak --attribute`: round hooks that take one allocator snapshot per process at the end of
-every idle window (round 0 = the baseline) and collect them into the run's attribution folder.
+"""soak's round hooks into the server's processes, at the end of every idle window (round 0 = the
+baseline): inside evidence (what the allocators count) and allocator snapshots.
 
-- `AgentHook` (`--attribute DIR`): vramdoctor's agent (`vramdoctor.agent`) in every server
-  process that initialised CUDA, through trigger files in DIR.
+- `AgentHook`: vramdoctor's agent (`vramdoctor.agent`) in the server's processes, through the
+  files of its directory. Always (whenever the agent is in the server, found from the
+  processes' own environment or given with `--attribute DIR`): one `InsideSample` record per
+  answering process in the run file, the CUDA caching allocator's counters per device and pool,
+  glibc's `mallinfo2()`, Python's allocator and, with `--trace-python`, tracemalloc's lines.
+  With `--attribute DIR`: also a snapshot from every armed process, moved into the run's
+  attribution folder.
 - `SglangHook` (`--attribute sglang[:DIR]`): SGLang's own `POST /start_profile
   {"activities": ["MEM"], "output_dir": D}` / `POST /stop_profile`, scheduler processes only;
   stop dumps `D/<time>-TP-<rank>-memory.pickle` and turns history off, so each round is
@@ -17,20 +22,32 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shutil
 import socket
 import time
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import requests
 
-from vramdoctor.agent.control import Controller
+from vramdoctor.agent.control import Controller, Reply
+from vramdoctor.agent.pythonpath import vramdoctor_agent as runtime
 from vramdoctor.errors import InputError, SourceUnavailable
 from vramdoctor.redact import redact_url
+from vramdoctor.samples import SOURCE_ERROR, Event, InsideSample, now
 
-__all__ = ["SGLANG_NOT_COVERED", "AgentHook", "SglangHook", "build_hook", "parse_attribute_option"]
+__all__ = [
+    "SGLANG_NOT_COVERED",
+    "AgentHook",
+    "SglangHook",
+    "agent_dirs_of",
+    "build_hook",
+    "inside_hook",
+    "parse_attribute_option",
+]
 
 SGLANG_NOT_COVERED = (
     "the tokenizer/HTTP process (multimodal preprocessing runs there), the "
@@ -38,6 +55,9 @@ SGLANG_NOT_COVERED = (
     "the schedulers; start the server with the vramdoctor agent to cover them"
 )
 _SGLANG_FILE = re.compile(r"-TP-(\d+)-memory(?:-[^/]*)?\.pickle$")
+ENVIRON_MAX_BYTES = 1024 * 1024
+
+Write = Callable[[Any], Any]
 
 
 def parse_attribute_option(value: str) -> tuple[str, Path | None]:
@@ -48,10 +68,10 @@ def parse_attribute_option(value: str) -> tuple[str, Path | None]:
         rest = value.split(":", 1)[1]
         if not rest:
             raise InputError("--attribute sglang:DIR needs a directory after the colon")
-        return "sglang", Path(rest).expanduser().resolve()
+        return "sglang", Path(rest).expanduser().absolute()
     if not value.strip():
         raise InputError("--attribute needs the agent directory or 'sglang'")
-    return "agent", Path(value).expanduser().resolve()
+    return "agent", Path(value).expanduser().absolute()
 
 
 def _write_collection(dest: Path, data: dict[str, Any]) -> None:
@@ -59,47 +79,157 @@ def _write_collection(dest: Path, data: dict[str, Any]) -> None:
     (dest / "collection.json").write_text(json.dumps(data, indent=1), encoding="utf-8")
 
 
+def agent_dirs_of(pids: Iterable[int]) -> dict[Path, list[int]]:
+    """The agent directories named by VRAMDOCTOR_AGENT_DIR in these processes' environments
+    (/proc/PID/environ, readable for our own user's processes or as root), each with the pids
+    that name it. A relative directory is taken from the process's working directory."""
+    found: dict[Path, list[int]] = {}
+    key = runtime.ENV_DIR.encode() + b"="
+    for pid in sorted(set(pids)):
+        try:
+            with open(f"/proc/{int(pid)}/environ", "rb") as fh:
+                raw = fh.read(ENVIRON_MAX_BYTES)
+        except OSError:
+            continue
+        for item in raw.split(b"\0"):
+            if not item.startswith(key):
+                continue
+            value = item[len(key) :].decode("utf-8", errors="replace").strip()
+            if not value or "\n" in value:
+                continue
+            path = Path(value)
+            if not path.is_absolute():
+                try:
+                    path = Path(os.readlink(f"/proc/{int(pid)}/cwd")) / path
+                except OSError:
+                    continue
+            found.setdefault(path, []).append(int(pid))
+    return found
+
+
 class AgentHook:
-    """Round hook for the agent: trigger, wait for every armed process, move the files to `dest`."""
+    """Round hook for the agent: at each idle-window end, ask every live agent of the directory
+    for its inside evidence (written as `InsideSample` records through `write`, once `attach`ed
+    to the run file) and, when `snapshots`, a snapshot from every armed one (moved to `dest`).
+
+    Nothing here may end the soak: an agent that does not answer, stood down, or a directory
+    that disappears is said once (a `source_error` event and `notes`)."""
 
     def __init__(
         self,
         agent_dir: Path,
-        dest: Path,
+        dest: Path | None = None,
         *,
+        snapshots: bool = True,
+        inside: bool = True,
+        trace_python: bool = False,
         timeout_s: float = 10.0,
-        server_pids: dict[int, str] | None = None,
+        server_pids: Mapping[int, str] | None = None,
+        write: Write | None = None,
+        found_in: str = "--attribute",
     ) -> None:
         self.ctl = Controller(agent_dir)
         self.ctl.check()
         self.dest = dest
+        self.snapshots = snapshots and dest is not None
+        self.inside = inside
+        self.trace_python = trace_python
         self.timeout_s = timeout_s
         self.server_pids = dict(server_pids or {})
+        self.write = write
+        self.found_in = found_in
         self.covered: dict[str, int] = {}
         self.silent: dict[str, int] = {}
         self.notes: list[str] = []
+        self.inside_records = 0
+        self._said: set[str] = set()
+
+    def attach(self, write: Write, server_pids: Mapping[int, str] | None = None) -> None:
+        """Where the records go (the run file's writer) and the server's processes, once known."""
+        self.write = write
+        if server_pids is not None:
+            self.server_pids = dict(server_pids)
 
     def start_note(self) -> str:
-        """One line for the start of soak: which processes are armed now."""
-        armed = self.ctl.armed()
-        if not armed:
+        """One line for the start of soak: which processes have an agent now."""
+        ready = self.ctl.ready()
+        if not ready:
             return (
-                f"attribution: no armed process in {self.ctl.dir} yet (start the server with "
+                f"agent: no process has an agent in {self.ctl.dir} yet (start the server with "
                 f"PYTHONPATH=$(vramdoctor agent-path) VRAMDOCTOR_AGENT_DIR={self.ctl.dir}); "
-                "processes that initialise CUDA later are picked up"
+                "processes that start later are picked up"
             )
-        return "attribution: armed " + ", ".join(a.label() for a in armed)
+        parts = [f"{a.label()}{' [CUDA armed]' if a.state == 'armed' else ''}" for a in ready]
+        what = "inside evidence" + (" and snapshots" if self.snapshots else "")
+        return f"agent ({self.found_in}): {what} from " + ", ".join(parts)
+
+    def _say(self, kind: str, message: str) -> None:
+        if kind in self._said:
+            return
+        self._said.add(kind)
+        self.notes.append(message)
+        if self.write is not None:
+            self.write(Event(*now(), name=SOURCE_ERROR, data={"source": "agent", "error": message}))
 
     def __call__(self, round_index: int, run_dir: Path | None = None) -> None:
-        files, missing = self.ctl.snapshot(round_index, timeout_s=self.timeout_s)
-        for f in self.ctl.move(files, self.dest):
-            key = f"pid {f.pid} ({f.program})"
-            self.covered[key] = self.covered.get(key, 0) + 1
+        want = (["inside"] if self.inside and self.write is not None else []) + (
+            ["snapshot"] if self.snapshots else []
+        )
+        if not want:
+            return
+        replies, missing = self.ctl.collect(
+            round_index,
+            round_index=round_index,
+            want=want,
+            trace_python=self.trace_python,
+            timeout_s=self.timeout_s,
+        )
+        mono, wall = now()
+        for reply in replies:
+            if reply.inside is not None and self.write is not None:
+                self.write(self._record(reply, round_index, mono, wall))
+                self.inside_records += 1
+        if self.snapshots and self.dest is not None:
+            moved = self.ctl.move([r.snapshot for r in replies if r.snapshot], self.dest)
+            for f in moved:
+                key = f"pid {f.pid} ({f.program})"
+                self.covered[key] = self.covered.get(key, 0) + 1
+        self.ctl.discard(replies)
         for a in missing:
             self.silent[a.label()] = self.silent.get(a.label(), 0) + 1
-        self._save()
+            self._say(
+                f"silent {a.label()}",
+                f"{a.label()} has an agent but did not answer within {self.timeout_s:.0f} s "
+                f"(round {round_index})",
+            )
+        for a in self.ctl.stood_down():
+            self._say(f"down {a.label()}", f"the agent in {a.label()} stood down: {a.reason}")
+        if self.dest is not None:
+            self._save()
+
+    @staticmethod
+    def _record(reply: Reply, round_index: int, mono: float, wall: float) -> InsideSample:
+        inside = reply.inside or {}
+        pid = reply.local_pid if reply.local_pid is not None else reply.pid
+        return InsideSample(
+            t=mono - max(0.0, wall - reply.wall),
+            wall=reply.wall,
+            pid=pid,
+            round=round_index,
+            window=reply.window,
+            cuda=inside.get("cuda"),
+            glibc=inside.get("glibc"),
+            python=inside.get("python"),
+            error=inside.get("error"),
+            host=reply.host,
+            program=reply.program,
+            pinned=inside.get("pinned"),
+            cuda_ms=inside.get("cuda_ms"),
+            agent_pid=reply.pid if pid != reply.pid else None,
+        )
 
     def _save(self) -> None:
+        assert self.dest is not None
         covered_pids = {int(k.split()[1]) for k in self.covered}
         unarmed = [
             f"pid {p} ({n})" for p, n in sorted(self.server_pids.items()) if p not in covered_pids
@@ -123,9 +253,51 @@ class AgentHook:
         )
 
     def close(self) -> None:
-        self.ctl.clear()
-        with contextlib.suppress(OSError):
-            self._save()
+        self.ctl.close()
+        if self.dest is not None:
+            with contextlib.suppress(OSError):
+                self._save()
+
+
+def inside_hook(
+    server_pids: Mapping[int, str],
+    *,
+    trace_python: bool = False,
+    write: Write | None = None,
+    notify: Callable[[str], None] | None = None,
+) -> AgentHook | None:
+    """The inside-evidence hook for a soak without `--attribute DIR`: the agent directory named in
+    the server processes' own environment, or None (no agent in the server; said through
+    `notify` when `--trace-python` asked for one). A directory the agents would refuse, or that
+    we cannot use, is said and skipped."""
+    say = notify or (lambda _m: None)
+    dirs = agent_dirs_of(server_pids)
+    if not dirs:
+        if trace_python:
+            say(
+                "--trace-python: no server process has the agent (start the server with "
+                "PYTHONPATH=$(vramdoctor agent-path) VRAMDOCTOR_AGENT_DIR=DIR); not traced"
+            )
+        return None
+    directory, pids = next(iter(sorted(dirs.items(), key=lambda kv: -len(kv[1]))))
+    if len(dirs) > 1:
+        say(
+            "agent: the server's processes name several agent directories; using "
+            f"{directory} ({len(pids)} processes)"
+        )
+    try:
+        return AgentHook(
+            directory,
+            None,
+            snapshots=False,
+            trace_python=trace_python,
+            server_pids=server_pids,
+            write=write,
+            found_in="in the server's environment",
+        )
+    except InputError as exc:
+        say(f"agent: {exc}; no inside evidence")
+        return None
 
 
 class SglangHook:
@@ -265,6 +437,7 @@ def build_hook(
     headers: dict[str, str] | None = None,
     remote: bool = False,
     server_pids: dict[int, str] | None = None,
+    trace_python: bool = False,
 ) -> AgentHook | SglangHook:
     """The round hook for `soak --attribute VALUE`; snapshots go to `runs/soak-X.attribution/`.
 
@@ -283,4 +456,4 @@ def build_hook(
         dest.mkdir(parents=True, exist_ok=True)
         return SglangHook(url, dest, output_dir=directory, headers=headers)
     assert directory is not None
-    return AgentHook(directory, dest, server_pids=server_pids)
+    return AgentHook(directory, dest, server_pids=server_pids, trace_python=trace_python)

@@ -10,16 +10,26 @@ dicts, lists, tuples, strings and numbers, and a pickle from elsewhere must not 
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
+import os
 import pickle
+import stat
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vramdoctor.attribution.analysis import ProcessAttribution, SnapshotError, Thresholds, attribute
+from vramdoctor.attribution.analysis import (
+    ProcessAttribution,
+    SnapshotError,
+    Thresholds,
+    attribute,
+    has_device,
+    has_pinned,
+)
 from vramdoctor.errors import InputError
 from vramdoctor.samples import REACHED_SERVER, Event, GpuSample
 from vramdoctor.units import MIB
@@ -29,6 +39,7 @@ __all__ = [
     "AttributionReport",
     "SnapshotMeta",
     "attribute_files",
+    "attribute_memories",
     "attribute_run",
     "attribution_dir",
     "load_snapshot",
@@ -44,15 +55,48 @@ class _PlainUnpickler(pickle.Unpickler):
         )
 
 
+# A snapshot larger than this is refused before it is read (real ones: KiB to tens of MiB).
+SNAPSHOT_MAX_BYTES = 1024 * 1024 * 1024
+_O_READ = (
+    os.O_RDONLY
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
+
+
 def load_snapshot(path: Path) -> dict[str, Any]:
-    """Read one snapshot pickle. Raises InputError (one line) for anything else."""
+    """Read one snapshot pickle. Raises InputError (one line) for anything else.
+
+    The file must be a regular file (a link, a FIFO or a device is refused: the file may come
+    from a directory another user controls) of at most SNAPSHOT_MAX_BYTES, unpickled with no
+    class allowed, and hold a `segments` list (or `host_segments`: torch 2.14+ with
+    `record_cuda=False`)."""
     try:
-        with open(path, "rb") as fh:
-            data = _PlainUnpickler(fh).load()
+        fd = os.open(path, _O_READ)
     except FileNotFoundError:
         raise InputError(f"no such snapshot file: {path}") from None
     except IsADirectoryError:
         raise InputError(f"{path} is a directory, not a snapshot pickle") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InputError(f"{path} is a symbolic link: refused (give the file itself)") from None
+        raise InputError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise InputError(f"{path} is a directory, not a snapshot pickle")
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"{path} is not a regular file: refused")
+        if st.st_size > SNAPSHOT_MAX_BYTES:
+            raise InputError(
+                f"{path} has {st.st_size / 2**20:,.0f} MiB: larger than any allocator snapshot "
+                f"vramdoctor reads ({SNAPSHOT_MAX_BYTES // 2**20:,} MiB)"
+            )
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = _PlainUnpickler(fh).load()
+    except InputError:
+        raise
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror}") from None
     except (
@@ -62,11 +106,18 @@ def load_snapshot(path: Path) -> dict[str, Any]:
         TypeError,
         AttributeError,
         IndexError,
+        KeyError,
         MemoryError,
+        RecursionError,
+        OverflowError,
         UnicodeDecodeError,
     ) as exc:
         raise InputError(f"{path}: not a PyTorch allocator snapshot pickle ({exc})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
+    finally:
+        os.close(fd)
+    if not isinstance(data, dict) or not (
+        isinstance(data.get("segments"), list) or isinstance(data.get("host_segments"), list)
+    ):
         raise InputError(f"{path}: not a PyTorch allocator snapshot (no 'segments' list)")
     return data
 
@@ -211,8 +262,8 @@ def attribute_run(
         ]
         nvml = [(_nvml_at(gpu, m.pid, m.wall) if m.pid is not None else None) for m in group]
         try:
-            processes.append(
-                attribute(
+            processes.extend(
+                attribute_memories(
                     snaps,
                     requests=reqs,
                     nvml_used_bytes=nvml if all(v is not None for v in nvml) else None,
@@ -260,7 +311,51 @@ def attribute_files(
             )
     label = f"{paths[0].name} .. {paths[-1].name} ({len(paths)} snapshots)"
     try:
-        proc = attribute(snaps, requests=reqs, label=label, th=th)
+        procs = attribute_memories(snaps, requests=reqs, label=label, th=th)
     except SnapshotError as exc:
         raise InputError(str(exc)) from None
-    return AttributionReport([proc], source="files")
+    return AttributionReport(procs, source="files")
+
+
+def attribute_memories(
+    snaps: Sequence[dict[str, Any]],
+    *,
+    requests: Sequence[int | None] | None = None,
+    nvml_used_bytes: Sequence[float | None] | None = None,
+    label: str = "process",
+    pid: int | None = None,
+    th: Thresholds | None = None,
+) -> list[ProcessAttribution]:
+    """One process's snapshots diffed per kind of memory they hold: GPU memory (unless every
+    snapshot was taken with `record_cuda=False`) and, where torch 2.14+ recorded it, pinned host
+    memory (`host_segments`/`host_traces`), each attributed to its stacks the same way.
+    Raises SnapshotError on bad input."""
+    out: list[ProcessAttribution] = []
+    device = any(has_device(s) for s in snaps) or not any(has_pinned(s) for s in snaps)
+    if device:
+        out.append(
+            attribute(
+                snaps,
+                requests=requests,
+                nvml_used_bytes=nvml_used_bytes,
+                label=label,
+                pid=pid,
+                th=th,
+            )
+        )
+    if any(has_pinned(s) for s in snaps):
+        pinned = attribute(
+            snaps,
+            requests=requests,
+            label=f"{label}: pinned host memory",
+            pid=pid,
+            th=th,
+            memory="pinned",
+        )
+        if not device:
+            pinned.notes.append(
+                "the snapshots hold no GPU memory (taken with record_cuda=False): pinned host "
+                "memory only"
+            )
+        out.append(pinned)
+    return out
