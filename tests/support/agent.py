@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -16,15 +17,34 @@ FAKE_TORCH = FIXTURES / "fake_torch"
 
 
 class Proc:
-    """A child process with its output in a file; `port` once it printed "listening PORT"."""
+    """A child process with its output in a file; `port` once it printed "listening PORT".
+
+    limit_as_mib: the child's address-space limit (RLIMIT_AS), so a runaway allocation in it
+    ends in MemoryError there instead of exhausting the test machine."""
 
     def __init__(
-        self, argv: list[str], env: dict[str, str], log: Path, cwd: Path | None = None
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        log: Path,
+        cwd: Path | None = None,
+        limit_as_mib: int | None = None,
     ) -> None:
         self.log = log
         self.fh = open(log, "w")  # noqa: SIM115
+
+        def limit() -> None:
+            if limit_as_mib is not None:
+                n = limit_as_mib * 1024 * 1024
+                resource.setrlimit(resource.RLIMIT_AS, (n, n))
+
         self.proc = subprocess.Popen(
-            argv, env=env, stdout=self.fh, stderr=subprocess.STDOUT, cwd=cwd
+            argv,
+            env=env,
+            stdout=self.fh,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            preexec_fn=limit if limit_as_mib is not None else None,
         )
         self.port = 0
 
@@ -74,11 +94,16 @@ def agent_env(agent_dir: Path, *, fake_torch: bool = True, **extra: str) -> dict
     return env
 
 
-def agent_server(tmp: Path, agent_dir: Path, *args: str, **env: str) -> Proc:
+def agent_server(
+    tmp: Path, agent_dir: Path, *args: str, limit_as_mib: int | None = None, **env: str
+) -> Proc:
+    """tests/fixtures/attribute/agent_server.py with the agent (and the fake torch), started and
+    listening; `args` go to the server, `env` into its environment."""
     p = Proc(
         [sys.executable, str(FIXTURES / "agent_server.py"), *args],
         agent_env(agent_dir, **env),
         tmp / f"server-{len(list(tmp.glob('server-*.log')))}.log",
+        limit_as_mib=limit_as_mib,
     )
     p.wait_port()
     return p

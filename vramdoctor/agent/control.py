@@ -498,6 +498,7 @@ class Controller:
                 "pid": os.getpid(),
                 "start_ticks": runtime.start_ticks(),
                 "host": runtime.safe_host(),
+                "pid_ns": runtime.pid_namespace(),
                 "created_wall": self.clock(),
             },
         )

@@ -373,7 +373,8 @@ def parse_trigger(raw: bytes) -> dict[str, Any]:
 
 
 def parse_session(raw: bytes) -> dict[str, Any]:
-    """A session file: {"token": str, "pid": int, "start_ticks": int | null, "host": str}."""
+    """A session file: {"token": str, "pid": int, "start_ticks": int | null, "host": str,
+    "pid_ns": str | null} (raises _Refused)."""
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
@@ -386,12 +387,22 @@ def parse_session(raw: bytes) -> dict[str, Any]:
     ticks = data.get("start_ticks")
     ticks = _whole(ticks, 0, 2**62) if ticks is not None else None
     host = data.get("host")
+    ns = data.get("pid_ns")
     return {
         "token": data["token"],
         "pid": pid,
         "start_ticks": ticks,
         "host": host if isinstance(host, str) else None,
+        "pid_ns": ns if isinstance(ns, str) and len(ns) < 64 else None,
     }
+
+
+def pid_namespace() -> str | None:
+    """This process's PID namespace (`pid:[4026531836]`), or None where it cannot be read."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
 
 
 def session_alive(session: dict[str, Any], host: str) -> bool | None:
@@ -406,7 +417,10 @@ def session_alive(session: dict[str, Any], host: str) -> bool | None:
         want = session.get("start_ticks")
         return want is None or ticks == want
     if os.path.isdir("/proc/self"):
-        return None  # not visible: ended, or in another PID namespace (a hostNetwork pod)
+        # not visible: ended, if it wrote the session from our own PID namespace; otherwise
+        # (a soak on the host, the server in a hostNetwork pod) this cannot tell
+        ns = session.get("pid_ns")
+        return False if ns is not None and ns == pid_namespace() else None
     try:  # no /proc: ask the kernel
         os.kill(pid, 0)
     except ProcessLookupError:
