@@ -112,7 +112,7 @@ def test_healthy_tp2_has_no_flags_and_attributes_memory() -> None:
     )
     c = census(s, groups={301: 300, 302: 300})
     assert not c.problem and c.flags == []
-    assert [p.role for p in c.processes] == ["vllm worker", "vllm worker"]
+    assert [p.role for p in c.processes] == ["vllm worker TP0", "vllm worker TP1"]
     assert [(g.processes, g.processes_mib, g.unattributed_mib) for g in c.gpus] == [
         (1, 70200, 500),
         (1, 70000, 500),
@@ -162,7 +162,7 @@ def test_roles_from_process_titles() -> None:
         role_of("python3", ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server"])
         == "vllm API server"
     )
-    assert role_of("VLLM::EngineCor", ["VLLM::EngineCore_DP0"]) == "vllm engine core"
+    assert role_of("VLLM::EngineCor", ["VLLM::EngineCore_DP0"]) == "vllm engine core DP0"
     assert role_of("python", ["python", "train.py"]) is None
 
 

@@ -82,10 +82,16 @@ def sglang_text(
     running: int = 3,
     queued: int = 1,
     hit_rate: float = 0.25,
+    hicache: tuple[float, float] | None = None,
+    lora: tuple[float, float] | None = None,
+    encoder_entries: float | None = None,
     extra: Callable[[CollectorRegistry], None] | None = None,
 ) -> str:
     """/metrics of an SGLang server. `ranks` are the scheduler label sets that report
-    (TP rank 0 only by default; every rank with --enable-metrics-for-all-schedulers)."""
+    (TP rank 0 only by default; every rank with --enable-metrics-for-all-schedulers).
+    `hicache` (used, total host KV tokens; --enable-hierarchical-cache, 0.5.15+), `lora`
+    (slots used, total; with LoRA) and `encoder_entries` (the encoder-disaggregation server's
+    cache, 0.5.15+) add the gauges of sglang/srt/observability/metrics_collector.py (0.5.23)."""
     reg = CollectorRegistry()
     v = _ver(version)
     base = {"model_name": "Qwen/Qwen2.5-VL-7B-Instruct"}
@@ -144,6 +150,39 @@ def sglang_text(
         for r in ranks:
             g.labels(**r, phase="prefill").set(0.126)
             g.labels(**r, phase="decode").set(0.314)
+    if hicache is not None and v >= (0, 5, 15):
+        gauge(
+            "sglang:hicache_host_used_tokens",
+            "Number of tokens currently used in the host KV cache.",
+            lambda r: hicache[0],
+        )
+        gauge(
+            "sglang:hicache_host_total_tokens",
+            "Total capacity of the host KV cache in tokens.",
+            lambda r: hicache[1],
+        )
+    if lora is not None:
+        gauge(
+            "sglang:lora_pool_slots_used",
+            "Number of LoRA adapter slots currently occupied in GPU memory.",
+            lambda r: lora[0],
+        )
+        gauge(
+            "sglang:lora_pool_slots_total",
+            "Total number of LoRA adapter slots available (max_loras_per_batch).",
+            lambda r: lora[1],
+        )
+        gauge(
+            "sglang:lora_pool_utilization",
+            "LoRA pool utilization ratio (used/total). 1.0 means pool is full.",
+            lambda r: lora[0] / lora[1],
+        )
+    if encoder_entries is not None and v >= (0, 5, 15):
+        gauge(
+            "sglang:encoder_cache_entries",
+            "Current number of cache entries.",
+            lambda r: encoder_entries,
+        )
     tok = Counter(
         "sglang:prompt_tokens_total",
         "Number of prefill tokens processed.",
@@ -175,8 +214,16 @@ def vllm_text(
     running: int = 2,
     waiting: int = 5,
     preemptions: int = 7,
+    sleep_level: list[int | None] | None = None,
+    sleep_ops: dict[str, int] | None = None,
+    sleep_in_flight: int = 0,
 ) -> str:
-    """/metrics of a vLLM server: V0 (0.6), V1 with both KV names (0.10), new names only (0.12+)."""
+    """/metrics of a vLLM server: V0 (0.6), V1 with both KV names (0.10), new names only (0.12+).
+
+    `sleep_level` per engine (0.12+, vllm/v1/metrics/loggers.py `vllm:engine_sleep_state`):
+    None awake, 1 weights offloaded, 2 discard all, 0 a level-0 sleep (all three rows 0).
+    `sleep_ops` (0.33, vllm/entrypoints/serve/dev/sleep/metrics.py): finished operations per
+    operation name, observed into the duration histogram; `sleep_in_flight` its gauge."""
     reg = CollectorRegistry()
     model = "meta-llama/Llama-3.1-8B-Instruct"
     kv_usage = kv_usage or [0.31] * engines
@@ -253,6 +300,34 @@ def vllm_text(
         counter(
             "vllm:num_preemptions", "Cumulative number of preemption from the engine.", preemptions
         )
+    if sleep_level is not None and _ver(version) >= (0, 12):
+        g = Gauge(
+            "vllm:engine_sleep_state",
+            "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is "
+            "awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+            labelnames=[*labelnames, "sleep_state"],
+            registry=reg,
+        )
+        for labels, level in zip(label_sets, sleep_level, strict=False):
+            g.labels(**labels, sleep_state="awake").set(1 if level is None else 0)
+            g.labels(**labels, sleep_state="weights_offloaded").set(1 if level == 1 else 0)
+            g.labels(**labels, sleep_state="discard_all").set(1 if level == 2 else 0)
+    if sleep_ops is not None and _ver(version) >= (0, 33):
+        hist = Histogram(
+            "vllm:sleep_mode_operation_duration_seconds",
+            "Duration of sleep mode operations in seconds.",
+            labelnames=["operation"],
+            registry=reg,
+            buckets=[0.01, 0.1, 1.0, 10.0, 60.0, 600.0],
+        )
+        for op, n in sleep_ops.items():
+            for _ in range(n):
+                hist.labels(operation=op).observe(0.5)
+        Gauge(
+            "vllm:sleep_mode_operations_in_flight",
+            "Number of sleep mode operations in flight.",
+            registry=reg,
+        ).set(sleep_in_flight)
     counter("vllm:prompt_tokens", "Number of prefill tokens processed.", 5000)
     h = Histogram(
         "vllm:time_to_first_token_seconds",

@@ -17,10 +17,10 @@ server) and returns rows and flags. The flags:
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from vramdoctor import servers
 from vramdoctor.samples import GpuSample
 from vramdoctor.units import format_mib
 
@@ -124,33 +124,11 @@ class Census:
         }
 
 
-_ROLES: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"sglang::scheduler(?:_DP(\d+))?(?:_TP(\d+))?"), "sglang scheduler"),
-    (re.compile(r"sglang::gpu_worker"), "sglang GPU worker"),
-    (re.compile(r"sglang::detokenizer"), "sglang detokenizer"),
-    (re.compile(r"sglang::tokenizer_worker"), "sglang tokenizer worker"),
-    (re.compile(r"sglang::"), "sglang"),
-    (
-        re.compile(r"sglang[./]launch_server|sglang serve\b|-m sglang\b"),
-        "sglang server (tokenizer)",
-    ),
-    (re.compile(r"VLLM::EngineCore"), "vllm engine core"),
-    (re.compile(r"VLLM::Worker"), "vllm worker"),
-    (re.compile(r"vllm serve\b|vllm\.entrypoints|vllm/entrypoints"), "vllm API server"),
-)
-
-
 def role_of(name: str | None, cmdline: list[str] | None) -> str | None:
-    """A guess at what the process is, from SGLang/vLLM process titles and command lines."""
-    text = " ".join(cmdline or []) + " " + (name or "")
-    for pattern, role in _ROLES:
-        m = pattern.search(text)
-        if m:
-            if role == "sglang scheduler":
-                dp, tp = m.groups()
-                return role + (f" DP{dp}" if dp else "") + (f" TP{tp}" if tp else "")
-            return role
-    return None
+    """What the process is for its server, from the process titles and command lines the
+    server kinds of `vramdoctor.servers` know (e.g. "vllm worker TP0"); None when none does."""
+    found = servers.title_of(name, cmdline)
+    return found.role if found is not None else None
 
 
 def census(

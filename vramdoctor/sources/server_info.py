@@ -1,9 +1,12 @@
 """Say what the server is before sending it anything.
 
-SGLang: `GET /get_server_info` (`/server_info` from 0.5.23) gives "version" next to
-`memory_usage` (weight, kvcache, graph, token_capacity) and the server args. vLLM: `GET
-/version`. Any OpenAI-compatible server: `GET /v1/models` gives the model id to send. A
-server that answers none of them is not there: SourceUnavailable, one line.
+The probes are the registry's (`vramdoctor.servers`): each kind, in identification order,
+names the GET requests whose JSON answer identifies it, and reads its version, model and
+start-up memory from them. SGLang: `GET /server_info` (and its deprecated alias
+`/get_server_info`) gives "version" next to `memory_usage` (weight, kvcache, graph,
+token_capacity) and the server args. vLLM: `GET /version`. Any OpenAI-compatible server (the
+fallback kind): `GET /v1/models` gives the model id to send. A server that answers none of
+them is not there: SourceUnavailable, one line.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 
 import requests
 
+from vramdoctor import servers
 from vramdoctor.errors import InputError, SourceUnavailable
 from vramdoctor.redact import redact_url
 from vramdoctor.sources.http import metrics_url
@@ -20,7 +24,7 @@ from vramdoctor.sources.http import metrics_url
 
 @dataclass
 class ServerInfo:
-    kind: str  # "sglang", "vllm" or "openai" (OpenAI-compatible, not identified further)
+    kind: str  # a registered kind's name: "sglang", "vllm", "openai" (the fallback), ...
     base_url: str
     version: str | None = None
     model: str | None = None
@@ -32,11 +36,10 @@ class ServerInfo:
     notes: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
-        name = {"sglang": "SGLang", "vllm": "vLLM"}.get(self.kind, "an OpenAI-compatible server")
-        parts = [name + (f" {self.version}" if self.version else "")]
+        parts = [servers.display_name(self.kind) + (f" {self.version}" if self.version else "")]
         if self.model:
             parts.append(f"serving {self.model}")
-        if self.owned_by and self.kind == "openai":
+        if self.owned_by and _is_fallback(self.kind):
             parts.append(f"({self.owned_by})")
         if self.memory_usage:
             mem = ", ".join(
@@ -90,13 +93,11 @@ def _get(session: requests.Session, url: str, timeout: float) -> Any:
         return None
 
 
-def _sglang_memory(info: dict[str, Any]) -> dict[str, Any] | None:
-    mem = info.get("memory_usage")
-    if not isinstance(mem, dict):
-        states = info.get("internal_states")
-        if isinstance(states, list) and states and isinstance(states[0], dict):
-            mem = states[0].get("memory_usage")
-    return mem if isinstance(mem, dict) else None
+def _is_fallback(name: str) -> bool:
+    try:
+        return servers.get(name).identity.fallback
+    except KeyError:
+        return True
 
 
 def identify(
@@ -118,12 +119,6 @@ def identify(
         if headers:
             s.headers.update(headers)
         return _identify(s, base, timeout, model)
-
-
-def _page_size(data: dict[str, Any]) -> int | None:
-    args = data.get("server_args") if isinstance(data.get("server_args"), dict) else data
-    value = args.get("page_size") if isinstance(args, dict) else None
-    return int(value) if isinstance(value, (int, float)) and 0 < value < 1e6 else None
 
 
 def _identify(
@@ -149,23 +144,7 @@ def _identify(
         models = "timeout"
     except requests.RequestException as exc:
         raise InputError(f"cannot reach {shown}: {type(exc).__name__}") from None
-    info: ServerInfo | None = None
-    for path in ("/get_server_info", "/server_info"):
-        data = _get(s, base + path, timeout)
-        if isinstance(data, dict) and ("version" in data or "memory_usage" in data):
-            info = ServerInfo(
-                "sglang",
-                base,
-                version=str(data.get("version") or "") or None,
-                memory_usage=_sglang_memory(data),
-                model=data.get("served_model_name") or data.get("model_path"),
-                page_size_tokens=_page_size(data),
-            )
-            break
-    if info is None:
-        data = _get(s, base + "/version", timeout)
-        if isinstance(data, dict) and isinstance(data.get("version"), str):
-            info = ServerInfo("vllm", base, version=data["version"])
+    info = _probe(s, base, timeout)
     if models in (401, 403):
         raise SourceUnavailable(
             f"the server at {shown} refused /v1/models (HTTP {models}): pass --api-key or set OPENAI_API_KEY"
@@ -187,13 +166,34 @@ def _identify(
                 "if it serves chat completions anyway, name the model with --model"
             )
         if info is None:
-            info = ServerInfo("openai", base)
+            info = ServerInfo(_fallback_name(), base)
         info.notes.append(f"the server {what}; sending model {model or info.model!r} as given")
     if info is None:
-        info = ServerInfo("openai", base)
+        info = ServerInfo(_fallback_name(), base)
     if listed:
         first = models["data"][0]
         if isinstance(first, dict):
             info.model = str(first.get("id") or info.model or "") or info.model
             info.owned_by = first.get("owned_by")
     return info
+
+
+def _fallback_name() -> str:
+    return next((k.name for k in servers.kinds() if k.identity.fallback), "openai")
+
+
+def _probe(s: requests.Session, base: str, timeout: float) -> ServerInfo | None:
+    """The first registered kind whose probe reads as its own answer, else None."""
+    for kind in servers.kinds():
+        for probe in kind.identity.probes:
+            answer = probe.read(_get(s, base + probe.path, timeout))
+            if answer is not None:
+                return ServerInfo(
+                    kind.name,
+                    base,
+                    version=answer.version,
+                    model=answer.model,
+                    memory_usage=answer.memory_usage,
+                    page_size_tokens=answer.page_size_tokens,
+                )
+    return None
