@@ -22,10 +22,42 @@ so ``import vramdoctor`` stays cheap: no numpy, scipy, requests, psutil or torch
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import os as _os
+import sys as _sys
 
-from vramdoctor import _lazy
-from vramdoctor._version import __version__
+
+def _interrupted_while_starting(_signum: int, _frame: object) -> None:
+    """Ctrl-C while the command line is still being imported: one line, exit 130."""
+    _sys.stderr.write("vramdoctor: interrupted\n")
+    _sys.stderr.flush()
+    _os._exit(130)
+
+
+def _program_is_vramdoctor() -> bool:
+    """True while `python -m vramdoctor` (runpy sets argv[0] to "-m" while it finds the
+    module) or the `vramdoctor` script starts; never for a program importing the library."""
+    first = _sys.argv[0] if _sys.argv else ""
+    return first == "-m" or first.rsplit("/", 1)[-1] in ("vramdoctor", "vramdoctor.exe")
+
+
+# The command line takes a few tenths of a second to import (typing, typer, rich): a Ctrl-C in
+# that time must not print a traceback. Installed before any other import, only when the
+# program is vramdoctor itself; vramdoctor.cli.main() puts Python's handler back. `_signal` is
+# the C module `signal` wraps: importing it costs nothing (it is loaded at start-up), so there
+# is no window in which the import itself could be interrupted.
+if _program_is_vramdoctor():
+    try:
+        import _signal
+
+        if _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:
+            _signal.signal(_signal.SIGINT, _interrupted_while_starting)
+    except (ImportError, AttributeError, ValueError):  # another Python, or not the main thread
+        pass
+
+from typing import TYPE_CHECKING, Any  # noqa: E402
+
+from vramdoctor import _lazy  # noqa: E402
+from vramdoctor._version import __version__  # noqa: E402
 
 if TYPE_CHECKING:  # the lazy names below, for type checkers and IDEs
     from vramdoctor.errors import (
