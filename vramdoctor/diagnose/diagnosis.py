@@ -45,7 +45,7 @@ def extract_file(path: str | Path) -> tuple[FileExtractor, ReadStats]:
     return ex, stats
 
 
-OTHER_KINDS = tuple(k for k in KINDS if k != "sglang")  # vLLM's marks add to its own sniff
+OTHER_KINDS = KINDS  # marks.py's marks (SGLang's and vLLM's add to their own sniff below)
 # a platform mark's priority (marks.PLATFORM_MARKS) as a fact priority: a line that states it beats a path
 PLATFORM_PRIO = {3: RUNTIME, 2: ARGS, 1: INFERRED}
 
@@ -472,6 +472,22 @@ def _diagnose_group(
         if tp is not None:
             facts.tp_size = tp
             facts.evidence["tp_size"] = Evidence(used[0].name, 0, note)
+    variants: dict[str, int] = {}
+    for ex in used:
+        for name, n in ex.variants.items():
+            variants[name] = variants.get(name, 0) + n
+    for name, _n in sorted(variants.items(), key=lambda kv: -kv[1]):
+        if marks.variant_kind(name) == server:
+            facts.variant = name
+            break
+    if facts.platform is None:
+        # an OOM message that names HIP or the NPU says the platform too
+        oom = next(
+            (e for ex in used for e in ex.events if e.data.get("device") in ("HIP", "NPU")), None
+        )
+        if oom is not None:
+            facts.platform = "rocm" if oom.data["device"] == "HIP" else "npu"
+            facts.evidence["platform"] = oom.evidence
     mm, mm_ev = _multimodal(facts, used)
     facts.multimodal = mm
     if mm_ev is not None:

@@ -316,6 +316,49 @@ def _async_figures(hit: Hit, msg: str, data: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+def _async_fields(lines: list[str], data: dict[str, Any]) -> None:
+    """The cudaMallocAsync figure lines ("Currently allocated     : 16.08 GiB", ...) into `data`."""
+    pending: str | None = None
+    for raw in lines:
+        line = raw.strip().strip('")')
+        m = P.OOM_ASYNC_FIELD.match(line)
+        if m is None:
+            continue
+        name = m.group(1) or pending or ""
+        if m.group(2) is None:
+            pending = name
+            continue
+        pending = None
+        value = size_mib(m.group(2))
+        key = "free_mib" if name.startswith("Free") else _ASYNC_KEYS.get(name.split(" (")[0])
+        if key == "allowed_mib" and (value is None or value >= NO_LIMIT_MIB):
+            continue
+        if key is not None and value is not None:
+            data[key] = value
+
+
+# llama.cpp names what it was allocating on the lines after cudaMalloc's failure; TGI's shard names the
+# method that failed ("Method Prefill encountered an error.") on the line after the router's error, its
+# router the warm-up ("Unable to warmup model: ..."); TensorRT-LLM's Triton backend fails creating the
+# model instance (its runtime buffers and KV cache) at start-up.
+def _phase_from_lines(hit: Hit, msg: str) -> str | None:
+    if "warmup" in msg.lower():
+        return "warmup"
+    if "Failed to create instance" in msg or "modelInstanceState" in msg:
+        return "startup"
+    after = [clean(x).text for x in hit.after(4)]
+    if "cudaMalloc failed" in msg:
+        for line in after:
+            for phase, rx in P.LCPP_WHAT:
+                if rx.search(line):
+                    return phase
+        return None
+    for line in after[:2]:
+        if m := P.TGI_METHOD.search(line):
+            return {"Warmup": "warmup", "Prefill": "prefill", "Decode": "decode"}.get(m.group(1))
+    return None
+
+
 def _frames_above(before: str) -> str:
     """The traceback frames directly above an error line, without a header (an excerpt that starts
     mid-traceback), or "" when the line above is not a frame.
@@ -841,6 +884,12 @@ class EventsMixin:
         if self.event_counts.get("cuda_oom", 0) >= MAX_EVENTS_PER_KIND:
             self.event_counts["cuda_oom"] += 1  # counted; the first ones carry the detail
             return
+        if text.startswith("ream->") or (text[:1].islower() and "): out of memory (" in text):
+            # a terminal wrapped TensorRT-LLM's "CUDA runtime error in ::cudaMallocAsync(...): out of
+            # memory" before its tail: the row above carries the start of the message
+            above = hit.before(4096).rstrip("\n").rsplit("\n", 1)[-1]
+            if "CUDA runtime error" in above:
+                text = clean(above).text + text
         msg = self._message(hit, text)
         alt = ""  # the same rows joined with spaces: a soft wrap as wide as a terminal looks hard
         if ("Tried to allocate" in msg or "out of memory." in msg) and (
@@ -858,7 +907,13 @@ class EventsMixin:
         def find(rx: Any) -> Any:
             return rx.search(msg) or (rx.search(alt) if alt else None)
 
-        if "would exceed allowed memory" in msg:
+        if "would exceed allowed memory" in msg and "\\n" in msg:
+            # TGI's router quotes the shard's message with its newlines escaped, on one line
+            _async_fields(msg.split("\\n")[1:], data)
+            if m := P.OOM_ASYNC_DEVICE.search(msg):
+                data["gpu"] = int(m.group(1))
+            data["allocator"] = "cudaMallocAsync"
+        elif "would exceed allowed memory" in msg:
             msg = _async_figures(hit, msg, data)
             if data.get("total_mib") is not None:
                 self.put("total_gpu_mib", data["total_mib"], INFERRED, self.ev(hit))
@@ -866,6 +921,11 @@ class EventsMixin:
             data["allowed_mib"] = size_mib(m.group(1))  # a per-process memory fraction was set
         if m := find(P.OOM_TRIED):
             data["requested_mib"] = size_mib(m.group(1))
+        elif m := P.GGML_ALLOC.search(
+            msg
+        ):  # llama.cpp: "allocating 4480.00 MiB on device 0: cudaMalloc failed"
+            data["requested_mib"] = float(m.group(1))
+            data["gpu"] = int(m.group(2))
         if "pid=" in hit.text[:120] and (m := P.PROC_PID.search(hit.text, 0, 160)):
             while hit.text.startswith(" (", m.end()) and (
                 n := P.PROC_PID.match(hit.text, m.end() + 1)
@@ -896,6 +956,12 @@ class EventsMixin:
             data["allocated_mib"] = size_mib(m.group(1))
         marks = self._markers(region + "\n" + msg)
         phase = self._phase(marks)
+        if phase is None:
+            phase = _phase_from_lines(
+                hit, msg
+            )  # llama.cpp, TGI, TensorRT-LLM say it in their lines
+        if "torchair" in region:
+            data["torchair"] = True  # vllm-ascend's torchair graph mode ran the failing step
         if P.VLLM_NOT_ENOUGH_LOAD.search(text):
             phase = "weight_load"
         if "sampler" in marks:

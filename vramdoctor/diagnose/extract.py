@@ -18,7 +18,7 @@ from typing import Any
 
 from vramdoctor.diagnose import patterns as P
 from vramdoctor.diagnose.args import balanced_end, parse_dump
-from vramdoctor.diagnose.cmdline import LAUNCH, parse_command
+from vramdoctor.diagnose.cmdline import parse_command
 from vramdoctor.diagnose.events import EventsMixin, gib_text_to_mib
 from vramdoctor.diagnose.findings import (
     ARGS,
@@ -39,7 +39,9 @@ from vramdoctor.diagnose.normalize import (
     short_line_memo,
     strip_noise,
 )
+from vramdoctor.diagnose.others import OthersMixin
 from vramdoctor.diagnose.reader import Hit
+from vramdoctor.diagnose.vocabulary import GATES
 from vramdoctor.redact import REDACTED, redact_tail, redact_text
 
 # Argument names whose values are secrets (api_key, hf_token, admin_api_key, ssl_keyfile_password).
@@ -53,13 +55,6 @@ WRAP_MIN_COLUMNS = 80  # a pasted command at least this wide may continue on ter
 
 # Argument dumps and vLLM's engine-config line: long lines that name memory settings
 # (gpu_memory_utilization=, mem_fraction_static=) but never report a memory event.
-DUMP_MARKS = (
-    "server_args=ServerArgs(",
-    "server_args={",
-    "non-default args: {",
-    "args: Namespace(",
-    " with config: ",
-)
 
 # Facts whose later value wins at equal priority (the last runtime line is the one in force).
 LAST_WINS = {"attention_backend"}
@@ -110,7 +105,7 @@ KINDS = ("sglang", "vllm", "tgi", "trtllm", "llamacpp", "ollama", "lmdeploy")
 
 
 @dataclass
-class FileExtractor(EventsMixin):
+class FileExtractor(EventsMixin, OthersMixin):
     """Facts and events of one input file."""
 
     name: str
@@ -119,6 +114,9 @@ class FileExtractor(EventsMixin):
     event_counts: dict[str, int] = field(default_factory=dict)
     votes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     variants: dict[str, int] = field(default_factory=dict)  # a fork's or wrapper's marks ("LoRAX")
+    gpu_buffers: dict[str, float] = field(
+        default_factory=dict
+    )  # llama.cpp model buffer MiB per GPU
     version: tuple[str, Evidence] | None = None
     ranks: dict[str, set[int]] = field(default_factory=dict)
     model_files: set[str] = field(default_factory=set)
@@ -691,6 +689,8 @@ class FileExtractor(EventsMixin):
 
 
 Step = Callable[[FileExtractor, Hit, str], None]
+# the vocabulary's gates with their steps resolved (a gate naming no method fails at import)
+_GATED: tuple[tuple[Any, Step], ...] = tuple((g, getattr(FileExtractor, g.step)) for g in GATES)
 
 
 def _rank_tagged(head: str) -> bool:
@@ -700,104 +700,16 @@ def _rank_tagged(head: str) -> bool:
 
 @short_line_memo()
 def dispatch(t: str) -> tuple[Step, ...]:
-    """The handlers a line's text selects, in order. Every gate is a pure function of the
-    text (a substring, or a regex the handler needs anyway), so the choice is memoised."""
-    X = FileExtractor
-    steps: list[Step] = []
+    """The handlers a line's text selects, in order: the structural steps (a request echo, the line's
+    rank/process tags), then every gate of the line vocabulary (vocabulary.GATES) the line passes.
+    Every gate is a pure function of the text, so the choice is memoised."""
     echo = P.request_echo(t)
     if echo >= 0:
         # review 12b: a logged request/response (vLLM RequestLogger, SGLang --log-requests) echoes user
         # text: nothing in it is an event or a fact; only the line's own prefix (rank/process tags)
-        return (X._echo_rank_tags,) if _rank_tagged(t[:echo]) else ()
-    if _rank_tagged(t[:80]):
-        steps.append(X._rank_tags)
-    if "_args=" in t or "args: " in t:
-        steps.append(X._args)
-    if ("launch_server" in t or " serve " in t or "entrypoints." in t) and LAUNCH.search(t):
-        steps.append(X._command)
-    if "LLM engine" in t:
-        steps.append(X._vllm_engine)
-    if "ersion" in t:
-        steps.append(X._versions)
-    if "\u2588" in t:
-        steps.append(X._logo_model)
-    if "oad weight" in t:
-        steps.append(X._sgl_load)
-    if "KV Cache" in t or "KV cache" in t:
-        steps.append(X._kv)
-    if "aptur" in t:
-        steps.append(X._graphs)
-    # (Traceback frames never get here: the reader skips them; errors read them via lookback.)
-    if "backend" in t and ("Use " in t or "Using " in t):
-        steps.append(X._backend)
-    if "image processor" in t and P.SLOW_PROCESSOR.search(t):
-        steps.append(X._slow_processor)
-    if "IPC" in t or "transport" in t or "MmItemMemoryPool" in t:
-        steps.append(X._ipc)
-    if "world size" in t:
-        steps.append(X._world_size)
-    if "ultimodal" in t or "ulti-modal" in t:
-        steps.append(X._multimodal)
-    if "ncoder cache" in t and P.VLLM_ENCODER_CACHE.search(t):
-        steps.append(X._encoder_cache)
-    if "blocks:" in t:
-        steps.append(X._blocks)
-    if "max_total_num_tokens" in t:
-        steps.append(X._sgl_summary)
-    if (
-        "weights t" in t
-        or "loading took" in t
-        or "weights memory:" in t
-        or "Requested memory:" in t
-    ):
-        steps.append(X._weights)
-    if "rchitecture" in t or "V1 Engine" in t:
-        steps.append(X._architecture)
-    if "load model" in t:
-        steps.append(X._load_model)
-    if "swap space" in t:
-        steps.append(X._swap)
-    if "long context length" in t:
-        steps.append(X._long_context)
-    if (
-        "_vl.py" in t
-        or "_vl_moe.py" in t
-        or "_mm_encoder" in t
-        or "multimodal_embeddings" in t
-        or "_video_input" in t
-        or "_image_input" in t
-    ):
-        steps.append(X._mm_frame)
-    if (
-        "hit an exception" in t
-        or "run_tp_server" in t
-        or "failed to start" in t
-        or "initialization failed" in t
-        or "encountered a fatal error" in t
-        or "died unexpectedly" in t
-        or "scheduler is dead" in t
-        or "Exception in worker" in t
-        or "Error executing method" in t
-    ):
-        steps.append(X._exception)
-    if "Kill" in t or "KILL" in t or "exitcode" in t or "code 137" in t or "oom-kill" in t:
-        steps.append(X._killed)  # review 12: the OOM killer / SIGKILL (host RAM, most often)
-    if "fired up" in t and P.SGL_READY.search(t):
-        steps.append(X._ready)
-    if "eak d" in t or "eak D" in t:
-        steps.append(X._leak)
-    if (
-        "emory" in t
-        or "out of resource" in t
-        or "max seq len" in t
-        or "profiled value" in t
-        or "Retract requests" in t
-        or "OUT_OF_MEMORY" in t
-        or "ALLOC_FAILED" in t
-    ) and not any(d in t for d in DUMP_MARKS):
-        steps.append(
-            X._memory
-        )  # (an argument dump or engine config names memory settings, no event)
+        return (FileExtractor._echo_rank_tags,) if _rank_tagged(t[:echo]) else ()
+    steps: list[Step] = [FileExtractor._rank_tags] if _rank_tagged(t[:80]) else []
+    steps.extend(step for gate, step in _GATED if gate.passes(t))
     return tuple(steps)
 
 

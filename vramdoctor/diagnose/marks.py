@@ -111,6 +111,14 @@ BUILTIN: dict[str, LogMarks] = {
             LogMark(rb"TurbomindEngineConfig\(|PytorchEngineConfig\(|\[TM\]\[", 5),
         )
     ),
+    # SGLang's batch lines (scheduler, every version since 2024) and its launcher's SIGQUIT line: an
+    # excerpt with no server_args dump (the rest of SGLang's marks: diagnosis._sniff)
+    "sglang": LogMarks(
+        (
+            LogMark(rb"Prefill batch\. #new-seq: |Decode batch\.? #running-req: ", 2),
+            LogMark(rb"SIGQUIT received\. It usually means one child failed", 3),
+        )
+    ),
     # vLLM's own logger prefix without a process tag ("ERROR 07-03 22:34:37 [core.py:588] ", 0.8+:
     # vllm/logger.py `_FORMAT` with `_DATE_FORMAT` "%m-%d %H:%M:%S"), its argparse error line, and
     # the forks' packages.
@@ -121,6 +129,11 @@ BUILTIN: dict[str, LogMarks] = {
                 1,
             ),
             LogMark(rb"vllm serve: error: ", 5),
+            # its process tags on lines without its logger prefix (a traceback relayed by the engine)
+            LogMark(
+                rb"\((?:EngineCore(?:_DP\d+|_\d+)?|Worker(?:_[A-Z]+\d+)*|VllmWorker(?: rank=\d+| TP\d+)?|APIServer) pid=\d+\) ",
+                1,
+            ),
             LogMark(rb"vllm_ascend/|Platform plugin ascend is activated", 3, variant="vLLM-Ascend"),
             LogMark(rb"vllm_omni/|vLLM-Omni", 3, variant="vLLM-Omni"),
         )
@@ -139,6 +152,14 @@ def marks_of(server: str) -> LogMarks:
     if section is not None and section.marks:
         return section  # type: ignore[no-any-return]
     return BUILTIN.get(server, LogMarks())
+
+
+def variant_kind(variant: str) -> str | None:
+    """The kind whose marks name this variant ("LoRAX" -> "tgi")."""
+    for kind, lm in BUILTIN.items():
+        if any(m.variant == variant for m in lm.marks):
+            return kind
+    return None
 
 
 _COMPILED: dict[bytes, Any] = {}

@@ -34,80 +34,28 @@ except ImportError:  # pragma: no cover
         return re.compile(pattern)
 
 
-# Literal fragments (bytes) of the lines below. Short, shared fragments keep the set small:
-# b"emory" covers "out of memory", "OutOfMemoryError", "Memory pool end", "memory leak",
-# "No available memory", "KV cache memory", "gpu_memory_utilization", "MmItemMemoryPool".
-ANCHORS: tuple[bytes, ...] = (
-    b"emory",
-    b"_args=",  # SGLang server_args=ServerArgs(...) / server_args={...}
-    b"args: ",  # vLLM "non-default args: {...}", "args: Namespace(...)"
-    b"backend",  # Use X backend / Using X backend
-    b"eak d",  # ... leak detected!
-    b"eak D",  # Mem Leak Detected!
-    b"oad weight",  # SGLang Load weight begin/end, old "Rank N: load weight begin."
-    b"weights t",  # vLLM "Loading model weights took", "model weights take"
-    b"loading took",  # vLLM "Model loading took X GiB"
-    b"KV Cache",
-    b"KV cache",
-    b"blocks:",  # vLLM "# GPU blocks: N", "# cuda blocks: N"
-    b"max_total_num_tokens",
-    b"aptur",  # Capture cuda graph / Capturing CUDA graphs / Graph capturing finished
-    b"ersion",  # vLLM version lines, the logo, "does not have a slow version"
-    b"LLM engine",
-    b"image processor",
-    b"IPC",
-    b"transport",
-    b"world size",
-    b"ultimodal",
-    b"ulti-modal",
-    b"mem-fraction",
-    b"hit an exception",
-    b"fired up",
-    b"out of resource",
-    b"\xe2\x96\x88",  # the block glyph of vLLM's logo ("model   X" line)
-    b"rchitecture",  # vLLM "Resolved architecture: X"
-    b"V1 Engine",  # vLLM 0.8 "['X'] is not supported by the V1 Engine"
-    b"load model",  # vLLM V1 "Starting to load model X..."
-    b"swap space",  # vLLM "Possibly too large swap space. ..."
-    b"long context length",
-    b"max seq len",  # vLLM KV budget checks (V0 and V1 wordings)
-    b"launch_server",  # a pasted launch command (cmdline.py)
-    b" serve ",  # "vllm serve MODEL", "sglang serve ..."
-    b"entrypoints.",  # python -m vllm.entrypoints.openai.api_server ...
-    b"OUT_OF_MEMORY",  # CUDA driver API CUDA_ERROR_OUT_OF_MEMORY
-    b"ALLOC_FAILED",  # cuBLAS CUBLAS_STATUS_ALLOC_FAILED, cuDNN CUDNN_STATUS_ALLOC_FAILED
-    b"profiled value",  # SGLang "max_total_tokens=N is larger than the profiled value M"
-    b"gpu-memory-utilization=",  # vLLM "The current --gpu-memory-utilization=0.8800 is equivalent to ..."
-    # traceback frames only a multimodal model runs (vision model files, encoder calls): read even
-    # without the traceback's header (an excerpt that starts mid-traceback)
-    *(
-        MM_FRAME_ANCHORS := (
-            b"_vl.py",
-            b"_vl_moe.py",
-            b"_mm_encoder",
-            b"multimodal_embeddings",
-            b"_video_input",
-            b"_image_input",
-        )
-    ),
-    b"run_tp_server",  # SGLang 2024 "Exception in run_tp_server:"
-    b"ncoder cache",  # vLLM V1 "Encoder cache will be initialized with a budget of N tokens, ..." (multimodal)
-    # review 12 (crashes): vLLM's start-up/engine death lines, SGLang's retraction line, SIGKILL signs
-    b"failed to start",  # vLLM "EngineCore failed to start." / "WorkerProc failed to start."
-    b"initialization failed",  # vLLM "Engine core initialization failed. See root cause above. ..."
-    b"encountered a fatal error",  # vLLM "EngineCore encountered a fatal error."
-    b"died unexpectedly",  # vLLM "Worker proc X died unexpectedly", "Engine core proc X died unexpectedly"
-    b"Retract requests",  # SGLang "KV cache pool is full. Retract requests. #retracted_reqs: N"
-    b"Killed",  # the shell's "Killed" (SIGKILL), the kernel's "Killed process N", k8s "OOMKilled"
-    b"SIGKILL",  # torch elastic "Signal 9 (SIGKILL) received by PID N"
-    b"exitcode",  # SGLang "Child process unexpectedly failed with exitcode=9", torch elastic "exitcode  : -9"
-    b"code 137",  # docker "exited with code 137" (128 + SIGKILL)
-    b"9/KILL",  # systemd "Main process exited, code=killed, status=9/KILL"
-    b"oom-kill",  # kernel "oom-kill:constraint=...,task=NAME,pid=N"
-    b"scheduler is dead",  # SGLang's launcher "Rank 0 scheduler is dead. Please check if there are ..."
-    b"Exception in worker",  # vLLM V0 "Exception in worker VllmWorkerProcess while processing method X."
-    b"Error executing method",  # vLLM V0 (Ray) "Error executing method 'X'. This might cause deadlock ..."
+# Traceback frames only a multimodal model runs (vision model files, encoder calls): the reader yields
+# these frame lines (other frames are read through look-back when an error needs them), as it does the
+# frames of SGLang's CUDA IPC transport (its frame proves the transport on).
+MM_FRAME_ANCHORS: tuple[bytes, ...] = (
+    b"_vl.py",
+    b"_vl_moe.py",
+    b"_mm_encoder",
+    b"multimodal_embeddings",
+    b"_video_input",
+    b"_image_input",
 )
+READ_FRAME_ANCHORS: tuple[bytes, ...] = (*MM_FRAME_ANCHORS, b"cuda_ipc_transport_utils")
+
+
+def __getattr__(name: str) -> object:
+    """`ANCHORS`, the prefilter's fragments, are built from the line vocabulary (vocabulary.GATES)."""
+    if name == "ANCHORS":
+        from vramdoctor.diagnose.vocabulary import ANCHORS
+
+        return ANCHORS
+    raise AttributeError(name)
+
 
 # --- line prefixes (stripped for display and continuation detection) -------------------
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
@@ -338,9 +286,20 @@ CUDA_OOM = re.compile(
     # the same torch error on other devices: ROCm "HIP out of memory", Ascend (torch_npu) "NPU out of memory"
     r"|HIP out of memory|NPU out of memory|hipErrorOutOfMemory"
     # torch's cudaMallocAsync backend: "Allocation on device 0 would exceed allowed memory. (out of memory)"
-    r"|would exceed allowed memory",
+    r"|would exceed allowed memory"
+    # issue 23, the other servers: ggml (llama.cpp, Ollama's runner) "... allocating 4480.00 MiB on device 0:
+    # cudaMalloc failed: out of memory" (also under ROCm: ggml's HIP build keeps the name), the 2023 ggml
+    # "CUDA error 2 at .../ggml-cuda.cu:9132: out of memory" (Ollama relays it as "llama.go:455: 2 at ...");
+    # TensorRT-LLM "[TensorRT-LLM][ERROR] CUDA runtime error in ::cudaMallocAsync(...): out of memory
+    # (.../tllmBuffers.h:112)" (a terminal wrap may leave only "ream->get()): out of memory (...h:112)");
+    # LMDeploy TurboMind "[TM][ERROR] CUDA runtime error: out of memory /lmdeploy/src/turbomind/...".
+    r"|cudaMalloc\w* failed: out of memory|ggml-cuda\.cu:\d+: out of memory|CUDA runtime error\b[^\n]*?out of memory"
+    r"|\): out of memory \(/\S+\.h:\d+\)",
     re.IGNORECASE,
 )
+# llama.cpp (ggml-backend): "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 4480.00 MiB on device 0:
+# cudaMalloc failed: out of memory"
+GGML_ALLOC = re.compile(r"allocating ([\d.]+) MiB on device (\d+): cudaMalloc failed")
 # The device an OOM message names (CUDA unless it says HIP or NPU).
 OOM_DEVICE = re.compile(
     r"\b(HIP|NPU)(?: out of memory|ErrorOutOfMemory)|\bhip(?=ErrorOutOfMemory)", re.IGNORECASE
@@ -606,7 +565,7 @@ PHASE_MARKERS: tuple[tuple[str, Any], ...] = (
     (
         "weight_load",
         _fast(
-            r"\bload_model\b|load_weights|create_weights|_initialize_model|\binitialize_model\b|weight_loader|[Ll]oad weight begin"
+            r"\bload_model\b|load_weights|create_weights|_create_weight\b|_initialize_model|\binitialize_model\b|weight_loader|[Ll]oad weight begin"
         ),
     ),
     ("warmup", _fast(r"compile_or_warm_up_model|_warmup|warm_up|kernel_warmup")),
@@ -833,3 +792,108 @@ def request_echo(t: str) -> int:
         return -1
     found = [i for i in (t.find(m, 0, ECHO_HEAD) for m in ECHO_MARKS) if i >= 0]
     return min(found) if found else -1
+
+
+# --- issue 23: the other servers' lines, the newer vLLM / SGLang lines, platform failures --------------
+# llama.cpp (ggml-org/llama.cpp, builds 2023-2025). Load: "llama_model_load_from_file_impl: using device CUDA0
+# (Tesla M60) - 8040 MiB free"; "load_tensors:        CUDA0 model buffer size = 7317.01 MiB" (CPU_Mapped /
+# CPU buffers are host RAM); "llama_context: n_ctx         = 131072" (llama_new_context_with_model in 2023);
+# "llama_kv_cache_unified:        CPU KV buffer size = 16384.00 MiB" (CPU: --no-kv-offload), "llama_context:
+# CUDA0 compute buffer size =   396.75 MiB"; "build: 5572 (7675c555) with cc ..."; 2023: "llm_load_tensors:
+# VRAM used: 17891.45 MB", "llama_kv_cache_init: VRAM kv self = 1482.19 MB", JSON lines '"build":1492'.
+LCPP_FREE = re.compile(r"using device (\w+) \([^)]*\) - (\d+) MiB free")
+LCPP_BUFFER = re.compile(
+    r"^\s*(\w+?)(?:_Mapped|_Host)? +(model|KV|compute|output) buffer size = +([\d.]+) MiB"
+)
+LCPP_NCTX = re.compile(r"\bn_ctx +(?:= +)?(\d+)")
+LCPP_VRAM_OLD = re.compile(r"VRAM (used|kv self)(?: =|:) ([\d.]+) MB")
+LCPP_BUILD = re.compile(r"^build: (\d+) \(|\"build\":(\d+)")
+LCPP_EXIT = re.compile(r"main: exiting due to (.*)")
+# what llama.cpp was allocating when cudaMalloc failed, from the lines after it
+LCPP_WHAT = (
+    ("kv_cache_alloc", re.compile(r"buffer for kv cache|kv cache", re.I)),
+    ("compute_buffer", re.compile(r"compute (?:pp )?buffers?|ggml_gallocr_reserve|graph_reserve")),
+    ("weight_load", re.compile(r"error loading model|unable to allocate \w+ buffer|load_tensors")),
+)
+# TGI (2023-2025): the shard's Python error relayed by the launcher ("Method Warmup encountered an error."),
+# the router's panic "Unable to warmup model: Generation(\"...\")" and error "Request failed during
+# generation: Server error: ...", the warm-up budget check "Not enough memory to handle N prefill tokens. You
+# need to decrease `--max-batch-prefill-tokens`" (flash_causal_lm.py warmup); "Serving revision R of model M".
+TGI_METHOD = re.compile(r"Method (Warmup|Prefill|Decode|FilterBatch|Health) encountered an error")
+TGI_WEBSERVER = re.compile(r"Webserver Crashed|Error: WebserverFailed|Error: Warmup\(")
+TGI_PREFILL_BUDGET = re.compile(r"Not enough memory to handle (\d+) prefill tokens")
+TGI_MODEL = re.compile(r"Serving revision \S+ of model (\S+)")
+# TensorRT-LLM C++ runtime (trtGptModelInflightBatching, kvCacheManager): "Memory usage when calculating max
+# tokens in paged kv cache: total: 22.19 GiB, available: 0.11 GiB"; "Max tokens in paged KV cache: 117760.
+# Allocating 54022635520 bytes."; "Allocate 14575206400 bytes for k/v cache."; "Using 35584 total tokens in
+# paged KV cache, ..."; "Number of blocks in KV cache primary pool: 18"; the Triton backend's
+# "kv_cache_free_gpu_mem_fraction is not specified, will use default value of 0.9 ..."; "TensorRT-LLM version: X".
+TRT_KV_MEM = re.compile(
+    r"calculating max tokens in paged kv cache: total: ([\d.]+) GiB, available: ([\d.]+) GiB"
+)
+TRT_KV_ALLOC = re.compile(
+    r"Max tokens in paged KV cache: (\d+)\. Allocating (\d+) bytes|Allocate (\d+) bytes for k/v cache"
+)
+TRT_KV_TOKENS = re.compile(r"Using (\d+) total tokens in paged KV cache")
+TRT_KV_BLOCKS = re.compile(r"Number of blocks in KV cache primary pool: (\d+)")
+TRT_KV_DEFAULT = re.compile(
+    r"kv_cache_free_gpu_mem_fraction is not specified, will use default value of ([\d.]+)"
+)
+TRT_VERSION = re.compile(r"TensorRT-LLM version: ([\w.+-]+)")
+TRT_CREATE_FAILED = re.compile(r"Failed to create instance")
+# LMDeploy: "input backend=turbomind, backend_config=TurbomindEngineConfig(... tp=2, session_len=None,
+# max_batch_size=1, cache_max_entry_count=0.1, ...)" (also PytorchEngineConfig)
+LMD_ENGINE = re.compile(r"(Turbomind|Pytorch)EngineConfig\(")
+# Ollama (Go): "llama runner process has terminated" (0.1-0.5), "error starting llama runner", the runner's Go
+# crash dump ("goroutine 1 [running]:", register lines "rip    0x...", "rflags 0x246"), "Listening on
+# 127.0.0.1:11434 (version 0.3.6)".
+OLLAMA_RUNNER_DIED = re.compile(r"llama runner process (?:has terminated|no longer running)[^\n]*")
+GO_CRASH = re.compile(
+    r"^(?:rflags|rip) +0x[0-9a-f]+$|^goroutine \d+ \[running\]:$|^SIG(?:ABRT|SEGV): "
+)
+OLLAMA_VERSION = re.compile(r"Listening on \S+ \(version ([\w.+-]+)\)")
+# vLLM 0.18+ gpu_model_runner / gpu_worker (NOTES.md §6): "Profiling CUDA graph memory: PIECEWISE=51
+# (largest=512), FULL=35 (largest=256)"; "Estimated CUDA graph memory: 0.36 GiB total"; the hint lines:
+# estimate on (0.21+ "CUDA graph memory profiling is enabled (default since v0.21.0). The current
+# --gpu-memory-utilization=U ..."; 0.18 "... is enabled (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1). This will
+# become the default in v0.19."), estimate off (0.18-0.20 "In v0.19, CUDA graph memory profiling will be enabled
+# by default ... increase --gpu-memory-utilization from U to V ..."; 0.21+ WARNING "CUDA graph memory profiling is
+# disabled (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0). ... increasing --gpu-memory-utilization from U to V.").
+VLLM_GRAPH_PROFILE = re.compile(
+    r"Profiling CUDA graph memory: ((?:\w+=\d+ \(largest=\d+\)(?:, )?)+)"
+)
+VLLM_GRAPH_PROFILE_PART = re.compile(r"(\w+)=(\d+) \(largest=(\d+)\)")
+VLLM_GRAPH_ESTIMATE = re.compile(r"Estimated CUDA graph memory: ([\d.]+) GiB total")
+VLLM_GRAPH_ESTIMATE_ON = re.compile(r"CUDA graph memory profiling is enabled")
+VLLM_GRAPH_ESTIMATE_OFF = re.compile(
+    r"CUDA graph memory profiling will be enabled by default|CUDA graph memory profiling is disabled"
+)
+VLLM_UTIL_FROM = re.compile(r"increas(?:e|ing) --gpu-memory-utilization from ([\d.]+) to ([\d.]+)")
+VLLM_SKIPPED_PROFILING = re.compile(
+    r"reserved ([\d.]+) GiB memory for KV Cache as specified by kv_cache_memory_bytes config and skipped memory profiling"
+)
+VLLM_PLATFORM = re.compile(r"Automatically detected platform (\w+)")
+VLLM_CLI_ERROR = re.compile(
+    r"\b(vllm serve|api_server\.py|launch_server\.py|sglang serve): error: (.*)"
+)
+# SGLang 0.5.18+ (mem_cache/kv_cache_configurator.py): "Reserving %.2f GB of the KV budget for post-sizing
+# multimodal allocations (feature-transport pools + embedding cache)."
+SGL_MM_RESERVE = re.compile(
+    r"Reserving ([\d.]+) GB of the KV budget for post-sizing multimodal allocations"
+)
+# SGLang's CUDA IPC feature transport failing to open a handle (utils/cuda_ipc_transport_utils.py), on ROCm
+# "(HIP error: invalid device pointer)"; the transport's own frame proves it was on.
+SGL_IPC_FAILED = re.compile(
+    r"Failed to deserialize from CUDA IPC handle(?: \((\w+) error: ([^)]*)\))?"
+)
+SGL_IPC_FRAME = re.compile(r"cuda_ipc_transport_utils\.py")
+# ROCm's HSA runtime on a GPU page fault: "Memory access fault by GPU node-2 (Agent handle: 0x...) on address
+# 0x.... Reason: Unknown."
+GPU_MEMORY_FAULT = re.compile(r"Memory access fault by GPU node-(\d+)[^\n]*?(?:Reason: ([^.]*))?")
+# known non-memory errors with their own lever (the server-crash finding names them)
+KERNEL_IMAGE_INVALID = re.compile(
+    r"device kernel image is invalid|no kernel image is available for execution"
+)
+# a traceback frame of torch.compile (inductor, dynamo) or of the Triton JIT / autotuner
+INDUCTOR_FRAME = re.compile(r"torch/_inductor/|torch/_dynamo/|InductorError|BackendCompilerFailed")
+TRITON_JIT_FRAME = re.compile(r"triton/runtime/(?:jit|autotuner)\.py")

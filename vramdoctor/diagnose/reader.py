@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from vramdoctor.diagnose.patterns import ANCHORS, MM_FRAME_ANCHORS, fast_bytes
+from vramdoctor.diagnose.patterns import READ_FRAME_ANCHORS, fast_bytes
+from vramdoctor.diagnose.vocabulary import ANCHORS
 from vramdoctor.errors import InputError
 
 # Any one of the anchors. The line around a hit is found with find/rfind (memchr): a regex that
@@ -54,8 +55,9 @@ def _first_anchor_generic(buf: bytes, pos: int, end: int) -> int:
 
 
 # A frame in a vision model file or encoder call: yielded (it says the log is multimodal, also in
-# an excerpt without the traceback's header); other frames are read only through lookback.
-_MM_FRAME = re.compile(b"|".join(re.escape(a) for a in MM_FRAME_ANCHORS))
+# an excerpt without the traceback's header), as is a frame of SGLang's CUDA IPC transport; other
+# frames are read only through lookback.
+_MM_FRAME = re.compile(b"|".join(re.escape(a) for a in READ_FRAME_ANCHORS))
 
 
 # bytes read per step: small enough that a block is scanned and its lines counted while it is

@@ -87,8 +87,33 @@ def verdict(d: Diagnosis) -> tuple[str, str]:
     return f"{server}{ver}: {top.title} ({counts}).", _STYLE[top.severity]
 
 
+# How users name each server kind (the registry's display names, in the words of a log reader).
+DISPLAY_NAMES = {
+    "sglang": "SGLang",
+    "vllm": "vLLM",
+    "tgi": "TGI",
+    "trtllm": "TensorRT-LLM",
+    "llamacpp": "llama.cpp server",
+    "ollama": "Ollama",
+    "lmdeploy": "LMDeploy",
+}
+_VARIANT_OF = {
+    "LoRAX": "a TGI fork",
+    "vLLM-Ascend": "vLLM's Ascend plugin",
+    "vLLM-Omni": "a vLLM fork",
+}
+
+
+def display_name(server: str | None, variant: str | None = None) -> str:
+    """ "TGI (LoRAX, a TGI fork)", "vLLM", "unknown server"."""
+    name = DISPLAY_NAMES.get(server or "", server or "unknown server")
+    if variant:
+        name += f" ({variant}, {_VARIANT_OF.get(variant, 'a variant')})"
+    return name
+
+
 def _server_name(d: Diagnosis) -> str:
-    return {"sglang": "SGLang", "vllm": "vLLM"}.get(d.server or "", "unknown server")
+    return display_name(d.server, d.facts.variant)
 
 
 def _fmt(name: str, v: object) -> str:

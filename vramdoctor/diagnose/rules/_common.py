@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from vramdoctor.diagnose.findings import Diagnosis, Evidence, LogEvent
+from vramdoctor.diagnose.levers import Vocab, vocab
 
 
 def version_tuple(v: str | None) -> tuple[int, ...] | None:
@@ -63,6 +64,18 @@ VLLM_ONLY_FLAGS = (
     "--mm-processor-kwargs",
     "VLLM_",
 )
+
+
+def words(d: Diagnosis) -> Vocab:
+    """The diagnosed server's levers on its platform (the vocabulary every fix is written in)."""
+    return vocab(d.server, d.facts.platform, d.version or d.facts.version_at_least)
+
+
+def server_name(d: Diagnosis) -> str:
+    """The server's name as its users say it ("SGLang", "TGI (LoRAX, a TGI fork)", "the server")."""
+    from vramdoctor.diagnose.report import display_name
+
+    return display_name(d.server, d.facts.variant) if d.server else "the server"
 
 
 def by_server(server: str | None, sglang: str, vllm: str, unknown: str | None = None) -> str:

@@ -1,16 +1,32 @@
-"""A CUDA out-of-memory error: where it hit, how much was asked and free, and the fix there."""
+"""A GPU out-of-memory error: where it hit, how much was asked and free, the cause, and the fix there.
+
+The finding is built in named steps (`check` -> `_finding` per phase): the figures the message
+carries, the causes read around it that change the lever (a request smaller than the free memory:
+fragmentation or a per-allocation limit, not the budget; one allocation larger than the device;
+a per-process memory fraction; an allocation out of all proportion to the step; the first rank to
+fail; the server's own processes in the message), then the fix for the phase in the diagnosed
+server's own levers on its platform (levers.py): a server or platform without a lever is never
+told about it.
+"""
 
 from __future__ import annotations
 
+import re
+
 from vramdoctor.diagnose.findings import Diagnosis, Facts, Finding, LogEvent
+from vramdoctor.diagnose.levers import Vocab, platform_tool
 from vramdoctor.diagnose.rules import Rule
-from vramdoctor.diagnose.rules._common import by_server, first_evidence, fraction_flag, mib
+from vramdoctor.diagnose.rules._common import first_evidence, mib, words
 
 SMALL_PROCESS_MIB = 4096.0  # a process this small next to the server is a context or side work
+# One allocation this share of the device in a forward step is out of all proportion to a batch's
+# activations: a code path that materialises a whole cache or sequence (a bug), not the budget.
+OUTSIZED_SHARE = 0.25
 
 PHASE_NAMES = {
     "weight_load": "while loading the weights",
     "kv_cache_alloc": "while allocating the KV cache",
+    "compute_buffer": "while allocating the compute buffers (sized by the context and batch)",
     "cuda_graph": "during CUDA graph capture",
     "profiling": "during the memory-profiling run",
     "mm_profiling": "during the multimodal profiling run",
@@ -26,125 +42,347 @@ PHASE_NAMES = {
     "serving": "while serving a batch of requests (the frames do not say prefill or decode)",
     None: "at a point the traceback does not show",
 }
+_CENSUS = (
+    " Run `vramdoctor census` to see every process's memory on each GPU, and `vramdoctor soak` to "
+    "tell steady growth (leak) from a one-off peak."
+)
 
 
-def _fix(phase: str | None, server: str | None, e: LogEvent) -> str:
-    """The fix for an OOM in this phase, in the server's own flags (both, labelled, when unknown)."""
-    frac = fraction_flag(server)
-    if phase == "distributed_init":
+# --- the fix for each phase, in the server's levers -----------------------------------------
+
+
+def _fix_distributed_init(v: Vocab, d: Diagnosis) -> str:
+    holder = {"sglang": "sglang::scheduler", "vllm": "EngineCore / worker"}.get(
+        d.server or "", "server process"
+    )
+    base = (
+        " (and --base-gpu-id)"
+        if d.server == "sglang"
+        else ("" if d.server else " (and the server's base GPU setting)")
+    )
+    ranks = v("tensor_parallel") or "tensor-parallel"
+    share = v("memory_share") or "The memory share"
+    return (
+        f"Find what already holds the GPUs before the server starts: `{v.say('{smi}')}` or `vramdoctor census` "
+        f"(a leftover server from an earlier run, e.g. a zombie {holder}, a notebook or another tenant) and "
+        f"stop it; check that CUDA_VISIBLE_DEVICES{base} gives each of the {ranks} ranks its own GPU (two "
+        f"ranks mapped to one GPU fill it twice). {share} cannot help: the server had not reserved any of "
+        "its share yet."
+    )
+
+
+def _fix_preprocessing(v: Vocab, d: Diagnosis) -> str:
+    if d.server == "sglang":
         return (
-            "Find what already holds the GPUs before the server starts: `nvidia-smi` or `vramdoctor census` "
-            "(a leftover server from an earlier run, e.g. a zombie "
-            + by_server(server, "sglang::scheduler", "EngineCore / worker", "server process")
-            + ", a notebook or another tenant) and stop it; check that CUDA_VISIBLE_DEVICES"
-            + by_server(server, " (and --base-gpu-id)", "", " (and the server's base GPU setting)")
-            + " gives each of the "
-            + by_server(server, "--tp-size", "--tensor-parallel-size", "tensor-parallel")
-            + " ranks its own GPU (two ranks mapped to one GPU fill it twice). "
-            f"{frac} cannot help: the server had not reserved any of its share yet."
-        )
-    if phase == "preprocessing":
-        return by_server(
-            server,
             "Move image preprocessing off the GPU: --disable-fast-image-processor (from 0.5.18: "
             "--image-processor-backend pil; the version has one of the two), at some CPU cost per image; or "
             "upgrade to SGLang >= 0.5.19 (request-scoped pool for the fast processor's scratch); cap image "
-            "size/count per request.",
+            "size/count per request."
+        )
+    return (
+        v.first(
             "Keep the multimodal processor on the CPU (drop a device='cuda' from --mm-processor-kwargs) and cap "
-            "images per request (--limit-mm-per-prompt) and their size (--mm-processor-kwargs max_pixels).",
+            "images per request ({mm_limits}) and their size ({mm_pixels}).",
             "Move image preprocessing to the CPU (SGLang: --disable-fast-image-processor / "
             "--image-processor-backend pil, or SGLang >= 0.5.19; vLLM: no device='cuda' in "
             "--mm-processor-kwargs) and cap image size/count per request.",
         )
-    if phase == "weight_load":
+        or "Move image preprocessing to the CPU and cap image size/count per request."
+    )
+
+
+def _fix_weight_load(v: Vocab, d: Diagnosis) -> str:
+    more = v.join(
+        "use more GPUs ({tensor_parallel})", "fewer layers on the GPU ({gpu_layers})", sep=" or "
+    )
+    quant = "a quantized checkpoint" if v.has("quantize") or d.server is None else ""
+    parts = [p for p in (more, quant, "or free the GPU from other processes") if p]
+    share = (
+        "; the memory fraction does not help here."
+        if v.has("memory_share") or d.server is None
+        else "."
+    )
+    return "The weights do not fit: " + ", ".join(parts) + share
+
+
+def _fix_kv_cache_alloc(v: Vocab, d: Diagnosis) -> str:
+    if d.server in ("llamacpp", "ollama"):
         return (
-            "The weights do not fit: use more GPUs ("
-            + by_server(server, "--tp-size", "--tensor-parallel-size")
-            + "), a quantized checkpoint, or free the GPU from other processes; the memory fraction does not help here."
-        )
-    if phase == "kv_cache_alloc":
-        return by_server(
-            server,
-            "Lower --mem-fraction-static or --max-total-tokens.",
-            "Lower --gpu-memory-utilization or --max-model-len; on vLLM V0 also lower --swap-space (the CPU swap "
-            "blocks are pinned host memory).",
-        )
-    if phase == "startup":
-        return by_server(
-            server,
-            "The scheduler ran out while starting (weights, KV pool, graphs): lower --mem-fraction-static, "
-            "--cuda-graph-max-bs or --max-running-requests; if the weights alone do not fit, use more GPUs "
-            "(--tp-size) or a quantized checkpoint.",
-            "The engine ran out while starting: lower --gpu-memory-utilization, --max-model-len or --max-num-seqs; "
-            "if the weights alone do not fit, use more GPUs (--tensor-parallel-size) or a quantized checkpoint.",
-        )
-    if phase == "cuda_graph":
-        return by_server(
-            server,
-            "Graph capture runs outside the static pool: lower --mem-fraction-static or --cuda-graph-max-bs "
-            "(or --disable-cuda-graph).",
-            "Graph capture runs outside the KV budget: lower --gpu-memory-utilization, --max-num-seqs or the "
-            "capture sizes (or --enforce-eager).",
-        )
-    if phase in ("warmup", "profiling", "mm_profiling") and e.data.get("sampler"):
-        return by_server(
-            server,
-            "Warm-up sampling ran out: lower --max-running-requests or --mem-fraction-static.",
-            "The sampler warm-up (logits for --max-num-seqs dummy requests) ran out: lower --max-num-seqs, as "
-            "vLLM's own message says, or --gpu-memory-utilization.",
-        )
-    if phase in ("profiling", "mm_profiling"):
-        return by_server(
-            server,
-            "The profiling pass's activations do not fit: lower --mem-fraction-static, --chunked-prefill-size or "
-            "--max-prefill-tokens.",
-            "The profiling run's activations do not fit: lower --max-num-batched-tokens / --max-model-len, limit "
-            "images per prompt (--limit-mm-per-prompt) and the encoder cache, or lower --gpu-memory-utilization if "
-            "other processes share the GPU.",
-        )
-    if phase == "warmup":
-        return by_server(
-            server,
-            "Warm-up runs outside the static pool: lower --mem-fraction-static or --cuda-graph-max-bs.",
-            "Warm-up runs outside the KV budget: lower --gpu-memory-utilization, --max-num-seqs or "
-            "--max-num-batched-tokens.",
-        )
-    if phase == "prefill" and e.data.get("multimodal_frames"):
-        return by_server(
-            server,
-            "The vision encoder's activations for this request did not fit next to the static pool: lower "
-            "--mem-fraction-static to leave encoder headroom and --chunked-prefill-size; cap image size/count per "
-            "request.",
-            "The vision encoder's activations for this request did not fit next to the KV cache: lower "
-            "--gpu-memory-utilization to leave encoder headroom, cap images per request (--limit-mm-per-prompt) "
-            "and their size (--mm-processor-kwargs), and lower --max-num-batched-tokens.",
-        )
-    if phase == "prefill":
-        return (
-            f"Activations outside the KV pool ran out: lower {frac} to leave headroom, lower "
-            + by_server(
-                server,
-                "--chunked-prefill-size and --max-prefill-tokens, or cap --context-length",
-                "--max-num-batched-tokens, or cap --max-model-len",
+            v.first(
+                "The KV cache for the context does not fit next to the weights: lower {context_length}, put "
+                "fewer layers on the GPU ({gpu_layers}), or quantize the KV cache ({kv_dtype})."
             )
-            + " / input length; multimodal inputs also need encoder headroom."
+            or "Lower the context length or put fewer layers on the GPU."
         )
-    if phase == "serving":
-        return by_server(
-            server,
-            "A forward pass of a request batch ran out next to the static pool: lower --mem-fraction-static to "
-            "leave headroom, and --chunked-prefill-size (prefill chunks) or --max-running-requests / "
-            "--cuda-graph-max-bs (decode batches).",
-            "A forward pass of a request batch ran out next to the KV cache: lower --gpu-memory-utilization to "
-            "leave headroom, and --max-num-batched-tokens (prefill chunks) or --max-num-seqs (decode batches).",
+    fix = (
+        v.first(
+            "Lower {memory_share} or {kv_size}.",
+            "Lower {memory_share} or {context_length}",
+            "Lower {kv_share} or {context_length}.",
         )
-    if phase == "decode":
+        or "Lower the KV cache size or the context length."
+    )
+    if d.server == "vllm":
+        fix += (
+            v.say("; on vLLM V0 also lower {swap} (the CPU swap blocks are pinned host memory).")
+            or "."
+        )
+    elif not fix.endswith("."):
+        fix += "."
+    return fix
+
+
+def _fix_compute_buffer(v: Vocab, d: Diagnosis) -> str:
+    return (
+        v.first(
+            "The compute buffer grows with the context and the batch: lower {context_length} to what you serve "
+            "and {compute_batch}; or put fewer layers on the GPU ({gpu_layers}) to make room."
+        )
+        or "Lower the context length and the batch size."
+    )
+
+
+def _fix_startup(v: Vocab, d: Diagnosis) -> str:
+    if d.server == "sglang":
         return (
-            f"Decode activations (logits for large batches) ran out: lower {frac}, "
-            + by_server(server, "--max-running-requests or --cuda-graph-max-bs", "--max-num-seqs")
+            v.say(
+                "The scheduler ran out while starting (weights, KV pool, graphs): lower {memory_share}, "
+                "{graph_batch} or {max_running}; if the weights alone do not fit, use more GPUs "
+                "({tensor_parallel}) or a quantized checkpoint."
+            )
+            or ""
+        )
+    if d.server == "trtllm":
+        return (
+            v.join(
+                "The engine's runtime buffers and the KV cache did not fit next to the engine: lower {kv_share} "
+                "(the KV cache takes that share of the memory free after the engine)",
+                "or rebuild the engine with a smaller {max_running} and {input_length} (the runtime buffers are "
+                "sized for them)",
+                sep=", ",
+            )
             + "."
         )
-    return f"Lower {frac} to leave headroom and check the settings listed; the traceback does not show the phase."
+    return (
+        v.first(
+            "The engine ran out while starting: lower {memory_share}, {context_length} or {max_running}; if the "
+            "weights alone do not fit, use more GPUs ({tensor_parallel}) or a quantized checkpoint.",
+            "The server ran out while starting: lower {kv_share} or {context_length}; if the weights alone do not "
+            "fit, use more GPUs ({tensor_parallel}) or a quantized checkpoint.",
+        )
+        or "The server ran out while starting: lower its KV cache share or context length."
+    )
+
+
+def _fix_cuda_graph(v: Vocab, d: Diagnosis) -> str:
+    if d.server == "sglang":
+        return (
+            v.say(
+                "Graph capture runs outside the static pool: lower {memory_share} or {graph_batch} (or {graph_off})."
+            )
+            or ""
+        )
+    return (
+        v.first(
+            "Graph capture runs outside the KV budget: lower {memory_share}, {max_running} or the capture sizes "
+            "(or {graph_off}).",
+            "Capture fewer CUDA graphs ({graph_off}).",
+        )
+        or "Capture fewer CUDA graphs."
+    )
+
+
+def _fix_sampler(v: Vocab, d: Diagnosis) -> str:
+    if d.server == "sglang":
+        return v.say("Warm-up sampling ran out: lower {max_running} or {memory_share}.") or ""
+    max_seqs = d.facts.max_running_requests
+    if d.server == "vllm" and max_seqs is not None and max_seqs <= 8:
+        # vLLM's own message names max_num_seqs, but it is already small: the share is the lever
+        return (
+            f"The sampler warm-up (logits for {max_seqs} dummy request(s), --max-num-seqs {max_seqs} already) "
+            "ran out after the budget was spent: lower --gpu-memory-utilization to leave headroom outside "
+            "the KV cache."
+        )
+    return (
+        v.first(
+            "The sampler warm-up (logits for {max_running} dummy requests) ran out: lower {max_running}, as "
+            "vLLM's own message says, or lower {memory_share}."
+        )
+        or "The sampler warm-up ran out: lower the batch size or the memory share."
+    )
+
+
+def _fix_profiling(v: Vocab, d: Diagnosis) -> str:
+    if d.server == "sglang":
+        return (
+            v.say(
+                "The profiling pass's activations do not fit: lower {memory_share}, {prefill_chunk} or {batch_tokens}."
+            )
+            or ""
+        )
+    return (
+        v.first(
+            "The profiling run's activations do not fit: lower {prefill_chunk} / {context_length}, limit images "
+            "per prompt ({mm_limits}) and the encoder cache, or lower {memory_share} if other processes share "
+            "the GPU.",
+            "The profiling run's activations do not fit: lower {prefill_chunk} or {context_length}.",
+        )
+        or "The profiling run's activations do not fit: lower the batch or context length."
+    )
+
+
+def _fix_warmup(v: Vocab, d: Diagnosis) -> str:
+    if d.server == "sglang":
+        return (
+            v.say("Warm-up runs outside the static pool: lower {memory_share} or {graph_batch}.")
+            or ""
+        )
+    if d.server == "tgi":
+        return (
+            v.say(
+                "Warm-up runs a batch of {prefill_chunk} tokens and sizes the KV cache from what is left: lower "
+                "{prefill_chunk} and {context_length} (or {input_length}), or set {kv_size} explicitly."
+            )
+            or ""
+        )
+    return (
+        v.first(
+            "Warm-up runs outside the KV budget: lower {memory_share}, {max_running} or {prefill_chunk}.",
+            "Warm-up ran out: lower {prefill_chunk} or {context_length}.",
+        )
+        or "Warm-up ran out: lower the batch or context length."
+    )
+
+
+def _fix_mm_prefill(v: Vocab, d: Diagnosis) -> str:
+    if d.server == "sglang":
+        return (
+            v.say(
+                "The vision encoder's activations for this request did not fit next to the static pool: lower "
+                "{memory_share} to leave encoder headroom and {prefill_chunk}; cap image size/count per request."
+            )
+            or ""
+        )
+    return (
+        v.first(
+            "The vision encoder's activations for this request did not fit next to the KV cache: lower "
+            "{memory_share} to leave encoder headroom, cap images per request ({mm_limits}) and their size "
+            "({mm_pixels}), and lower {prefill_chunk}."
+        )
+        or "The vision encoder's activations did not fit: cap image size and count per request."
+    )
+
+
+def _fix_prefill(v: Vocab, d: Diagnosis) -> str:
+    if d.server == "tgi":
+        return (
+            v.say(
+                "A prefill batch ran out after warm-up sized the KV cache from the memory left: set "
+                "{prefill_chunk} and {kv_size} lower explicitly, or {memory_share} below 1.0 to leave headroom."
+            )
+            or ""
+        )
+    head = v.say(
+        "Activations outside the KV pool ran out: lower {memory_share} to leave headroom, lower "
+    )
+    if head is None:
+        return (
+            v.first(
+                "Activations outside the KV cache ran out: lower {prefill_chunk} or {context_length}."
+            )
+            or "Activations ran out: lower the prefill batch or the context length."
+        )
+    if d.server == "sglang":
+        tail = v.say("{prefill_chunk} and {batch_tokens}, or cap {context_length}") or ""
+    elif d.server == "vllm":
+        tail = v.say("{prefill_chunk}, or cap {context_length}") or ""
+    else:
+        tail = v.say("{prefill_chunk} and {batch_tokens}, or cap {context_length}") or ""
+        tail = tail.replace(" (SGLang) / ", " (SGLang) / ")  # both servers' flags, labelled
+    return head + tail + " / input length; multimodal inputs also need encoder headroom."
+
+
+def _fix_serving(v: Vocab, d: Diagnosis) -> str:
+    if d.server == "sglang":
+        return (
+            v.say(
+                "A forward pass of a request batch ran out next to the static pool: lower {memory_share} to leave "
+                "headroom, and {prefill_chunk} (prefill chunks) or {max_running} / {graph_batch} (decode batches)."
+            )
+            or ""
+        )
+    return (
+        v.first(
+            "A forward pass of a request batch ran out next to the KV cache: lower {memory_share} to leave "
+            "headroom, and {prefill_chunk} (prefill chunks) or {max_running} (decode batches).",
+            "A forward pass ran out: lower {prefill_chunk} or {max_running}.",
+        )
+        or "A forward pass ran out: lower the batch size."
+    )
+
+
+def _fix_decode(v: Vocab, d: Diagnosis) -> str:
+    batch = v.say("{max_running} or {graph_batch}") if d.server == "sglang" else v("max_running")
+    return (
+        v.first(
+            "Decode activations (logits for large batches) ran out: lower {memory_share}, "
+            + (batch or "")
+            + ".",
+            "Decode activations ran out: lower {max_running} or {kv_size}.",
+        )
+        or "Decode activations ran out: lower the batch size."
+    )
+
+
+def _fix_unplaced(v: Vocab, d: Diagnosis) -> str:
+    if d.server in ("llamacpp", "ollama"):
+        return (
+            v.first(
+                "Put fewer layers on the GPU ({gpu_layers}) or lower {context_length}; a smaller quantization "
+                "needs less memory for the weights."
+            )
+            or "Put fewer layers on the GPU or lower the context length."
+        )
+    return (
+        v.first(
+            "Lower {memory_share} to leave headroom and check the settings listed; the traceback does not show "
+            "the phase.",
+            "Lower {kv_share} to leave headroom; the log does not show where it ran out.",
+            "Lower {context_length} or {max_running}; the log does not show where it ran out.",
+        )
+        or "The log does not show where it ran out; lower the server's batch or context settings."
+    )
+
+
+_FIXES = {
+    "distributed_init": _fix_distributed_init,
+    "preprocessing": _fix_preprocessing,
+    "weight_load": _fix_weight_load,
+    "kv_cache_alloc": _fix_kv_cache_alloc,
+    "compute_buffer": _fix_compute_buffer,
+    "startup": _fix_startup,
+    "cuda_graph": _fix_cuda_graph,
+    "profiling": _fix_profiling,
+    "mm_profiling": _fix_profiling,
+    "warmup": _fix_warmup,
+    "prefill": _fix_prefill,
+    "serving": _fix_serving,
+    "decode": _fix_decode,
+}
+
+
+def _fix(phase: str | None, d: Diagnosis, e: LogEvent) -> str:
+    """The fix for an OOM in this phase, in the server's own levers (both servers', labelled, when the
+    server is unknown)."""
+    v = words(d)
+    if phase in ("warmup", "profiling", "mm_profiling") and e.data.get("sampler"):
+        return _fix_sampler(v, d)
+    if phase == "prefill" and e.data.get("multimodal_frames"):
+        return _fix_mm_prefill(v, d)
+    return _FIXES.get(phase or "", _fix_unplaced)(v, d)
+
+
+# --- what the message shows -----------------------------------------------------------------
 
 
 def _other_process(e: LogEvent) -> str | None:
@@ -191,6 +429,7 @@ def _budget(f: Facts, server: str | None) -> str:
     for name in (
         "mem_fraction_static",
         "gpu_memory_utilization",
+        "kv_share",
         "max_total_tokens",
         "cuda_graph_max_bs",
         "chunked_prefill_size",
@@ -215,6 +454,8 @@ def _figures(e: LogEvent) -> str:
         bits.append(f"asked for {mib(d['requested_mib'])}")
     if "free_mib" in d:
         bits.append(f"{mib(d['free_mib'])} free of {mib(d.get('total_mib'))} on GPU {d.get('gpu')}")
+    elif "gpu" in d and "requested_mib" in d:
+        bits.append(f"on GPU {d['gpu']}")
     if d.get("allocator") == "cudaMallocAsync" and "allocated_mib" in d:
         bits.append(f"PyTorch had {mib(d['allocated_mib'])} allocated (cudaMallocAsync backend)")
     if "allowed_mib" in d:
@@ -286,9 +527,11 @@ def _limit(e: LogEvent) -> tuple[str, str, bool]:
     return expl, fix, alone
 
 
-def _device(e: LogEvent) -> str:
-    """The device the OOM message names: CUDA, HIP (ROCm) or NPU (Ascend)."""
-    return str(e.data.get("device") or "CUDA")
+def _device(e: LogEvent, d: Diagnosis) -> str:
+    """The device the OOM message names (HIP on ROCm, NPU on Ascend), else the platform's."""
+    if e.data.get("device"):
+        return str(e.data["device"])
+    return {"rocm": "HIP", "npu": "NPU"}.get(d.facts.platform or "", "CUDA")
 
 
 def _title(phase: str | None, e: LogEvent) -> str:
@@ -299,6 +542,293 @@ def _title(phase: str | None, e: LogEvent) -> str:
     if phase in ("profiling", "mm_profiling") and e.data.get("sampler"):
         return PHASE_NAMES[phase] + " (sampler warm-up)"
     return PHASE_NAMES.get(phase, str(phase))
+
+
+_ALLOC_CONF = re.compile(r"(PYTORCH_\w*ALLOC_CONF)=expandable_segments")
+
+
+def _alloc_conf(e: LogEvent, d: Diagnosis) -> str:
+    """The allocator variable the OOM message itself names (torch prints the one its build reads),
+    else the platform's."""
+    m = _ALLOC_CONF.search(e.text)
+    return m.group(1) if m else platform_tool(d.facts.platform, "alloc_conf")
+
+
+# --- causes that change the lever (cause before class) --------------------------------------------
+
+
+def _below_free(e: LogEvent, d: Diagnosis, phase: str | None) -> tuple[str, str, str] | None:
+    """The request was smaller than the free memory the message (or the server at load) reports:
+    (explanation, fix, the arithmetic), or None. Then the budget did not run out: the free memory was
+    not one block big enough (fragmentation; on an APU or with ROCm, a per-allocation limit)."""
+    requested = e.data.get("requested_mib")
+    free = e.data.get("free_mib")
+    source = "the message reports"
+    if free is None and phase == "weight_load" and d.facts.free_before_load_mib is not None:
+        free, source = d.facts.free_before_load_mib, "the server saw on the device at load"
+    if requested is None or free is None or requested >= free or e.data.get("allowed_mib"):
+        return None
+    math = f"{mib(requested)} asked < {mib(free)} free ({source})"
+    expl = (
+        f" The request ({mib(requested)}) is smaller than the {mib(free)} free ({source}): the memory budget "
+        "did not run out. The free memory was not one block large enough, or the device refused one "
+        "allocation that large: fragmentation of the free memory, or a per-allocation limit of the "
+        "driver/runtime (on an APU the 'free' figure is shared system memory, and a single large "
+        "contiguous block can fail)."
+    )
+    v = words(d)
+    conf = _alloc_conf(e, d)
+    if d.server in ("llamacpp", "ollama"):
+        fix = (
+            v.first(
+                "Split the allocation: fewer layers on the GPU ({gpu_layers}) makes the weight buffer smaller; if "
+                "the same model loaded with an earlier runtime, try another ROCm/driver (or CUDA) build.",
+            )
+            or "Make the single allocation smaller, or try another runtime/driver build."
+        )
+    else:
+        fix = (
+            f"Set {conf}=expandable_segments:True (the allocator then maps memory in pieces, as the message "
+            "suggests)"
+            + (v.say(", and lower {memory_share} so less of the device is already allocated") or "")
+            + "; on an APU, raise the memory the GPU may use (the GTT/TTM limits) rather than the share."
+        )
+    return expl, fix, math
+
+
+def _outsized(e: LogEvent, phase: str | None) -> tuple[str, str] | None:
+    """One allocation of a large share of the device in a forward step: (explanation, arithmetic)."""
+    requested, total = e.data.get("requested_mib"), e.data.get("total_mib")
+    if phase not in ("decode", "prefill", "serving") or not requested or not total:
+        return None
+    share = requested / total
+    if share < OUTSIZED_SHARE or requested > total:
+        return None
+    expl = (
+        f" One allocation of {mib(requested)} ({share:.0%} of the {mib(total)} device) in a {phase} step is "
+        "far more than a batch's activations: a code path that builds a whole cache or sequence at once "
+        "(a bug of that path, not the memory budget), so a lower memory share would not make it fit."
+    )
+    return expl, f"{mib(requested)} / {mib(total)} = {share:.0%} of the device in one allocation"
+
+
+def _ranks(group: list[LogEvent]) -> str:
+    """Which ranks/GPUs failed, first one first ("GPU 5 first"; "GPUs 7, 0, 2"), or ""."""
+    gpus: list[int] = []
+    for e in sorted(group, key=lambda x: (x.file, x.line)):
+        g = e.data.get("gpu")
+        if isinstance(g, int) and g not in gpus:
+            gpus.append(g)
+    if len(gpus) > 1:
+        return f" It hit GPUs {', '.join(str(g) for g in gpus)} (in the order the log prints them): every rank that printed an error ran out at this step."
+    return ""
+
+
+def _finding(d: Diagnosis, phase: str | None, group: list[LogEvent], total: int) -> Finding:
+    first = next((e for e in group if e.data.get("free_mib") is not None), group[0])
+    where = _title(phase, first)
+    device = _device(first, d)
+    expl = (
+        f"{device} out of memory {where} ({len(group)} of {total} OOM line(s)); "
+        f"{_figures(first)}. Budget settings in the log: {_budget(d.facts, d.server)}."
+    )
+    derived: list[str] = []
+    fd = first.data
+    reserved = fd.get("reserved_unallocated_mib")
+    requested = fd.get("requested_mib")
+    below = _below_free(first, d, phase)
+    # fragmentation only when the reserved-but-unallocated blocks plus the free memory would have
+    # held the request: then only their split into pieces kept it from fitting
+    if (
+        below is None
+        and reserved
+        and reserved > 1024
+        and requested is not None
+        and reserved + (fd.get("free_mib") or 0.0) >= requested
+    ):
+        conf = _alloc_conf(first, d)
+        expl += f" Much memory is reserved but unallocated: fragmentation; {conf}=expandable_segments:True helps."
+        derived.append(
+            f"{mib(reserved)} reserved-unallocated + {mib(fd.get('free_mib') or 0.0)} free >= {mib(requested)} asked"
+        )
+    whole = bool(requested is not None and fd.get("total_mib") and requested > fd["total_mib"])
+    if whole:
+        expl += (
+            f" The single allocation ({mib(requested)}) is larger than the whole device "
+            f"({mib(fd['total_mib'])}): no memory share or headroom setting can make it fit."
+        )
+        derived.append(f"{mib(requested)} asked > {mib(fd['total_mib'])} total")
+    if below is not None:
+        expl += below[0]
+        derived.append(below[2])
+    outsized = None if whole or below else _outsized(first, phase)
+    if outsized is not None:
+        expl += outsized[0]
+        derived.append(outsized[1])
+    expl += _ranks(group)
+    other = next((why for e in group if (why := _other_process(e))), None)
+    limit_expl, limit_fix, limit_alone = _limit(first)
+    expl += limit_expl
+    expl += _own_processes(first)
+    expl += _process_notes(d, phase, first, other)
+    if phase == "distributed_init":
+        expl += (
+            " At this point the server has allocated nothing but its CUDA context and NCCL's "
+            "communication buffers (typically a few hundred MiB per GPU): the GPU was already (nearly) full "
+            "when the server started. Usual causes: a leftover server from an earlier run, another process "
+            "on the GPU, or two ranks mapped to one GPU (CUDA_VISIBLE_DEVICES listing fewer GPUs than "
+            "ranks, or the same one twice). If nothing else holds the GPU, NCCL's own buffers are the "
+            "suspect (NCCL_NVLS_ENABLE=0, a smaller NCCL_BUFFSIZE)."
+        )
+    fix, title = _fix_and_title(
+        d, phase, first, where, device, below, outsized, whole, limit_fix, limit_alone
+    )
+    return Finding(
+        id=RULE.id,
+        severity="critical",
+        title=title,
+        evidence=first_evidence(group),
+        explanation=expl,
+        fix=fix + _CENSUS,
+        basis="derived" if (below or outsized or whole) else None,
+        derived=derived,
+    )
+
+
+def _process_notes(d: Diagnosis, phase: str | None, first: LogEvent, other: str | None) -> str:
+    """What the processes in the message are: the server's own, a tokenizer, or another program."""
+    fd = first.data
+    out = ""
+    procs = [p for p in fd.get("processes", []) if not p.get("server_process")]
+    small = [p for p in procs if p["mib"] is not None and p["mib"] < SMALL_PROCESS_MIB]
+    if len(procs) > 1 and small:
+        listed = ", ".join(f"{p['pid']} ({mib(p['mib'])})" for p in small[:6])
+        out += (
+            f" {len(procs)} processes hold memory on GPU {fd.get('gpu')}; the small ones "
+            f"({listed}) are extra CUDA contexts or side work on this GPU: other TP ranks opening "
+            "CUDA IPC handles here, the tokenizer process running a GPU image processor, or another "
+            "program. They shrink what the server budgeted for."
+        )
+    if (
+        len(procs) > 1
+        and d.server == "sglang"
+        and d.facts.multimodal
+        and d.facts.fast_image_processor
+        and phase != "preprocessing"  # (then the failing process is that tokenizer process)
+    ):
+        least = min(procs, key=lambda p: p["mib"] or 0)
+        out += (
+            f" With the fast image processor on, process {least['pid']} ({mib(least['mib'])}) next to the "
+            "server is the first suspect: the tokenizer process preprocessing images on this GPU "
+            "(see sglang-fast-image-processor)."
+        )
+    scheduler_own = (
+        phase == "preprocessing"
+        and d.server == "sglang"
+        and fd.get("preprocess_process") == "tokenizer"
+        and procs
+    )
+    if scheduler_own:
+        big = max(procs, key=lambda p: p["mib"] or 0)
+        out += (
+            f" The failing process is SGLang's tokenizer process, which runs the fast image processor on "
+            f"the GPU (torchvision) next to the server's own scheduler: process {big['pid']} "
+            f"({mib(big['mib'])}) is that scheduler (weights + KV pool + CUDA graphs under "
+            "--mem-fraction-static), not another program"
+            + (
+                "; the other processes listed are other ranks or other programs."
+                if len(procs) > 1
+                else "."
+            )
+            + " The scheduler's static pool leaves the preprocessing scratch little room, and the fast "
+            "processor's cached scratch grows with image sizes."
+        )
+        return out
+    if phase == "preprocessing" and fd.get("preprocess_process") == "scheduler":
+        out += (
+            " The failing process is the server's scheduler materialising a request's multimodal inputs "
+            "(_process_and_broadcast_mm_inputs)."
+        )
+    if other and phase in (
+        "cuda_graph",
+        "profiling",
+        "mm_profiling",
+        "kv_cache_alloc",
+        "distributed_init",
+    ):
+        out += f" Another process holds memory on this GPU that the startup budget did not leave room for ({other})."
+    elif other:
+        out += f" Another process holds memory on this GPU ({other})."
+    elif procs:
+        besides = any(p.get("server_process") for p in fd.get("processes", []))
+        out += (
+            (" Besides the server's own ranks, each" if besides else " Each")
+            + " OOM message lists one process on its GPU: the failing rank itself (pids differ in "
+            "containers), not another program."
+        )
+    return out
+
+
+def _fix_and_title(
+    d: Diagnosis,
+    phase: str | None,
+    first: LogEvent,
+    where: str,
+    device: str,
+    below: tuple[str, str, str] | None,
+    outsized: tuple[str, str] | None,
+    whole: bool,
+    limit_fix: str,
+    limit_alone: bool,
+) -> tuple[str, str]:
+    """The fix (cause before class: the cause read around the error picks the lever) and the title."""
+    title = f"{device} out of memory {where}"
+    if limit_alone:  # the limit alone refused it: the phase's memory-share advice does not apply
+        title = f"{device} out of memory: PyTorch's per-process memory limit reached" + (
+            f" {where}" if phase is not None else ""
+        )
+        return limit_fix.rstrip(), title
+    if whole:
+        title = f"{device} out of memory: one allocation larger than the whole GPU"
+        return _fix_whole(d), title
+    if below is not None:
+        return limit_fix + below[
+            1
+        ], f"{device} out of memory {where}: the request was smaller than the free memory"
+    if outsized is not None:
+        fix = (
+            "A memory setting will not fit one allocation of this size: report it to the server's developers "
+            "with the traceback, and avoid the code path it runs (upgrade, or turn off the graph or "
+            "compilation mode its frames show)."
+        )
+        if first.data.get("torchair"):
+            fix += (
+                " On vLLM-Ascend with torchair graph mode: run without it (--additional-config "
+                '\'{"torchair_graph_config": {"enabled": false}}\').'
+            )
+        return (
+            fix,
+            f"{device} out of memory {where}: one allocation out of all proportion to the step",
+        )
+    return limit_fix + _fix(phase, d, first), title
+
+
+def _fix_whole(d: Diagnosis) -> str:
+    v = words(d)
+    pixels = v("mm_pixels")
+    return (
+        "No memory setting helps: a single tensor larger than the device comes from the input size. "
+        "Cap the input: "
+        + (
+            "the image size (max_pixels in the processor settings, "
+            + (pixels if pixels and d.server == "vllm" else "resize images before sending")
+            + "), the number of images or video frames per request, and the prompt length."
+            if d.facts.multimodal is not False
+            else "the prompt length and batch size."
+        )
+        + " If the server's attention path materialises a full attention matrix (a vision encoder "
+        "without flash attention, e.g. on ROCm), a memory-efficient attention backend avoids it."
+    )
 
 
 def check(d: Diagnosis) -> list[Finding]:
@@ -314,156 +844,7 @@ def check(d: Diagnosis) -> list[Finding]:
         # vLLM's EngineCore re-raises a worker's OOM from execute_model: the worker's frames say more
         by_phase.pop("serving")
     total = d.event_counts.get("cuda_oom", len(evs))
-    out = []
-    for phase, group in by_phase.items():
-        first = next((e for e in group if e.data.get("free_mib") is not None), group[0])
-        where = _title(phase, first)
-        device = _device(first)
-        expl = (
-            f"{device} out of memory {where} ({len(group)} of {total} OOM line(s)); "
-            f"{_figures(first)}. Budget settings in the log: {_budget(d.facts, d.server)}."
-        )
-        fd = first.data
-        reserved = fd.get("reserved_unallocated_mib")
-        requested = fd.get("requested_mib")
-        # fragmentation only when the reserved-but-unallocated blocks plus the free memory would have
-        # held the request: then only their split into pieces kept it from fitting
-        if (
-            reserved
-            and reserved > 1024
-            and requested is not None
-            and reserved + (fd.get("free_mib") or 0.0) >= requested
-        ):
-            expl += " Much memory is reserved but unallocated: fragmentation; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True helps."
-        whole = requested is not None and fd.get("total_mib") and requested > fd["total_mib"]
-        if whole:
-            expl += (
-                f" The single allocation ({mib(requested)}) is larger than the whole device "
-                f"({mib(fd['total_mib'])}): no memory share or headroom setting can make it fit."
-            )
-        other = next((why for e in group if (why := _other_process(e))), None)
-        limit_expl, limit_fix, limit_alone = _limit(first)
-        expl += limit_expl
-        expl += _own_processes(first)
-        procs = [p for p in fd.get("processes", []) if not p.get("server_process")]
-        small = [p for p in procs if p["mib"] is not None and p["mib"] < SMALL_PROCESS_MIB]
-        if len(procs) > 1 and small:
-            listed = ", ".join(f"{p['pid']} ({mib(p['mib'])})" for p in small[:6])
-            expl += (
-                f" {len(procs)} processes hold memory on GPU {first.data.get('gpu')}; the small ones "
-                f"({listed}) are extra CUDA contexts or side work on this GPU: other TP ranks opening "
-                "CUDA IPC handles here, the tokenizer process running a GPU image processor, or another "
-                "program. They shrink what the server budgeted for."
-            )
-        if (
-            len(procs) > 1
-            and d.server == "sglang"
-            and d.facts.multimodal
-            and d.facts.fast_image_processor
-            and phase != "preprocessing"  # (then the failing process is that tokenizer process)
-        ):
-            least = min(procs, key=lambda p: p["mib"] or 0)
-            expl += (
-                f" With the fast image processor on, process {least['pid']} ({mib(least['mib'])}) next to the "
-                "server is the first suspect: the tokenizer process preprocessing images on this GPU "
-                "(see sglang-fast-image-processor)."
-            )
-        if phase == "distributed_init":
-            expl += (
-                " At this point the server has allocated nothing but its CUDA context and NCCL's "
-                "communication buffers (typically a few hundred MiB per GPU): the GPU was already (nearly) full "
-                "when the server started. Usual causes: a leftover server from an earlier run, another process "
-                "on the GPU, or two ranks mapped to one GPU (CUDA_VISIBLE_DEVICES listing fewer GPUs than "
-                "ranks, or the same one twice). If nothing else holds the GPU, NCCL's own buffers are the "
-                "suspect (NCCL_NVLS_ENABLE=0, a smaller NCCL_BUFFSIZE)."
-            )
-        scheduler_own = (
-            phase == "preprocessing"
-            and d.server == "sglang"
-            and fd.get("preprocess_process") == "tokenizer"
-            and procs
-        )
-        if scheduler_own:
-            big = max(procs, key=lambda p: p["mib"] or 0)
-            expl += (
-                f" The failing process is SGLang's tokenizer process, which runs the fast image processor on "
-                f"the GPU (torchvision) next to the server's own scheduler: process {big['pid']} "
-                f"({mib(big['mib'])}) is that scheduler (weights + KV pool + CUDA graphs under "
-                "--mem-fraction-static), not another program"
-                + (
-                    "; the other processes listed are other ranks or other programs."
-                    if len(procs) > 1
-                    else "."
-                )
-                + " The scheduler's static pool leaves the preprocessing scratch little room, and the fast "
-                "processor's cached scratch grows with image sizes."
-            )
-        elif phase == "preprocessing" and fd.get("preprocess_process") == "scheduler":
-            expl += (
-                " The failing process is the server's scheduler materialising a request's multimodal inputs "
-                "(_process_and_broadcast_mm_inputs)."
-            )
-        if scheduler_own:
-            pass
-        elif other and phase in (
-            "cuda_graph",
-            "profiling",
-            "mm_profiling",
-            "kv_cache_alloc",
-            "distributed_init",
-        ):
-            expl += f" Another process holds memory on this GPU that the startup budget did not leave room for ({other})."
-        elif other:
-            expl += f" Another process holds memory on this GPU ({other})."
-        elif any(
-            p for e in group for p in e.data.get("processes", []) if not p.get("server_process")
-        ):
-            besides = any(
-                p.get("server_process") for e in group for p in e.data.get("processes", [])
-            )
-            expl += (
-                (" Besides the server's own ranks, each" if besides else " Each")
-                + " OOM message lists one process on its GPU: the failing rank itself (pids differ in "
-                "containers), not another program."
-            )
-        # when the limit alone refused it, the phase's memory-share advice does not apply
-        fix = limit_fix.rstrip() if limit_alone else limit_fix + _fix(phase, d.server, first)
-        title = f"{device} out of memory {where}"
-        if limit_alone:
-            title = f"{device} out of memory: PyTorch's per-process memory limit reached" + (
-                f" {where}" if phase is not None else ""
-            )
-        if whole:
-            title = f"{device} out of memory: one allocation larger than the whole GPU"
-            fix = (
-                "No memory setting helps: a single tensor larger than the device comes from the input size. "
-                "Cap the input: "
-                + (
-                    "the image size (max_pixels in the processor settings, "
-                    + by_server(
-                        d.server,
-                        "resize images before sending",
-                        "--mm-processor-kwargs '{\"max_pixels\": ...}'",
-                    )
-                    + "), the number of images or video frames per request, and the prompt length."
-                    if d.facts.multimodal is not False
-                    else "the prompt length and batch size."
-                )
-                + " If the server's attention path materialises a full attention matrix (a vision encoder "
-                "without flash attention, e.g. on ROCm), a memory-efficient attention backend avoids it."
-            )
-        out.append(
-            Finding(
-                id=RULE.id,
-                severity="critical",
-                title=title,
-                evidence=first_evidence(group),
-                explanation=expl,
-                fix=fix + " Run `vramdoctor census` to see every process's memory on each GPU, and"
-                " `vramdoctor soak` to tell steady growth (leak) from a one-off peak.",
-            )
-        )
-    return out
+    return [_finding(d, phase, group, total) for phase, group in by_phase.items()]
 
 
 RULE = Rule(
@@ -475,7 +856,11 @@ RULE = Rule(
         "ROCm 'HIP out of memory' and Ascend 'NPU out of memory', named by their device; "
         "flashinfer's 'CUDA Error: out of memory (2)'), Triton 'Triton Error [CUDA]: out of memory', "
         "CUDA_ERROR_OUT_OF_MEMORY, CUBLAS/CUDNN_STATUS_ALLOC_FAILED, a quoted 'out of memory' (NCCL \"Cuda failure "
-        "'out of memory'\", CUDACHECK); "
+        "'out of memory'\", CUDACHECK); the other servers' words: llama.cpp/Ollama 'cudaMalloc failed: out of "
+        "memory' (phase from the lines after it: KV cache, compute buffers, weights) and ggml's 'CUDA error 2 "
+        "at ggml-cuda.cu:N: out of memory', TensorRT-LLM 'CUDA runtime error in ::cudaMallocAsync(...): out of "
+        "memory', LMDeploy '[TM][ERROR] CUDA runtime error: out of memory', TGI's router quoting the shard's "
+        "error (phase from 'Method Prefill/Warmup encountered an error'); "
         "phase from the error's own traceback frames only (weight load, KV allocation, CUDA graph capture, "
         "profiling, warm-up incl. the sampler warm-up, prefill incl. a multimodal request's vision encoder, "
         "decode, SGLang scheduler start-up, torch.distributed / NCCL start-up (SGLang init_torch_distributed, vLLM "
@@ -493,16 +878,21 @@ RULE = Rule(
         "server's own rank, not another process; a per-process memory fraction below the GPU's memory "
         "(torch's 'X allowed;' or the cudaMallocAsync 'PyTorch limit (set by user-supplied memory fraction)', "
         "its figures read from the lines after the message) is named as the cause when the device still had "
-        "the memory asked; an allocation larger than the whole GPU gets "
-        "'cap the input' instead of a memory setting; fragmentation only when reserved-unallocated + free "
-        ">= the request"
+        "the memory asked; a request smaller than the free memory is fragmentation or a per-allocation "
+        "limit, not the budget (derived); an allocation larger than the whole GPU gets 'cap the input' instead "
+        "of a memory setting; one allocation of 25 % or more of the device in a forward step is a code path's "
+        "bug, not the budget; fragmentation only when reserved-unallocated + free >= the request"
     ),
     fix=(
-        "phase-specific, in the server's own flags: more GPUs or quantization at load; lower mem fraction / "
-        "graph batch size / chunked prefill / running requests later; --max-num-seqs for vLLM's sampler warm-up; "
-        "encoder headroom for a multimodal prefill; find and stop what holds the GPU / check the device mapping "
+        "phase-specific, in the diagnosed server's own levers on its platform (levers.py): more GPUs or "
+        "quantization at load; lower mem fraction / graph batch size / chunked prefill / running requests later; "
+        "--max-num-seqs for vLLM's sampler warm-up; encoder headroom for a multimodal prefill; llama.cpp/Ollama: "
+        "fewer GPU layers, a shorter context, a quantized KV cache; TGI: --max-batch-prefill-tokens / "
+        "--max-batch-total-tokens / --cuda-memory-fraction; TensorRT-LLM: kv_cache_free_gpu_mem_fraction, a "
+        "smaller max_batch_size at build; find and stop what holds the GPU / check the device mapping "
         "for an NCCL start-up OOM; --disable-fast-image-processor / --image-processor-backend pil / SGLang >= "
-        "0.5.19 for a preprocessing OOM; raise or remove a per-process memory fraction that refused it"
+        "0.5.19 for a preprocessing OOM; raise or remove a per-process memory fraction that refused it; "
+        "expandable_segments (the variable the message names) when the request was below the free memory"
     ),
     check=check,
 )
