@@ -1,4 +1,4 @@
-"""What vramdoctor's agent costs a server, side by side in one run, on a CUDA GPU.
+"""What vramdoctor's agent costs a server, side by side in one run (CUDA GPU, or --host on CPU).
 
 Two copies of the reference server (`--mode plain --device cuda`: the fast image processor on
 the GPU, one request = one 448x448 or 896x672 image), one started with the agent
@@ -9,6 +9,15 @@ and their ratios, plus a micro-benchmark in one process: the cost of one allocat
 the agent's history setting (state, Python stacks) against none, and one snapshot's time.
 
     python benchmarks/agent_overhead.py --requests 300 --json out.json
+
+`--host` (no GPU needed): the inside evidence on the host side. Three copies of the reference
+server on the CPU (`--mode plain --device cpu`: PIL decoding and the image processor in numpy),
+without the agent, with it, and with it tracing Python allocations (`--trace-python`), requests
+alternating in blocks of 10; then what one answer costs inside the server (glibc's
+`mallinfo2()`, tracemalloc's snapshot, the trigger-to-answer round trip), and `mallinfo2()`'s
+time against the number of free chunks it walks (a process that fragments its heap on purpose).
+
+    python benchmarks/agent_overhead.py --host --requests 200 --json host.json
 """
 
 from __future__ import annotations
@@ -79,6 +88,164 @@ print(json.dumps(rows))
 """
 
 
+MALLINFO = r"""
+import ctypes, json, random, sys, time
+n = int(sys.argv[1])
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+class M(ctypes.Structure):
+    _fields_ = [(f, ctypes.c_size_t) for f in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+        "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc.mallinfo2.restype = M
+rng = random.Random(0)
+ptrs = [libc.malloc(rng.randrange(64, 4096)) for _ in range(n)]
+for p in ptrs[::2]:
+    libc.free(p)          # every other chunk freed: holes the later ones pin in place
+libc.free(libc.malloc(1 << 16))  # a larger request sorts the freed chunks into bins
+times = []
+for _ in range(7):
+    t0 = time.perf_counter(); info = libc.mallinfo2(); times.append((time.perf_counter() - t0) * 1e3)
+print(json.dumps({"chunks_allocated": n, "free_chunks": info.ordblks + info.smblks,
+                  "free_kept_mib": info.fordblks / 2**20, "in_use_mib": info.uordblks / 2**20,
+                  "call_ms_median": sorted(times)[3], "call_ms_max": max(times)}))
+"""
+
+
+def _host(args: argparse.Namespace) -> dict[str, object]:
+    """--host: see the module docstring."""
+    import requests
+
+    from vramdoctor.agent import Controller, agent_path
+
+    images = [_png(448, 448, 1), _png(896, 672, 2)]
+    work = Path(tempfile.mkdtemp(prefix="vd-agent-host-"))
+    procs: dict[str, tuple[subprocess.Popen[bytes], int, Path | None]] = {}
+    for name, port, agent in (
+        ("without", 18111, False),
+        ("with", 18112, True),
+        ("with_trace_python", 18113, True),
+    ):
+        env = dict(os.environ)
+        agent_dir = work / name if agent else None
+        if agent_dir is not None:
+            env["PYTHONPATH"] = f"{agent_path()}{os.pathsep}{env.get('PYTHONPATH', '')}"
+            env["VRAMDOCTOR_AGENT_DIR"] = str(agent_dir)
+        procs[name] = (
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "examples/reference_server/server.py",
+                    "--mode",
+                    "plain",
+                    "--device",
+                    "cpu",
+                    "--port",
+                    str(port),
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            ),
+            port,
+            agent_dir,
+        )
+
+    def post(port: int, i: int) -> float:
+        body = {
+            "model": "vramdoctor-reference",
+            "max_tokens": 4,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": images[i % 2]}}],
+                }
+            ],
+        }
+        t0 = time.perf_counter()
+        r = requests.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60)
+        r.raise_for_status()
+        return time.perf_counter() - t0
+
+    res: dict[str, object] = {}
+    controllers: dict[str, Controller] = {}
+    try:
+        for _name, (_proc, port, _d) in procs.items():
+            deadline = time.time() + 120
+            while True:
+                try:
+                    post(port, 0)
+                    break
+                except Exception:
+                    if time.time() > deadline:
+                        raise
+                    time.sleep(0.5)
+        for name, (_proc, _port, agent_dir) in procs.items():
+            if agent_dir is not None:
+                ctl = controllers[name] = Controller(agent_dir, expires_s=3600)
+                deadline = time.time() + 30
+                while not ctl.ready() and time.time() < deadline:
+                    time.sleep(0.1)
+                ctl.collect(0, want=["inside"], trace_python=name.endswith("trace_python"))
+        for i in range(args.warmup):
+            for _name, (_proc, port, _d) in procs.items():
+                post(port, i)
+        lat: dict[str, list[float]] = {k: [] for k in procs}
+        i = 0
+        while min(len(v) for v in lat.values()) < args.requests:
+            for name, (_proc, port, _d) in procs.items():
+                for j in range(10):
+                    lat[name].append(post(port, i + j))
+            i += 10
+        res["requests_each"] = min(len(v) for v in lat.values())
+        res["p50_ms"] = {k: statistics.median(v) * 1e3 for k, v in lat.items()}
+        res["p99_ms"] = {k: _pct(v, 0.99) * 1e3 for k, v in lat.items()}
+        p50, p99 = res["p50_ms"], res["p99_ms"]
+        assert isinstance(p50, dict) and isinstance(p99, dict)
+        res["p50_ratio"] = {k: p50[k] / p50["without"] for k in p50}
+        res["p99_ratio"] = {k: p99[k] / p99["without"] for k in p99}
+        answers: dict[str, object] = {}
+        for name, ctl in controllers.items():
+            rows = []
+            for seq in range(1, 6):
+                t0 = time.perf_counter()
+                (reply,), _ = ctl.collect(
+                    seq, want=["inside"], trace_python=name.endswith("trace_python")
+                )
+                inside = reply.inside or {}
+                glibc = inside.get("glibc") or {}
+                python = inside.get("python") or {}
+                rows.append(
+                    {
+                        "round_trip_ms": (time.perf_counter() - t0) * 1e3,
+                        "mallinfo2_ms": glibc.get("call_ms"),
+                        "free_chunks": glibc.get("free_chunks"),
+                        "tracemalloc_ms": python.get("call_ms"),
+                        "tracemalloc_overhead_mib": (python.get("overhead_bytes") or 0) / 2**20,
+                    }
+                )
+            answers[name] = rows
+            ctl.close()
+        res["answers"] = answers
+    finally:
+        for proc, _port, _d in procs.values():
+            proc.terminate()
+    res["mallinfo2_vs_free_chunks"] = [
+        json.loads(
+            subprocess.run(
+                [sys.executable, "-c", MALLINFO, str(n)],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            ).stdout
+        )
+        for n in (200, 20_000, 200_000, 1_600_000)
+    ]
+    return res
+
+
 def _png(w: int, h: int, seed: int) -> str:
     import numpy as np
     from PIL import Image
@@ -113,7 +280,18 @@ def main() -> int:
         help="600,000 allocations under the agent's history: snapshot time and host RSS as they go "
         "(armed once, and re-armed after every 100,000)",
     )
+    p.add_argument(
+        "--host",
+        action="store_true",
+        help="No GPU: the host-side inside evidence (reference server on the CPU; mallinfo2's cost)",
+    )
     args = p.parse_args()
+    if args.host:
+        res = _host(args)
+        print(json.dumps(res, indent=1))
+        if args.json:
+            args.json.write_text(json.dumps(res, indent=1))
+        return 0
     if args.long:
         res = {}
         for mode in ("once", "toggle"):

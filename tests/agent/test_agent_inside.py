@@ -74,6 +74,23 @@ def test_a_real_malloc_leak_grows_glibc_in_use_bytes(tmp_path: Path) -> None:
         srv.stop()
 
 
+def test_a_slow_mallinfo2_is_the_last_one(tmp_path: Path) -> None:
+    """A call longer than the limit (default 1 s: millions of free chunks, the server's
+    allocations wait meanwhile) is reported and never repeated in that process."""
+    agent_dir = tmp_path / "agent"
+    srv = agent_server(
+        tmp_path, agent_dir, "--no-torch", VRAMDOCTOR_AGENT_MALLINFO2_MAX_MS="0.000001"
+    )
+    try:
+        post(srv.port)
+        first, second = rounds(Controller(agent_dir), srv.port, 1, 1)
+        assert first.inside is not None and first.inside["glibc"] is not None
+        assert second.inside is not None and second.inside["glibc"] is None
+        assert "not called again in this process" in (second.inside["error"] or "")
+    finally:
+        srv.stop()
+
+
 def test_freed_and_kept_chunks_leave_in_use_flat(tmp_path: Path) -> None:
     """4 MiB malloc'd in 1 KiB chunks per request and freed (1 in 32 kept until the next
     request): glibc keeps free memory, the bytes in use stay flat. Retention, not a leak."""

@@ -92,6 +92,11 @@ WANTS = ("inside", "snapshot")
 TRACE_TOP = 20
 # The per-pool split of CUDA memory comes from a snapshot: skipped when the last one took longer.
 POOLS_SNAPSHOT_MAX_MS = 50.0
+# mallinfo2() walks every free chunk under each arena's lock (0.3 ms at 10,000 free chunks, 370 ms
+# at 800,000 on a 2-core host: benchmarks/agent_overhead.py --host): one call slower than this is
+# the last in the process. VRAMDOCTOR_AGENT_MALLINFO2_MAX_MS sets another limit (milliseconds).
+MALLINFO2_MAX_MS = 1000.0
+ENV_MALLINFO2_MAX_MS = "VRAMDOCTOR_AGENT_MALLINFO2_MAX_MS"
 # The status file is rewritten this often (seconds): soak takes an older one for a dead process.
 HEARTBEAT_S = 30.0
 
@@ -465,6 +470,11 @@ class Glibc:
         self.version: str | None = None
         self._fn: Any = None
         try:
+            limit = float(os.environ.get(ENV_MALLINFO2_MAX_MS, "") or MALLINFO2_MAX_MS)
+        except ValueError:
+            limit = MALLINFO2_MAX_MS
+        self.max_ms = limit if math.isfinite(limit) and limit >= 0 else MALLINFO2_MAX_MS
+        try:
             self._load()
         except Exception as exc:  # ctypes missing, a strange libc: no glibc evidence
             self._fn = None
@@ -508,12 +518,22 @@ class Glibc:
         self._fn = fn
 
     def read(self) -> dict[str, Any] | None:
-        """{in_use_bytes, free_kept_bytes, mmap_bytes, arena_bytes, keepcost, call_ms} or None."""
+        """{in_use_bytes, free_kept_bytes, mmap_bytes, arena_bytes, keepcost, call_ms} or None.
+
+        A call that took longer than MALLINFO2_MAX_MS (a heap of millions of free chunks: the
+        server's allocations in an arena wait while it is walked) is the last one: later reads
+        give None and `why` says so."""
         if self._fn is None:
             return None
         t0 = time.perf_counter()
         info = self._fn()
         took = (time.perf_counter() - t0) * 1000.0
+        if took > self.max_ms:
+            self._fn = None
+            self.why = (
+                f"mallinfo2 took {took:.0f} ms ({int(info.ordblks) + int(info.smblks):,} free "
+                "chunks walked under the arena locks): not called again in this process"
+            )
         return {
             "in_use_bytes": int(info.uordblks) + int(info.hblkhd),
             "free_kept_bytes": int(info.fordblks),
