@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# GPU acceptance for `soak --attribute` (issue 13): fixtures for the CPU tests, the reference
-# server and `transformers serve` with the agent, soak end to end, and the overhead benchmark.
+# GPU acceptance for `soak --attribute` (issue 13) and the agent's inside evidence (issues 21, 22.5,
+# 28.5): fixtures for the CPU tests, the reference server and `transformers serve` with the agent,
+# soak end to end, the overhead benchmark; the inside evidence per server kind, the MemPool /
+# empty_cache fact, torch 2.14 pinned history (when that torch is installed), and the showcase run
+# of docs/attribute.md (one server alone on the GPU).
 # Run from the repository root on a CUDA host; results land in $OUT (default /tmp/out).
-#   bash scripts/gpu_attribute.sh [fixtures] [accept] [bench]
+#   bash scripts/gpu_attribute.sh [fixtures] [accept] [bench] [inside] [mempool] [torch214] [showcase]
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; export OUT; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -35,9 +38,13 @@ for step in $steps; do
     timeout 200 python3 benchmarks/agent_overhead.py --long --json "$OUT/agent_long.json" ;;
   micro)
     timeout 100 python3 benchmarks/agent_overhead.py --micro-only --json "$OUT/agent_micro.json" ;;
+  inside)
+    timeout 420 python3 scripts/gpu_attribute_inside.py inside ;;
+  mempool|torch214|showcase)
+    timeout 240 python3 scripts/gpu_attribute_inside.py "$step" ;;
   esac
 done
 mkdir -p /tmp/fixtures; cp -r "$OUT/ref-snapshots" /tmp/fixtures/ 2>/dev/null; rm -rf "$OUT/ref-snapshots"
 tar czf "$OUT/fixtures.tar.gz" -C /tmp fixtures
-for d in soak-e2e soak-tserve; do [ -d "$OUT/$d" ] && tar czf "$OUT/$d.tar.gz" -C "$OUT" $d && rm -rf "$OUT/$d"; done
+for d in soak-e2e soak-tserve showcase fixtures-214; do [ -d "$OUT/$d" ] && tar czf "$OUT/$d.tar.gz" -C "$OUT" $d && rm -rf "$OUT/$d"; done
 ls -la "$OUT"
