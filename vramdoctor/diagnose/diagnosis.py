@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vramdoctor.diagnose import marks
+from vramdoctor.diagnose import marks, tail
 from vramdoctor.diagnose import patterns as P
 from vramdoctor.diagnose.extract import KINDS, FileExtractor
 from vramdoctor.diagnose.findings import (
@@ -42,12 +42,16 @@ def extract_file(path: str | Path) -> tuple[FileExtractor, ReadStats]:
     for hit in scan(path, stats):
         ex.feed(hit)
     _sniff(ex, stats.head)
+    tail.read(ex, stats.tail, stats.lines)
     return ex, stats
 
 
 OTHER_KINDS = KINDS  # marks.py's marks (SGLang's and vLLM's add to their own sniff below)
 # a platform mark's priority (marks.PLATFORM_MARKS) as a fact priority: a line that states it beats a path
 PLATFORM_PRIO = {3: RUNTIME, 2: ARGS, 1: INFERRED}
+
+# facts that say where the server ran, not how it was set up (an excerpt with only these still lacks the start-up lines)
+CONTEXT_FACTS = ("platform",)
 
 PREFIX_LINES_RECOGNISED = (
     3  # lines with a server's own process/rank prefix that make a file its log
@@ -379,7 +383,9 @@ def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
         server = _server(ex.votes) if recognised else None
         notes = list(st.notes)
         if recognised and not (
-            ex.facts or ex.version or any(e.kind != "server_crash" for e in ex.events)
+            any(k not in CONTEXT_FACTS for k in ex.facts)
+            or ex.version
+            or any(e.kind not in ("server_crash", "traceback_cut") for e in ex.events)
         ):
             lacks = ["the start-up lines with settings and memory figures"]
             if not any(e.data.get("error") for e in ex.events):

@@ -865,18 +865,21 @@ class EventsMixin:
                 self.put(name, value, RUNTIME, hit)
             if kind == "triton_shared_memory" and _autotune_choice(hit):
                 return  # torch inductor's autotuner rejected one candidate and went on (review 12b)
+            data = dict(data)
+            if kind == "triton_shared_memory":
+                # which code launched the kernel: torch.compile's generated kernels (inductor) or a
+                # Triton kernel of the server (its attention backend): the lever differs (issue 23)
+                region = self._region(hit)
+                data["inductor"] = bool(P.INDUCTOR_FRAME.search(region))
+                if m := P.TRACE_BACKEND.search(region):
+                    data["attention_frame"] = m.group(0)[:120]
             n = self.event_counts.get(kind, 0)
             if n >= MAX_EVENTS_PER_KIND:
                 self.event_counts[kind] = n + 1  # counted; the first ones carry the detail
                 return
             self.add_event(
                 LogEvent(
-                    kind,
-                    self.name,
-                    hit.lineno,
-                    self.cut(self._message(hit, text)),
-                    phase,
-                    dict(data),
+                    kind, self.name, hit.lineno, self.cut(self._message(hit, text)), phase, data
                 )
             )
 

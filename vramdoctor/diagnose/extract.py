@@ -382,6 +382,8 @@ class FileExtractor(EventsMixin, OthersMixin):
             self.put("attention_backend", v, ARGS, e)
         if isinstance(a.get("disable_cuda_graph"), bool):
             self.put("disable_cuda_graph", a["disable_cuda_graph"], ARGS, e)
+        if isinstance(a.get("enable_torch_compile"), bool):
+            self.put("torch_compile", a["enable_torch_compile"], ARGS, e)
         if a.get("mm_feature_transport") is not None:
             self.put("cuda_ipc_transport", a["mm_feature_transport"] == "cuda_ipc", ARGS, e)
         if (
@@ -666,6 +668,12 @@ class FileExtractor(EventsMixin, OthersMixin):
                 if total is not None:
                     self.put("ipc_pool_total_mib", total(m), RUNTIME, e)
                 return
+        if "[reconstruct][IPC]" in t:
+            # SGLang's CUDA IPC transport reconstructing a feature tensor from its handle (debug prints
+            # of the transport, sglang#13940): the transport is on
+            self.put("cuda_ipc_transport", True, RUNTIME, e)
+            self.votes["sglang"] += 1
+            return
         if P.IPC_AUTO.search(t):
             self.votes["sglang"] += 3
             self.put("cuda_ipc_transport", True, RUNTIME, e)

@@ -203,6 +203,9 @@ PLATFORM_MARKS: tuple[tuple[bytes, str, int], ...] = (
         3,
     ),
     (rb"found \d+ CUDA devices|using device CUDA\d|ggml_init_cublas: found", "cuda", 3),
+    # llama.cpp's buffer lines name the device by its backend (b4000+: "CUDA0", "ROCm0")
+    (rb"\bCUDA\d+ (?:model|KV|compute) buffer size", "cuda", 2),
+    (rb"\bROCm\d+ (?:model|KV|compute) buffer size", "rocm", 2),
     # vLLM V0 ROCm: "# rocm blocks: N", "Using ROCmFlashAttention backend"; rocm.py's own warnings
     (
         rb"# rocm blocks: |ROCmFlashAttention|rocm\.py:\d+\]|not supported on AMD GPUs|not supported by ROCm",

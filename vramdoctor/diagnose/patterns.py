@@ -226,7 +226,9 @@ VLLM_WEIGHTS = re.compile(
 )
 # vLLM V1 gpu_worker (DEBUG): "Initial free memory: F GiB; Requested memory: U (util), R GiB"
 VLLM_REQUESTED = re.compile(r"Requested memory: ([\d.]+) \(util\), ([\d.]+) ?GiB")
-VLLM_BLOCKS = re.compile(r"# (?:GPU|cuda) blocks: (\d+)(?:, # CPU blocks: (\d+))?")
+VLLM_BLOCKS = re.compile(
+    r"# (?:GPU|cuda|rocm) blocks: (\d+)(?:, # CPU blocks: (\d+))?"
+)  # V0: "# rocm blocks" on ROCm
 VLLM_KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 VLLM_KV_MEM = re.compile(
     r"Available KV cache memory: (-?[\d.]+) GiB"

@@ -66,6 +66,7 @@ BLOCK = 2 << 20
 HISTORY = 256 << 10  # kept before the current window, for lookback into tracebacks
 LOOKAHEAD = 256 << 10  # kept after each candidate, for wrapped lines and args dumps
 MAX_LINE = 1 << 20  # a longer line is cut: its first MiB is read, the rest skipped
+TAIL = 32 << 10  # kept after the last block: a traceback the excerpt ends in
 
 STDIN = "-"
 
@@ -134,6 +135,7 @@ class ReadStats:
     lines: int = 0
     candidates: int = 0
     head: bytes = b""  # the first bytes, for sniffing which server wrote the log
+    tail: bytes = b""  # the last bytes (TAIL), for a traceback the excerpt ends in (tail.py)
     notes: list[str] = field(default_factory=list)
 
 
@@ -329,6 +331,7 @@ def _scan_stream(src: BinaryIO, name: str, st: ReadStats) -> Iterator[Hit]:
         if final:
             break
     st.lines = lineno
+    st.tail = bytes(buf[-TAIL:])
 
 
 def _emit(buf: bytes, start: int, end: int, pos: list[int], st: ReadStats) -> Iterator[Hit]:

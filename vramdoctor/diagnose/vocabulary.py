@@ -164,7 +164,7 @@ GATES: tuple[Gate, ...] = (
     Gate("_lmdeploy", ("EngineConfig(",)),
     Gate(
         "_ollama",
-        ("runner process", "rflags ", "goroutine ", "ersion)"),
+        ("runner process", "rflags ", "goroutine ", "(version "),
         anchors=(
             "runner process",
             "rflags ",

@@ -96,6 +96,8 @@ def _fix_weight_load(v: Vocab, d: Diagnosis) -> str:
         "use more GPUs ({tensor_parallel})", "fewer layers on the GPU ({gpu_layers})", sep=" or "
     )
     quant = "a quantized checkpoint" if v.has("quantize") or d.server is None else ""
+    if quant and d.server not in ("sglang", "vllm", None):
+        quant = f"quantized weights ({v('quantize')})"  # the other servers' own way to load them
     parts = [p for p in (more, quant, "or free the GPU from other processes") if p]
     share = (
         "; the memory fraction does not help here."

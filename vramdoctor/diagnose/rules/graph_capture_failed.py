@@ -15,6 +15,8 @@ def check(d: Diagnosis) -> list[Finding]:
     cause = evs[0].data.get("cause", "")
     if P.CUDA_OOM.search(cause):
         return []  # the cuda-oom rule reports it with the capture phase
+    if d.events_of("triton_shared_memory") and ("inductor" in cause or "resource" in cause):
+        return []  # a Triton shared-memory limit in the capture: triton-shared-memory names its cause
     if not cause.strip():
         # "Capture cuda graph failed: " with nothing after it: the message does not say why
         return [

@@ -11,6 +11,8 @@ from vramdoctor.diagnose.rules._common import (
     fraction_flag,
     high_fraction_multimodal,
     mib,
+    server_name,
+    words,
 )
 
 REASONS = {
@@ -166,12 +168,83 @@ def _free_below(d: Diagnosis, evs: list[LogEvent]) -> tuple[str, str, str]:
     return "Another process holds GPU memory the server's share needs", expl, fix
 
 
+# A CUDA-graph estimate this large (or this share of the GPU) is what the KV budget lost (vLLM 0.18+ subtracts
+# it before sizing the KV cache; by default from 0.21): the lever is the graphs, not the share.
+GRAPH_ESTIMATE_LARGE_MIB = 4096.0
+GRAPH_ESTIMATE_LARGE_SHARE = 0.10
+
+
+def _graph_cause(d: Diagnosis) -> tuple[str, str, str] | None:
+    """(explanation, fix, arithmetic) when vLLM's CUDA-graph estimate is what left no KV memory."""
+    f = d.facts
+    est = f.cuda_graph_estimate_mib
+    if d.server != "vllm" or est is None or f.cuda_graph_estimate_applied is False:
+        return None
+    total = f.total_gpu_mib
+    large = est >= GRAPH_ESTIMATE_LARGE_MIB or (
+        total is not None and est >= GRAPH_ESTIMATE_LARGE_SHARE * total
+    )
+    if not large:
+        return None
+    v = words(d)
+    share = f" ({est / total:.0%} of the {mib(total)} GPU)" if total else ""
+    expl = (
+        f" vLLM estimated {mib(est)} for CUDA graphs{share} and, with CUDA-graph memory profiling on (the default "
+        "from 0.21), took it out of the budget before sizing the KV cache: the estimate, not the weights or "
+        "the activations, is what left nothing for the KV blocks."
+    )
+    fix = (
+        v.join(
+            "Capture fewer CUDA graphs: {graph_sizes}",
+            "or leave the estimate out of the profile ({graph_estimate_off}) and keep {memory_share} low enough "
+            "to hold the graphs the estimate over-counts",
+            "or run without graphs ({graph_off})",
+            sep="; ",
+        )
+        + "."
+    )
+    return (
+        expl,
+        fix,
+        f"estimated CUDA graph memory {mib(est)}"
+        + (f" = {est / total:.0%} of {mib(total)}" if total else ""),
+    )
+
+
+def _tgi_prefill(d: Diagnosis, evs: list[LogEvent]) -> Finding:
+    """TGI's warm-up: not enough memory for a batch of --max-batch-prefill-tokens tokens."""
+    e = evs[0]
+    n = e.data.get("prefill_tokens")
+    v = words(d)
+    fix = v.join(
+        f"Lower {{prefill_chunk}} (the warm-up runs one batch of that many tokens; {n} now)",
+        "{input_length} and {context_length} with it",
+        "or make room for it: quantized weights ({quantize}) or more GPUs ({tensor_parallel})",
+        sep=", ",
+    )
+    return Finding(
+        RULE.id,
+        "critical",
+        f"{server_name(d)} warm-up: not enough memory for {n} prefill tokens (not a CUDA OOM)",
+        explanation=(
+            f"{server_name(d)}'s warm-up runs one prefill batch of --max-batch-prefill-tokens ({n}) tokens to "
+            "size the KV cache, and found the memory left after the weights too small for it: a budget check, "
+            "not a CUDA allocation failure. The server stops (the router's warm-up fails, the launcher shuts "
+            "the shards down)."
+        ),
+        fix=fix + ".",
+        evidence=first_evidence(evs),
+    )
+
+
 def check(d: Diagnosis) -> list[Finding]:
     evs = d.events_of("kv_budget_error")
     if not evs:
         return []
     e = evs[0]
     reason = e.data.get("reason", "")
+    if reason == "tgi_prefill_tokens":
+        return [_tgi_prefill(d, evs)]
     if reason == "free_memory_below_utilization":
         title, expl, fix = _free_below(d, evs)
         expl += " This is a budget check, not a CUDA allocation failure."
@@ -204,6 +277,27 @@ def check(d: Diagnosis) -> list[Finding]:
     expl += " This is a budget check, not a CUDA allocation failure."
     fits = _fitting_len(e)
     high = high_fraction_multimodal(d)
+    graph = _graph_cause(d) if reason == "no_memory_for_cache_blocks" else None
+    if graph is not None:
+        return [
+            Finding(
+                RULE.id,
+                "critical",
+                "KV cache does not fit the memory budget: the CUDA-graph estimate took it",
+                fix=graph[1],
+                explanation=expl.replace(REASONS[reason], "nothing is left for KV blocks")
+                + graph[0],
+                evidence=[
+                    *first_evidence(evs),
+                    *(
+                        [d.facts.evidence["cuda_graph_estimate_mib"]]
+                        if "cuda_graph_estimate_mib" in d.facts.evidence
+                        else []
+                    ),
+                ],
+                derived=[graph[2]],
+            )
+        ]
     if reason == "max_seq_len_exceeds_kv_cache" and d.server != "sglang" and fits is not None:
         # vLLM names the length that fits: the lever that needs no other change (review 12b)
         fix = (
@@ -241,12 +335,23 @@ def check(d: Diagnosis) -> list[Finding]:
             "see mem-fraction-high-multimodal); use --kv-cache-dtype fp8, more GPUs (--tensor-parallel-size) or "
             "a quantized model.",
         )
-    else:
+    elif d.server in ("sglang", "vllm", None):
         fix = by_server(
             d.server,
             "Raise --mem-fraction-static (if nothing else uses the GPU), use more GPUs (--tp-size) or a quantized model.",
             "Raise --gpu-memory-utilization, lower --max-model-len, use --kv-cache-dtype fp8, more GPUs "
             "(--tensor-parallel-size) or a quantized model; --cpu-offload-gb moves weights but costs speed.",
+        )
+    else:
+        fix = (
+            words(d).join(
+                "Raise {memory_share} if nothing else uses the GPU",
+                "raise {kv_share}",
+                "lower {context_length}",
+                "use more GPUs ({tensor_parallel}) or quantized weights",
+                sep="; ",
+            )
+            + "."
         )
     return [
         Finding(

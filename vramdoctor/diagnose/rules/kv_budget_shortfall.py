@@ -20,6 +20,7 @@ from vramdoctor.diagnose.rules._common import (
     first_evidence,
     high_fraction_multimodal,
     mib,
+    words,
 )
 
 
@@ -32,6 +33,45 @@ def _share_fix(d: Diagnosis, raising: str, without: str) -> str:
     return (
         f"{without} Do not raise {high[0]} ({high[1]:g}): it is already high for a multimodal model (see "
         "mem-fraction-high-multimodal)."
+    )
+
+
+# TensorRT-LLM: the KV cache gets a share of what is free after the engine and its runtime buffers
+# ("Memory usage when calculating max tokens in paged kv cache: total: T GiB, available: A GiB"); under this
+# much, or this share of the GPU, the pool holds only a few requests.
+TRT_SMALL_KV_MIB = 1024.0
+TRT_SMALL_KV_SHARE = 0.05
+
+
+def _trtllm_small_kv(d: Diagnosis) -> Finding | None:
+    f = d.facts
+    avail, total = f.kv_available_mib, f.total_gpu_mib
+    if d.server != "trtllm" or avail is None or total is None:
+        return None
+    if avail >= TRT_SMALL_KV_MIB and avail >= TRT_SMALL_KV_SHARE * total:
+        return None
+    v = words(d)
+    blocks = f" ({f.gpu_blocks} KV blocks)" if f.gpu_blocks is not None else ""
+    ev = [e for e in (f.evidence.get("kv_available_mib"), f.evidence.get("gpu_blocks")) if e]
+    return Finding(
+        RULE.id,
+        "warning",
+        f"TensorRT-LLM left {mib(avail)} of {mib(total)} for the KV cache after loading the engine",
+        explanation=(
+            f"After the engine and its runtime buffers, {mib(avail)} of the GPU's {mib(total)} was free for "
+            f"the KV cache{blocks}: it holds only a few short requests. kv_cache_free_gpu_mem_fraction is a "
+            "share of what is free, so raising it cannot make room: the engine's own buffers (sized at build "
+            "time for its batch and sequence limits) take the memory."
+        ),
+        fix=v.join(
+            "Rebuild the engine with a smaller {max_running}, {prefill_chunk} or {context_length} (the runtime "
+            "buffers are sized for them)",
+            "or spread it over more GPUs ({tensor_parallel})",
+            sep=", ",
+        )
+        + ".",
+        evidence=ev,
+        derived=[f"{mib(avail)} free for KV / {mib(total)} total = {avail / total:.1%}"],
     )
 
 
@@ -131,6 +171,9 @@ def check(d: Diagnosis) -> list[Finding]:
                 evidence=first_evidence(vll),
             )
         )
+    trt = _trtllm_small_kv(d)
+    if trt is not None:
+        out.append(trt)
     capped = d.events_of("kv_budget_capped")
     if capped and not sgl:
         e = capped[0]

@@ -22,7 +22,13 @@ def check(d: Diagnosis) -> list[Finding]:
                 "pool, so it travelled the slow path. The pool is fixed-size memory held for the process's "
                 "life; this message is about speed, not a leak."
             ),
-            fix="Raise SGLANG_MM_FEATURE_CACHE_MB (costs that much GPU memory), or use --mm-feature-transport cpu.",
+            fix=(
+                "The transport is CUDA IPC, which ROCm does not support (see sglang-cuda-ipc-rocm): turn it off "
+                "(--mm-feature-transport cpu, or unset SGLANG_USE_CUDA_IPC_TRANSPORT); a larger "
+                "SGLANG_MM_FEATURE_CACHE_MB only avoids this fallback."
+                if d.facts.platform == "rocm"
+                else "Raise SGLANG_MM_FEATURE_CACHE_MB (costs that much GPU memory), or use --mm-feature-transport cpu."
+            ),
             evidence=first_evidence(evs, 1),
         )
     ]
