@@ -80,3 +80,48 @@ def test_a_damaged_inside_record_is_skipped_and_named(tmp_path: Path) -> None:
     assert run.of(InsideSample) == [sample(1)]
     assert run.bad_lines == [2, 3]
     assert "line 2: cuda is a string, not a list" in run.problems[0]
+
+
+def test_an_answer_from_a_hostile_directory_is_reduced_to_the_records_fields(
+    tmp_path: Path,
+) -> None:
+    """The agent directory may belong to another user: what an answer says reaches the run file
+    only as InsideSample's fields, each of its type and bounded."""
+    from vramdoctor.agent.control import clean_inside
+
+    hostile = {
+        "cuda": [
+            {"device": 0, "allocated_bytes": 10, "reserved_bytes": 1e400, "evil": "x" * 10**6},
+            {"device": "0; rm -rf /", "allocated_bytes": 1},
+            {"device": 1, "allocated_bytes": True, "pools": [{"pool_id": [1, "a", 2.5]}, "junk"]},
+        ]
+        + [{"device": 2}] * 500,
+        "glibc": {"in_use_bytes": 2**70, "free_kept_bytes": -5, "call_ms": float("nan")},
+        "python": {
+            "allocated_blocks": 3,
+            "tracing": "yes",
+            "top": [{"file": "a" * 9999, "line": 1, "bytes": 2}] * 999,
+        },
+        "pinned": ["not", "a", "dict"],
+        "error": "e" * 100_000,
+        "extra": {"x": 1},
+    }
+    got = clean_inside(hostile)
+    assert set(got) == {"cuda", "pinned", "glibc", "python", "cuda_ms", "error"}
+    cuda = got["cuda"]
+    assert cuda[0] == {"device": 0, "allocated_bytes": 10}
+    assert cuda[1] == {"device": 1, "pools": [{"pool_id": [1]}]}
+    assert len(cuda) == 63  # the first 64 entries read, one of them not a device
+    assert got["glibc"] == {}  # too large, negative, NaN: none is a measurement
+    assert got["python"]["tracing"] is False and len(got["python"]["top"]) == 50
+    assert len(got["python"]["top"][0]["file"]) == 500
+    assert got["pinned"] is None and len(got["error"]) == 500
+    path = tmp_path / "run.jsonl"
+    with RunWriter(path, make_header("soak")) as w:
+        w.write(
+            InsideSample(
+                t=1.0, wall=1.0, pid=1, **{k: got[k] for k in ("cuda", "glibc", "python", "error")}
+            )
+        )
+    run = read_run(path)
+    assert run.problems == [] and len(run.of(InsideSample)) == 1

@@ -316,82 +316,86 @@ def _numbers(src: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:
     return out
 
 
+def _clean_pool(pool: dict[str, Any]) -> dict[str, Any]:
+    raw = pool.get("pool_id")
+    ident = (
+        [int(x) for x in raw[:2] if _int(x, -(2**62)) is not None] if isinstance(raw, list) else []
+    )
+    return {"pool_id": ident, **_numbers(pool, ("reserved_bytes", "allocated_bytes", "segments"))}
+
+
+def _clean_cuda(raw: Any) -> list[dict[str, Any]] | None:
+    if not isinstance(raw, list):
+        return None
+    out: list[dict[str, Any]] = []
+    for dev in raw[:_MAX_DEVICES]:
+        if not isinstance(dev, dict) or _int(dev.get("device"), 0, 1024) is None:
+            continue
+        entry: dict[str, Any] = {"device": int(dev["device"]), **_numbers(dev, _CUDA_KEYS)}
+        if isinstance(dev.get("pools"), list):
+            entry["pools"] = [
+                _clean_pool(p) for p in dev["pools"][:_MAX_POOLS] if isinstance(p, dict)
+            ]
+        out.append(entry)
+    return out
+
+
+def _clean_glibc(raw: Any) -> dict[str, Any] | None:
+    if not isinstance(raw, dict):
+        return None
+    out = _numbers(raw, _GLIBC_KEYS)
+    call = _float(raw.get("call_ms"))
+    if call is not None:
+        out["call_ms"] = call
+    version = _text(raw.get("glibc"), 16)
+    if version:
+        out["glibc"] = version
+    return out
+
+
+def _clean_line(item: Any) -> dict[str, Any] | None:
+    if not isinstance(item, dict) or not isinstance(item.get("file"), str):
+        return None
+    line, size = _int(item.get("line"), 0, 10**9), _int(item.get("bytes"))
+    if line is None or size is None:
+        return None
+    return {
+        "file": item["file"][:500],
+        "line": line,
+        "bytes": size,
+        "count": _int(item.get("count")) or 0,
+        "bytes_diff": _int(item.get("bytes_diff"), -(2**62)) or 0,
+    }
+
+
+def _clean_python(raw: Any) -> dict[str, Any] | None:
+    if not isinstance(raw, dict):
+        return None
+    out = _numbers(raw, _PYTHON_KEYS)
+    out["tracing"] = raw.get("tracing") is True
+    call = _float(raw.get("call_ms"))
+    if call is not None:
+        out["call_ms"] = call
+    if isinstance(raw.get("top"), list):
+        lines = (_clean_line(item) for item in raw["top"][:_MAX_TOP])
+        out["top"] = [line for line in lines if line is not None]
+    return out
+
+
 def clean_inside(raw: Any) -> dict[str, Any]:
     """An answer's `inside` part with only InsideSample's fields, each of its type and bounded:
-    {cuda, pinned, glibc, python, error} (a part that is absent or not of its shape is None)."""
+    {cuda, pinned, glibc, python, cuda_ms, error} (a part absent or not of its shape is None).
+    The answer comes from a directory another user may control: nothing else passes."""
     src = raw if isinstance(raw, dict) else {}
-    cuda: list[dict[str, Any]] | None = None
-    if isinstance(src.get("cuda"), list):
-        cuda = []
-        for dev in src["cuda"][:_MAX_DEVICES]:
-            if not isinstance(dev, dict) or _int(dev.get("device"), 0, 1024) is None:
-                continue
-            entry: dict[str, Any] = {"device": int(dev["device"]), **_numbers(dev, _CUDA_KEYS)}
-            if isinstance(dev.get("pools"), list):
-                pools = []
-                for pool in dev["pools"][:_MAX_POOLS]:
-                    if not isinstance(pool, dict):
-                        continue
-                    pid = pool.get("pool_id")
-                    ident = (
-                        [int(x) for x in pid[:2] if _int(x, -(2**62)) is not None]
-                        if isinstance(pid, list)
-                        else []
-                    )
-                    pools.append(
-                        {
-                            "pool_id": ident,
-                            **_numbers(pool, ("reserved_bytes", "allocated_bytes", "segments")),
-                        }
-                    )
-                entry["pools"] = pools
-            cuda.append(entry)
-    glibc = None
-    if isinstance(src.get("glibc"), dict):
-        glibc = _numbers(src["glibc"], _GLIBC_KEYS)
-        call = _float(src["glibc"].get("call_ms"))
-        if call is not None:
-            glibc["call_ms"] = call
-        version = _text(src["glibc"].get("glibc"), 16)
-        if version:
-            glibc["glibc"] = version
-    pinned = None
-    if isinstance(src.get("pinned"), dict):
-        pinned = _numbers(src["pinned"], ("held_bytes", "in_use_bytes"))
-    python = None
-    if isinstance(src.get("python"), dict):
-        py = src["python"]
-        python = _numbers(py, _PYTHON_KEYS)
-        python["tracing"] = py.get("tracing") is True
-        call = _float(py.get("call_ms"))
-        if call is not None:
-            python["call_ms"] = call
-        if isinstance(py.get("top"), list):
-            top = []
-            for item in py["top"][:_MAX_TOP]:
-                if not isinstance(item, dict) or not isinstance(item.get("file"), str):
-                    continue
-                line = _int(item.get("line"), 0, 10**9)
-                size = _int(item.get("bytes"))
-                if line is None or size is None:
-                    continue
-                top.append(
-                    {
-                        "file": item["file"][:500],
-                        "line": line,
-                        "bytes": size,
-                        "count": _int(item.get("count")) or 0,
-                        "bytes_diff": _int(item.get("bytes_diff"), -(2**62)) or 0,
-                    }
-                )
-            python["top"] = top
-    cuda_ms = _float(src.get("cuda_ms"))
+    pinned = src.get("pinned")
     return {
-        "cuda": cuda,
-        "pinned": pinned,
-        "glibc": glibc,
-        "python": python,
-        "cuda_ms": cuda_ms,
+        "cuda": _clean_cuda(src.get("cuda")),
+        "pinned": _numbers(pinned, ("held_bytes", "in_use_bytes"))
+        if isinstance(pinned, dict)
+        else None,
+        "glibc": _clean_glibc(src.get("glibc")),
+        "python": _clean_python(src.get("python")),
+        "cuda_ms": _float(src.get("cuda_ms")),
         "error": _text(src.get("error"), 500),
     }
 

@@ -3,7 +3,8 @@
 Pure core (`analysis`): `attribute(snapshots, requests=..., nvml_used_bytes=...)` over two or more
 `torch.cuda.memory._snapshot()` dicts of one process -> `ProcessAttribution` (the growing stacks,
 their rate per request, and the split of the growth: live tensors by stack, allocator slack in
-the default pool and in private pools, memory outside the allocator). Files (`snapshots`): safe
+the default pool and in private pools, memory outside the allocator); `memory="pinned"` does the
+same for pinned host memory (`host_segments`, torch 2.14+), and `attribute_memories` both. Files (`snapshots`): safe
 pickle loading, a soak run's attribution folder, the offline diff. Soak hooks (`hooks`): the
 agent and SGLang's own profiler. Text (`render`).
 """
@@ -24,6 +25,8 @@ from vramdoctor.attribution.analysis import (
     Thresholds,
     attribute,
     frame_origin,
+    has_device,
+    has_pinned,
     stack_of,
     summarise,
 )
@@ -32,6 +35,7 @@ from vramdoctor.attribution.snapshots import (
     AttributionReport,
     SnapshotMeta,
     attribute_files,
+    attribute_memories,
     attribute_run,
     attribution_dir,
     load_snapshot,
@@ -54,9 +58,12 @@ __all__ = [
     "Thresholds",
     "attribute",
     "attribute_files",
+    "attribute_memories",
     "attribute_run",
     "attribution_dir",
     "frame_origin",
+    "has_device",
+    "has_pinned",
     "load_snapshot",
     "stack_of",
     "summarise",

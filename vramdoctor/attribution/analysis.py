@@ -572,6 +572,38 @@ def _series(
     return StackSeries(stack, live, blocks, every, proportional, per_request, growing)
 
 
+def _split(
+    summaries: Sequence[SnapshotSummary],
+    series: Sequence[StackSeries],
+    reqs: Sequence[int | None],
+    nvml_used_bytes: Sequence[float | None] | None,
+    a: int,
+) -> NvmlSplit:
+    """Where the growth between snapshot `a` and the last went (see NvmlSplit)."""
+    first, last = summaries[a], summaries[-1]
+    growing_bytes = sum(s.live_bytes[-1] - s.live_bytes[a] for s in series if s.growing)
+    live_growth = last.live_bytes - first.live_bytes
+    nvml_growth = outside = None
+    if nvml_used_bytes is not None:
+        start, end = nvml_used_bytes[a], nvml_used_bytes[-1]
+        if start is not None and end is not None:
+            nvml_growth = float(end) - float(start)
+            outside = nvml_growth - (last.reserved_bytes - first.reserved_bytes)
+    return NvmlSplit(
+        from_snapshot=a,
+        to_snapshot=len(summaries) - 1,
+        reserved_growth_bytes=last.reserved_bytes - first.reserved_bytes,
+        growing_stacks_bytes=growing_bytes,
+        other_live_bytes=live_growth - growing_bytes,
+        slack_default_bytes=(last.slack_bytes - last.private_pool_slack_bytes)
+        - (first.slack_bytes - first.private_pool_slack_bytes),
+        slack_private_pool_bytes=last.private_pool_slack_bytes - first.private_pool_slack_bytes,
+        nvml_growth_bytes=nvml_growth,
+        outside_allocator_bytes=outside,
+        requests=sum(r for r in reqs[a:] if r) if all(r for r in reqs[a:]) else None,
+    )
+
+
 def attribute(
     snapshots: Sequence[Mapping[str, Any]],
     *,
@@ -624,30 +656,8 @@ def attribute(
             "tell a leak from a cache that fills once"
         )
     a = 1 if n >= 3 else 0
-    first, last = summaries[a], summaries[-1]
-    growing_bytes = sum(s.live_bytes[-1] - s.live_bytes[a] for s in series if s.growing)
-    live_growth = last.live_bytes - first.live_bytes
-    nvml_growth = outside = None
-    if (
-        nvml_used_bytes is not None
-        and nvml_used_bytes[a] is not None
-        and nvml_used_bytes[-1] is not None
-    ):
-        nvml_growth = float(nvml_used_bytes[-1]) - float(nvml_used_bytes[a])  # type: ignore[arg-type]
-        outside = nvml_growth - (last.reserved_bytes - first.reserved_bytes)
-    split = NvmlSplit(
-        from_snapshot=a,
-        to_snapshot=n - 1,
-        reserved_growth_bytes=last.reserved_bytes - first.reserved_bytes,
-        growing_stacks_bytes=growing_bytes,
-        other_live_bytes=live_growth - growing_bytes,
-        slack_default_bytes=(last.slack_bytes - last.private_pool_slack_bytes)
-        - (first.slack_bytes - first.private_pool_slack_bytes),
-        slack_private_pool_bytes=last.private_pool_slack_bytes - first.private_pool_slack_bytes,
-        nvml_growth_bytes=nvml_growth,
-        outside_allocator_bytes=outside,
-        requests=sum(r for r in reqs[a:] if r) if all(r for r in reqs[a:]) else None,
-    )
+    split = _split(summaries, series, reqs, nvml_used_bytes, a)
+    last = summaries[-1]
     no_frames = last.live_by_stack.get(Stack("no-frames"), 0)
     if no_frames:
         notes.append(

@@ -25,6 +25,21 @@ __all__ = [
 ]
 
 
+def _pinned_split_lines(split: NvmlSplit) -> list[str]:
+    """The split of pinned host memory: what the host allocator holds is live or cached."""
+    span = f"between snapshots {split.from_snapshot + 1} and {split.to_snapshot + 1}"
+    rate = split.growth_per_request_bytes
+    per = f" ({format_bytes(rate, signed=True)} per request)" if rate is not None else ""
+    return [
+        f"pinned memory held by PyTorch's host allocator "
+        f"{format_bytes(split.reserved_growth_bytes, signed=True)}{per} {span}:",
+        f"  live blocks of the growing stacks    {format_bytes(split.growing_stacks_bytes, signed=True)}",
+        f"  other live blocks                    {format_bytes(split.other_live_bytes, signed=True)}",
+        f"  cached free blocks                   {format_bytes(split.slack_default_bytes, signed=True)}"
+        "  (the host allocator keeps freed pinned memory for reuse)",
+    ]
+
+
 def _split_lines(split: NvmlSplit) -> list[str]:
     span = f"between snapshots {split.from_snapshot + 1} and {split.to_snapshot + 1}"
     whole = split.nvml_growth_bytes
@@ -70,7 +85,8 @@ def _process(p: ProcessAttribution, out: Console) -> None:
         out.print(f"{escape(p.label)}: {len(p.summaries)} snapshot: nothing to diff")
         return
     if p.verdict == GROWING:
-        out.print(f"[bold red]{escape(p.label)}: memory held by a stack that grows every round[/]")
+        what = "pinned host memory" if p.memory == "pinned" else "memory"
+        out.print(f"[bold red]{escape(p.label)}: {what} held by a stack that grows every round[/]")
         for s in p.growing:
             rate = (
                 f"{format_bytes(s.bytes_per_request)} per request"
@@ -87,12 +103,14 @@ def _process(p: ProcessAttribution, out: Console) -> None:
                 )
     else:
         reserved = [format_bytes(s.reserved_bytes) for s in p.summaries]
+        held = "pinned host memory held by PyTorch" if p.memory == "pinned" else "PyTorch reserved"
         out.print(
-            f"{escape(p.label)}: no growing stack (PyTorch reserved at each snapshot: {', '.join(reserved)})",
+            f"{escape(p.label)}: no growing stack ({held} at each snapshot: {', '.join(reserved)})",
             soft_wrap=True,
         )
     if p.split is not None and (p.verdict == GROWING or (p.split.nvml_growth_bytes or 0) > 0):
-        for line in _split_lines(p.split):
+        lines = _pinned_split_lines(p.split) if p.memory == "pinned" else _split_lines(p.split)
+        for line in lines:
             out.print(f"  {escape(line)}", soft_wrap=True)
     for note in p.notes:
         out.print(f"  note: {escape(note)}", soft_wrap=True)

@@ -347,7 +347,7 @@ def attribute_memories(
         pinned = attribute(
             snaps,
             requests=requests,
-            label=f"{label}: pinned host memory",
+            label=label,
             pid=pid,
             th=th,
             memory="pinned",
