@@ -57,7 +57,7 @@ COMMANDS: dict[str, str] = {
     "ab-test": "abtest",
     "attribute": "attribute",
     "agent-path": "agent",
-    # "try": "try_",
+    "try": "try_",
 }
 
 # Options of the root that may also come after the command: name -> how many values follow.
