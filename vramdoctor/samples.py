@@ -6,6 +6,17 @@ memory of the server's processes yields a `HostSample`. Each carries a monotonic
 (for intervals and rates) and a wall-clock one (for humans and cross-host alignment).
 
 Sizes are MiB as floats: NVML reports bytes, DCGM reports MiB, and reports print MiB.
+
+Whose process (COMMON_CONTRACTS section 3): every per-process row (`ProcessGpuMemory`,
+`HostProcessMemory`) says its `scope`: "server" (the port owner's process tree, plus --pid) or
+"tenant" (anything else on the server's GPUs), None where the source was not told which
+processes are the server's (old run files, census); with the process's `uid`, `username` and
+parent pid `ppid` where this host can see them, and `title_role`, what the server's own
+process title says it is ("vllm worker TP0"). MIG: a GPU row of a MIG slice carries its
+`gpu_instance_id` / `compute_instance_id` (and profile); series are keyed by `GpuMemory.key`
+/ `ProcessGpuMemory.key` = (gpu index, GPU instance, compute instance), which is the old
+single-GPU key `(index, None, None)` when not MIG. These fields are left out of a run file
+while they are None, so run files of sources that do not know them stay as they were.
 """
 
 from __future__ import annotations
@@ -46,6 +57,41 @@ class _Record:
         return _from_dict(cls, data)
 
 
+# Fields added after run-file schema vramdoctor.run/2 was in use: written only when known.
+_OMIT_WHEN_NONE = frozenset(
+    {
+        "scope",
+        "uid",
+        "username",
+        "ppid",
+        "title_role",
+        "gpu_instance_id",
+        "compute_instance_id",
+        "mig_profile",
+        "reachable_mib",
+        "reachable_by",
+        "soft_limit_mib",
+    }
+)
+
+# The scopes of a per-process row.
+SCOPE_SERVER = "server"
+SCOPE_TENANT = "tenant"
+
+GpuKey = tuple[int, "int | None", "int | None"]
+
+
+def _compact(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if v is not None or k not in _OMIT_WHEN_NONE}
+
+
+def _mig_label(index: int, gi: int | None, ci: int | None, profile: str | None = None) -> str:
+    if gi is None:
+        return f"GPU {index}"
+    label = f"GPU {index} MIG" + (f" {profile}" if profile else "") + f" GI {gi}"
+    return label + (f" CI {ci}" if ci is not None else "")
+
+
 @dataclass
 class GpuMemory:
     """One GPU's device-level memory at one instant."""
@@ -61,6 +107,31 @@ class GpuMemory:
     driver_reserved_mib: float | None = None
     host: str | None = None
     pod: str | None = None
+    # MIG: this row is one slice of GPU `index` (None on a GPU without MIG). dcgm-exporter
+    # labels GPU_I_ID/GPU_I_PROFILE (no compute-instance label); NVML MIG device handles.
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    mig_profile: str | None = None
+    # The most memory the processes here can hold on this GPU (or slice), MiB, and what that
+    # rests on: an NVML hard limit of the cgroup (nvmlDeviceGetMemoryLimits_v1), else total
+    # minus driver-reserved (memory info v2 reports a container's partition), else total.
+    # Time to out of memory is counted to this, not to `total_mib`.
+    reachable_mib: float | None = None
+    reachable_by: str | None = None
+    # The cgroup's soft limit (guaranteed before allocations may fail under pressure), MiB.
+    soft_limit_mib: float | None = None
+
+    @property
+    def key(self) -> GpuKey:
+        """(index, GPU instance, compute instance): a series key that keeps MIG slices apart."""
+        return (self.index, self.gpu_instance_id, self.compute_instance_id)
+
+    @property
+    def label(self) -> str:
+        """'GPU 0', or 'GPU 0 MIG 1g.10gb GI 3' for a slice."""
+        return _mig_label(
+            self.index, self.gpu_instance_id, self.compute_instance_id, self.mig_profile
+        )
 
 
 @dataclass
@@ -78,6 +149,24 @@ class ProcessGpuMemory:
     # the row is kept, but name and command line cannot be read here.
     visible: bool = True
     host: str | None = None
+    # Whose process: "server" or "tenant" (see the module docstring); None = not known.
+    scope: str | None = None
+    uid: int | None = None
+    username: str | None = None
+    ppid: int | None = None
+    title_role: str | None = None
+    # MIG: the slice of GPU `gpu` the process runs on (None without MIG).
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+    @property
+    def key(self) -> GpuKey:
+        """(gpu index, GPU instance, compute instance) of the memory this row counts."""
+        return (self.gpu, self.gpu_instance_id, self.compute_instance_id)
+
+    @property
+    def label(self) -> str:
+        return _mig_label(self.gpu, self.gpu_instance_id, self.compute_instance_id)
 
 
 @dataclass
@@ -90,6 +179,12 @@ class GpuSample(_Record):
     source: str
     gpus: list[GpuMemory] = field(default_factory=list)
     processes: list[ProcessGpuMemory] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d["gpus"] = [_compact(g) for g in d["gpus"]]
+        d["processes"] = [_compact(p) for p in d["processes"]]
+        return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GpuSample:
@@ -187,6 +282,12 @@ class HostProcessMemory:
     malloc_arena_writable_mib: float | None = None
     # What could not be read for this process, e.g. "status: permission denied".
     unreadable: str | None = None
+    # Whose process: "server" or "tenant" (a `role` of "gpu-peer"); None = not known.
+    scope: str | None = None
+    uid: int | None = None
+    username: str | None = None
+    ppid: int | None = None
+    title_role: str | None = None
 
 
 @dataclass
@@ -199,6 +300,11 @@ class HostSample(_Record):
     processes: list[HostProcessMemory] = field(default_factory=list)
     # Used bytes of /dev/shm (tmpfs) in MiB, None where it cannot be read.
     dev_shm_used_mib: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d["processes"] = [_compact(p) for p in d["processes"]]
+        return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HostSample:

@@ -7,6 +7,7 @@ Lookups are cached briefly: a 10 Hz sampler must not re-read /proc for every row
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -18,11 +19,15 @@ from vramdoctor.redact import redact_argv
 
 @dataclass(frozen=True)
 class ProcInfo:
-    """What this host can tell about a PID."""
+    """What this host can tell about a PID: its name and redacted command line, its owner
+    (real uid and user name) and its parent pid, each None where it cannot be read."""
 
     visible: bool
     name: str | None = None
     cmdline: list[str] | None = None
+    uid: int | None = None
+    username: str | None = None
+    ppid: int | None = None
 
 
 def uses_nvidia_device(pid: int) -> bool | None:
@@ -59,11 +64,33 @@ def lookup(pid: int, *, expect_gpu: bool = False) -> ProcInfo:
                 cmdline: list[str] | None = redact_argv(proc.cmdline())
             except (psutil.AccessDenied, psutil.ZombieProcess):
                 cmdline = None
-        return ProcInfo(visible=True, name=name or None, cmdline=cmdline or None)
+            uid, username, ppid = _owner(proc)
+        return ProcInfo(
+            visible=True,
+            name=name or None,
+            cmdline=cmdline or None,
+            uid=uid,
+            username=username,
+            ppid=ppid,
+        )
     except psutil.NoSuchProcess:
         return ProcInfo(visible=False)
     except psutil.AccessDenied:
         return ProcInfo(visible=True)
+
+
+def _owner(proc: psutil.Process) -> tuple[int | None, str | None, int | None]:
+    """(real uid, user name, parent pid) of a process, None for what cannot be read."""
+    uid: int | None = None
+    username: str | None = None
+    ppid: int | None = None
+    with contextlib.suppress(psutil.Error, AttributeError, OSError):
+        uid = int(proc.uids().real)
+    with contextlib.suppress(psutil.Error, KeyError, OSError):
+        username = proc.username() or None  # the uid as text when it has no passwd entry
+    with contextlib.suppress(psutil.Error, OSError):
+        ppid = int(proc.ppid())
+    return uid, username, ppid
 
 
 class ProcInfoCache:
