@@ -19,6 +19,7 @@ import pytest
 
 from vramdoctor.diagnose import Diagnosis, diagnose
 from vramdoctor.diagnose.findings import Facts, LogEvent
+from vramdoctor.diagnose.levers import foreign_flags, platform_forbidden
 from vramdoctor.diagnose.rules import all_rules, evaluate
 from vramdoctor.diagnose.rules._common import SGLANG_ONLY_FLAGS, VLLM_ONLY_FLAGS
 
@@ -657,35 +658,88 @@ EVENTS: list[tuple[str, str | None, dict]] = [
     ("mm_preprocess_gpu_oom", "preprocessing", {}),
     ("server_crash", None, {"process": "Scheduler"}),
     ("kv_pool_exhausted", "prefill", {"fatal": True, "requested_tokens": 8192}),
+    # issue 23: the other servers' events and the new causes
+    *[
+        ("cuda_oom", ph, {**OOM_DATA, "free_mib": 4096.0})  # a request smaller than the free memory
+        for ph in ("weight_load", "prefill")
+    ],
+    ("cuda_oom", "decode", {**OOM_DATA, "requested_mib": 30000.0, "free_mib": 100.0}),  # outsized
+    *[
+        ("cuda_oom", ph, {"requested_mib": 4480.0, "gpu": 0})
+        for ph in ("compute_buffer", "startup", "distributed_init", "preprocessing", "serving")
+    ],
+    ("kv_budget_error", "warmup", {"reason": "tgi_prefill_tokens", "prefill_tokens": 4096}),
+    (
+        "triton_shared_memory",
+        None,
+        {"required_bytes": 196608, "limit_bytes": 65536, "inductor": True},
+    ),
+    ("ipc_transport_failed", None, {"runtime": "HIP", "error": "invalid device pointer"}),
+    ("gpu_memory_fault", None, {"node": 2, "reason": "Unknown"}),
+    ("cli_error", None, {"program": "vllm serve", "error": "argument --limit-mm-per-prompt: x"}),
+    ("trtllm_kv_default_fraction", None, {"kv_share": 0.9}),
+    (
+        "traceback_cut",
+        "weight_load",
+        {"frames": ["turbomind.py in _create_weight"], "inductor": False},
+    ),
+    ("traceback_cut", None, {"frames": ["compile_fx.py in codegen_and_compile"], "inductor": True}),
+    (
+        "kernel_image_invalid",
+        None,
+        {"error": "RuntimeError: Triton Error [CUDA]: device kernel image is invalid"},
+    ),
 ]
 
 
-def _diagnosis(server: str | None, kind: str, phase: str | None, data: dict) -> Diagnosis:
+def _diagnosis(
+    server: str | None, kind: str, phase: str | None, data: dict, platform: str | None = None
+) -> Diagnosis:
     n = 25 if kind == "retraction" else 1
     events = [
         LogEvent(kind, "server.log", i + 1, f"{kind} line", phase, dict(data)) for i in range(n)
     ]
-    return Diagnosis([], server, None, Facts(**FACTS), events, {kind: n})
+    if kind == "kernel_image_invalid":
+        events.append(LogEvent("server_crash", "server.log", 9, "crash", None, {"report": True}))
+    facts = Facts(**FACTS, platform=platform)
+    if server == "trtllm":
+        facts.kv_available_mib, facts.total_gpu_mib = (
+            112.6,
+            22722.6,
+        )  # TensorRT-LLM's tiny-KV figures
+    return Diagnosis([], server, None, facts, events, {kind: n})
 
 
 def _has(text: str, flags: tuple[str, ...]) -> list[str]:
     return [f for f in flags if re.search(re.escape(f) + r"(?![\w-])", text)]
 
 
-def test_every_rule_fixes_in_its_servers_flags() -> None:
+SERVERS = ("sglang", "vllm", "tgi", "trtllm", "llamacpp", "ollama", "lmdeploy", None)
+PLATFORMS = ("cuda", "rocm", "npu", None)
+
+
+def test_every_rule_fixes_in_its_servers_flags_and_platforms_options() -> None:
+    """Rule x server x platform (issue 23): every fix names only the diagnosed server's own flags (for an
+    unknown server: SGLang's and vLLM's, labelled, or neither) and no option another platform alone has."""
     fired: set[str] = set()
     for kind, phase, data in EVENTS:
-        for server in ("sglang", "vllm", None):
-            for f in evaluate(_diagnosis(server, kind, phase, data)):
-                fired.add(f.id)
-                sgl, vll = _has(f.fix, SGLANG_ONLY_FLAGS), _has(f.fix, VLLM_ONLY_FLAGS)
-                where = f"{f.id} ({kind}/{phase}) on {server}: {f.fix}"
-                if server == "sglang":
-                    assert not vll, where
-                elif server == "vllm":
-                    assert not sgl, where
-                else:
-                    assert bool(sgl) == bool(vll), where  # both servers' flags or neither
+        for server in SERVERS:
+            for platform in PLATFORMS:
+                for f in evaluate(_diagnosis(server, kind, phase, data, platform)):
+                    fired.add(f.id)
+                    where = f"{f.id} ({kind}/{phase}) on {server}/{platform}: {f.fix}"
+                    sgl, vll = _has(f.fix, SGLANG_ONLY_FLAGS), _has(f.fix, VLLM_ONLY_FLAGS)
+                    if server == "sglang":
+                        assert not vll, where
+                    elif server == "vllm":
+                        assert not sgl, where
+                    elif server is None:
+                        assert bool(sgl) == bool(vll) or not (sgl or vll), where
+                    assert not foreign_flags(server, f.fix), (foreign_flags(server, f.fix), where)
+                    assert not platform_forbidden(platform, f.fix), (
+                        platform_forbidden(platform, f.fix),
+                        where,
+                    )
     assert fired == {r.id for r in all_rules()}, "every rule must fire at least once in this test"
 
 

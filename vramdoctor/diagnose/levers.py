@@ -64,6 +64,7 @@ LEVER_NAMES: dict[str, str] = {
     "host_cache": "KV cache kept in host RAM",
     "kv_offload_cpu": "the KV cache kept in CPU RAM",
     "parallel": "requests served at once",
+    "rdma_device": "the RDMA devices of the KV transfer (prefill/decode disaggregation)",
 }
 
 
@@ -133,6 +134,7 @@ SGLANG: Levers = {
     "cpu_offload": (_l("--cpu-offload-gb"),),
     "schedule_conservativeness": (_l("--schedule-conservativeness"),),
     "host_cache": (_l("--hicache-ratio / --hicache-size"),),
+    "rdma_device": (_l("--disaggregation-ib-device"),),
 }
 
 VLLM: Levers = {
@@ -164,7 +166,8 @@ VLLM: Levers = {
     "mm_pixels": (_l("--mm-processor-kwargs '{\"max_pixels\": ...}'"),),
     "cpu_offload": (_l("--cpu-offload-gb"),),
     # removed in 0.18 (vllm PR #36216; NOTES.md §5)
-    "swap": (_l("--swap-space", until="0.18"),),
+    "swap": (_l("--swap-space", until="0.18"), _l("--swap-space (before vLLM 0.18)")),
+    "rdma_device": (_l("the device names in --kv-transfer-config"),),
 }
 
 TGI: Levers = {
@@ -283,10 +286,13 @@ def pick(options: Iterable[Lever], platform: str | None, version: str | None) ->
     if platform in PLATFORMS:
         opts = [o for o in opts if o.platforms is None or platform in o.platforms]
     elif any(o.platforms for o in opts):
-        # the platform is not shown: each platform's own option, labelled (never CUDA's alone)
+        # the platform is not shown: each platform's own option, labelled when they differ (never
+        # CUDA's alone)
         per = [(p, pick(opts, p, version)) for p in ("cuda", "rocm")]
-        named = [f"{t} ({'CUDA' if p == 'cuda' else 'ROCm'})" for p, t in per if t]
-        return " / ".join(named) or None
+        texts = {t for _, t in per if t}
+        if len(texts) <= 1:
+            return next(iter(texts), None)
+        return " / ".join(f"{t} ({'CUDA' if p == 'cuda' else 'ROCm'})" for p, t in per if t)
     v = _vt(version)
     for o in opts:
         lo, hi = _vt(o.since), _vt(o.until)
@@ -369,6 +375,44 @@ def platform_tool(platform: str | None, what: str) -> str:
     return tools[what]
 
 
+# Flags only one server has, beyond its levers' texts (rules once wrote them by hand; the tests check
+# every fix against them). Flags both share (--kv-cache-dtype, --attention-backend) are left out.
+SGLANG_ONLY_FLAGS = (
+    "--mem-fraction-static",
+    "--context-length",
+    "--chunked-prefill-size",
+    "--max-prefill-tokens",
+    "--max-running-requests",
+    "--max-total-tokens",
+    "--cuda-graph-max-bs",
+    "--disable-cuda-graph",
+    "--tp-size",
+    "--schedule-conservativeness",
+    "--disable-radix-cache",
+    "--disable-overlap-schedule",
+    "--disable-fast-image-processor",
+    "--image-processor-backend",
+    "--mm-feature-transport",
+    "--tokenizer-worker-num",
+    "--base-gpu-id",
+    "SGLANG_",
+)
+VLLM_ONLY_FLAGS = (
+    "--gpu-memory-utilization",
+    "--max-model-len",
+    "--max-num-seqs",
+    "--max-num-batched-tokens",
+    "--enforce-eager",
+    "--tensor-parallel-size",
+    "--swap-space",
+    "--limit-mm-per-prompt",
+    "--cpu-offload-gb",
+    "--kv-cache-memory",
+    "--mm-processor-kwargs",
+    "VLLM_",
+)
+
+
 # --- checks the tests use (a fix must speak only its own server's and platform's words) ---------
 
 _TOKEN = re.compile(
@@ -407,7 +451,15 @@ def foreign_flags(server: str | None, text: str) -> list[str]:
     for name in ("sglang", "vllm") if server is None else (server,):
         mine |= _owned(name)
     found = _tokens(text)
-    bad = set()
+    bad: set[str] = set()
+    for owner, words in (("sglang", SGLANG_ONLY_FLAGS), ("vllm", VLLM_ONLY_FLAGS)):
+        if server not in (owner, None):
+            bad |= {
+                w
+                for w in words
+                if w not in mine
+                and re.search(re.escape(w) + (r"(?![\w-])" if w.startswith("--") else ""), text)
+            }
     for other in BUILTIN:
         if server is None and other in ("sglang", "vllm"):
             continue

@@ -58,7 +58,7 @@ def read(ex: EventsMixin, tail: bytes, total_lines: int) -> None:
     lineno = lines[last_frame][0]
     text = lines[last_frame][1]
     if "_dummy_sampler_run" in region and any(
-        _SAMPLER_RAISE.search(s) for s in after + [region[-200:]]
+        _SAMPLER_RAISE.search(s) for s in [*after, region[-200:]]
     ):
         # vLLM raises this RuntimeError only when the sampler warm-up ran out of memory
         ex.add_event(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from vramdoctor.diagnose import levers
 from vramdoctor.diagnose.findings import Diagnosis, Evidence, LogEvent
 from vramdoctor.diagnose.levers import Vocab, vocab
 
@@ -28,42 +29,9 @@ def first_evidence(events: list[LogEvent], n: int = 3) -> list[Evidence]:
     return [e.evidence for e in events[:n]]
 
 
-# Flags only one server has (a fix for the other server must never name them). Flags both share
-# (--kv-cache-dtype, --attention-backend, --max-num-batched-tokens is vLLM-only) are left out.
-SGLANG_ONLY_FLAGS = (
-    "--mem-fraction-static",
-    "--context-length",
-    "--chunked-prefill-size",
-    "--max-prefill-tokens",
-    "--max-running-requests",
-    "--max-total-tokens",
-    "--cuda-graph-max-bs",
-    "--disable-cuda-graph",
-    "--tp-size",
-    "--schedule-conservativeness",
-    "--disable-radix-cache",
-    "--disable-overlap-schedule",
-    "--disable-fast-image-processor",
-    "--image-processor-backend",
-    "--mm-feature-transport",
-    "--tokenizer-worker-num",
-    "--base-gpu-id",
-    "SGLANG_",
-)
-VLLM_ONLY_FLAGS = (
-    "--gpu-memory-utilization",
-    "--max-model-len",
-    "--max-num-seqs",
-    "--max-num-batched-tokens",
-    "--enforce-eager",
-    "--tensor-parallel-size",
-    "--swap-space",
-    "--limit-mm-per-prompt",
-    "--cpu-offload-gb",
-    "--kv-cache-memory",
-    "--mm-processor-kwargs",
-    "VLLM_",
-)
+# Flags only one server has: the vocabulary's lists (levers.py), for the tests that check every fix.
+SGLANG_ONLY_FLAGS = levers.SGLANG_ONLY_FLAGS
+VLLM_ONLY_FLAGS = levers.VLLM_ONLY_FLAGS
 
 
 def words(d: Diagnosis) -> Vocab:
@@ -76,23 +44,6 @@ def server_name(d: Diagnosis) -> str:
     from vramdoctor.diagnose.report import display_name
 
     return display_name(d.server, d.facts.variant) if d.server else "the server"
-
-
-def by_server(server: str | None, sglang: str, vllm: str, unknown: str | None = None) -> str:
-    """The server's own wording of a fix; for an unknown server `unknown` (a wording that names
-    neither server's own flags) or else both, each labelled."""
-    if server == "sglang":
-        return sglang
-    if server == "vllm":
-        return vllm
-    return unknown if unknown is not None else f"{sglang} (SGLang); {vllm} (vLLM)"
-
-
-def fraction_flag(server: str | None) -> str:
-    """The memory-share flag of the server (both, labelled, when the server is unknown)."""
-    if server in ("sglang", "vllm"):
-        return by_server(server, "--mem-fraction-static", "--gpu-memory-utilization")
-    return "--mem-fraction-static (SGLang) / --gpu-memory-utilization (vLLM)"
 
 
 # The memory share above which a multimodal model's encoder and images lack headroom: SGLang itself lowers

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vramdoctor.diagnose.findings import Diagnosis, Finding
 from vramdoctor.diagnose.rules import Rule
-from vramdoctor.diagnose.rules._common import by_server, mib
+from vramdoctor.diagnose.rules._common import mib, words
 
 MIN_HEADROOM_MIB = (
     1024.0  # free memory left after capture below this leaves no room for activations
@@ -32,11 +32,11 @@ def check(d: Diagnosis) -> list[Finding]:
                     "pool, so the first long or image-heavy request can OOM."
                     + (f" cuda_graph_max_bs={f.cuda_graph_max_bs}." if f.cuda_graph_max_bs else "")
                 ),
-                fix=by_server(
-                    d.server,
-                    "Lower --cuda-graph-max-bs or --mem-fraction-static.",
-                    "Lower --max-num-seqs (the largest graph batch) or --gpu-memory-utilization.",
-                ),
+                fix=words(d).first(
+                    "Lower {graph_batch} or {memory_share}.",
+                    "Lower {max_running} (the largest graph batch) or {memory_share}.",
+                )
+                or "Capture graphs for smaller batches.",
                 evidence=ev,
             )
         ]

@@ -79,16 +79,21 @@ def _fix_preprocessing(v: Vocab, d: Diagnosis) -> str:
             "upgrade to SGLang >= 0.5.19 (request-scoped pool for the fast processor's scratch); cap image "
             "size/count per request."
         )
-    return (
-        v.first(
-            "Keep the multimodal processor on the CPU (drop a device='cuda' from --mm-processor-kwargs) and cap "
-            "images per request ({mm_limits}) and their size ({mm_pixels}).",
+    if d.server == "vllm":
+        return (
+            v.say(
+                "Keep the multimodal processor on the CPU (drop a device='cuda' from --mm-processor-kwargs) and cap "
+                "images per request ({mm_limits}) and their size ({mm_pixels})."
+            )
+            or ""
+        )
+    if d.server is None:
+        return (
             "Move image preprocessing to the CPU (SGLang: --disable-fast-image-processor / "
             "--image-processor-backend pil, or SGLang >= 0.5.19; vLLM: no device='cuda' in "
-            "--mm-processor-kwargs) and cap image size/count per request.",
+            "--mm-processor-kwargs) and cap image size/count per request."
         )
-        or "Move image preprocessing to the CPU and cap image size/count per request."
-    )
+    return "Move image preprocessing to the CPU and cap image size/count per request."
 
 
 def _fix_weight_load(v: Vocab, d: Diagnosis) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from vramdoctor.diagnose import patterns as P
 from vramdoctor.diagnose.findings import Diagnosis, Finding
 from vramdoctor.diagnose.rules import Rule
-from vramdoctor.diagnose.rules._common import by_server, first_evidence
+from vramdoctor.diagnose.rules._common import first_evidence, words
 
 
 def check(d: Diagnosis) -> list[Finding]:
@@ -30,12 +30,11 @@ def check(d: Diagnosis) -> list[Finding]:
                     "of the chain, often on another rank's lines): if that is an out-of-memory error, the "
                     "memory advice in SGLang's message applies; otherwise it does not."
                 ),
-                fix=by_server(
-                    d.server,
-                    "Find the first exception above this one. If it is an OOM, lower --cuda-graph-max-bs or "
-                    "--mem-fraction-static; if not, run with --disable-cuda-graph to confirm and report it upstream.",
-                    "Find the first exception above this one; run with --enforce-eager to confirm.",
-                ),
+                fix=words(d).say(
+                    "Find the first exception above this one. If it is an OOM, lower {graph_batch} or "
+                    "{memory_share}; if not, run with {graph_off} to confirm and report it upstream."
+                )
+                or "Find the first exception above this one.",
                 evidence=first_evidence(evs),
             )
         ]
@@ -49,12 +48,11 @@ def check(d: Diagnosis) -> list[Finding]:
                 "--mem-fraction-static, but the cause is not an allocation failure, so that advice does "
                 "not apply; it is a model/kernel error raised while capturing."
             ),
-            fix=by_server(
-                d.server,
-                "Start with --disable-cuda-graph to confirm, then fix the cause (e.g. a draft model that "
-                "does not match the target for EAGLE, an unsupported kernel); report it upstream.",
-                "Start with --enforce-eager to confirm, then fix the cause; report it upstream.",
-            ),
+            fix=words(d).say(
+                "Start with {graph_off} to confirm, then fix the cause (e.g. a draft model that "
+                "does not match the target for EAGLE, an unsupported kernel); report it upstream."
+            )
+            or "Fix the cause; report it upstream.",
             evidence=first_evidence(evs),
         )
     ]

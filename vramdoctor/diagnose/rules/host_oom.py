@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from vramdoctor.diagnose.findings import Diagnosis, Finding, LogEvent
 from vramdoctor.diagnose.rules import Rule
-from vramdoctor.diagnose.rules._common import by_server, first_evidence
+from vramdoctor.diagnose.rules._common import first_evidence, words
 from vramdoctor.units import format_bytes, format_mib
 
 _WHILE = {
@@ -82,16 +82,11 @@ def _strong(d: Diagnosis, evs: list[LogEvent]) -> Finding:
             f"memory.{loading} Pinned CPU swap space, CPU offload, /dev/shm (tensors shared between "
             "processes) and the container's memory limit all count against it."
         ),
-        fix=by_server(
-            d.server,
-            "Lower host-side caches (--hicache-ratio / --hicache-size keep KV in host RAM), "
-            + _MORE_RAM
-            + _SOAK,
-            "Lower --swap-space (vLLM V0 pins it per GPU) and --cpu-offload-gb, "
-            + _MORE_RAM
-            + _SOAK,
-            _MORE_RAM[0].upper() + _MORE_RAM[1:] + _SOAK,
-        ),
+        fix=words(d).first(
+            "Lower host-side caches ({host_cache} keep KV in host RAM), " + _MORE_RAM + _SOAK,
+            "Lower {swap} (vLLM V0 pins it per GPU) and {cpu_offload}, " + _MORE_RAM + _SOAK,
+        )
+        or _MORE_RAM[0].upper() + _MORE_RAM[1:] + _SOAK,
         evidence=first_evidence(evs),
     )
 

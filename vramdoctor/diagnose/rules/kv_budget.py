@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from vramdoctor.diagnose import patterns as P
 from vramdoctor.diagnose.findings import Diagnosis, Finding, LogEvent
+from vramdoctor.diagnose.levers import platform_tool
 from vramdoctor.diagnose.rules import Rule
 from vramdoctor.diagnose.rules._common import (
-    by_server,
     first_evidence,
-    fraction_flag,
     high_fraction_multimodal,
     mib,
     server_name,
@@ -28,6 +27,9 @@ REASONS = {
 # on an H200 (docs/gpu-results.md); 0.5-1 GiB normally (shared/facts.md). Used memory at vLLM's start-up
 # check up to this much per context is the server's own, not another process.
 OWN_CONTEXT_MIB = 1024.0
+
+
+_MORE_GPUS = "Use more GPUs or quantized weights, or a shorter maximum context."
 
 
 def _fitting_len(e: LogEvent) -> int | None:
@@ -81,7 +83,7 @@ def _free_below(d: Diagnosis, evs: list[LogEvent]) -> tuple[str, str, str]:
     another process holds the rest. The fix is sized on the WORST GPU (lowest free/total): every rank
     must pass the check on its own GPU.
     """
-    flag = fraction_flag(d.server)
+    flag = words(d)("memory_share") or "the memory share"
     seen: dict[tuple[object, ...], LogEvent] = {}
     for e in evs:
         if e.data.get("reason") != "free_memory_below_utilization":
@@ -98,7 +100,8 @@ def _free_below(d: Diagnosis, evs: list[LogEvent]) -> tuple[str, str, str]:
         return (
             "GPU memory at start-up is below the server's share",
             "The server refused to start: the GPU had less free memory at start-up than the utilization asks for.",
-            f"Find what holds the GPU (`vramdoctor census`, nvidia-smi) and stop it, or lower {flag}.",
+            f"Find what holds the GPU (`vramdoctor census`, {platform_tool(d.facts.platform, 'smi')}) and stop it, "
+            f"or lower {flag}.",
         )
     ranks = _ranks(d, len(gpus))
 
@@ -161,7 +164,8 @@ def _free_below(d: Diagnosis, evs: list[LogEvent]) -> tuple[str, str, str]:
     )
     holders = ", ".join(f"~{mib(extra)} on {name(e)}" for e, extra in foreign[:8])
     fix = (
-        f"Find the process{'es' if len(foreign) > 1 else ''} holding {holders} (`vramdoctor census`, nvidia-smi) "
+        f"Find the process{'es' if len(foreign) > 1 else ''} holding {holders} (`vramdoctor census`, "
+        f"{platform_tool(d.facts.platform, 'smi')}) "
         f"and stop {'them' if len(foreign) > 1 else 'it'}; or, to share the "
         f"GPU{'s' if len(gpus) > 1 else ''} on purpose, {share}."
     )
@@ -327,32 +331,34 @@ def check(d: Diagnosis) -> list[Finding]:
             else "Lower what the profiling run takes outside the KV cache (--max-num-batched-tokens, "
             "--max-num-seqs)"
         )
-        fix = by_server(
-            d.server,
-            f"Use more GPUs (--tp-size) or a quantized model; do not raise --mem-fraction-static ({high[1]:g}, "
-            "already high for a multimodal model: see mem-fraction-high-multimodal).",
-            f"{lever}; do not raise --gpu-memory-utilization ({high[1]:g}, already high for a multimodal model: "
-            "see mem-fraction-high-multimodal); use --kv-cache-dtype fp8, more GPUs (--tensor-parallel-size) or "
-            "a quantized model.",
-        )
-    elif d.server in ("sglang", "vllm", None):
-        fix = by_server(
-            d.server,
-            "Raise --mem-fraction-static (if nothing else uses the GPU), use more GPUs (--tp-size) or a quantized model.",
-            "Raise --gpu-memory-utilization, lower --max-model-len, use --kv-cache-dtype fp8, more GPUs "
-            "(--tensor-parallel-size) or a quantized model; --cpu-offload-gb moves weights but costs speed.",
-        )
-    else:
+        v = words(d)
         fix = (
-            words(d).join(
-                "Raise {memory_share} if nothing else uses the GPU",
-                "raise {kv_share}",
-                "lower {context_length}",
-                "use more GPUs ({tensor_parallel}) or quantized weights",
-                sep="; ",
+            v.say(
+                f"Use more GPUs ({{tensor_parallel}}) or a quantized model; do not raise {{memory_share}} "
+                f"({high[1]:g}, already high for a multimodal model: see mem-fraction-high-multimodal)."
             )
-            + "."
-        )
+            if d.server == "sglang"
+            else v.say(
+                f"{lever}; do not raise {{memory_share}} ({high[1]:g}, already high for a multimodal model: "
+                "see mem-fraction-high-multimodal); use {kv_dtype}, more GPUs ({tensor_parallel}) or a "
+                "quantized model."
+            )
+        ) or _MORE_GPUS
+    else:
+        v = words(d)
+        fix = (
+            v.first(
+                "Raise {memory_share}, lower {context_length}, use {kv_dtype}, more GPUs ({tensor_parallel}) or a "
+                "quantized model; {cpu_offload} moves weights but costs speed.",
+            )
+            if d.server == "vllm"
+            else v.first(
+                "Raise {memory_share} (if nothing else uses the GPU), use more GPUs ({tensor_parallel}) or a "
+                "quantized model.",
+                "Raise {kv_share} if nothing else uses the GPU, lower {context_length}, or use more GPUs "
+                "({tensor_parallel}) or quantized weights.",
+            )
+        ) or _MORE_GPUS
     return [
         Finding(
             RULE.id,

@@ -16,7 +16,6 @@ from __future__ import annotations
 from vramdoctor.diagnose.findings import Diagnosis, Finding
 from vramdoctor.diagnose.rules import Rule
 from vramdoctor.diagnose.rules._common import (
-    by_server,
     first_evidence,
     high_fraction_multimodal,
     mib,
@@ -75,7 +74,11 @@ def _trtllm_small_kv(d: Diagnosis) -> Finding | None:
     )
 
 
+_MORE_GPUS = "Spread the weights over more GPUs or serve a quantized checkpoint."
+
+
 def check(d: Diagnosis) -> list[Finding]:
+    v = words(d)
     out: list[Finding] = []
     neg = d.events_of("kv_budget_negative")
     sgl = [e for e in neg if e.data.get("reason") == "sglang_profiled_tokens_negative"]
@@ -103,21 +106,16 @@ def check(d: Diagnosis) -> list[Finding]:
                 ),
                 fix=_share_fix(
                     d,
-                    by_server(
-                        d.server,
-                        "Raise --mem-fraction-static if nothing else uses the GPU, spread the weights over more "
-                        "GPUs (a larger --tp-size), or serve a quantized checkpoint (e.g. --quantization fp8).",
-                        "Raise --gpu-memory-utilization if nothing else uses the GPU, spread the weights over more "
-                        "GPUs (a larger --tensor-parallel-size), or serve a quantized checkpoint (e.g. "
-                        "--quantization fp8).",
-                    ),
-                    by_server(
-                        d.server,
-                        "Spread the weights over more GPUs (a larger --tp-size) or serve a quantized checkpoint "
-                        "(e.g. --quantization fp8).",
-                        "Spread the weights over more GPUs (a larger --tensor-parallel-size) or serve a quantized "
-                        "checkpoint (e.g. --quantization fp8).",
-                    ),
+                    v.say(
+                        "Raise {memory_share} if nothing else uses the GPU, spread the weights over more GPUs "
+                        "(a larger {tensor_parallel}), or serve a quantized checkpoint (e.g. {quantize} fp8)."
+                    )
+                    or _MORE_GPUS,
+                    v.say(
+                        "Spread the weights over more GPUs (a larger {tensor_parallel}) or serve a quantized "
+                        "checkpoint (e.g. {quantize} fp8)."
+                    )
+                    or _MORE_GPUS,
                 ),
                 evidence=first_evidence(sgl),
             )
@@ -149,24 +147,27 @@ def check(d: Diagnosis) -> list[Finding]:
                 explanation=expl,
                 fix=_share_fix(
                     d,
-                    by_server(
-                        d.server,
-                        "Raise --mem-fraction-static if the GPU is not shared, or lower what sits outside the KV cache: "
-                        "--chunked-prefill-size (activations), --cuda-graph-max-bs (CUDA graphs), a quantized checkpoint "
-                        "or a larger --tp-size (weights).",
-                        "Raise --gpu-memory-utilization if the GPU is not shared, or lower what sits outside the KV "
-                        "cache: --max-num-batched-tokens (activations), --max-num-seqs or the capture sizes (CUDA "
-                        "graphs), a quantized checkpoint or a larger --tensor-parallel-size (weights); or size the cache "
-                        "directly with --kv-cache-memory.",
-                    ),
-                    by_server(
-                        d.server,
-                        "Lower what sits outside the KV cache: --chunked-prefill-size (activations), "
-                        "--cuda-graph-max-bs (CUDA graphs), a quantized checkpoint or a larger --tp-size (weights).",
-                        "Lower what sits outside the KV cache: --max-num-batched-tokens (activations), --max-num-seqs "
-                        "or the capture sizes (CUDA graphs), a quantized checkpoint or a larger "
-                        "--tensor-parallel-size (weights).",
-                    ),
+                    v.first(
+                        "Raise {memory_share} if the GPU is not shared, or lower what sits outside the KV cache: "
+                        "{prefill_chunk} (activations), {graph_batch} (CUDA graphs), a quantized checkpoint or a "
+                        "larger {tensor_parallel} (weights).",
+                        "Raise {memory_share} if the GPU is not shared, or lower what sits outside the KV cache: "
+                        "{prefill_chunk} (activations), {max_running} or the capture sizes (CUDA graphs), a "
+                        "quantized checkpoint or a larger {tensor_parallel} (weights)"
+                        + (
+                            "; or size the cache directly with --kv-cache-memory."
+                            if d.server == "vllm"
+                            else "."
+                        ),
+                    )
+                    or _MORE_GPUS,
+                    v.first(
+                        "Lower what sits outside the KV cache: {prefill_chunk} (activations), {graph_batch} (CUDA "
+                        "graphs), a quantized checkpoint or a larger {tensor_parallel} (weights).",
+                        "Lower what sits outside the KV cache: {prefill_chunk} (activations), {max_running} or the "
+                        "capture sizes (CUDA graphs), a quantized checkpoint or a larger {tensor_parallel} (weights).",
+                    )
+                    or _MORE_GPUS,
                 ),
                 evidence=first_evidence(vll),
             )
@@ -188,17 +189,13 @@ def check(d: Diagnosis) -> list[Finding]:
                 ),
                 fix=_share_fix(
                     d,
-                    by_server(
-                        d.server,
-                        "Lower --max-total-tokens to the profiled value, or raise --mem-fraction-static if there is "
-                        "headroom.",
-                        "Raise --gpu-memory-utilization if there is headroom, or lower --max-model-len.",
-                    ),
-                    by_server(
-                        d.server,
-                        "Lower --max-total-tokens to the profiled value.",
-                        "Lower --max-model-len.",
-                    ),
+                    v.first(
+                        "Lower {kv_size} to the profiled value, or raise {memory_share} if there is headroom.",
+                        "Raise {memory_share} if there is headroom, or lower {context_length}.",
+                    )
+                    or _MORE_GPUS,
+                    v.first("Lower {kv_size} to the profiled value.", "Lower {context_length}.")
+                    or _MORE_GPUS,
                 ),
                 evidence=first_evidence(capped, 1),
             )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vramdoctor.diagnose.findings import Diagnosis, Finding
 from vramdoctor.diagnose.rules import Rule
-from vramdoctor.diagnose.rules._common import by_server, first_evidence
+from vramdoctor.diagnose.rules._common import first_evidence, words
 
 
 def check(d: Diagnosis) -> list[Finding]:
@@ -26,11 +26,7 @@ def check(d: Diagnosis) -> list[Finding]:
             ),
             fix=(
                 "Load nvidia_peermem (modprobe nvidia_peermem) or use dmabuf-capable drivers, check "
-                + by_server(
-                    d.server,
-                    "--disaggregation-ib-device",
-                    "the device names in --kv-transfer-config",
-                )
+                + (words(d)("rdma_device") or "the RDMA device settings of the KV transfer")
                 + ", and confirm with Mooncake's TCP protocol."
             ),
             evidence=first_evidence(evs, 2),
