@@ -100,9 +100,6 @@ def check(c: dict[str, Any], d: Diagnosis) -> list[str]:
     return bad
 
 
-@pytest.mark.xfail(
-    reason="H-I: issue 23 work in progress (removed when every claim holds)", strict=False
-)
 @pytest.mark.parametrize("claim", CLAIMS, ids=[_id(c) for c in CLAIMS])
 def test_claims_hold(claim: dict[str, Any]) -> None:
     d = diagnose(_paths(claim))
