@@ -162,20 +162,24 @@ def gpu_peers(sample: GpuSample, server_pids: Iterable[int]) -> dict[int, str]:
 
 
 def roles(found: ServerProcesses, peers: dict[int, str] | None = None) -> dict[int, str]:
-    """pid -> role for the host sampler: server (listener), child (its tree), gpu-peer."""
+    """pid -> role for the host sampler: server (listener), child (its tree), gpu-peer (another
+    process on the server's GPUs: a tenant), or gpu-process (a process on the GPUs while the
+    server's own processes were not found, e.g. behind a container's port forwarder: whose it
+    is is not known)."""
     out = {pid: "child" for pid in found.tree}
     for pid in found.root_pids:
         out[pid] = "server"
+    other = "gpu-peer" if found.found else "gpu-process"
     for pid in peers or {}:
-        out.setdefault(pid, "gpu-peer")
+        out.setdefault(pid, other)
     return out
 
 
 def _alive(pid: int) -> bool:
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return psutil.pid_exists(pid)
+        return bool(psutil.pid_exists(pid))
 
 
 def port_refuses(url: str, timeout: float = 1.0) -> bool:

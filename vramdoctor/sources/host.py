@@ -24,7 +24,16 @@ from dataclasses import dataclass
 
 import psutil
 
-from vramdoctor.samples import MIB, HostProcessMemory, HostSample, now
+from vramdoctor import servers
+from vramdoctor.samples import (
+    MIB,
+    SCOPE_SERVER,
+    SCOPE_TENANT,
+    HostProcessMemory,
+    HostSample,
+    now,
+)
+from vramdoctor.sources.procinfo import ProcInfoCache
 
 PidRoles = Callable[[], dict[int, str]]
 
@@ -163,8 +172,20 @@ def process_memory(
     return row
 
 
+# Roles of the host sampler (sources.discover.roles, soak's and watch's --pid "watched"):
+# the server's own processes (the port owner's tree plus --pid) and other tenants of its GPUs.
+# Any other role ("gpu-process": a GPU process while the server was not found) has no scope.
+SERVER_ROLES = frozenset({"server", "child", "watched"})
+TENANT_ROLES = frozenset({"gpu-peer", "tenant"})
+
+
 class HostSource:
     """Host memory of a changing set of PIDs. `pids` maps pid -> role ("server", "child", ...).
+
+    Each row says its scope: "server" for the roles in `SERVER_ROLES`, "tenant" for those in
+    `TENANT_ROLES` (other processes on the server's GPUs), None for any other; with its uid,
+    user name, parent pid and the server's name for it (`title_role`), read once per
+    `proc_ttl_s`.
 
     `maps_every` reads /proc/PID/maps only every N-th sample (a large server has thousands of
     mappings; arenas change slowly); the samples in between repeat the last arena figures.
@@ -179,6 +200,7 @@ class HostSource:
         proc: str = PROC,
         maps_every: int = 1,
         dev_shm: str | None = "/dev/shm",
+        proc_ttl_s: float = 5.0,
     ) -> None:
         if callable(pids):
             self._pids: PidRoles = pids
@@ -190,6 +212,7 @@ class HostSource:
         self.maps_every = max(1, maps_every)
         self.dev_shm = dev_shm
         self._n = 0
+        self._info = ProcInfoCache(proc_ttl_s)
         self._last_heaps: dict[int, tuple[int | None, float | None, float | None]] = {}
 
     def _proc(self, pid: int) -> psutil.Process:
@@ -219,6 +242,17 @@ class HostSource:
             row = process_memory(
                 pid, rss, name=name, role=role, proc=self.proc, with_maps=with_maps
             )
+            info = self._info.get(pid)
+            title = servers.title_of(info.name, info.cmdline) if info.visible else None
+            row.scope = (
+                SCOPE_SERVER
+                if role in SERVER_ROLES
+                else SCOPE_TENANT
+                if role in TENANT_ROLES
+                else None
+            )
+            row.uid, row.username, row.ppid = info.uid, info.username, info.ppid
+            row.title_role = title.role if title else None
             if with_maps:
                 self._last_heaps[pid] = (
                     row.malloc_arenas,
