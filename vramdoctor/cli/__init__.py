@@ -136,6 +136,12 @@ def _version(value: bool) -> None:
         raise typer.Exit(0)
 
 
+def _set_width(value: int | None) -> int | None:
+    if value is not None:
+        console.set_width(value)
+    return value
+
+
 @app.callback()
 def _root(
     version: bool = typer.Option(
@@ -157,6 +163,8 @@ def _root(
         metavar="COLUMNS",
         min=console.MIN_WIDTH,
         max=console.MAX_WIDTH,
+        is_eager=True,  # before --help, so the help page is laid out at this width
+        callback=_set_width,
         help="Lay output out for this many columns (default: the terminal's width; when piped, "
         "tables use their full width).",
     ),
@@ -164,36 +172,27 @@ def _root(
     """vramdoctor: is it a leak or only caching, what causes it, does the fix work."""
     if no_color:  # the one colour switch: every console reads NO_COLOR (vramdoctor.render.console)
         os.environ["NO_COLOR"] = "1"
-    if width is not None:
-        console.set_width(width)
 
 
 def hoist_global_options(args: list[str]) -> list[str]:
-    """`args` with the global options that follow the command moved in front of it
-    (`report RUN --no-color` -> `--no-color report RUN`). Nothing after `--` is touched."""
-    i = 0
-    while i < len(args) and args[i].startswith("-") and args[i] != "--":
-        i += 1 + GLOBAL_OPTIONS.get(args[i], 0)
-    if i >= len(args):
-        return list(args)
-    head, tail = list(args[: i + 1]), args[i + 1 :]
+    """`args` with the global options moved to the front, wherever they were given
+    (`report RUN --no-color` -> `--no-color report RUN`; `--help --width 60` -> `--width 60
+    --help`, so the help page is laid out at that width). Nothing after `--` is touched."""
+    end = args.index("--") if "--" in args else len(args)
     moved: list[str] = []
     rest: list[str] = []
     j = 0
-    while j < len(tail):
-        arg = tail[j]
-        if arg == "--":
-            rest += tail[j:]
-            break
+    while j < end:
+        arg = args[j]
         name = arg.split("=", 1)[0]
         if name in GLOBAL_OPTIONS:
             n = 0 if "=" in arg else GLOBAL_OPTIONS[name]
-            moved += tail[j : j + 1 + n]
+            moved += args[j : min(j + 1 + n, end)]
             j += 1 + n
             continue
         rest.append(arg)
         j += 1
-    return moved + head + rest if moved else list(args)
+    return [*moved, *rest, *args[end:]]
 
 
 def _json_wanted(args: list[str]) -> bool:

@@ -303,8 +303,7 @@ class Table:
         if layout.left_out:
             names = ", ".join(self.columns[i].header for i in layout.left_out)
             note = Text(
-                f"(not shown at {width} columns: {names}; --width {self.min_width()} "
-                "or a pipe shows every column)",
+                f"(not shown at {width} columns: {names}; --width {self.min_width()} shows them)",
                 style="dim",
             )
             out.extend(wrap(note, width))

@@ -22,7 +22,7 @@ from a clone of the source tree (they need examples/ and tests/fixtures/); `Tria
 
 from __future__ import annotations
 
-from vramdoctor.trial.fleet import FleetTrial, fleet_trial
+from vramdoctor.trial.fleet import FleetTrial, fleet_trial, local_prometheus
 from vramdoctor.trial.tree import TrialUnavailable, source_file
 from vramdoctor.trial.watch import WatchTrial, watch_trial
 
@@ -31,6 +31,7 @@ __all__ = [
     "TrialUnavailable",
     "WatchTrial",
     "fleet_trial",
+    "local_prometheus",
     "source_file",
     "watch_trial",
 ]

@@ -7,19 +7,20 @@ history holds found at its rate, the plateaus and restarts not called leaks.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from vramdoctor.trial.tree import TrialUnavailable, free_port, load_module
 from vramdoctor.trial.watch import run_child
 
-__all__ = ["HISTORY", "FleetTrial", "fleet_trial"]
+__all__ = ["HISTORY", "FleetTrial", "fleet_trial", "local_prometheus"]
 
 HISTORY = "tests/fixtures/fleet/backfill.py"
 """The history generator, relative to the source tree."""
@@ -75,6 +76,82 @@ def truth_lines(truth: dict[str, tuple[str, float]]) -> list[str]:
     return lines
 
 
+@contextlib.contextmanager
+def local_prometheus(
+    folder: Path,
+    *,
+    days: float = 3.0,
+    step_s: float = 60.0,
+    say: Callable[[str], None] | None = None,
+) -> Iterator[tuple[str, float, dict[str, tuple[str, float]]]]:
+    """A real Prometheus on loopback serving `days` of the generated history, under the soak
+    launcher (stopped when the block ends, however it ends). Yields (its URL, the history's
+    end as unix seconds, the history's truth: series key -> (verdict, rate per hour)).
+    Files go in `folder`. Raises TrialUnavailable without prometheus/promtool, outside a
+    source tree, or when promtool or Prometheus fail."""
+    from vramdoctor.soak.launch import LaunchFailed, LaunchSpec, launch
+
+    prometheus, promtool = _tools()
+    backfill = load_module(HISTORY, "vramdoctor_trial_fleet_history")
+    end = (time.time() // 60) * 60 - 600
+    folder.mkdir(parents=True, exist_ok=True)
+    history = folder / "history.om"
+    series = backfill.fleet_series(end, days, step_s)
+    truth = dict(backfill.TRUTH)
+    with history.open("w", encoding="utf-8") as f:
+        f.writelines(backfill.openmetrics(series))
+    if say is not None:
+        say(
+            f"try fleet: {days:g} days of exporter history ({len(series)} series: "
+            "dcgm-exporter, nvitop-exporter, nvidia_gpu_exporter, SGLang KV) written and "
+            "backfilled into a local Prometheus with promtool. What it holds:"
+        )
+        for line in truth_lines(truth):
+            say(line)
+    data = folder / "data"
+    made = subprocess.run(
+        [
+            promtool,
+            "tsdb",
+            "create-blocks-from",
+            "openmetrics",
+            "--max-block-duration=96h",
+            "-q",
+            str(history),
+            str(data),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if made.returncode != 0:
+        last = (made.stderr or made.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise TrialUnavailable(f"promtool could not backfill the history: {last[0]}")
+    config = folder / "prometheus.yml"
+    config.write_text("global:\n  scrape_interval: 1h\n", encoding="utf-8")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    spec = LaunchSpec(
+        argv=(
+            prometheus,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={data}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--storage.tsdb.retention.time=3650d",
+        ),
+        agent=False,
+        startup_timeout_s=60.0,
+        stop_grace_s=5.0,
+    )
+    with launch(spec, run_dir=folder, stem="try-fleet-prometheus") as server:
+        try:
+            server.wait_ready(url)
+        except LaunchFailed as exc:
+            raise TrialUnavailable(f"Prometheus did not start: {exc}") from None
+        yield url, end, truth
+
+
 def fleet_trial(
     trial: FleetTrial = FleetTrial(),
     *,
@@ -84,80 +161,27 @@ def fleet_trial(
     """Run the trial; returns fleet's exit code (1 a leak found, 0 none, 2 an error).
 
     Builds the history in `run_dir` (default: a temporary folder removed at the end), backfills
-    it with promtool, starts Prometheus on loopback under the soak launcher, runs `vramdoctor
+    it with promtool, starts Prometheus on loopback (`local_prometheus`), runs `vramdoctor
     fleet` over it (its output on this process's stdout/stderr) and stops Prometheus (with
     `keep`: after Ctrl-C). Raises TrialUnavailable without prometheus/promtool or outside a
-    source tree, LaunchFailed when Prometheus does not start.
+    source tree, or when Prometheus does not start.
     """
-    from vramdoctor.soak.launch import LaunchFailed, LaunchSpec, launch
-
-    prometheus, promtool = _tools()
-    backfill = load_module(HISTORY, "vramdoctor_trial_fleet_history")
-    end = (time.time() // 60) * 60 - 600
     with tempfile.TemporaryDirectory(prefix="vramdoctor-try-") as tmp:
         folder = run_dir or Path(tmp)
-        folder.mkdir(parents=True, exist_ok=True)
-        history = folder / "history.om"
-        series = backfill.fleet_series(end, trial.days, trial.step_s)
-        with history.open("w", encoding="utf-8") as f:
-            f.writelines(backfill.openmetrics(series))
-        say(
-            f"try fleet: {trial.days:g} days of exporter history ({len(series)} series: "
-            "dcgm-exporter, nvitop-exporter, nvidia_gpu_exporter, SGLang KV) written and "
-            "backfilled into a local Prometheus with promtool. What it holds:"
-        )
-        for line in truth_lines(dict(backfill.TRUTH)):
-            say(line)
-        data = folder / "data"
-        made = subprocess.run(
-            [
-                promtool,
-                "tsdb",
-                "create-blocks-from",
-                "openmetrics",
-                "--max-block-duration=96h",
-                "-q",
-                str(history),
-                str(data),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-        if made.returncode != 0:
-            last = (made.stderr or made.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise TrialUnavailable(f"promtool could not backfill the history: {last[0]}")
-        config = folder / "prometheus.yml"
-        config.write_text("global:\n  scrape_interval: 1h\n", encoding="utf-8")
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        spec = LaunchSpec(
-            argv=(
-                prometheus,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={data}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--storage.tsdb.retention.time=3650d",
-            ),
-            agent=False,
-            startup_timeout_s=60.0,
-            stop_grace_s=5.0,
-        )
-        args = trial.fleet_args(url, end)
-        say("then this fleet:")
-        say("  vramdoctor " + " ".join(args))
-        with launch(spec, run_dir=folder, stem="try-fleet-prometheus") as server:
-            try:
-                server.wait_ready(url)
-            except LaunchFailed as exc:
-                raise TrialUnavailable(f"Prometheus did not start: {exc}") from None
+        with local_prometheus(folder, days=trial.days, step_s=trial.step_s, say=say) as (
+            url,
+            end,
+            _truth,
+        ):
+            args = trial.fleet_args(url, end)
+            say("then this fleet:")
+            say("  vramdoctor " + " ".join(args))
             code = run_child([sys.executable, "-m", "vramdoctor", *args])
             if trial.keep and code in (0, 1):
                 say(f"try fleet: Prometheus stays at {url} until Ctrl-C; try, for example:")
                 say(f"  vramdoctor fleet --prometheus {url} --since 2d --until {end:.0f} --json")
                 try:
-                    while server.alive():
+                    while True:
                         time.sleep(1.0)
                 except KeyboardInterrupt:
                     pass
