@@ -286,3 +286,76 @@ def test_the_agent_directory_is_found_in_the_servers_environment(tmp_path: Path)
         other.kill()
         other.wait()
         srv.stop()
+
+
+def _traced_run(tmp_path: Path, *flags: str, rounds: int = 3, per_round: int = 4) -> Path:
+    """A run file as soak writes it: round events and one traced InsideSample per round."""
+    from vramdoctor.samples import Event, now
+
+    agent_dir = tmp_path / "agent"
+    srv = agent_server(tmp_path, agent_dir, "--no-torch", *flags)
+    path = tmp_path / "runs" / "run.jsonl"
+    try:
+        post(srv.port)
+        with RunWriter(path, make_header("soak")) as writer:
+            hook = AgentHook(
+                agent_dir, None, snapshots=False, trace_python=True, write=writer.write
+            )
+            hook(0)
+            for rnd in range(1, rounds + 1):
+                post(srv.port, per_round)
+                writer.write(
+                    Event(
+                        *now(), name="round_end", data={"round": rnd, "outcomes": {"ok": per_round}}
+                    )
+                )
+                hook(rnd)
+            hook.close()
+    finally:
+        srv.stop()
+    return path
+
+
+def test_trace_python_names_the_growing_line_in_the_report(tmp_path: Path) -> None:
+    """soak --trace-python's records, diffed across rounds: the line that keeps 5,000 objects a
+    request grows in every round, in proportion to the requests."""
+    import json
+
+    path = _traced_run(tmp_path, "--py-leak-objects", "5000", "--py-cache-objects", "3000")
+    out = subprocess.run(
+        [sys.executable, "-m", "vramdoctor", "report", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode in (0, 1), out.stderr
+    (proc,) = json.loads(out.stdout)["attribution"]["python"]
+    (line,) = proc["growing"]
+    src = (
+        (Path(__file__).parents[1] / "fixtures/attribute/agent_server.py").read_text().splitlines()
+    )
+    assert line["file"].endswith("agent_server.py")
+    assert "PY_KEPT.extend" in src[line["line"] - 1]
+    assert 5000 * 100 <= line["bytes_per_request"] <= 5000 * 400  # a tuple, a str, an int
+    # the bounded cache filled in round 1 and then stopped: not growing
+    ours = [s for s in proc["other_changed"] if s["file"].endswith("agent_server.py")]
+    cache = [s for s in ours if "CACHE[" in src[s["line"] - 1]]
+    assert cache and not any(s["growing"] for s in cache), ours
+    text = subprocess.run(
+        [sys.executable, "-m", "vramdoctor", "report", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "COLUMNS": "120"},
+    )
+    assert "Python allocations that grow every round (tracemalloc)" in text.stdout, text.stdout
+
+
+def test_a_bounded_python_cache_is_not_named(tmp_path: Path) -> None:
+    from vramdoctor.attribution.python_lines import python_lines_of_run
+
+    path = _traced_run(tmp_path, "--py-cache-objects", "6000", "--py-cache-cap", "6000")
+    run = read_run(path)
+    (proc,) = python_lines_of_run(run.records, {1: 4, 2: 4, 3: 4})
+    assert proc.growing == []
+    assert proc.traced_bytes[1] is not None and proc.traced_bytes[-1] is not None

@@ -14,6 +14,7 @@ from vramdoctor.attribution.analysis import (
     NvmlSplit,
     ProcessAttribution,
 )
+from vramdoctor.attribution.python_lines import PythonLines
 from vramdoctor.attribution.snapshots import AttributionReport
 from vramdoctor.units import format_bytes, format_percent
 
@@ -116,9 +117,41 @@ def _process(p: ProcessAttribution, out: Console) -> None:
         out.print(f"  note: {escape(note)}", soft_wrap=True)
 
 
+def _python_lines(p: PythonLines, out: Console) -> None:
+    """One process's traced Python lines: those that grow every round, else the largest change."""
+    if p.growing:
+        out.print(
+            f"[bold red]{escape(p.label)}: Python allocations that grow every round "
+            "(tracemalloc)[/]"
+        )
+        for s in p.growing[:5]:
+            rate = (
+                f"{format_bytes(s.bytes_per_request)} per request"
+                if s.bytes_per_request is not None
+                else f"{format_bytes(s.growth_bytes, signed=True)} in all"
+            )
+            now = s.bytes[-1]
+            held = f", {format_bytes(now)} held now" if now is not None else ""
+            out.print(f"  {rate}{held}, allocated at {escape(s.describe())}", soft_wrap=True)
+        return
+    traced = [format_bytes(t) if t is not None else "?" for t in p.traced_bytes]
+    out.print(
+        f"{escape(p.label)}: no Python line grows every round (traced at each record: "
+        f"{', '.join(traced)})",
+        soft_wrap=True,
+    )
+
+
 def render_attribution(report: AttributionReport, out: Console) -> None:
     """Print the attribution section (terminal or piped text)."""
     out.print()
+    if not report.processes and report.python:
+        out.print("[bold]Attribution[/] (Python allocations by line, tracemalloc in the server)")
+        for lines in report.python:
+            _python_lines(lines, out)
+        for note in report.notes:
+            out.print(f"  note: {escape(note)}", soft_wrap=True)
+        return
     out.print(
         f"[bold]Attribution[/] (PyTorch allocator snapshots, source: {escape(report.source)})"
     )
@@ -130,6 +163,8 @@ def render_attribution(report: AttributionReport, out: Console) -> None:
         out.print("  no snapshots were collected")
     for p in report.processes:
         _process(p, out)
+    for lines in report.python:
+        _python_lines(lines, out)
     for note in report.notes:
         out.print(f"  note: {escape(note)}", soft_wrap=True)
 

@@ -30,6 +30,7 @@ from vramdoctor.attribution.analysis import (
     has_device,
     has_pinned,
 )
+from vramdoctor.attribution.python_lines import PythonLines, python_lines_of_run
 from vramdoctor.errors import InputError
 from vramdoctor.samples import REACHED_SERVER, Event, GpuSample
 from vramdoctor.units import MIB
@@ -166,10 +167,12 @@ class AttributionReport:
     covered: list[str] = field(default_factory=list)
     not_covered: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # `soak --trace-python`: each process's traced Python lines (vramdoctor.attribution.python_lines)
+    python: list[PythonLines] = field(default_factory=list)
 
     @property
     def growing(self) -> bool:
-        return any(p.growing for p in self.processes)
+        return any(p.growing for p in self.processes) or any(p.growing for p in self.python)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -180,6 +183,7 @@ class AttributionReport:
             "not_covered": self.not_covered,
             "notes": self.notes,
             "processes": [p.to_dict() for p in self.processes],
+            "python": [p.to_dict() for p in self.python],
         }
 
 
@@ -223,9 +227,22 @@ def _group(metas: Iterable[SnapshotMeta]) -> dict[str, list[SnapshotMeta]]:
 def attribute_run(
     records: Sequence[Any], snap_dir: Path, *, th: Thresholds | None = None
 ) -> AttributionReport | None:
-    """The attribution of a soak run from its records and its snapshot folder (None: no folder)."""
+    """The attribution of a soak run from its records and its snapshot folder, with the traced
+    Python lines of a `--trace-python` run (None: no folder and no traced line)."""
+    traced = python_lines_of_run(
+        records, _requests_between([r for r in records if isinstance(r, Event)])
+    )
     if not snap_dir.is_dir():
-        return None
+        return AttributionReport([], source="tracemalloc", python=traced) if traced else None
+    report = _attribute_folder(records, snap_dir, th)
+    report.python = traced
+    return report
+
+
+def _attribute_folder(
+    records: Sequence[Any], snap_dir: Path, th: Thresholds | None
+) -> AttributionReport:
+    """The snapshot folder's part of `attribute_run`."""
     metas: list[SnapshotMeta] = []
     notes: list[str] = []
     for meta in sorted(snap_dir.glob("*.json")):
