@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from vramdoctor import servers
 from vramdoctor.diagnose import patterns as P
 from vramdoctor.diagnose.args import balanced_end, parse_dump
 from vramdoctor.diagnose.cmdline import parse_command
@@ -100,8 +101,9 @@ _IPC_POOL_LINES: tuple[
 )
 
 
-# The server kinds diagnose reads (vramdoctor.servers), in identification order: a tie goes to the first.
-KINDS = ("sglang", "vllm", "tgi", "trtllm", "llamacpp", "ollama", "lmdeploy")
+# The server kinds diagnose reads (the registry's, less the OpenAI-compatible fallback, which prints no
+# log of its own), in identification order: a tie goes to the first.
+KINDS = tuple(k.name for k in servers.kinds() if not k.identity.fallback)
 
 
 @dataclass

@@ -7,11 +7,8 @@ TensorRT-LLM log is never told about `--mem-fraction-static`, and a ROCm host ne
 flashinfer.
 
 The levers of each server kind live with the kind (`vramdoctor.servers.<kind>.KIND.levers`, the
-section this module reads through `levers_of`); `LEVER_NAMES` is the shared vocabulary with what
-each lever means. Sources of the flag names: the servers' argument parsers as released
-(/work/research/servers/NOTES.md for SGLang 0.5.23 and vLLM 0.33, parse-checked), their
-launchers' `--help` text (TGI, LMDeploy, llama.cpp's server), TensorRT-LLM's Triton backend
-`config.pbtxt` parameters (named by the log lines themselves) and Ollama's Modelfile options.
+ServerKind section this module reads through `levers_of`; each kind module says where its flag
+names were read); `LEVER_NAMES` is the shared vocabulary with what each lever means.
 
     v = vocab("vllm", "rocm", version="0.8.5")
     v("memory_share")                          -> "--gpu-memory-utilization"
@@ -23,9 +20,12 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
+
+from vramdoctor import servers
+from vramdoctor.servers.diagnose_sections import Lever, Levers
 
 Platform = str  # "cuda", "rocm", "npu" (what diagnose detects; None = not shown)
 PLATFORMS = ("cuda", "rocm", "npu")
@@ -68,178 +68,12 @@ LEVER_NAMES: dict[str, str] = {
 }
 
 
-@dataclass(frozen=True)
-class Lever:
-    """One way to set a lever: `text` in the server's own words ("--mem-fraction-static",
-    "kv_cache_free_gpu_mem_fraction in config.pbtxt"), on `platforms` (None: every platform the
-    server runs on), for versions in [`since`, `until`) when known (dotted strings)."""
+def _kind_levers(name: str) -> Levers:
+    try:
+        return servers.get(name).levers
+    except KeyError:
+        return {}
 
-    text: str
-    platforms: tuple[str, ...] | None = None
-    since: str | None = None
-    until: str | None = None
-
-
-Levers = Mapping[str, tuple[Lever, ...]]
-
-
-def _l(text: str, *platforms: str, since: str | None = None, until: str | None = None) -> Lever:
-    return Lever(text, platforms or None, since, until)
-
-
-# --- each server's levers (moving into its ServerKind: vramdoctor/servers/<kind>.py) -------------
-
-SGLANG: Levers = {
-    "memory_share": (_l("--mem-fraction-static"),),
-    "kv_size": (_l("--max-total-tokens"),),
-    "context_length": (_l("--context-length"),),
-    "prefill_chunk": (_l("--chunked-prefill-size"),),
-    "batch_tokens": (_l("--max-prefill-tokens"),),
-    "max_running": (_l("--max-running-requests"),),
-    # 0.5.14 added the per-phase flags; 0.5.20 rejects the old one as ambiguous (NOTES.md §5)
-    "graph_batch": (
-        _l("--cuda-graph-max-bs-decode", since="0.5.14"),
-        _l("--cuda-graph-max-bs", until="0.5.14"),
-        _l("--cuda-graph-max-bs (--cuda-graph-max-bs-decode from 0.5.14)"),
-    ),
-    "graph_off": (
-        _l("--cuda-graph-backend-decode disabled", since="0.5.14"),
-        _l("--disable-cuda-graph", until="0.5.14"),
-        _l(
-            "--disable-cuda-graph (deprecated from 0.5.14 for --cuda-graph-backend-decode disabled)"
-        ),
-    ),
-    "compile_off": (_l("no --enable-torch-compile"),),
-    "compile_batch": (_l("--torch-compile-max-bs"),),
-    "kv_dtype": (_l("--kv-cache-dtype fp8_e5m2", "cuda", "rocm"),),
-    "tensor_parallel": (_l("--tp-size"),),
-    "quantize": (_l("--quantization"),),
-    "attention_backend": (
-        _l("--attention-backend flashinfer, fa3 or triton", "cuda"),
-        _l("--attention-backend aiter or triton", "rocm"),
-        _l("--attention-backend ascend", "npu"),
-    ),
-    "image_processor_cpu": (
-        _l("--image-processor-backend pil", since="0.5.18"),
-        _l("--disable-fast-image-processor", until="0.5.18"),
-        _l("--disable-fast-image-processor (0.5.18+: --image-processor-backend pil)"),
-    ),
-    "mm_limits": (_l("--limit-mm-data-per-request"),),
-    "mm_transport_cpu": (
-        _l("--mm-feature-transport cpu", since="0.5.17"),
-        _l("no SGLANG_USE_CUDA_IPC_TRANSPORT=1", until="0.5.17"),
-        _l("--mm-feature-transport cpu (before 0.5.17: unset SGLANG_USE_CUDA_IPC_TRANSPORT)"),
-    ),
-    "mm_feature_pool": (_l("SGLANG_MM_FEATURE_CACHE_MB"),),
-    "cpu_offload": (_l("--cpu-offload-gb"),),
-    "schedule_conservativeness": (_l("--schedule-conservativeness"),),
-    "host_cache": (_l("--hicache-ratio / --hicache-size"),),
-    "rdma_device": (_l("--disaggregation-ib-device"),),
-}
-
-VLLM: Levers = {
-    "memory_share": (_l("--gpu-memory-utilization"),),
-    "kv_size": (_l("--kv-cache-memory-bytes", since="0.11"),),
-    "context_length": (_l("--max-model-len"),),
-    "prefill_chunk": (_l("--max-num-batched-tokens"),),
-    "max_running": (_l("--max-num-seqs"),),
-    "graph_sizes": (
-        _l("--max-cudagraph-capture-size (or fewer --cudagraph-capture-sizes)", since="0.13"),
-        _l("--compilation-config '{\"cudagraph_capture_sizes\": [...]}' with fewer sizes"),
-    ),
-    "graph_off": (_l("--enforce-eager"),),
-    # vllm envs.py: "1" by default from 0.21.0 (NOTES.md §5)
-    "graph_estimate_off": (_l("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0"),),
-    "compile_off": (_l("-O0"),),
-    "kv_dtype": (_l("--kv-cache-dtype fp8", "cuda", "rocm"),),
-    "tensor_parallel": (_l("--tensor-parallel-size"),),
-    "quantize": (_l("--quantization"),),
-    "attention_backend": (
-        _l("--attention-backend (VLLM_ATTENTION_BACKEND before 0.11)", "cuda"),
-        _l(
-            "--attention-backend TRITON_ATTN or ROCM_AITER_FA (VLLM_ATTENTION_BACKEND before 0.11)",
-            "rocm",
-        ),
-    ),
-    "image_processor_cpu": (_l("--mm-processor-kwargs '{\"use_fast\": false}'"),),
-    "mm_limits": (_l("--limit-mm-per-prompt"),),
-    "mm_pixels": (_l("--mm-processor-kwargs '{\"max_pixels\": ...}'"),),
-    "cpu_offload": (_l("--cpu-offload-gb"),),
-    # removed in 0.18 (vllm PR #36216; NOTES.md §5)
-    "swap": (_l("--swap-space", until="0.18"), _l("--swap-space (before vLLM 0.18)")),
-    "rdma_device": (_l("the device names in --kv-transfer-config"),),
-}
-
-TGI: Levers = {
-    "memory_share": (_l("--cuda-memory-fraction"),),
-    "kv_size": (_l("--max-batch-total-tokens"),),
-    "context_length": (_l("--max-total-tokens"),),
-    "input_length": (_l("--max-input-tokens (--max-input-length before TGI 2.0)"),),
-    "prefill_chunk": (_l("--max-batch-prefill-tokens"),),
-    "max_running": (_l("--max-batch-size"),),
-    "graph_off": (_l("--cuda-graphs 0"),),
-    "tensor_parallel": (_l("--num-shard"),),
-    "quantize": (_l("--quantize"),),
-}
-
-TRTLLM: Levers = {
-    # the Triton backend's config.pbtxt parameter (the log names it) and trtllm-serve's option
-    "kv_share": (
-        _l(
-            "kv_cache_free_gpu_mem_fraction (config.pbtxt; trtllm-serve: "
-            "--kv_cache_free_gpu_memory_fraction)"
-        ),
-    ),
-    "kv_size": (_l("max_tokens_in_paged_kv_cache (config.pbtxt)"),),
-    # engine build settings (trtllm-build): rebuilding the engine is the lever
-    "context_length": (_l("--max_seq_len (trtllm-build)"),),
-    "input_length": (_l("--max_input_len (trtllm-build)"),),
-    "prefill_chunk": (_l("--max_num_tokens (trtllm-build)"),),
-    "max_running": (_l("--max_batch_size (trtllm-build)"),),
-    "tensor_parallel": (_l("--tp_size (convert_checkpoint)"),),
-    "quantize": (_l("an FP8/INT4 engine (quantize.py, then trtllm-build)"),),
-}
-
-LLAMACPP: Levers = {
-    "context_length": (_l("--ctx-size (-c)"),),
-    "compute_batch": (_l("--ubatch-size (-ub)"),),
-    "parallel": (_l("--parallel (-np)"),),
-    "gpu_layers": (_l("--n-gpu-layers (-ngl)"),),
-    "tensor_split": (_l("--tensor-split (-ts)"),),
-    "kv_dtype": (_l("--cache-type-k / --cache-type-v q8_0 (the V cache needs --flash-attn)"),),
-    "kv_offload_cpu": (_l("--no-kv-offload (-nkvo)"),),
-    "quantize": (_l("a smaller quantization of the GGUF"),),
-}
-
-OLLAMA: Levers = {
-    "context_length": (_l("num_ctx (OLLAMA_CONTEXT_LENGTH for every model)"),),
-    "gpu_layers": (_l("num_gpu"),),
-    "compute_batch": (_l("num_batch"),),
-    "parallel": (_l("OLLAMA_NUM_PARALLEL"),),
-    "kv_dtype": (_l("OLLAMA_KV_CACHE_TYPE=q8_0 (with OLLAMA_FLASH_ATTENTION=1)"),),
-    "quantize": (_l("a smaller quantization tag of the model"),),
-}
-
-LMDEPLOY: Levers = {
-    "kv_share": (_l("--cache-max-entry-count"),),
-    "context_length": (_l("--session-len"),),
-    "prefill_chunk": (_l("--max-prefill-token-num"),),
-    "max_running": (_l("--max-batch-size"),),
-    "kv_dtype": (_l("--quant-policy 8"),),
-    "tensor_parallel": (_l("--tp"),),
-    "quantize": (_l("--model-format awq (AWQ / W4A16 weights)"),),
-    "graph_off": (_l("--eager-mode (PyTorch backend)"),),
-}
-
-BUILTIN: dict[str, Levers] = {
-    "sglang": SGLANG,
-    "vllm": VLLM,
-    "tgi": TGI,
-    "trtllm": TRTLLM,
-    "llamacpp": LLAMACPP,
-    "ollama": OLLAMA,
-    "lmdeploy": LMDEPLOY,
-}
 
 # The platform's own tools and options (not the server's).
 PLATFORM_TOOLS: dict[str, dict[str, str]] = {
@@ -256,19 +90,14 @@ PLATFORM_ONLY: dict[str, tuple[str, ...]] = {
 
 
 def levers_of(server: str | None) -> Levers:
-    """The levers of a server kind (its ServerKind section when the registry has one), {} for an
+    """The levers of a server kind (its ServerKind section, vramdoctor/servers/<kind>.py), {} for an
     unknown or generic server."""
-    if server is None:
-        return {}
-    try:
-        from vramdoctor import servers
+    return {} if server is None else _kind_levers(server)
 
-        section = getattr(servers.get(server), "levers", None)
-    except (ImportError, KeyError):
-        section = None
-    if section:
-        return section  # type: ignore[no-any-return]
-    return BUILTIN.get(server, {})
+
+def kinds_with_levers() -> tuple[str, ...]:
+    """The registered kinds that have levers (the fallback kind has none)."""
+    return tuple(k.name for k in servers.kinds() if k.levers)
 
 
 def _vt(v: str | None) -> tuple[int, ...] | None:
@@ -354,8 +183,8 @@ class Vocab:
 @lru_cache(maxsize=512)
 def _text(server: str | None, platform: str | None, version: str | None, lever: str) -> str | None:
     if server is None:
-        sgl = pick(SGLANG.get(lever, ()), platform, None)
-        vll = pick(VLLM.get(lever, ()), platform, None)
+        sgl = pick(_kind_levers("sglang").get(lever, ()), platform, None)
+        vll = pick(_kind_levers("vllm").get(lever, ()), platform, None)
         if sgl and vll:
             return f"{sgl} (SGLang) / {vll} (vLLM)"
         return None
@@ -460,7 +289,7 @@ def foreign_flags(server: str | None, text: str) -> list[str]:
                 if w not in mine
                 and re.search(re.escape(w) + (r"(?![\w-])" if w.startswith("--") else ""), text)
             }
-    for other in BUILTIN:
+    for other in kinds_with_levers():
         if server is None and other in ("sglang", "vllm"):
             continue
         if other == server:

@@ -1,7 +1,6 @@
 """Which server wrote a log, and on which platform: the marks each leaves in its text.
 
-A server kind's `log_marks` (its ServerKind section; `BUILTIN` here until every kind carries its
-own) are byte patterns that only that server prints: its loggers' targets and prefixes, its
+A server kind's `log_marks` (its ServerKind section, vramdoctor/servers/<kind>.py) are byte patterns that only that server prints: its loggers' targets and prefixes, its
 package paths, its banners. They are counted in the first MiB of each input (the reader keeps it
 as `ReadStats.head`), each pattern up to `cap` times, times its `weight`. A kind whose runner
 prints another kind's lines (Ollama runs llama.cpp) lists it in `embeds`: that kind's votes count
@@ -17,148 +16,26 @@ version or source that prints it.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 from typing import Any
 
+from vramdoctor import servers
 from vramdoctor.diagnose.patterns import fast_bytes
-
-
-@dataclass(frozen=True)
-class LogMark:
-    """A byte pattern (a regex; literals scan fastest) only this server prints, and its weight."""
-
-    pattern: bytes
-    weight: int = 1
-    cap: int = 20
-    variant: str | None = None  # a fork or wrapper the mark names ("LoRAX", "vLLM-Ascend")
-
-
-@dataclass(frozen=True)
-class LogMarks:
-    """A server kind's log marks (the ServerKind section `log_marks`)."""
-
-    marks: tuple[LogMark, ...] = ()
-    embeds: tuple[str, ...] = ()  # kinds whose lines this server's log carries (Ollama: llama.cpp)
-
-
-BUILTIN: dict[str, LogMarks] = {
-    # TGI (huggingface/text-generation-inference): tracing targets of the launcher, router and client,
-    # the Python server's package, the launcher's Args dump and warm-up/shard lines (2023-2025).
-    # LoRAX (predibase/lorax) is a TGI fork with its own target names.
-    "tgi": LogMarks(
-        (
-            LogMark(rb"text_generation_(?:launcher|router|client)\b", 5),
-            LogMark(rb"text_generation_server/", 3),
-            LogMark(rb"text-generation-(?:launcher|server|router)", 3),
-            LogMark(rb"Method (?:Warmup|Prefill|Decode) encountered an error", 3),
-            LogMark(rb"router/src/(?:main|infer|server)\.rs", 2),
-            LogMark(
-                rb"Shard ready in |Waiting for shard to be ready|Setting max batch total tokens to",
-                3,
-            ),
-            LogMark(rb"lorax_(?:launcher|client|router)\b|lorax_server/", 5, variant="LoRAX"),
-        )
-    ),
-    # TensorRT-LLM: the C++ runtime's "[TensorRT-LLM][INFO] ", the Python logger's "[TRT-LLM] [I] ",
-    # its package paths and the Triton backend library.
-    "trtllm": LogMarks(
-        (
-            LogMark(rb"\[TensorRT-LLM\]", 5),
-            LogMark(rb"\[TRT-LLM\]", 5),
-            LogMark(rb"tensorrt_llm/|libtriton_tensorrtllm|tensorrtllm_backend", 3),
-        )
-    ),
-    # llama.cpp (ggml-org/llama.cpp server, 2023-2025 builds): the loader and context prefixes,
-    # ggml's backend lines, the server's listening lines; older builds' llm_load_* names.
-    "llamacpp": LogMarks(
-        (
-            LogMark(rb"\bllama_model_loader: ", 2),
-            LogMark(rb"\bggml_cuda_init: |\bggml_init_cublas: |\bload_backend: loaded ", 3),
-            LogMark(rb"\bload_tensors: |\bllm_load_tensors: |\bllm_load_print_meta: ", 2),
-            LogMark(rb"\bllama_context: |\bllama_new_context_with_model: |\bllama_kv_cache", 2),
-            LogMark(rb"\bggml_backend_\w+: |\bggml_gallocr_\w+: ", 2),
-            LogMark(
-                rb"main: HTTP server is listening|main: server is listening on|llama server listening at",
-                5,
-            ),
-            LogMark(rb"\bllama_model_load(?:_from_file_impl)?: ", 2),
-            LogMark(rb"\bsrv +\w+: |\bslot +\w+: ", 1),
-        )
-    ),
-    # Ollama: Go slog key=value lines ("level=INFO source=server.go:130 msg=..."), the older Go log
-    # format ("2024/01/05 10:38:07 llama.go:455: "), its runner, its environment, journald's unit.
-    "ollama": LogMarks(
-        (
-            LogMark(rb"level=(?:INFO|WARN|DEBUG|ERROR) source=\w+\.go:\d+ msg=", 5),
-            LogMark(
-                rb"\d{4}/\d\d/\d\d \d\d:\d\d:\d\d (?:llama|routes|server|gpu|images|sched)\.go:\d+: ",
-                5,
-            ),
-            LogMark(
-                rb"llama runner|ollama runner|OLLAMA_[A-Z_]+|github\.com/(?:ollama|jmorganca)/ollama",
-                3,
-            ),
-            LogMark(rb"\bollama\[\d+\]: ", 3),
-        ),
-        embeds=("llamacpp",),
-    ),
-    # LMDeploy: Python logging " - lmdeploy - INFO - " (older " - turbomind - "), its package and
-    # TurboMind's C++ "[TM][ERROR] ", the engine configs it prints.
-    "lmdeploy": LogMarks(
-        (
-            LogMark(rb" - (?:lmdeploy|turbomind) - (?:INFO|WARNING|ERROR|DEBUG) - ", 5),
-            LogMark(rb"lmdeploy/(?:serve|turbomind|pytorch|cli)/", 3),
-            LogMark(rb"TurbomindEngineConfig\(|PytorchEngineConfig\(|\[TM\]\[", 5),
-        )
-    ),
-    # SGLang's batch lines (scheduler, every version since 2024) and its launcher's SIGQUIT line: an
-    # excerpt with no server_args dump (the rest of SGLang's marks: diagnosis._sniff)
-    "sglang": LogMarks(
-        (
-            LogMark(rb"Prefill batch\. #new-seq: |Decode batch\.? #running-req: ", 2),
-            LogMark(rb"SIGQUIT received\. It usually means one child failed", 3),
-        )
-    ),
-    # vLLM's own logger prefix without a process tag ("ERROR 07-03 22:34:37 [core.py:588] ", 0.8+:
-    # vllm/logger.py `_FORMAT` with `_DATE_FORMAT` "%m-%d %H:%M:%S"), its argparse error line, and
-    # the forks' packages.
-    "vllm": LogMarks(
-        (
-            LogMark(
-                rb"(?m)^[^\n]{0,48}(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[\w.]+:\d+\] ",
-                1,
-            ),
-            LogMark(rb"vllm serve: error: ", 5),
-            # its process tags on lines without its logger prefix (a traceback relayed by the engine)
-            LogMark(
-                rb"\((?:EngineCore(?:_DP\d+|_\d+)?|Worker(?:_[A-Z]+\d+)*|VllmWorker(?: rank=\d+| TP\d+)?|APIServer) pid=\d+\) ",
-                1,
-            ),
-            LogMark(rb"vllm_ascend/|Platform plugin ascend is activated", 3, variant="vLLM-Ascend"),
-            LogMark(rb"vllm_omni/|vLLM-Omni", 3, variant="vLLM-Omni"),
-        )
-    ),
-}
+from vramdoctor.servers.diagnose_sections import LogMarks
 
 
 def marks_of(server: str) -> LogMarks:
-    """A kind's log marks: its ServerKind section when the registry has one, else `BUILTIN`."""
+    """A kind's log marks (its ServerKind section; an unknown name has none)."""
     try:
-        from vramdoctor import servers
-
-        section = getattr(servers.get(server), "log_marks", None)
-    except (ImportError, KeyError):
-        section = None
-    if section is not None and section.marks:
-        return section  # type: ignore[no-any-return]
-    return BUILTIN.get(server, LogMarks())
+        return servers.get(server).log_marks
+    except KeyError:
+        return LogMarks()
 
 
 def variant_kind(variant: str) -> str | None:
     """The kind whose marks name this variant ("LoRAX" -> "tgi")."""
-    for kind, lm in BUILTIN.items():
-        if any(m.variant == variant for m in lm.marks):
-            return kind
+    for kind in servers.kinds():
+        if any(m.variant == variant for m in kind.log_marks.marks):
+            return kind.name
     return None
 
 

@@ -33,7 +33,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from vramdoctor.servers import openai, sglang, vllm
+from vramdoctor.servers import llamacpp, lmdeploy, ollama, openai, sglang, tgi, trtllm, vllm
 from vramdoctor.servers.base import ProcessTitle, ServerKind, ShmFamily
 
 __all__ = [
@@ -53,7 +53,17 @@ __all__ = [
 ]
 
 # The built-in kinds, in identification order (the fallback last).
-_BUILTIN: tuple[ServerKind, ...] = (sglang.KIND, vllm.KIND, openai.KIND)
+_BUILTIN: tuple[ServerKind, ...] = (
+    sglang.KIND,
+    vllm.KIND,
+    # identified from their logs by diagnose (no probe or /metrics vote yet): H-I
+    tgi.KIND,
+    trtllm.KIND,
+    llamacpp.KIND,
+    ollama.KIND,
+    lmdeploy.KIND,
+    openai.KIND,
+)
 
 _lock = threading.Lock()
 _kinds: list[ServerKind] = list(_BUILTIN)

@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from vramdoctor.servers.diagnose_sections import Levers, LogMarks, no_levers
+
 __all__ = [
     "UNITS",
     "BoundedCache",
@@ -160,12 +162,17 @@ class ProcessTitle:
     "model" (holds the model there), "possible" (it may open one on an engine GPU, e.g. vLLM's
     API server for multimodal IPC or video decode: named as such, never a stray context),
     "none" (a context there is a finding).
+
+    `orphan_check`: an engine/worker/helper whose parent is not a process of its server is an
+    orphan left by a server that is gone (census); False where the parent is another
+    program's by design (Ray's workers are children of Ray's raylet).
     """
 
     pattern: re.Pattern[str]
     role: str
     part: Literal["frontend", "engine", "worker", "helper"]
     gpu_context: Literal["model", "possible", "none"] = "none"
+    orphan_check: bool = True
 
     def match(self, text: str) -> str | None:
         """The role for `text` (a joined command line or a name), or None."""
@@ -433,6 +440,9 @@ class ServerKind:
     identity: Identity = field(default_factory=Identity)
     metrics: Metrics = field(default_factory=Metrics)
     # Sections of other owners go here, each a field with a default (None / empty).
+    # diagnose (H-I): the server's fix levers and the marks its logs carry (diagnose_sections.py)
+    levers: Levers = field(default_factory=no_levers)
+    log_marks: LogMarks = field(default_factory=LogMarks)
 
     def title_of(
         self, name: str | None, cmdline: Sequence[str] | None

@@ -42,6 +42,7 @@ from vramdoctor.servers.base import (
     ServerKind,
     ShmFamily,
 )
+from vramdoctor.servers.diagnose_sections import Levers, LogMark, LogMarks, lever
 
 # What `--mm-feature-transport` resolves to when it is not given (0.5.23, single node).
 MM_FEATURE_TRANSPORT_DEFAULT = "cpu"
@@ -399,6 +400,67 @@ BOUNDED_CACHES = (
     ),
 )
 
+# --- diagnose (H-I): this server's fix levers and the marks its logs carry ----------------------------
+# Flag names: SGLang's argument parser as released (0.5.9-0.5.23, parse-checked: research notes
+# servers/NOTES.md section 5). Versioned spellings: the per-phase CUDA-graph flags from 0.5.14 (0.5.20
+# rejects the old --cuda-graph-max-bs as ambiguous), --image-processor-backend from 0.5.18,
+# --mm-feature-transport from 0.5.17 (before it the env SGLANG_USE_CUDA_IPC_TRANSPORT).
+LEVERS: Levers = {
+    "memory_share": (lever("--mem-fraction-static"),),
+    "kv_size": (lever("--max-total-tokens"),),
+    "context_length": (lever("--context-length"),),
+    "prefill_chunk": (lever("--chunked-prefill-size"),),
+    "batch_tokens": (lever("--max-prefill-tokens"),),
+    "max_running": (lever("--max-running-requests"),),
+    "graph_batch": (
+        lever("--cuda-graph-max-bs-decode", since="0.5.14"),
+        lever("--cuda-graph-max-bs", until="0.5.14"),
+        lever("--cuda-graph-max-bs (--cuda-graph-max-bs-decode from 0.5.14)"),
+    ),
+    "graph_off": (
+        lever("--cuda-graph-backend-decode disabled", since="0.5.14"),
+        lever("--disable-cuda-graph", until="0.5.14"),
+        lever(
+            "--disable-cuda-graph (deprecated from 0.5.14 for --cuda-graph-backend-decode disabled)"
+        ),
+    ),
+    "compile_off": (lever("no --enable-torch-compile"),),
+    "compile_batch": (lever("--torch-compile-max-bs"),),
+    "kv_dtype": (lever("--kv-cache-dtype fp8_e5m2", "cuda", "rocm"),),
+    "tensor_parallel": (lever("--tp-size"),),
+    "quantize": (lever("--quantization"),),
+    # 0.5.23's choices: fa3/fa4/flashinfer/flashmla/trtllm_* are "NVIDIA specific", aiter/wave "AMD specific"
+    "attention_backend": (
+        lever("--attention-backend flashinfer, fa3 or triton", "cuda"),
+        lever("--attention-backend aiter or triton", "rocm"),
+        lever("--attention-backend ascend", "npu"),
+    ),
+    "image_processor_cpu": (
+        lever("--image-processor-backend pil", since="0.5.18"),
+        lever("--disable-fast-image-processor", until="0.5.18"),
+        lever("--disable-fast-image-processor (0.5.18+: --image-processor-backend pil)"),
+    ),
+    "mm_limits": (lever("--limit-mm-data-per-request"),),
+    "mm_transport_cpu": (
+        lever("--mm-feature-transport cpu", since="0.5.17"),
+        lever("no SGLANG_USE_CUDA_IPC_TRANSPORT=1", until="0.5.17"),
+        lever("--mm-feature-transport cpu (before 0.5.17: unset SGLANG_USE_CUDA_IPC_TRANSPORT)"),
+    ),
+    "mm_feature_pool": (lever("SGLANG_MM_FEATURE_CACHE_MB"),),
+    "cpu_offload": (lever("--cpu-offload-gb"),),
+    "schedule_conservativeness": (lever("--schedule-conservativeness"),),
+    "host_cache": (lever("--hicache-ratio / --hicache-size"),),
+    "rdma_device": (lever("--disaggregation-ib-device"),),
+}
+# SGLang's batch lines (scheduler, every version since 2024) and its launcher's SIGQUIT line: an excerpt
+# with no server_args dump still names the server (its other marks: vramdoctor/diagnose/diagnosis.py _sniff)
+LOG_MARKS = LogMarks(
+    (
+        LogMark(rb"Prefill batch\. #new-seq: |Decode batch\.? #running-req: ", 2),
+        LogMark(rb"SIGQUIT received\. It usually means one child failed", 3),
+    )
+)
+
 KIND = ServerKind(
     name="sglang",
     display_name="SGLang",
@@ -419,4 +481,6 @@ KIND = ServerKind(
         request_counters=("sglang:num_requests_total",),
         bounded_caches=BOUNDED_CACHES,
     ),
+    levers=LEVERS,
+    log_marks=LOG_MARKS,
 )

@@ -48,6 +48,7 @@ from vramdoctor.servers.base import (
     ShmFamily,
     SleepMetrics,
 )
+from vramdoctor.servers.diagnose_sections import Levers, LogMark, LogMarks, lever
 
 
 def read_version(data: Any) -> ProbeAnswer | None:
@@ -74,7 +75,13 @@ TITLES = (
         "possible",
     ),
     ProcessTitle(re.compile(r"VLLM::DPCoordinator"), "vllm DP coordinator", "helper"),
-    ProcessTitle(re.compile(r"ray::RayWorkerWrapper"), "vllm worker (ray)", "worker", "model"),
+    ProcessTitle(
+        re.compile(r"ray::RayWorkerWrapper"),
+        "vllm worker (ray)",
+        "worker",
+        "model",
+        orphan_check=False,
+    ),
     ProcessTitle(
         re.compile(r"vllm serve\b|vllm\.entrypoints|vllm/entrypoints"),
         "vllm API server",
@@ -186,6 +193,62 @@ BOUNDED_CACHES = (
     ),
 )
 
+# --- diagnose (H-I): this server's fix levers and the marks its logs carry ----------------------------
+# Flag names: vLLM's argument parser as released (0.11-0.33, parse-checked: research notes
+# servers/NOTES.md section 5). --cuda-graph-sizes is gone by 0.13 (--cudagraph-capture-sizes /
+# --max-cudagraph-capture-size), --swap-space by 0.18; VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is "1" by
+# default from 0.21 (the estimate lines name it).
+LEVERS: Levers = {
+    "memory_share": (lever("--gpu-memory-utilization"),),
+    "kv_size": (lever("--kv-cache-memory-bytes", since="0.11"),),
+    "context_length": (lever("--max-model-len"),),
+    "prefill_chunk": (lever("--max-num-batched-tokens"),),
+    "max_running": (lever("--max-num-seqs"),),
+    "graph_sizes": (
+        lever("--max-cudagraph-capture-size (or fewer --cudagraph-capture-sizes)", since="0.13"),
+        lever("--compilation-config '{\"cudagraph_capture_sizes\": [...]}' with fewer sizes"),
+    ),
+    "graph_off": (lever("--enforce-eager"),),
+    "graph_estimate_off": (lever("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0"),),
+    "compile_off": (lever("-O0"),),
+    "kv_dtype": (lever("--kv-cache-dtype fp8", "cuda", "rocm"),),
+    "tensor_parallel": (lever("--tensor-parallel-size"),),
+    "quantize": (lever("--quantization"),),
+    # ROCm priority list (vllm/platforms/rocm.py): ROCM_ATTN, ROCM_AITER_FA, TRITON_ATTN, ...; FLASH_ATTN and
+    # FLASHINFER are CUDA backends
+    "attention_backend": (
+        lever("--attention-backend (VLLM_ATTENTION_BACKEND before 0.11)", "cuda"),
+        lever(
+            "--attention-backend TRITON_ATTN or ROCM_AITER_FA (VLLM_ATTENTION_BACKEND before 0.11)",
+            "rocm",
+        ),
+    ),
+    "image_processor_cpu": (lever("--mm-processor-kwargs '{\"use_fast\": false}'"),),
+    "mm_limits": (lever("--limit-mm-per-prompt"),),
+    "mm_pixels": (lever("--mm-processor-kwargs '{\"max_pixels\": ...}'"),),
+    "cpu_offload": (lever("--cpu-offload-gb"),),
+    "swap": (lever("--swap-space", until="0.18"), lever("--swap-space (before vLLM 0.18)")),
+    "rdma_device": (lever("the device names in --kv-transfer-config"),),
+}
+# vLLM's own logger prefix without a process tag ("ERROR 07-03 22:34:37 [core.py:588] ", 0.8+: vllm/logger.py
+# `_FORMAT`, `_DATE_FORMAT` "%m-%d %H:%M:%S"), its argparse error line, its process tags on lines without
+# that prefix (a traceback relayed by the engine), and the forks' packages.
+LOG_MARKS = LogMarks(
+    (
+        LogMark(
+            rb"(?m)^[^\n]{0,48}(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[\w.]+:\d+\] ",
+            1,
+        ),
+        LogMark(rb"vllm serve: error: ", 5),
+        LogMark(
+            rb"\((?:EngineCore(?:_DP\d+|_\d+)?|Worker(?:_[A-Z]+\d+)*|VllmWorker(?: rank=\d+| TP\d+)?|APIServer) pid=\d+\) ",
+            1,
+        ),
+        LogMark(rb"vllm_ascend/|Platform plugin ascend is activated", 3, variant="vLLM-Ascend"),
+        LogMark(rb"vllm_omni/|vLLM-Omni", 3, variant="vLLM-Omni"),
+    )
+)
+
 KIND = ServerKind(
     name="vllm",
     display_name="vLLM",
@@ -218,4 +281,6 @@ KIND = ServerKind(
             operations="vllm:sleep_mode_operation_duration_seconds_count",
         ),
     ),
+    levers=LEVERS,
+    log_marks=LOG_MARKS,
 )
