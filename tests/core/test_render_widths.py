@@ -52,7 +52,6 @@ KNOWN_CUTS: dict[str, str] = {
     "ab-test report": "H-D (abtest/report.py: a fixed 170-column console)",
     "diagnose": "H-I (diagnose/report.py: rich panels and tables)",
     "diagnose (two logs)": "H-I (diagnose/report.py: rich panels and tables)",
-    "attribute": "H-C (attribution/report.py: a console of its own width)",
     "census": "H-A (census/report.py: rich tables, ellipsis columns)",
     "watch report": "H-G (watch/report.py: a rich table)",
     "fleet": "H-F (fleet/report.py: a rich table)",

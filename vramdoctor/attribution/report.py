@@ -7,6 +7,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 
 from vramdoctor.attribution.analysis import (
     GROWING,
@@ -16,6 +17,7 @@ from vramdoctor.attribution.analysis import (
 )
 from vramdoctor.attribution.python_lines import PythonLines
 from vramdoctor.attribution.snapshots import AttributionReport
+from vramdoctor.render.wrap import Paragraph
 from vramdoctor.units import format_bytes, format_percent
 
 __all__ = [
@@ -24,6 +26,12 @@ __all__ = [
     "run_attribution",
     "run_attribution_json",
 ]
+
+
+def _line(out: Console, markup: str) -> None:
+    """One sentence (rich markup; outside text escaped by the caller), wrapped between words
+    with its indent kept on every line (`vramdoctor.render.wrap`), never cut."""
+    out.print(Paragraph(Text.from_markup(markup)))
 
 
 def _pinned_split_lines(split: NvmlSplit) -> list[str]:
@@ -83,46 +91,45 @@ def _split_lines(split: NvmlSplit) -> list[str]:
 
 def _process(p: ProcessAttribution, out: Console) -> None:
     if p.verdict == TOO_FEW_SNAPSHOTS:
-        out.print(f"{escape(p.label)}: {len(p.summaries)} snapshot: nothing to diff")
+        _line(out, f"{escape(p.label)}: {len(p.summaries)} snapshot: nothing to diff")
         return
     if p.verdict == GROWING:
         what = "pinned host memory" if p.memory == "pinned" else "memory"
-        out.print(f"[bold red]{escape(p.label)}: {what} held by a stack that grows every round[/]")
+        _line(out, f"[bold red]{escape(p.label)}: {what} held by a stack that grows every round[/]")
         for s in p.growing:
             rate = (
                 f"{format_bytes(s.bytes_per_request)} per request"
                 if s.bytes_per_request is not None
                 else f"{format_bytes(s.growth_bytes, signed=True)} over {len(s.live_bytes) - 1} intervals"
             )
-            out.print(
+            _line(
+                out,
                 f"  {rate}, {format_bytes(s.live_bytes[-1])} live in {s.blocks[-1]} blocks now; allocated at:",
-                soft_wrap=True,
             )
             for i, fr in enumerate(s.stack.frames):
-                out.print(
-                    f"    {'' if i == 0 else 'called from '}{escape(str(fr))}", soft_wrap=True
-                )
+                _line(out, f"    {'' if i == 0 else 'called from '}{escape(str(fr))}")
     else:
         reserved = [format_bytes(s.reserved_bytes) for s in p.summaries]
         held = "pinned host memory held by PyTorch" if p.memory == "pinned" else "PyTorch reserved"
-        out.print(
+        _line(
+            out,
             f"{escape(p.label)}: no growing stack ({held} at each snapshot: {', '.join(reserved)})",
-            soft_wrap=True,
         )
     if p.split is not None and (p.verdict == GROWING or (p.split.nvml_growth_bytes or 0) > 0):
         lines = _pinned_split_lines(p.split) if p.memory == "pinned" else _split_lines(p.split)
         for line in lines:
-            out.print(f"  {escape(line)}", soft_wrap=True)
+            _line(out, f"  {escape(line)}")
     for note in p.notes:
-        out.print(f"  note: {escape(note)}", soft_wrap=True)
+        _line(out, f"  note: {escape(note)}")
 
 
 def _python_lines(p: PythonLines, out: Console) -> None:
     """One process's traced Python lines: those that grow every round, else the largest change."""
     if p.growing:
-        out.print(
+        _line(
+            out,
             f"[bold red]{escape(p.label)}: Python allocations that grow every round "
-            "(tracemalloc)[/]"
+            "(tracemalloc)[/]",
         )
         for s in p.growing[:5]:
             rate = (
@@ -132,13 +139,13 @@ def _python_lines(p: PythonLines, out: Console) -> None:
             )
             now = s.bytes[-1]
             held = f", {format_bytes(now)} held now" if now is not None else ""
-            out.print(f"  {rate}{held}, allocated at {escape(s.describe())}", soft_wrap=True)
+            _line(out, f"  {rate}{held}, allocated at {escape(s.describe())}")
         return
     traced = [format_bytes(t) if t is not None else "?" for t in p.traced_bytes]
-    out.print(
+    _line(
+        out,
         f"{escape(p.label)}: no Python line grows every round (traced at each record: "
         f"{', '.join(traced)})",
-        soft_wrap=True,
     )
 
 
@@ -146,27 +153,27 @@ def render_attribution(report: AttributionReport, out: Console) -> None:
     """Print the attribution section (terminal or piped text)."""
     out.print()
     if not report.processes and report.python:
-        out.print("[bold]Attribution[/] (Python allocations by line, tracemalloc in the server)")
+        _line(out, "[bold]Attribution[/] (Python allocations by line, tracemalloc in the server)")
         for lines in report.python:
             _python_lines(lines, out)
         for note in report.notes:
-            out.print(f"  note: {escape(note)}", soft_wrap=True)
+            _line(out, f"  note: {escape(note)}")
         return
-    out.print(
-        f"[bold]Attribution[/] (PyTorch allocator snapshots, source: {escape(report.source)})"
+    _line(
+        out, f"[bold]Attribution[/] (PyTorch allocator snapshots, source: {escape(report.source)})"
     )
     if report.covered:
-        out.print(f"  covers: {escape(', '.join(report.covered))}", soft_wrap=True)
+        _line(out, f"  covers: {escape(', '.join(report.covered))}")
     if report.not_covered:
-        out.print(f"  not covered: {escape(', '.join(report.not_covered))}", soft_wrap=True)
+        _line(out, f"  not covered: {escape(', '.join(report.not_covered))}")
     if not report.processes:
-        out.print("  no snapshots were collected")
+        _line(out, "  no snapshots were collected")
     for p in report.processes:
         _process(p, out)
     for lines in report.python:
         _python_lines(lines, out)
     for note in report.notes:
-        out.print(f"  note: {escape(note)}", soft_wrap=True)
+        _line(out, f"  note: {escape(note)}")
 
 
 def run_attribution(run: Any) -> AttributionReport | None:
