@@ -415,7 +415,7 @@ def _check(value: Any, hint: Any, where: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise BadRecord(f"{where} is {_type_name(value)}, not a number")
         if abs(value) > _MAX_ABS:
-            raise BadRecord(f"{where} is {value:.3g}, beyond any measurement")
+            raise BadRecord(f"{where} is {_shown(value)}, beyond any measurement")
         return float(value)
     if hint is int:
         if isinstance(value, float) and value.is_integer() and abs(value) <= _MAX_ABS:
@@ -475,6 +475,13 @@ def _hints(cls: type) -> dict[str, Any]:
     return _HINTS[cls]
 
 
+def _shown(value: int | float) -> str:
+    """A number for a message: a 401-digit integer cannot be formatted as a float."""
+    if isinstance(value, int) and abs(value) > 10**30:
+        return f"a number of {len(str(abs(value)))} digits"
+    return f"{value:.3g}"
+
+
 def _typed(data: dict[str, Any]) -> Any:
     """A record dict -> its model type (validated), or the dict for kinds without a type.
     Raises BadRecord for a record whose fields have the wrong type."""
@@ -484,6 +491,8 @@ def _typed(data: dict[str, Any]) -> Any:
     for key in ("t", "wall"):
         if key in data:
             data[key] = _check(data[key], float, key)
+            if not math.isfinite(data[key]):  # NaN (or inf) as a time: no moment at all
+                raise BadRecord(f"{key} is {data[key]}, not a time")
     cls = SAMPLE_TYPES.get(kind)
     if cls is None:
         return data

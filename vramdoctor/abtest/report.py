@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ from rich.table import Table
 from vramdoctor._optional import require
 from vramdoctor.abtest.analysis import above_context_mib
 from vramdoctor.render import console
+from vramdoctor.render.files import write_report
 from vramdoctor.units import format_count, format_mib
 
 
@@ -260,6 +262,7 @@ def write_chart(
     ax_lat.set_title("Latency")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
-    return path
+    return write_report(path, png.getvalue())  # a temp file + rename: never through a link

@@ -216,7 +216,9 @@ def report_run(run: Run, *, json_out: bool, report_file: Path | None) -> int:
             max_buckets=int(config.get("max_buckets", 360)),
             warmup_s=float(config.get("warmup_s", 1800.0)),
         )
-    except (TypeError, ValueError):
+        if not (0 < wc.bucket_s < 1e9 and 2 <= wc.max_buckets <= 10**7 and wc.warmup_s >= 0):
+            raise ValueError("out of range")  # (bucket_s 0 divided by zero in the replay)
+    except (TypeError, ValueError, OverflowError):
         raise InputError(f"{run.path}: damaged watch settings in the header") from None
     if not run.records:
         raise InputError(f"{run.path}: the watch run holds no sample ({run.status})")

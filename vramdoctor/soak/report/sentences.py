@@ -335,10 +335,13 @@ def notes(a: SoakAnalysis) -> list[str]:
             )
     cut = [r.round for r in a.rounds if r.life < 0]
     if cut:
-        out.append(
-            "rounds without a verdict (cut by the server's death or replacement): "
-            + ", ".join(str(c) for c in cut)
+        ended = any(life.ended_by is not None for life in a.lives)  # a death or replacement seen
+        why = (
+            "cut by the server's death or replacement"
+            if ended
+            else "the run file does not say where they start or end: damaged or missing lines"
         )
+        out.append(f"rounds without a verdict ({why}): " + ", ".join(str(c) for c in cut))
     changes: dict[int, list[Any]] = {}
     for c in a.process_changes:
         changes.setdefault(c.pid, []).append(c)
