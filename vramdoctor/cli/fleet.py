@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import os
+import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import typer
@@ -12,21 +15,88 @@ from vramdoctor.cli.watch import parse_duration
 from vramdoctor.errors import ExitCode, InputError
 from vramdoctor.render import console
 
+_MS_THRESHOLD = 1e11  # unix seconds pass this in the year 5138; unix milliseconds since 1973
+
+
+def _duration(text: str, what: str, lo: float, hi: float) -> float:
+    """A duration option in seconds, finite and within [lo, hi] (InputError otherwise)."""
+    value = parse_duration(text, what)
+    if not math.isfinite(value) or not lo <= value <= hi:
+        raise InputError(f"{what} must be between {_words(lo)} and {_words(hi)}, not {text!r}")
+    return value
+
+
+def _words(seconds: float) -> str:
+    from vramdoctor.units import format_duration
+
+    return "0 seconds" if seconds == 0 else format_duration(seconds)
+
+
+def _until(text: str | None) -> float | None:
+    """--until: unix seconds or an ISO 8601 time (UTC unless it says otherwise)."""
+    if text is None:
+        return None
+    raw = text.strip()
+    try:
+        value = float(raw)
+    except ValueError:
+        try:
+            when = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+        except ValueError:
+            raise InputError(
+                f"--until wants unix seconds or an ISO 8601 time like 2026-11-30T12:00Z, not {text!r}"
+            ) from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        value = when.timestamp()
+    if not math.isfinite(value) or value <= 0:
+        raise InputError(f"--until wants a time after 1970, not {text!r}")
+    if value > _MS_THRESHOLD:
+        raise InputError(
+            f"--until {text} looks like milliseconds: give unix seconds ({value / 1000:.0f})"
+        )
+    if value > time.time() + 3600:
+        raise InputError(f"--until {text} is in the future: there is no history there yet")
+    return value
+
+
+def _headers(items: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition(":")
+        if not sep or not name.strip() or any(c in item for c in "\r\n"):
+            raise InputError(
+                f"--header wants 'Name: value' on one line, e.g. 'X-Scope-OrgID: team-a', not {item!r}"
+            )
+        out[name.strip()] = value.strip()
+    token = os.environ.get("VRAMDOCTOR_PROMETHEUS_TOKEN")
+    if token:
+        out.setdefault("Authorization", f"Bearer {token}")
+    return out
+
 
 @app.command("fleet")
 def fleet_cmd(
     prometheus: str = typer.Option(
-        ..., "--prometheus", metavar="URL", help="Prometheus base URL, e.g. http://prometheus:9090."
+        ...,
+        "--prometheus",
+        metavar="URL",
+        help="Base URL of Prometheus (or VictoriaMetrics, Thanos Querier, Mimir's .../prometheus).",
     ),
-    since: str = typer.Option("7d", "--since", help="How far back to read (e.g. 36h, 7d)."),
+    since: str = typer.Option(
+        "7d", "--since", help="How far back to read (e.g. 36h, 7d; 4h to 400d)."
+    ),
     until: str | None = typer.Option(
-        None, "--until", metavar="UNIX_TIME", help="End of the range (unix seconds; default now)."
+        None,
+        "--until",
+        metavar="TIME",
+        help="End of the range: unix seconds or ISO 8601 (default now).",
     ),
     step: str = typer.Option(
-        "5m", "--step", help="Resolution asked of Prometheus (each step's minimum)."
+        "5m", "--step", help="Resolution of charts and of --strategy pull (each step's minimum)."
     ),
     block: str = typer.Option(
-        "1h", "--block", help="Compare the quietest moment of each block this long."
+        "1h", "--block", help="Compare the floor (least memory) of each block this long."
     ),
     warmup: str = typer.Option(
         "2h", "--warmup", help="Left out after each process start or restart."
@@ -37,26 +107,46 @@ def fleet_cmd(
         metavar='LABEL="VALUE"',
         help='Only series with this label matcher (repeat), e.g. cluster="prod".',
     ),
+    header: list[str] = typer.Option(
+        [],
+        "--header",
+        metavar="'NAME: VALUE'",
+        help="Send this HTTP header (repeat), e.g. 'X-Scope-OrgID: team-a' for Mimir.",
+    ),
     virtual_gpus: bool = typer.Option(
         False,
         "--kubernetes-virtual-gpus",
-        help="dcgm-exporter runs with --kubernetes-virtual-gpus: one series per pod sharing a GPU.",
+        help="dcgm-exporter runs with --kubernetes-virtual-gpus: one row per pod sharing a GPU.",
     ),
     top: int = typer.Option(20, "--top", help="Rows in the table (0: all)."),
     charts: Path | None = typer.Option(
-        None, "--charts", metavar="DIR", help="Write a PNG chart per leaking series into DIR."
+        None, "--charts", metavar="DIR", help="Write a PNG chart per leaking row into DIR."
     ),
     json_out: bool = typer.Option(
-        False, "--json", help="Print one JSON object (schema vramdoctor.fleet/1)."
+        False, "--json", help="Print one JSON object (schema vramdoctor.fleet/2)."
+    ),
+    query_timeout: str = typer.Option(
+        "60s", "--query-timeout", help="Total time one query may take, to its last byte."
+    ),
+    max_answer_mib: float = typer.Option(
+        64.0, "--max-answer-mib", help="The largest answer read from the database, in MiB."
+    ),
+    max_candidates: int = typer.Option(
+        5000, "--max-candidates", help="Series pulled after the screen, at most."
+    ),
+    strategy: str = typer.Option(
+        "screen",
+        "--strategy",
+        help="screen: the database screens every series, only candidates are pulled; pull: every series is pulled.",
     ),
 ) -> None:
     """Which of my servers is leaking, how fast, and when will it die? Reads days of GPU, process and KV memory history from Prometheus.
 
-    Sources: dcgm-exporter (DCGM_FI_DEV_FB_USED/FREE), nvitop-exporter (process_gpu_memory_MiB, process_rss_memory_MiB), nvidia_gpu_exporter (nvidia_smi_compute_app_used_memory_bytes), SGLang/vLLM KV gauges at idle moments, and `vramdoctor watch`. Per series: cut at restarts, skip warm-up, compare the quietest moment of each block. See docs/fleet.md.
+    The database screens every series (how much its hourly floor moved, whether it grows now); only the candidates' floors are pulled and judged: restarts are identity changes or counter resets, a leak that starts inside the range is found as a change point, and its rate and time to OOM come from after it. Sources: dcgm-exporter, nvitop-exporter, nvidia_gpu_exporter, vramdoctor watch, SGLang/vLLM KV at idle. See docs/fleet.md.
 
-    Set VRAMDOCTOR_PROMETHEUS_TOKEN to send a bearer token.
+    Credentials: user and password in the URL (Basic auth), VRAMDOCTOR_PROMETHEUS_TOKEN (a bearer token) or --header; all are masked in every output.
 
-    Exit code: 0 no leak, 1 a leak, 2 usage or input error (Prometheus unreachable).
+    Exit code: 0 no live leak, 1 a live leak, 2 usage or input error (database unreachable, refusing, or answering malformed data).
 
     Examples:
 
@@ -66,48 +156,58 @@ def fleet_cmd(
 
       vramdoctor fleet --prometheus http://prometheus:9090 --json | jq '.rows[] | select(.verdict=="LEAK")'
     """
-    from vramdoctor.fleet import FleetConfig, run_fleet
+    from vramdoctor.fleet import STRATEGIES, FleetConfig, run_fleet
 
-    since_s = parse_duration(since, "--since")
-    step_s = parse_duration(step, "--step")
-    block_s = parse_duration(block, "--block")
-    if since_s <= 0 or step_s <= 0 or block_s < step_s:
-        raise InputError("--since and --step must be positive and --block at least one step")
+    since_s = _duration(since, "--since", 4 * 3600.0, 400 * 86400.0)
+    step_s = _duration(step, "--step", 1.0, 86400.0)
+    block_s = _duration(block, "--block", 60.0, since_s / 4)
+    warmup_s = _duration(warmup, "--warmup", 0.0, since_s)
+    deadline_s = _duration(query_timeout, "--query-timeout", 1.0, 3600.0)
+    if block_s < step_s:
+        raise InputError("--block must be at least one --step")
+    if not (math.isfinite(max_answer_mib) and 0.01 <= max_answer_mib <= 16384):
+        raise InputError("--max-answer-mib must be between 0.01 and 16384")
     if top < 0:
         raise InputError("--top must be 0 (all) or more")
-    try:
-        end = float(until) if until else None
-    except ValueError:
-        raise InputError(f"--until wants unix seconds, not {until!r}") from None
-    config = FleetConfig(
-        block_s=block_s, warmup_s=parse_duration(warmup, "--warmup"), gap_s=max(900.0, 3 * step_s)
-    )
-    token = os.environ.get("VRAMDOCTOR_PROMETHEUS_TOKEN")
-    headers = {"Authorization": f"Bearer {token}"} if token else None
+    if not 1 <= max_candidates <= 1_000_000:
+        raise InputError("--max-candidates must be between 1 and 1000000")
+    if strategy not in STRATEGIES:
+        raise InputError(f"--strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
+    end = _until(until)
+    config = FleetConfig(block_s=block_s, warmup_s=warmup_s, stale_s=max(900.0, 3 * step_s))
     result = run_fleet(
         prometheus,
-        days=since_s / 86400.0,
+        since_s=since_s,
         end=end,
         step_s=step_s,
         matchers=list(match),
         virtual_gpus=virtual_gpus,
         config=config,
-        headers=headers,
+        headers=_headers(list(header)),
+        timeout_s=deadline_s,
+        max_answer_bytes=int(max_answer_mib * 1024 * 1024),
+        strategy=strategy,
+        max_candidates=max_candidates,
     )
-    written = []
+    written: list[str] = []
+    chart_error: str | None = None
     if charts is not None:
+        from vramdoctor.errors import VramdoctorError
         from vramdoctor.fleet.report import chart
 
         for row in result.leaks:
             try:
                 written.append(str(chart(row, charts)))
             except OSError as exc:
-                raise InputError(
-                    f"--charts {charts}: cannot write ({exc.strerror or exc})"
-                ) from None
+                chart_error = f"--charts {charts}: cannot write a chart ({exc.strerror or exc}); the verdicts stand"
+                break
+            except VramdoctorError as exc:
+                chart_error = f"--charts: {exc}; the verdicts stand"
+                break
     if json_out:
         doc = result.to_dict()
         doc["charts"] = written
+        doc["charts_error"] = chart_error
         console.print_json(doc)
     else:
         from vramdoctor.fleet.report import render
@@ -115,4 +215,6 @@ def fleet_cmd(
         render(result, console.stdout(), top=top or None)
         for path in written:
             console.note(f"chart: {path}")
+    if chart_error:
+        console.note(chart_error)
     raise typer.Exit(int(ExitCode.PROBLEM if result.leaks else ExitCode.OK))

@@ -1,19 +1,28 @@
 """`vramdoctor fleet`: which server in a fleet is leaking, how fast, and when it will die.
 
-Reads the history Prometheus already stores (`sources.prometheus`), maps every exporter's
-labels to host, GPU and process (`collect`), and runs the same trend test as `watch` per
-series (`analysis`). Library use::
+Reads the history the operator's time-series database already stores (Prometheus,
+VictoriaMetrics, Thanos, Mimir: `sources.prometheus`), with the work done where the data is:
+the database screens every series (how much its floor moved, whether it grows now) and only
+the candidates' hourly floors come back (`collect`); each row's lives, change point, verdict
+and time to OOM are judged here (`analysis`, pure). Library use::
 
     from vramdoctor.fleet import run_fleet
-    result = run_fleet("http://prometheus:9090", days=7)
-    for row in result.leaks: print(row.key, row.growth_per_hour, row.hours_to_oom)
+    result = run_fleet("http://prometheus:9090", since_s=7 * 86400)
+    for row in result.leaks:
+        print(row.key, row.growth_per_hour, row.hours_to_oom)
+
+Modules: `families` (what is read, whose series it is), `promql` (every expression and the
+recording rules), `collect` (screen, pull, join), `analysis` (rows), `report` (table,
+sentence, charts).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 
 from vramdoctor.fleet.analysis import (
+    REASONS,
     SCHEMA,
     FleetConfig,
     FleetResult,
@@ -21,60 +30,107 @@ from vramdoctor.fleet.analysis import (
     FleetSeries,
     analyse,
 )
-from vramdoctor.fleet.collect import FAMILIES, KV_QUERIES, collect, metric_names_used
+from vramdoctor.fleet.families import FAMILIES, metric_names_used
 
 __all__ = [
     "FAMILIES",
-    "KV_QUERIES",
+    "REASONS",
     "SCHEMA",
+    "STRATEGIES",
     "FleetConfig",
     "FleetResult",
     "FleetRow",
     "FleetSeries",
     "analyse",
-    "collect",
     "metric_names_used",
     "run_fleet",
 ]
+
+STRATEGIES = ("screen", "pull")
+"""`screen`: the database screens every series, candidates are pulled (the default);
+`pull`: every series' step minima are pulled and judged here (for comparison)."""
 
 
 def run_fleet(
     prometheus_url: str,
     *,
+    since_s: float | None = None,
     days: float = 7.0,
     end: float | None = None,
     step_s: float = 300.0,
-    matchers: list[str] | None = None,
+    matchers: Sequence[str] | None = None,
     virtual_gpus: bool = False,
     config: FleetConfig | None = None,
-    headers: dict[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
     timeout_s: float = 60.0,
+    max_answer_bytes: int = 64 * 1024 * 1024,
+    strategy: str = "screen",
+    parallel: int = 3,
+    kv_step_s: float = 60.0,
+    max_candidates: int = 5000,
 ) -> FleetResult:
-    """Query `days` of history ending at `end` (default now) and analyse every series."""
-    from vramdoctor.sources.prometheus import PrometheusClient  # here: it brings requests and numpy
+    """Read `since_s` (default `days` days) of history ending at `end` (default now) and rank
+    every GPU, process and KV pool.
 
-    end = time.time() if end is None else end
-    start = end - days * 86400.0
-    with PrometheusClient(prometheus_url, headers=headers, timeout_s=timeout_s) as client:
-        series, free, notes = collect(
-            client,
+    `timeout_s` is each query's total deadline and `max_answer_bytes` each answer's size cap;
+    `step_s` the resolution of the `pull` strategy and of charts; `kv_step_s` how often KV is
+    looked at for idle moments. Raises InputError (bad range, nothing stored) and
+    SourceUnavailable (the database unreachable, refusing, or answering malformed JSON)."""
+    from vramdoctor.errors import InputError
+    from vramdoctor.fleet.collect import Plan, collect
+    from vramdoctor.fleet.promql import check_matchers
+    from vramdoctor.sources.prometheus import PrometheusClient
+
+    if strategy not in STRATEGIES:
+        raise InputError(f"strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
+    config = config or FleetConfig()
+    end = time.time() if end is None else float(end)
+    window = float(since_s) if since_s is not None else days * 86400.0
+    start = end - window
+    plan = Plan(
+        start=start,
+        end=end,
+        step_s=float(step_s),
+        config=config,
+        matchers=tuple(check_matchers(list(matchers or []))),
+        virtual_gpus=virtual_gpus,
+        strategy=strategy,
+        kv_step_s=float(kv_step_s),
+        max_candidates=int(max_candidates),
+    )
+    t0 = time.perf_counter()
+    with PrometheusClient(
+        prometheus_url,
+        headers=headers,
+        deadline_s=timeout_s,
+        max_answer_bytes=max_answer_bytes,
+        parallel=parallel,
+    ) as client:
+        try:
+            got = collect(client, plan)
+        finally:
+            calls = [c.to_dict() for c in client.calls]
+        t1 = time.perf_counter()
+        result = analyse(
+            got.series,
             start=start,
             end=end,
             step_s=step_s,
-            matchers=matchers,
-            virtual_gpus=virtual_gpus,
+            free=got.free,
+            free_notes=got.free_notes,
+            config=config,
+            rows=got.rows,
         )
-        result = analyse(series, start=start, end=end, step_s=step_s, free=free, config=config)
-        result.notes.extend(notes)
+        result.notes.extend(got.notes)
         result.source_url = client.shown_url
-        result.queries = [
-            {
-                "query": s.query,
-                "chunks": s.chunks,
-                "series": s.series,
-                "points": s.points,
-                "seconds": round(s.seconds, 3),
-            }
-            for s in client.stats
-        ]
+        result.queries = calls
+        result.strategy = strategy
+        result.recorded_rules = got.recorded
+        result.seconds = {
+            **got.seconds,
+            "collect": t1 - t0,
+            "analyse": time.perf_counter() - t1,
+            "candidates": float(got.candidates),
+            "screened": float(got.screened),
+        }
     return result

@@ -1,175 +1,348 @@
-"""Fleet analysis: days of memory history per host, GPU and process -> one ranked table. Pure.
+"""Fleet analysis: a history of floors per GPU, process or KV pool -> one ranked row each. Pure.
 
-Per series (one GPU of one host, one process on it, or one server's KV pool):
+A row is one *slot* (a GPU, a MIG slice, a process on a GPU, a pod sharing a GPU, a server's
+KV pool) over the range. Its history is the floor of every block (the least memory of each
+hour: `promql.floor`), from one or more series: each series is one identity (a pid, a pod),
+and a new identity in the slot is a restart. Per row:
 
-1. Restarts: the series is cut where it stops for longer than `gap_s` (a process or exporter
-   down) or drops by more than `restart_drop_share` of its level and at least
-   `restart_drop_mib` between two points (a server restart frees everything at once; caching
-   never does). Only the last piece, the process running now, is analysed; the number of
-   cuts is reported (a server that restarts every few days because it dies is a finding too).
-2. Warm-up: when the piece starts inside the range (we saw the process start), its first
-   `warmup_s` are left out: weights load, CUDA graphs are captured, allocator and arena
-   caches fill there.
-3. Comparable moments: production traffic is not identical rounds, so levels are compared
-   only at each block's quietest moment: the minimum of every `block_s` (Prometheus already
-   gives the minimum of each step with `min_over_time`). A process's floor is what it keeps
-   when its requests are gone; caching raises the floor once and levels off, a leak raises
-   it block after block. For KV pools the points are the idle moments themselves (0 running,
-   0 queued; selected in PromQL), where a healthy server holds 0 tokens.
-4. The trend test of `watch.trend.classify` (Theil-Sen slope with CI, Kendall tau, the late
-   half still growing), with x in seconds: growth per hour; hours to OOM = free / growth.
+1. **Lives.** A restart is an identity change (a new pid or pod in the slot, joined by
+   `collect`), a counter reset (a server's request counter fell: KV rows), or, for device-level
+   GPU memory that carries no identity, the GPU emptying (a floor at or below `empty_mib`: no
+   process held memory, so the one before it ended). A gap (no samples: an exporter or the
+   database down, NaN readings) is a gap, never a restart; a drop that leaves memory above
+   the empty level is a cache giving memory back inside one life. Only the current life is
+   judged; the restarts are counted and listed.
+2. **Warm-up.** A life that started inside the range loses its first `warmup_s`: weights
+   load, CUDA graphs are captured, allocator and arena caches fill.
+3. **Impossible readings** (negative memory, a ratio above 1, NaN) are unknown: dropped and
+   counted (`unknown_points`), never a level.
+4. **The trend** of the life's floors: `vramdoctor.stats.trend.classify` (Theil-Sen slope with
+   its interval, Kendall tau, the late half still growing; x in seconds) decides LEAK,
+   CACHING, STABLE or INCONCLUSIVE; a LEAK must have a rate whose 95 % interval excludes zero.
+   **Change point**: `stats.changepoint.fit_hinge` looks for the moment growth began or sped
+   up (a line against a hinge, by BIC); when there is one, the rate, its interval and the time
+   to OOM come from the floors after it (the trend test is run again on those), and the row
+   says since when. A steady leak keeps the whole life's rate.
+5. **Time to OOM** = memory left now (the least free memory of the last block) / growth per
+   hour, with the interval [left / upper rate, left / lower rate]; for a KV pool it is the
+   time until the pool is full (capacity - tokens held at idle). Unknown when the free
+   reading is missing or impossible, or the series stopped reporting (`stale`).
+
+Series the database's screen showed flat (`Screen`) are never pulled: their rows are STABLE
+from the server's own figures (`screened_row`). Ranking: live LEAK rows first, soonest out of
+memory first, then fastest growing; stale leaks; INCONCLUSIVE; CACHING; STABLE.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from vramdoctor.judge.results import finite
-from vramdoctor.stats.trend import (
-    LEAK,
-    VERDICT_RANK,
-    Trend,
-    TrendThresholds,
-    classify,
-    low_envelope_arrays,
-)
-
 __all__ = [
+    "REASONS",
     "SCHEMA",
     "FleetConfig",
     "FleetResult",
     "FleetRow",
     "FleetSeries",
+    "Life",
+    "Screen",
     "analyse",
     "analyse_series",
-    "segments",
+    "lives",
+    "rank_key",
+    "screened_row",
 ]
 
-SCHEMA = "vramdoctor.fleet/1"
+SCHEMA = "vramdoctor.fleet/2"
+
+LEAK, CACHING, STABLE, INCONCLUSIVE = "LEAK", "CACHING", "STABLE", "INCONCLUSIVE"
+_RANK = {LEAK: 3, INCONCLUSIVE: 2, CACHING: 1, STABLE: 0}
+
+REASONS: dict[str, str] = {
+    # STABLE
+    "flat": "no growth beyond the noise",
+    "screened_flat": "its floor stayed flat over the range (the database's own figures)",
+    "kv_zero_at_idle": "0 tokens held at every idle moment",
+    # CACHING
+    "rose_then_flat": "rose, then levelled off (an allocator or a cache filling up)",
+    "grew_then_stopped": "grew, then stopped growing (a cache that filled)",
+    # LEAK
+    "grew_with_time": "grows steadily in time, to the last point",
+    "grew_since_change": "flat, then growing steadily from a change point to the last point",
+    "grew_late": "growing in the second half of its life, to the last point",
+    # INCONCLUSIVE
+    "too_few_points": "too few comparable points to judge",
+    "warming_up": "still in its warm-up after a start",
+    "still_changing": "rising, but not a significant, sustained trend yet",
+    "interval_includes_zero": "rising, but the rate's interval includes zero",
+    "never_idle": "never idle in the range: KV held at idle cannot be measured",
+    "idle_unknown": "no running/queued gauges: idle moments cannot be told",
+    "no_data": "no usable reading in the range",
+}
+"""Reason code -> what it means (the row's `why` adds the figures)."""
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """Durations in seconds; growth floors per unit (MiB, tokens, ratio).
+
+    `block_s`: floors are the least memory of each block. `warmup_s`: left out after a life
+    starts inside the range. `empty_mib`: a device floor at or below this is an empty GPU (a
+    life ended). `stale_s`: a series with no sample this long before the range end stopped
+    reporting. `screen_sd_mib` / `screen_sd_tokens` / `screen_sd_ratio`: a series whose
+    3-block floor moved less than this (standard deviation over the range) is flat and not
+    pulled. `min_points`: comparable points the trend test needs.
+    """
+
+    block_s: float = 3600.0
+    warmup_s: float = 7200.0
+    empty_mib: float = 1024.0
+    stale_s: float = 900.0
+    min_growth_mib: float = 32.0
+    min_growth_tokens: float = 64.0
+    min_growth_ratio: float = 0.01
+    screen_sd_mib: float = 4.0
+    screen_sd_tokens: float = 0.0  # KV: any token held at idle is worth a look
+    screen_sd_ratio: float = 0.0
+    min_points: int = 8
+    noise_k: float = 4.0
+    decay_ratio: float = 0.5
+    trend_p: float = 0.01
+    bic_margin: float = 10.0
+
+    def min_growth(self, unit: str) -> float:
+        return {"MiB": self.min_growth_mib, "tokens": self.min_growth_tokens}.get(
+            unit, self.min_growth_ratio
+        )
+
+    def screen_sd(self, unit: str) -> float:
+        return {"MiB": self.screen_sd_mib, "tokens": self.screen_sd_tokens}.get(
+            unit, self.screen_sd_ratio
+        )
+
+    def thresholds(self, unit: str) -> Any:
+        """The `stats.trend.TrendThresholds` for a unit (imported here: it brings scipy)."""
+        from vramdoctor.stats.trend import TrendThresholds
+
+        return TrendThresholds(
+            min_growth=self.min_growth(unit),
+            noise_k=self.noise_k,
+            decay_ratio=self.decay_ratio,
+            trend_p=self.trend_p,
+            min_points=self.min_points,
+        )
+
+
+@dataclass
+class Screen:
+    """What the database computed for one series at the range end (`collect`): the standard
+    deviation of its 3-block floor over the range (`sd`), the slope of its floor over the late
+    window (per second, `late_slope`), its level now (None: no sample in the stale window),
+    and whether it had samples at the range start."""
+
+    sd: float | None
+    late_slope: float | None
+    level: float | None
+    at_start: bool
+    late_s: float
+    restarts: int = 0  # counter resets (KV rows)
 
 
 @dataclass
 class FleetSeries:
-    """One history: values in `unit` (MiB, tokens or ratio) at unix times `t` (sorted)."""
+    """One row's history: the floors of every block (unix s at the block's end, sorted; values
+    in `unit`: MiB, tokens or ratio) of every life in the range, and where new lives began.
+
+    `cuts`: (time, why) where a new identity or a counter reset began a life (`collect` finds
+    them); `last_seen`: the last raw sample (None: unknown); `level`: the last raw reading;
+    `capacity`: a KV pool's size in `unit` (None: unknown); `unknown`: impossible floors the
+    database already dropped."""
 
     host: str
-    layer: str  # "device", "vram", "rss", "rss_anon", ..., "kv", "pod"
+    layer: str  # "device", "vram", "rss", "rss_anon", ..., "pod", "kv"
     unit: str
     source: str
     t: np.ndarray
     v: np.ndarray
     gpu: str | None = None
+    mig: str | None = None
+    mig_profile: str | None = None
     uuid: str | None = None
     pid: int | None = None
     process: str | None = None
     pod: str | None = None
+    instance: str | None = None
+    server: str | None = None  # server kind for KV rows ("sglang")
+    pool: str | None = None  # KV pool ("full", "swa")
+    cuts: list[tuple[float, str]] = field(default_factory=list)
+    last_seen: float | None = None
+    level: float | None = None
+    capacity: float | None = None
+    unknown: int = 0
+    screen: Screen | None = None
 
     @property
     def key(self) -> str:
-        parts = [self.host, self.layer]
-        for k, v in (
-            ("gpu", self.gpu),
-            ("pid", self.pid),
-            ("pod", self.pod),
-            ("process", self.process),
-        ):
-            if v is not None:
-                parts.append(f"{k}={v}")
-        return "/".join(parts)
+        return row_key(self.host, self.layer, self.gpu, self.mig, self.pid, self.pod, self.pool)
+
+
+def row_key(
+    host: str,
+    layer: str,
+    gpu: str | None,
+    mig: str | None,
+    pid: int | None,
+    pod: str | None,
+    pool: str | None,
+) -> str:
+    """`host/layer[/gpu=G][/mig=M][/pid=P][/pod=NS/NAME][/pool=P]`: a row's name in tests and JSON."""
+    parts = [host, layer]
+    pod = pod if layer == "pod" else None  # elsewhere a pod is a life of the GPU, not the row
+    for k, v in (("gpu", gpu), ("mig", mig), ("pid", pid), ("pod", pod), ("pool", pool)):
+        if v is not None:
+            parts.append(f"{k}={v}")
+    return "/".join(parts)
 
 
 @dataclass(frozen=True)
-class FleetConfig:
-    """Durations in seconds; thresholds per unit."""
+class Life:
+    """One life of a row: floors [i0, i1), when it began and why ("range start", "new
+    identity", "counter reset", "emptied")."""
 
-    block_s: float = 3600.0
-    warmup_s: float = 7200.0
-    gap_s: float = 900.0
-    restart_drop_mib: float = 1024.0
-    restart_drop_share: float = 0.3
-    mib: TrendThresholds = field(default_factory=lambda: TrendThresholds(min_growth=32.0))
-    tokens: TrendThresholds = field(default_factory=lambda: TrendThresholds(min_growth=64.0))
-    ratio: TrendThresholds = field(default_factory=lambda: TrendThresholds(min_growth=0.01))
-
-    def thresholds(self, unit: str) -> TrendThresholds:
-        return {"MiB": self.mib, "tokens": self.tokens}.get(unit, self.ratio)
+    i0: int
+    i1: int
+    began_at: float
+    began: str
 
 
 @dataclass
 class FleetRow:
-    """One series' answer. Sizes in the series' unit; rates per hour."""
+    """One row's answer. Sizes in the row's unit; rates per hour; times unix seconds."""
 
     host: str
     layer: str
     unit: str
     source: str
     gpu: str | None
+    mig: str | None
+    mig_profile: str | None
+    uuid: str | None
     pid: int | None
     process: str | None
     pod: str | None
+    instance: str | None
+    server: str | None
+    pool: str | None
     verdict: str
     reason: str
+    why: str
     level: float | None
-    growth_per_hour: float | None
-    growth_per_hour_ci: tuple[float, float] | None
-    hours_to_oom: float | None
-    free: float | None
-    restarts: int
-    points: int
-    analysed_from: float | None
-    analysed_to: float | None
-    warmup_skipped: bool
-    trend: Trend | None = None
-    # For charts (not in to_dict): the analysed piece and its comparable points.
+    growth_per_hour: float | None = None
+    growth_per_hour_ci: tuple[float, float] | None = None
+    growing_since: float | None = None  # a change point: when growth began (None: all life)
+    rise: float | None = None  # CACHING: how much the floor rose in this life
+    settled_level: float | None = None  # CACHING: the floor it settled at
+    hours_to_oom: float | None = None
+    hours_to_oom_ci: tuple[float, float] | None = None
+    runs_out: str = "memory"  # "memory" or "pool" (a KV pool full)
+    free: float | None = None
+    free_note: str | None = None
+    restarts: int = 0
+    lives: list[dict[str, Any]] = field(default_factory=list)
+    gaps: list[tuple[float, float]] = field(default_factory=list)
+    unknown_points: int = 0
+    stale: bool = False
+    last_seen: float | None = None
+    points: int = 0
+    analysed_from: float | None = None
+    analysed_to: float | None = None
+    warmup_skipped: bool = False
+    screened: bool = False  # judged from the database's screen alone (never pulled)
+    screen: dict[str, Any] | None = None
+    trend: dict[str, Any] | None = None
+    # For charts (not in to_dict): the analysed life's floors.
     t: np.ndarray | None = field(default=None, repr=False)
     v: np.ndarray | None = field(default=None, repr=False)
-    envelope: list[tuple[float, float]] = field(default_factory=list, repr=False)
 
     @property
     def key(self) -> str:
-        parts = [self.host, self.layer]
-        for k, v in (("gpu", self.gpu), ("pid", self.pid), ("pod", self.pod)):
-            if v is not None:
-                parts.append(f"{k}={v}")
-        return "/".join(parts)
+        return row_key(self.host, self.layer, self.gpu, self.mig, self.pid, self.pod, self.pool)
+
+    @property
+    def live_leak(self) -> bool:
+        return self.verdict == LEAK and not self.stale
 
     def to_dict(self) -> dict[str, Any]:
-        d = {
-            k: getattr(self, k)
-            for k in (
-                "host",
-                "layer",
-                "unit",
-                "source",
-                "gpu",
-                "pid",
-                "process",
-                "pod",
-                "verdict",
-                "reason",
-                "level",
-                "growth_per_hour",
-                "hours_to_oom",
-                "free",
-                "restarts",
-                "points",
-                "analysed_from",
-                "analysed_to",
-                "warmup_skipped",
-            )
-        }
+        d: dict[str, Any] = {"id": self.key}
+        for k in (
+            "host",
+            "layer",
+            "unit",
+            "source",
+            "gpu",
+            "mig",
+            "mig_profile",
+            "uuid",
+            "pid",
+            "process",
+            "pod",
+            "instance",
+            "server",
+            "pool",
+            "verdict",
+            "reason",
+            "why",
+            "level",
+            "growth_per_hour",
+            "growing_since",
+            "rise",
+            "settled_level",
+            "hours_to_oom",
+            "runs_out",
+            "free",
+            "free_note",
+            "restarts",
+            "lives",
+            "unknown_points",
+            "stale",
+            "last_seen",
+            "points",
+            "analysed_from",
+            "analysed_to",
+            "warmup_skipped",
+            "screened",
+            "screen",
+            "trend",
+        ):
+            d[k] = getattr(self, k)
         d["growth_per_hour_ci"] = list(self.growth_per_hour_ci) if self.growth_per_hour_ci else None
-        d["trend"] = self.trend.to_dict() if self.trend else None
-        return finite(d)
+        d["hours_to_oom_ci"] = list(self.hours_to_oom_ci) if self.hours_to_oom_ci else None
+        d["gaps"] = [list(g) for g in self.gaps]
+        clean: dict[str, Any] = _finite(d)
+        return clean
+
+
+def _finite(obj: Any) -> Any:
+    """JSON has no NaN/inf: map them to null; numpy scalars and tuples to Python ones."""
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
 
 
 @dataclass
 class FleetResult:
-    """The ranked table: leaks first (soonest to die first), then the rest."""
+    """The ranked table (leaks first), what it rests on, and every query made."""
 
     start: float
     end: float
@@ -179,14 +352,28 @@ class FleetResult:
     notes: list[str] = field(default_factory=list)
     queries: list[dict[str, Any]] = field(default_factory=list)
     source_url: str | None = None
+    strategy: str = "screen"
+    recorded_rules: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def leaks(self) -> list[FleetRow]:
-        return [r for r in self.rows if r.verdict == LEAK]
+        """Live LEAK rows (the series still reports), ranked."""
+        return [r for r in self.rows if r.live_leak]
+
+    @property
+    def stale_leaks(self) -> list[FleetRow]:
+        return [r for r in self.rows if r.verdict == LEAK and r.stale]
+
+    def counts(self) -> dict[str, int]:
+        out = dict.fromkeys((LEAK, INCONCLUSIVE, CACHING, STABLE), 0)
+        for r in self.rows:
+            out[r.verdict] = out.get(r.verdict, 0) + 1
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         c = self.config
-        return finite(
+        doc: dict[str, Any] = _finite(
             {
                 "schema": SCHEMA,
                 "prometheus": self.source_url,
@@ -195,119 +382,412 @@ class FleetResult:
                 "step_s": self.step_s,
                 "block_s": c.block_s,
                 "warmup_s": c.warmup_s,
+                "strategy": self.strategy,
+                "recorded_rules": self.recorded_rules,
                 "leaks": len(self.leaks),
+                "stale_leaks": len(self.stale_leaks),
+                "counts": self.counts(),
                 "rows": [r.to_dict() for r in self.rows],
                 "notes": self.notes,
                 "queries": self.queries,
+                "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
             }
         )
+        return doc
 
 
-def segments(
-    t: np.ndarray,
-    v: np.ndarray,
-    config: FleetConfig,
-    *,
-    min_drop: float | None = None,
-    gaps: bool = True,
-) -> list[tuple[int, int]]:
-    """[i0, i1) pieces of a series between restarts (gaps or sudden large drops).
+# --- lives --------------------------------------------------------------------------------
 
-    `min_drop` is the smallest drop that counts (default `restart_drop_mib`); `gaps=False` for
-    series whose gaps are by design (KV at idle moments only).
-    """
+
+def _empties(s: FleetSeries) -> bool:
+    """Whether an empty floor ends a life: device-level GPU memory with no identity."""
+    return s.unit == "MiB" and s.layer in ("device", "pod")
+
+
+def lives(s: FleetSeries, t: np.ndarray, v: np.ndarray, config: FleetConfig) -> list[Life]:
+    """The lives of a row's cleaned floors `t`, `v`: cut at `s.cuts` and, for device memory,
+    where the GPU emptied (the empty floors themselves belong to no life)."""
     n = len(t)
     if n == 0:
         return []
+    starts: list[tuple[int, str]] = [(0, "range start")]
+    for when, why in sorted(s.cuts):
+        i = int(np.searchsorted(t, when, side="left"))
+        if 0 < i < n:
+            starts.append((i, why))
+    empty = np.zeros(n, dtype=bool)
+    if _empties(s):
+        empty = v <= config.empty_mib
+        # a new life begins at the first non-empty floor after an empty one
+        after = np.flatnonzero(~empty[1:] & empty[:-1]) + 1
+        starts += [(int(i), "emptied") for i in after]
+    starts.sort()
+    out: list[Life] = []
+    bounds = [*starts, (n, "")]
+    for (i0, why), (i1, _) in itertools.pairwise(bounds):
+        j0, j1 = i0, i1
+        while j1 > j0 and empty[j1 - 1]:  # the empty floors belong to no life
+            j1 -= 1
+        while j0 < j1 and empty[j0]:
+            j0 += 1
+        if j1 > j0:
+            out.append(Life(j0, j1, float(t[j0]), why))
+    return out
+
+
+def _gaps(t: np.ndarray, block_s: float) -> list[tuple[float, float]]:
+    """Stretches with no floor for more than 3 blocks: (last floor before, first after)."""
+    if len(t) < 2:
+        return []
     dt = np.diff(t)
-    dv = np.diff(v)
-    prev = v[:-1]
-    floor = config.restart_drop_mib if min_drop is None else min_drop
-    drop = (-dv >= floor) & (-dv >= config.restart_drop_share * np.abs(prev))
-    cut_at = drop | (dt > config.gap_s) if gaps else drop
-    cut = np.nonzero(cut_at)[0] + 1
-    bounds = [0, *cut.tolist(), n]
-    return [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1) if bounds[i + 1] > bounds[i]]
+    idx = np.flatnonzero(dt > 3 * block_s + 1e-6)
+    return [(float(t[i]), float(t[i + 1])) for i in idx]
+
+
+# --- one row ------------------------------------------------------------------------------
+
+
+def _base_row(s: FleetSeries) -> dict[str, Any]:
+    return {
+        "host": s.host,
+        "layer": s.layer,
+        "unit": s.unit,
+        "source": s.source,
+        "gpu": s.gpu,
+        "mig": s.mig,
+        "mig_profile": s.mig_profile,
+        "uuid": s.uuid,
+        "pid": s.pid,
+        "process": s.process,
+        "pod": s.pod,
+        "instance": s.instance,
+        "server": s.server,
+        "pool": s.pool,
+    }
+
+
+def _fmt(unit: str, value: float | None, *, signed: bool = False) -> str:
+    from vramdoctor.fleet.report import format_value
+
+    return format_value(unit, value, signed=signed)
+
+
+def _hours(seconds: float) -> str:
+    from vramdoctor.units import format_duration
+
+    return format_duration(seconds)
+
+
+def _impossible(s: FleetSeries, v: np.ndarray) -> np.ndarray:
+    bad = ~np.isfinite(v) | (v < 0)
+    if s.unit == "ratio":
+        bad |= v > 1.0
+    if s.unit == "MiB":
+        bad |= v > 16 * 1024 * 1024  # 16 TiB: no device or host holds that
+    return np.asarray(bad)
 
 
 def analyse_series(
-    s: FleetSeries, *, range_start: float, step_s: float, free: float | None, config: FleetConfig
+    s: FleetSeries,
+    *,
+    range_start: float,
+    range_end: float,
+    free: float | None,
+    config: FleetConfig,
+    free_note: str | None = None,
 ) -> FleetRow:
-    """The verdict of one series' current piece (after its last restart, past warm-up)."""
-    ok = np.isfinite(s.v) & np.isfinite(s.t)
-    t, v = s.t[ok], s.v[ok]
-    th = config.thresholds(s.unit)
-    if s.unit == "MiB":
-        pieces = segments(t, v, config)
-    else:  # KV at idle: gaps are the busy moments; a restart empties the pool (a large drop)
-        pieces = segments(t, v, config, min_drop=4 * th.min_growth, gaps=False)
-    base = dict(
-        host=s.host,
-        layer=s.layer,
-        unit=s.unit,
-        source=s.source,
-        gpu=s.gpu,
-        pid=s.pid,
-        process=s.process,
-        pod=s.pod,
-        free=free,
-        restarts=max(len(pieces) - 1, 0),
-    )
-    if not pieces:
+    """The verdict of one row's current life (after its last restart, past warm-up)."""
+    ok = np.isfinite(s.t)
+    t_all, v_all = s.t[ok], s.v[ok]
+    bad = _impossible(s, v_all)
+    t, v = t_all[~bad], v_all[~bad]
+    unknown = int(bad.sum()) + s.unknown
+    stale = s.last_seen is not None and s.last_seen < range_end - config.stale_s
+    base = _base_row(s)
+    common: dict[str, Any] = {
+        "unknown_points": unknown,
+        "stale": stale,
+        "last_seen": s.last_seen,
+        "free": free,
+        "free_note": free_note,
+        "runs_out": "pool" if s.layer == "kv" else "memory",
+        "gaps": _gaps(t, config.block_s),
+    }
+    ls = lives(s, t, v, config)
+    common["restarts"] = max(len(ls) - 1, 0)
+    common["lives"] = [
+        {
+            "began_at": x.began_at,
+            "began": x.began,
+            "ended_at": float(t[x.i1 - 1]),
+            "points": x.i1 - x.i0,
+        }
+        for x in ls
+    ]
+    level = s.level if s.level is not None and not stale else (float(v[-1]) if len(v) else None)
+    if s.level is not None and (
+        not math.isfinite(s.level) or s.level < 0 or (s.unit == "ratio" and s.level > 1)
+    ):
+        level = float(v[-1]) if len(v) else None
+    if not ls:
         return FleetRow(
-            verdict="INCONCLUSIVE",
-            reason="no data in the range",
-            level=None,
-            growth_per_hour=None,
-            growth_per_hour_ci=None,
-            hours_to_oom=None,
-            points=0,
-            analysed_from=None,
-            analysed_to=None,
-            warmup_skipped=False,
-            **base,  # type: ignore[arg-type]
+            **base,
+            verdict=INCONCLUSIVE,
+            reason="no_data",
+            why=REASONS["no_data"]
+            + (f" ({unknown} impossible readings left out)" if unknown else ""),
+            level=level,
+            **common,
         )
-    i0, i1 = pieces[-1]
-    pt, pv = t[i0:i1], v[i0:i1]
-    started_inside = pt[0] > range_start + 2 * step_s
+    life = ls[-1]
+    lt, lv = t[life.i0 : life.i1], v[life.i0 : life.i1]
+    started_inside = life.began != "range start" or lt[0] > range_start + 3 * config.block_s
     if started_inside:
-        keep = pt >= pt[0] + config.warmup_s
-        at, av = pt[keep], pv[keep]
+        keep = lt >= life.began_at + config.warmup_s
+        at, av = lt[keep], lv[keep]
     else:
-        at, av = pt, pv
-    env = low_envelope_arrays(at, av, config.block_s)
-    trend = classify(env, x_unit="s", thresholds=th)
-    per_hour = trend.slope * 3600.0 if trend.slope is not None else None
-    ci = (trend.slope_ci[0] * 3600.0, trend.slope_ci[1] * 3600.0) if trend.slope_ci else None
-    hours = None
-    if trend.verdict == LEAK and per_hour and per_hour > 0 and free is not None:
-        hours = max(free, 0.0) / per_hour
-    reason = trend.reason
-    if started_inside and not len(at):
-        reason = "still in its warm-up hours after a start"
-    return FleetRow(
-        verdict=trend.verdict,
-        reason=reason,
-        level=float(pv[-1]),
-        growth_per_hour=per_hour,
-        growth_per_hour_ci=ci,
-        hours_to_oom=hours,
-        points=trend.n,
+        at, av = lt, lv
+    common.update(
+        points=len(at),
         analysed_from=float(at[0]) if len(at) else None,
         analysed_to=float(at[-1]) if len(at) else None,
         warmup_skipped=bool(started_inside),
-        trend=trend,
-        t=pt,
-        v=pv,
-        envelope=env,
-        **base,  # type: ignore[arg-type]
+        t=lt,
+        v=lv,
+    )
+    if len(at) < config.min_points:
+        if (
+            started_inside
+            and range_end - life.began_at < config.warmup_s + config.min_points * config.block_s
+        ):
+            age = _hours(range_end - life.began_at)
+            why = (
+                f"{REASONS['warming_up']}: its life began {age} before the end ({life.began}); "
+                f"the first {_hours(config.warmup_s)} are left out and the test needs "
+                f"{config.min_points} hourly floors after them"
+            )
+            reason = "warming_up"
+        else:
+            why = (
+                f"{REASONS['too_few_points']}: {len(at)} floors of {_hours(config.block_s)} "
+                f"(the test needs {config.min_points})"
+            )
+            reason = "too_few_points"
+        return FleetRow(**base, verdict=INCONCLUSIVE, reason=reason, why=why, level=level, **common)
+    judged = _judge(at, av, s.unit, config)
+    row = FleetRow(**base, level=level, **judged, **common)
+    if row.verdict == LEAK and row.growth_per_hour and row.growth_per_hour > 0 and not stale:
+        _time_to_oom(row, s, free)
+    if stale:
+        ago = _hours(range_end - (s.last_seen or range_end))
+        row.why = f"stopped reporting {ago} before the end (the process or its exporter is gone); {row.why}"
+        row.free_note = "time to OOM unknown: the series stopped reporting"
+    return row
+
+
+def _time_to_oom(row: FleetRow, s: FleetSeries, free: float | None) -> None:
+    rate = row.growth_per_hour
+    assert rate is not None
+    if s.layer == "kv":
+        if s.capacity is None or row.level is None:
+            row.free_note = "pool size not exported: time until the pool is full unknown"
+            return
+        free = s.capacity - row.level
+        row.free = free
+    if free is None:
+        row.free_note = row.free_note or "free memory not exported: time to OOM unknown"
+        return
+    if not math.isfinite(free) or free < 0:
+        row.free_note = (
+            f"free memory reading impossible ({_fmt(s.unit, free)}): time to OOM unknown"
+        )
+        row.free = None
+        return
+    row.hours_to_oom = free / rate
+    ci = row.growth_per_hour_ci
+    if ci and ci[0] > 0:
+        row.hours_to_oom_ci = (free / ci[1], free / ci[0])
+
+
+def _judge(t: np.ndarray, v: np.ndarray, unit: str, config: FleetConfig) -> dict[str, Any]:
+    """Verdict, reason, why and rates for one life's analysed floors (t sorted)."""
+    from vramdoctor.stats.changepoint import fit_hinge, growth_since
+    from vramdoctor.stats.trend import classify
+
+    th = config.thresholds(unit)
+    floor_growth = config.min_growth(unit)
+    if float(np.ptp(v)) < floor_growth / 2:  # nothing moved: no statistics needed
+        return {
+            "verdict": STABLE,
+            "reason": "flat",
+            "why": f"{REASONS['flat']}: its floor stayed within {_fmt(unit, float(np.ptp(v)))}",
+            "trend": None,
+        }
+    pts = list(zip(t.tolist(), v.tolist(), strict=True))
+    base = classify(pts, x_unit="s", thresholds=th)
+    hinge = fit_hinge(t, v, min_side=max(4, config.min_points // 2), bic_margin=config.bic_margin)
+    out: dict[str, Any] = {"trend": base.to_dict()}
+    q = max(len(v) // 4, 2)
+    start_level, settled = float(np.median(v[:q])), float(np.median(v[-q:]))
+
+    def leak(slope: Any, since: float | None, reason: str, why: str) -> dict[str, Any]:
+        per_h = slope.slope * 3600.0
+        ci = (slope.lo * 3600.0, slope.hi * 3600.0)
+        if not ci[0] > 0:
+            return {
+                **out,
+                "verdict": INCONCLUSIVE,
+                "reason": "interval_includes_zero",
+                "why": (
+                    f"{REASONS['interval_includes_zero']}: {_fmt(unit, per_h, signed=True)}/h, "
+                    f"95 % interval {_fmt(unit, ci[0], signed=True)} to {_fmt(unit, ci[1], signed=True)}"
+                ),
+                "growth_per_hour": per_h,
+                "growth_per_hour_ci": ci,
+            }
+        return {
+            **out,
+            "verdict": LEAK,
+            "reason": reason,
+            "why": why,
+            "growth_per_hour": per_h,
+            "growth_per_hour_ci": ci,
+            "growing_since": since,
+        }
+
+    change = hinge is not None and hinge.chosen and hinge.accelerated and hinge.after > 0
+    if change:
+        assert hinge is not None
+        margin = config.block_s  # one block after the fitted change: no flat floor in the rate
+        after = t >= hinge.tau + margin
+        if after.sum() >= config.min_points:
+            post = classify(
+                list(zip(t[after].tolist(), v[after].tolist(), strict=True)),
+                x_unit="s",
+                thresholds=th,
+            )
+            if post.verdict == LEAK:
+                slope = growth_since(t, v, hinge.tau + margin)
+                out["trend"] = {**base.to_dict(), "after_change": post.to_dict()}
+                from time import gmtime, strftime
+
+                when = strftime("%Y-%m-%d %H:%M UTC", gmtime(hinge.tau))
+                return leak(
+                    slope,
+                    hinge.tau,
+                    "grew_since_change",
+                    f"flat, then growing from {when} to the last point (a change point; the rate "
+                    f"is from after it)",
+                )
+    if base.verdict == LEAK:
+        slope = growth_since(t, v, float(t[0]))
+        if slope.lo > 0:  # steady over the whole life
+            return leak(slope, None, "grew_with_time", REASONS["grew_with_time"])
+        # the trend test saw growth only in the late half, and no change point stands out
+        from vramdoctor.stats.changepoint import Slope
+
+        lo, hi = base.slope_ci or (0.0, 0.0)
+        late = Slope(base.slope or 0.0, lo, hi, base.n, float(t[0]), float(t[-1]))
+        half = float(t[0] + (t[-1] - t[0]) / 2)
+        return leak(late, half, "grew_late", REASONS["grew_late"])
+    if base.verdict == CACHING and settled - start_level > floor_growth:
+        rise = settled - start_level
+        return {
+            **out,
+            "verdict": CACHING,
+            "reason": "rose_then_flat",
+            "why": (
+                f"rose by {_fmt(unit, rise, signed=True)}, then levelled off at "
+                f"{_fmt(unit, settled)} (an allocator or a cache filling up)"
+            ),
+            "rise": rise,
+            "settled_level": settled,
+            "growth_per_hour": (base.late_slope or 0.0) * 3600.0,
+        }
+    # a rise that came early and stayed (a cache that filled in the first hours of the range)
+    early = float(np.min(v[: max(1, (3 * len(v)) // 4)]))
+    if base.verdict in (STABLE, CACHING) and settled - early > floor_growth:
+        rise = settled - early
+        return {
+            **out,
+            "verdict": CACHING,
+            "reason": "rose_then_flat",
+            "why": (
+                f"rose by {_fmt(unit, rise, signed=True)}, then levelled off at "
+                f"{_fmt(unit, settled)} (an allocator or a cache filling up)"
+            ),
+            "rise": rise,
+            "settled_level": settled,
+            "growth_per_hour": (base.late_slope or 0.0) * 3600.0,
+        }
+    if base.verdict == STABLE:
+        return {
+            **out,
+            "verdict": STABLE,
+            "reason": "flat",
+            "why": REASONS["flat"],
+            "growth_per_hour": (base.slope or 0.0) * 3600.0,
+        }
+    reason = "too_few_points" if base.reason.startswith("only") else "still_changing"
+    return {
+        **out,
+        "verdict": INCONCLUSIVE,
+        "reason": reason,
+        "why": f"{REASONS[reason]} ({base.reason})",
+        "growth_per_hour": (base.slope or 0.0) * 3600.0 if base.slope is not None else None,
+    }
+
+
+def screened_row(
+    s: FleetSeries, *, range_start: float, range_end: float, config: FleetConfig, free: float | None
+) -> FleetRow:
+    """A STABLE row from the database's screen alone (the series was flat and never pulled)."""
+    sc = s.screen
+    assert sc is not None
+    late = (
+        sc.late_slope * 3600.0
+        if sc.late_slope is not None and math.isfinite(sc.late_slope)
+        else None
+    )
+    if s.layer == "kv":
+        held = "0 % of the pool" if s.unit == "ratio" else "0 tokens"
+        why = (
+            f"{held} held at every idle moment over {_hours(range_end - range_start)} (the "
+            "database's figure)"
+        )
+        reason = "kv_zero_at_idle"
+        late = 0.0
+    else:
+        sd = sc.sd if sc.sd is not None else 0.0
+        why = (
+            f"its {_hours(3 * config.block_s)} floor moved by {_fmt(s.unit, sd)} (standard "
+            f"deviation) over {_hours(range_end - range_start)}: flat (the database's figures)"
+        )
+        reason = "screened_flat"
+    return FleetRow(
+        **_base_row(s),
+        verdict=STABLE,
+        reason=reason,
+        why=why,
+        level=sc.level,
+        growth_per_hour=late,
+        free=free,
+        runs_out="pool" if s.layer == "kv" else "memory",
+        restarts=sc.restarts,
+        screened=True,
+        screen={"sd": sc.sd, "late_slope_per_hour": late, "late_window_s": sc.late_s},
+        last_seen=s.last_seen,
+        analysed_from=range_start,
+        analysed_to=range_end,
     )
 
 
 def rank_key(r: FleetRow) -> tuple[float, float, float, str]:
-    """Leaks first, soonest OOM first, then fastest growth; then INCONCLUSIVE, CACHING, STABLE."""
+    """Live leaks first (soonest OOM, then fastest), then stale leaks, INCONCLUSIVE, CACHING,
+    STABLE; ties by key."""
+    rank = _RANK.get(r.verdict, 0) + (0.5 if r.live_leak else 0.0)
     return (
-        -VERDICT_RANK.get(r.verdict, 0),
+        -rank,
         r.hours_to_oom if r.hours_to_oom is not None else math.inf,
         -(r.growth_per_hour or 0.0) if r.unit == "MiB" else 0.0,
         r.key,
@@ -320,19 +800,41 @@ def analyse(
     start: float,
     end: float,
     step_s: float,
-    free: dict[tuple[str, str], float] | None = None,
+    free: dict[tuple[str, str, str], float] | None = None,
+    free_notes: dict[tuple[str, str, str], str] | None = None,
     config: FleetConfig | None = None,
+    rows: list[FleetRow] | None = None,
 ) -> FleetResult:
-    """Every series' row, ranked. `free`: (host, gpu) -> free MiB now; (instance, "kv") -> free KV now."""
+    """Every series' row, ranked. `free`: (host, gpu, mig) -> free MiB now (and (host, "",
+    "") -> host memory available, for host-RAM rows); series with a `screen` and no floors
+    get `screened_row`. `rows`: rows made elsewhere (never-idle servers), ranked with them."""
     config = config or FleetConfig()
     free = free or {}
-    rows = []
+    free_notes = free_notes or {}
+    out = list(rows or [])
     for s in series:
-        f = None
-        if s.layer in ("device", "vram", "pod") and s.gpu is not None:
-            f = free.get((s.host, s.gpu))
-        elif s.layer == "kv":
-            f = free.get((s.host, "kv"))
-        rows.append(analyse_series(s, range_start=start, step_s=step_s, free=f, config=config))
-    rows.sort(key=rank_key)
-    return FleetResult(start=start, end=end, step_s=step_s, config=config, rows=rows)
+        key = free_key(s)
+        f = free.get(key) if key else None
+        note = free_notes.get(key) if key else None
+        if len(s.t) == 0 and s.screen is not None:
+            out.append(screened_row(s, range_start=start, range_end=end, config=config, free=f))
+        else:
+            out.append(
+                analyse_series(
+                    s, range_start=start, range_end=end, free=f, config=config, free_note=note
+                )
+            )
+    out.sort(key=rank_key)
+    return FleetResult(start=start, end=end, step_s=step_s, config=config, rows=out)
+
+
+def free_key(s: FleetSeries) -> tuple[str, str, str] | None:
+    """Which free-memory reading a row's time to OOM uses: its GPU's (or slice's), or for a
+    host-RAM row its host's; None for KV rows (their pool size is their own)."""
+    if s.layer == "kv":
+        return None
+    if s.layer.startswith("rss"):
+        return (s.host, "", "")
+    if s.gpu is None:
+        return None
+    return (s.host, s.gpu, s.mig or "")

@@ -1,285 +1,858 @@
-"""What fleet asks Prometheus, and how each exporter's labels map to host, GPU and process.
+"""What fleet asks the database, and how the answers become rows: screen, pull, join.
 
-Sources fleets already have (names and units as their exporters publish them):
+Two strategies, one result (`collect`):
 
-- dcgm-exporter: `DCGM_FI_DEV_FB_USED` / `DCGM_FI_DEV_FB_FREE` (MiB) per GPU; the host label
-  is `Hostname` in releases and `hostname` on its main branch (both accepted, then
-  `instance`); GPU `gpu`, `UUID`/`uuid`. Pod labels (`pod`, `namespace`) change when a pod is
-  replaced; with `--kubernetes-virtual-gpus` each pod sharing a GPU has its own FB_USED, so
-  each pod is its own series.
-- nvitop-exporter: `process_gpu_memory_MiB` and `process_rss_memory_MiB` per process
-  (`hostname`, `index`, `uuid`, `pid`, `username`), `gpu_memory_free_MiB` per GPU. Its
-  `process_info_info` carries the command line and is never read.
-- nvidia_gpu_exporter (`--collect.compute-apps`): `nvidia_smi_compute_app_used_memory_bytes`
-  (`uuid`, `pid`, `process_name`), `nvidia_smi_memory_free_bytes` (`uuid`).
-- watch's exporter: `vramdoctor_process_memory_bytes{gpu,pid,process,layer}`,
-  `vramdoctor_gpu_memory_free_bytes{gpu}`.
-- the servers' KV pools at idle moments, selected in PromQL (used tokens / usage where the
-  same instance has 0 running and 0 queued requests): SGLang `sglang:num_used_tokens`
-  (or `sglang:kv_used_tokens`) with `sglang:num_running_reqs` + `sglang:num_queue_reqs`;
-  vLLM `vllm:kv_cache_usage_perc` (or `vllm:gpu_cache_usage_perc`, a 0..1 ratio) with
-  `vllm:num_requests_running` + `vllm:num_requests_waiting`.
+- **screen** (the default: the work where the data is). Per memory family, the database
+  computes for every series at the range end (`promql.screen`): how much its 3-hour floor
+  moved over the range (a standard deviation), the slope of its hourly floor over the late
+  window, its level now and whether it was there at the range start. Only *candidates* are
+  pulled: series whose floor moved (`FleetConfig.screen_sd_*`) or grew late, that started or
+  stopped inside the range. Their hourly floors come back (one range query per batch, one
+  point an hour); every other series is STABLE on the database's own figures. KV pools: the
+  most tokens held at an idle moment; a server that never held any is STABLE, one that never
+  was idle gets a row saying so. With the shipped recording rules present
+  (`promql.rules`), the floors are read from them instead of the raw samples.
+- **pull** (`strategy="pull"`, for comparison and the benchmarks): every series' minimum of
+  each `step` is pulled and the floors are made here, as fleet did before.
 
-Memory is asked as `min_over_time(NAME{match}[STEP])` at `STEP`: Prometheus downsamples to
-each step's minimum, the low envelope the analysis compares.
+Then per slot (`families.slot_of`), series that follow each other in time are one history
+with restarts between them (a new pid or pod); the free memory of each GPU (the least free of
+the last block), a KV pool's size and its counter resets are joined to the rows.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
 
 import numpy as np
 
 from vramdoctor.errors import InputError
-from vramdoctor.fleet.analysis import FleetSeries
-from vramdoctor.sources.prometheus import PrometheusClient, RangeSeries
-from vramdoctor.units import MIB
+from vramdoctor.fleet import promql
+from vramdoctor.fleet.analysis import REASONS, FleetConfig, FleetRow, FleetSeries, Screen
+from vramdoctor.fleet.families import (
+    FAMILIES,
+    Family,
+    KvSource,
+    gpu_of,
+    host_of,
+    instance_host,
+    kv_sources,
+    layer_of,
+    mig_of,
+    mig_profile,
+    pid_of,
+    pod_of,
+    process_of,
+    slot_of,
+    uuid_of,
+)
+from vramdoctor.redact import one_line
+from vramdoctor.sources.prometheus import InstantSample, PrometheusClient, RangeSeries
 
-__all__ = ["FAMILIES", "KV_QUERIES", "Family", "collect", "host_of", "metric_names_used"]
+__all__ = ["Collected", "Plan", "collect"]
+
+LabelKey = tuple[tuple[str, str], ...]
+
+
+def _key(labels: dict[str, str]) -> LabelKey:
+    return tuple(sorted((k, v) for k, v in labels.items() if k != "__name__"))
+
+
+def _clean(labels: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in labels.items() if k != "__name__"}
+
+
+@dataclass
+class _Member:
+    """One series (one identity's life) of a memory family."""
+
+    fam: Family
+    labels: dict[str, str]
+    screen: Screen | None = None
+    t: np.ndarray | None = None  # floors, when pulled
+    v: np.ndarray | None = None
+    last_seen: float | None = None
+
+    def span(self, start: float, end: float, block_s: float) -> tuple[float, float]:
+        if self.t is not None and len(self.t):
+            return float(self.t[0]) - block_s, float(self.t[-1])
+        return start, end
+
+
+@dataclass
+class Collected:
+    """What `collect` found: the series to analyse, rows made here, free memory, notes."""
+
+    series: list[FleetSeries] = field(default_factory=list)
+    rows: list[FleetRow] = field(default_factory=list)
+    free: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    free_notes: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    recorded: list[str] = field(default_factory=list)
+    candidates: int = 0
+    screened: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
-class Family:
-    """One stored metric: its exporter, the layer it measures, and its scale to MiB."""
+class Plan:
+    """The range and knobs of one collection (times unix s, durations s)."""
 
-    name: str
-    source: str
-    layer: str  # "device", "vram", "rss", "free", or "label" (layer in the `layer` label)
-    scale: float = 1.0  # multiply to get MiB
+    start: float
+    end: float
+    step_s: float
+    config: FleetConfig
+    matchers: tuple[str, ...] = ()
+    virtual_gpus: bool = False
+    strategy: str = "screen"
+    kv_step_s: float = 60.0
+    max_candidates: int = 5000
+    batch_bytes: int = 8 * 1024 * 1024
 
+    @property
+    def window_s(self) -> float:
+        return self.end - self.start
 
-FAMILIES: tuple[Family, ...] = (
-    Family("DCGM_FI_DEV_FB_USED", "dcgm-exporter", "device"),
-    Family("DCGM_FI_DEV_FB_FREE", "dcgm-exporter", "free"),
-    Family("process_gpu_memory_MiB", "nvitop-exporter", "vram"),
-    Family("process_gpu_memory", "nvitop-exporter", "vram"),
-    Family("process_rss_memory_MiB", "nvitop-exporter", "rss"),
-    Family("process_rss_memory", "nvitop-exporter", "rss"),
-    Family("gpu_memory_free_MiB", "nvitop-exporter", "free"),
-    Family("nvidia_smi_compute_app_used_memory_bytes", "nvidia_gpu_exporter", "vram", 1.0 / MIB),
-    Family("nvidia_smi_memory_free_bytes", "nvidia_gpu_exporter", "free", 1.0 / MIB),
-    Family("vramdoctor_process_memory_bytes", "vramdoctor watch", "label", 1.0 / MIB),
-    Family("vramdoctor_gpu_memory_free_bytes", "vramdoctor watch", "free", 1.0 / MIB),
-)
+    @property
+    def block_s(self) -> float:
+        return self.config.block_s
 
+    @property
+    def late_s(self) -> float:
+        """The late window of the screen: the last day, at most a quarter of the range, and at
+        least four blocks."""
+        return max(min(self.window_s / 4, 86_400.0), 4 * self.block_s)
 
-@dataclass(frozen=True)
-class KvQuery:
-    source: str
-    unit: str
-    used: tuple[str, ...]  # first present wins
-    running: str
-    queued: str
-    capacity: str | None  # the pool's size in the same unit (None: a 0..1 ratio)
-
-
-KV_QUERIES: tuple[KvQuery, ...] = (
-    KvQuery(
-        "sglang",
-        "tokens",
-        ("sglang:num_used_tokens", "sglang:kv_used_tokens"),
-        "sglang:num_running_reqs",
-        "sglang:num_queue_reqs",
-        "sglang:max_total_num_tokens",
-    ),
-    KvQuery(
-        "vllm",
-        "ratio",
-        ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-        "vllm:num_requests_running",
-        "vllm:num_requests_waiting",
-        None,
-    ),
-)
-
-_PORT = re.compile(r":\d+$")
-_MATCH = re.compile(r'^\s*[A-Za-z_][A-Za-z0-9_]*\s*(=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*"\s*$')
+    @property
+    def floors_start(self) -> float:
+        """The end of the first block: floors are at end - k * block, k = n-1 .. 0."""
+        n = max(1, math.floor(self.window_s / self.block_s + 1e-9))
+        return self.end - (n - 1) * self.block_s
 
 
-def metric_names_used() -> set[str]:
-    """Every metric name fleet reads (for the rules check and the docs)."""
-    names = {f.name for f in FAMILIES}
-    for q in KV_QUERIES:
-        names.update(q.used)
-        names.update((q.running, q.queued))
-        if q.capacity:
-            names.add(q.capacity)
-    return names
+def _sel(name: str, plan: Plan, extra: Sequence[str] = ()) -> str:
+    return promql.selector(name, plan.matchers, extra)
 
 
-def check_matchers(matchers: Iterable[str]) -> list[str]:
-    """Validate `--match 'label="value"'` items (PromQL label matchers)."""
-    out = []
-    for m in matchers:
-        if not _MATCH.match(m):
-            raise InputError(
-                f'--match wants a PromQL label matcher like cluster="a" or node=~"gpu-.*", not {m!r}'
-            )
-        out.append(m.strip())
-    return out
+# --- the regex that selects a batch of series ----------------------------------------------
+
+_RE_SPECIAL = re.compile(r"([\\.^$|?*+()\[\]{}-])")
 
 
-def _selector(name: str, matchers: list[str]) -> str:
-    inner = ",".join([f'__name__="{name}"', *matchers])
-    return "{" + inner + "}"
+def _re_escape(value: str) -> str:
+    return _RE_SPECIAL.sub(r"\\\1", value)
 
 
-def host_of(labels: dict[str, str]) -> str:
-    """dcgm-exporter `Hostname` (releases) or `hostname` (main), nvitop `hostname`, else `instance` without its port."""
-    for key in ("Hostname", "hostname"):
-        value = labels.get(key)
-        if value:
-            return value
-    instance = labels.get("instance")
-    if instance:
-        return _PORT.sub("", instance)  # the host, so several exporters of one host line up
-    return "?"
-
-
-def _pid(labels: dict[str, str]) -> int | None:
-    try:
-        return int(labels["pid"])
-    except (KeyError, ValueError):
-        return None
-
-
-def _gpu(labels: dict[str, str]) -> str | None:
-    for key in ("gpu", "index"):
-        if labels.get(key) not in (None, ""):
-            return labels[key]
-    uuid = labels.get("UUID") or labels.get("uuid")
-    return uuid or None
-
-
-def _merge(series: list[RangeSeries]) -> tuple[np.ndarray, np.ndarray]:
-    """Series of one identity (e.g. one GPU across pod label changes): max per timestamp."""
-    if len(series) == 1:
-        return series[0].t, series[0].v
-    t = np.concatenate([s.t for s in series])
-    v = np.concatenate([s.v for s in series])
-    order = np.lexsort((-np.nan_to_num(v, nan=-np.inf), t))
-    t, v = t[order], v[order]
-    first = np.ones(len(t), dtype=bool)
-    first[1:] = t[1:] != t[:-1]
-    return t[first], v[first]
-
-
-def to_series(family: Family, rows: list[RangeSeries], *, virtual_gpus: bool) -> list[FleetSeries]:
-    """Map one family's range result to FleetSeries, one per host/GPU/process identity."""
-    groups: dict[
-        tuple[str, str | None, int | None, str, str | None],
-        tuple[dict[str, str], list[RangeSeries]],
-    ] = {}
-    for r in rows:
-        lab = r.labels
-        host, gpu, pid = host_of(lab), _gpu(lab), _pid(lab)
-        layer = lab.get("layer", "vram") if family.layer == "label" else family.layer
-        pod: str | None = None
-        if family.layer == "device" and virtual_gpus and lab.get("pod"):
-            layer = "pod"
-            pod = f"{lab.get('namespace', '')}/{lab['pod']}".lstrip("/")
-        key = (host, gpu, pid, layer, pod)
-        groups.setdefault(key, (lab, []))[1].append(r)
-    out = []
-    for (host, gpu, pid, layer, pod), (lab, rs) in groups.items():
-        t, v = _merge(rs)
-        unit = "MiB"
-        out.append(
-            FleetSeries(
-                host=host,
-                layer=layer,
-                unit=unit,
-                source=family.source,
-                t=t,
-                v=v * family.scale,
-                gpu=gpu,
-                uuid=lab.get("UUID") or lab.get("uuid"),
-                pid=pid,
-                process=lab.get("process") or lab.get("process_name") or None,
-                pod=pod,
-            )
-        )
-    return out
-
-
-def collect(
-    client: PrometheusClient,
+def _batch_floor(
+    name: str,
+    plan: Plan,
+    batch: Sequence[dict[str, str]],
+    universe: Sequence[dict[str, str]],
     *,
-    start: float,
-    end: float,
-    step_s: float,
-    matchers: list[str] | None = None,
-    virtual_gpus: bool = False,
-) -> tuple[list[FleetSeries], dict[tuple[str, str], float], list[str]]:
-    """(memory series, free MiB now per (host, gpu), notes) from every family Prometheus holds."""
-    matchers = check_matchers(matchers or [])
-    present = client.metric_names(start, end)
-    notes: list[str] = []
-    series: list[FleetSeries] = []
-    free: dict[tuple[str, str], float] = {}
-    step = f"{max(round(step_s), 1)}s"
-    found_any = False
-    skip = {"process_gpu_memory"} if "process_gpu_memory_MiB" in present else set()
-    skip |= {"process_rss_memory"} if "process_rss_memory_MiB" in present else set()
-    for fam in FAMILIES:
-        if fam.name not in present or fam.name in skip:
+    recorded: bool,
+) -> str:
+    """The floor expression for exactly the series of `batch` among `universe` (all series of
+    the family): a regex over a label whose value is unique per series when there is one
+    (compact: UUID, pid, ...), else an `or` of one exact selector per series."""
+    for label in ("UUID", "uuid", "pid", "pod_uid", "pod", "instance", "gpu"):
+        values = [b.get(label) for b in batch]
+        if any(v is None for v in values):
             continue
-        found_any = True
-        if fam.layer == "free":  # only the latest value matters: one instant query at the end
-            for lab, value in client.query(
-                f"last_over_time({_selector(fam.name, matchers)}[1h])", at=end
-            ):
-                gpu = _gpu(lab)
-                if gpu is not None and np.isfinite(value):
-                    free[(host_of(lab), gpu)] = value * fam.scale
+        seen = [u.get(label) for u in universe]
+        if None in seen or len(set(seen)) != len(seen):
             continue
-        rows = client.query_range(
-            f"min_over_time({_selector(fam.name, matchers)}[{step}])", start, end, step_s
-        )
-        series.extend(to_series(fam, rows, virtual_gpus=virtual_gpus))
-    for q in KV_QUERIES:
-        used = next((u for u in q.used if u in present), None)
-        if used is None:
-            continue
-        found_any = True
-        if q.running not in present or q.queued not in present:
-            notes.append(
-                f"{used} is stored but not {q.running} and {q.queued}: its idle moments cannot be told, so it is left out"
+        regex = "|".join(_re_escape(v) for v in values if v is not None)
+        sel = _sel(name, plan, [f"{label}=~{promql.quote(regex)}"])
+        return promql.floor(sel, plan.block_s, recorded=recorded)
+    return " or ".join(
+        promql.floor(promql.select_exact(name, b), plan.block_s, recorded=recorded) for b in batch
+    )
+
+
+# --- collect --------------------------------------------------------------------------------
+
+
+def collect(client: PrometheusClient, plan: Plan) -> Collected:
+    """Screen (or pull) every family the database holds in the range, pull the candidates'
+    floors, and join them into rows' histories. InputError when the range holds none of the
+    metrics fleet reads."""
+    out = Collected()
+    t0 = time.perf_counter()
+    names = client.metric_names(plan.start, plan.end)
+    out.seconds["names"] = time.perf_counter() - t0
+    fams = [f for f in FAMILIES if f.name in names and not (f.alias_of and f.alias_of in names)]
+    memory = [f for f in fams if f.kind == "memory"]
+    frees = [f for f in fams if f.kind in ("free", "host_free")]
+    kvs = kv_sources(names)
+    for f in fams:
+        if f.inferred:
+            out.notes.append(
+                f"{f.name} read as bytes: dcgm-exporter 4.9 renamed its GPU memory fields to "
+                "bytes, and no released source read here confirms this name"
             )
-            continue
-        sel = lambda n: _selector(n, matchers)  # noqa: E731
-        query = (
-            f"max by (instance) ({sel(used)}) unless on (instance) "
-            f"(sum by (instance) ({sel(q.running)}) + sum by (instance) ({sel(q.queued)}) > 0)"
-        )
-        kv_rows = client.query_range(query, start, end, step_s)
-        capacity: dict[str, float] = {}
-        if q.capacity is None:
-            capacity = {
-                r.labels.get("instance", "?"): 1.0 for r in kv_rows
-            }  # a 0..1 ratio: the pool is 1
-        elif q.capacity in present:
-            capacity = {
-                lab.get("instance", "?"): v
-                for lab, v in client.query(
-                    f"max by (instance) (last_over_time({sel(q.capacity)}[1h]))", at=end
-                )
-            }
-        for r in kv_rows:
-            inst = r.labels.get("instance", "?")
-            series.append(
-                FleetSeries(host=inst, layer="kv", unit=q.unit, source=q.source, t=r.t, v=r.v)
-            )
-            ok = np.isfinite(r.v)
-            if inst in capacity and ok.any():
-                free[(inst, "kv")] = capacity[inst] - float(r.v[ok][-1])
-    if not found_any:
-        notes.append(
-            "Prometheus holds none of the memory metrics fleet reads (dcgm-exporter DCGM_FI_DEV_FB_USED, "
+    if not memory and not kvs:
+        raise InputError(
+            f"{client.shown_url} holds none of the memory metrics fleet reads between "
+            f"{_when(plan.start)} and {_when(plan.end)} (dcgm-exporter DCGM_FI_DEV_FB_USED, "
             "nvitop-exporter process_gpu_memory_MiB, nvidia_gpu_exporter "
-            "nvidia_smi_compute_app_used_memory_bytes, vramdoctor watch, SGLang/vLLM KV gauges) "
-            "in this range"
+            "nvidia_smi_compute_app_used_memory_bytes, vramdoctor watch, SGLang/vLLM KV gauges): "
+            "check --since, --until and --match"
         )
-    return series, free, notes
+    recorded = {f.name: promql.rule_name(f) for f in memory if promql.rule_name(f) in names}
+    kv_recorded = {s.used: promql.kv_rule_name(s) for s in kvs if promql.kv_rule_name(s) in names}
+    use_rules = plan.block_s % promql.RULE_BLOCK_S == 0
+    if (recorded or kv_recorded) and not use_rules:
+        out.notes.append(
+            f"recording rules hold 1-hour floors; --block {plan.block_s:g} s is not a multiple of "
+            "an hour, so the raw samples are read"
+        )
+        recorded, kv_recorded = {}, {}
+    if recorded or kv_recorded:
+        covered = _rules_cover(client, plan, {**recorded, **kv_recorded})
+        for name in list(recorded):
+            if recorded[name] not in covered:
+                out.notes.append(
+                    f"recording rule {recorded[name]} does not reach back to the range start: {name} is read raw"
+                )
+                del recorded[name]
+        for name in list(kv_recorded):
+            if kv_recorded[name] not in covered:
+                del kv_recorded[name]
+    out.recorded = sorted({*recorded.values(), *kv_recorded.values()})
+
+    t1 = time.perf_counter()
+    members = _memory(client, plan, memory, recorded, out)
+    out.seconds["memory"] = time.perf_counter() - t1
+    ip_names = _uname(client, plan, names)
+    for m in members:
+        host = next(
+            (
+                m.labels[k]
+                for k in ("Hostname", "hostname", "node", "kubernetes_node", "nodename", "host")
+                if m.labels.get(k)
+            ),
+            None,
+        )
+        inst = m.labels.get("instance")
+        if host and inst:
+            ip_names.setdefault(instance_host(inst), host)
+    t2 = time.perf_counter()
+    _free(client, plan, frees, out, ip_names)
+    out.seconds["free"] = time.perf_counter() - t2
+    out.series.extend(_chains(members, plan, ip_names))
+    t3 = time.perf_counter()
+    for src in kvs:
+        _kv(client, plan, src, kv_recorded.get(src.used), out, ip_names)
+    out.seconds["kv"] = time.perf_counter() - t3
+    for note in client.notes:
+        if note not in out.notes:
+            out.notes.append(note)
+    return out
+
+
+def _uname(client: PrometheusClient, plan: Plan, names: set[str]) -> dict[str, str]:
+    """Address -> host name from node-exporter's `node_uname_info{nodename}` (when stored)."""
+    if "node_uname_info" not in names:
+        return {}
+    got = client.instant(
+        f"last_over_time({_sel('node_uname_info', plan)}[{promql.dur(plan.window_s)}])", plan.end
+    )
+    out: dict[str, str] = {}
+    for s in got:
+        inst, node = s.labels.get("instance"), s.labels.get("nodename")
+        if inst and node:
+            out.setdefault(instance_host(inst), node)
+    return out
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
+
+
+def _rules_cover(client: PrometheusClient, plan: Plan, names: dict[str, str]) -> set[str]:
+    """Rule names with recorded floors in the first blocks of the range."""
+    at = min(plan.start + 3 * plan.block_s, plan.end)
+    look = promql.dur(3 * plan.block_s)
+    rules = sorted(set(names.values()))
+    jobs = [
+        lambda r=r: (r, client.instant(f"count(last_over_time({promql.selector(r)}[{look}]))", at))
+        for r in rules
+    ]
+    return {r for r, got in client.many(jobs) if got and got[0].value > 0}
+
+
+def _memory(
+    client: PrometheusClient,
+    plan: Plan,
+    memory: Sequence[Family],
+    recorded: dict[str, str],
+    out: Collected,
+) -> list[_Member]:
+    """Every memory series: screened (or pulled, strategy "pull"), candidates' floors pulled."""
+    members: list[_Member] = []
+    if plan.strategy == "pull":
+        pulls = [partial(_pull_all, client, plan, f, recorded.get(f.name)) for f in memory]
+        for got in client.many(pulls):
+            members.extend(got)
+        return members
+    jobs: list[Callable[[], Any]] = []
+    for f in memory:
+        jobs.extend(_screen_jobs(client, plan, f, recorded.get(f.name)))
+    results = client.many(jobs)
+    per_family: dict[str, dict[str, list[InstantSample]]] = {}
+    i = 0
+    for f in memory:
+        per_family[f.name] = dict(
+            zip(("sd", "late", "level", "start"), results[i : i + 4], strict=True)
+        )
+        i += 4
+    candidates: list[_Member] = []
+    for f in memory:
+        found = _screened(f, per_family[f.name], plan)
+        threshold = plan.config.screen_sd(f.unit)
+        grow = plan.config.min_growth(f.unit) / 2
+        for m in found:
+            sc = m.screen
+            assert sc is not None
+            flat = (
+                sc.sd is not None
+                and sc.sd < threshold
+                and sc.at_start
+                and m.last_seen is not None
+                and (sc.late_slope is None or abs(sc.late_slope) * plan.late_s < grow)
+            )
+            if not flat:
+                candidates.append(m)
+            members.append(m)
+    if len(candidates) > plan.max_candidates:
+        candidates.sort(
+            key=lambda m: -(m.screen.sd if m.screen and m.screen.sd is not None else math.inf)
+        )
+        left = candidates[plan.max_candidates :]
+        out.notes.append(
+            f"{len(candidates):,} series moved enough to be analysed; the {plan.max_candidates:,} "
+            f"that moved most were, {len(left):,} others were not (their rows are missing): "
+            "narrow --match or raise --max-candidates"
+        )
+        drop = {id(m) for m in left}
+        members = [m for m in members if id(m) not in drop]
+        candidates = candidates[: plan.max_candidates]
+    out.candidates += len(candidates)
+    out.screened += len(members) - len(candidates)
+    _pull_floors(client, plan, candidates, members, recorded)
+    return members
+
+
+def _screened(f: Family, got: dict[str, list[InstantSample]], plan: Plan) -> list[_Member]:
+    """One family's series with the screen's figures (in MiB) attached."""
+    found: dict[LabelKey, _Member] = {}
+
+    def member(s: InstantSample) -> Screen:
+        k = _key(s.labels)
+        m = found.get(k)
+        if m is None:
+            m = found[k] = _Member(f, _clean(s.labels))
+            m.screen = Screen(None, None, None, False, plan.late_s)
+        assert m.screen is not None
+        return m.screen
+
+    scale = f.scale
+    for s in got["sd"]:
+        member(s).sd = s.value * scale if math.isfinite(s.value) else None
+    for s in got["late"]:
+        member(s).late_slope = s.value * scale if math.isfinite(s.value) else None
+    for s in got["level"]:
+        member(s).level = s.value * scale if math.isfinite(s.value) and s.value >= 0 else None
+        found[_key(s.labels)].last_seen = plan.end
+    for s in got["start"]:
+        member(s).at_start = True
+    return list(found.values())
+
+
+def _screen_jobs(
+    client: PrometheusClient, plan: Plan, f: Family, rule: str | None
+) -> list[Callable[[], list[InstantSample]]]:
+    sel = _sel(rule or f.name, plan)
+    exprs = promql.screen(
+        sel,
+        window_s=plan.window_s,
+        late_s=plan.late_s,
+        block_s=plan.block_s,
+        recorded=rule is not None,
+    )
+    raw = _sel(f.name, plan)
+    stale = promql.dur(plan.config.stale_s)
+    head = promql.dur(3 * plan.block_s)
+    at_start = min(plan.start + 3 * plan.block_s, plan.end)
+    return [
+        lambda: client.instant(exprs["sd"], plan.end),
+        lambda: client.instant(exprs["late"], plan.end),
+        lambda: client.instant(f"last_over_time({raw}[{stale}])", plan.end),
+        lambda: client.instant(f"last_over_time({raw}[{head}])", at_start),
+    ]
+
+
+def _batches(members: Sequence[_Member], plan: Plan) -> list[list[_Member]]:
+    points = max(1, round(plan.window_s / plan.block_s))
+    per_series = 24 * points + 400
+    size = max(1, min(400, plan.batch_bytes // per_series))
+    return [list(members[i : i + size]) for i in range(0, len(members), size)]
+
+
+def _pull_floors(
+    client: PrometheusClient,
+    plan: Plan,
+    candidates: Sequence[_Member],
+    members: Sequence[_Member],
+    recorded: dict[str, str],
+) -> None:
+    """The hourly floors of the candidates, batched per family; last-seen times of the stale."""
+    by_family: dict[str, list[_Member]] = {}
+    for m in candidates:
+        by_family.setdefault(m.fam.name, []).append(m)
+    universe: dict[str, list[dict[str, str]]] = {}
+    for m in members:
+        universe.setdefault(m.fam.name, []).append(m.labels)
+    jobs: list[Callable[[], tuple[list[_Member], list[RangeSeries]]]] = []
+    for name, ms in by_family.items():
+        rule = recorded.get(name)
+        for batch in _batches(ms, plan):
+            expr = _batch_floor(
+                rule or name,
+                plan,
+                [m.labels for m in batch],
+                universe[name],
+                recorded=rule is not None,
+            )
+            jobs.append(partial(_tagged_range, client, expr, plan, batch))
+    stale: list[_Member] = []
+    for batch, got in client.many(jobs):
+        index = {_key(m.labels): m for m in batch}
+        for rs in got:
+            found = index.get(_key(rs.labels))
+            if found is None:
+                continue
+            found.t, found.v = rs.t, rs.v * found.fam.scale
+        for m in batch:
+            if m.t is None:
+                m.t, m.v = np.empty(0), np.empty(0)
+            if m.last_seen is None:
+                stale.append(m)
+    _last_seen(client, plan, stale)
+
+
+def _tagged_range(
+    client: PrometheusClient, expr: str, plan: Plan, tag: list[_Member]
+) -> tuple[list[_Member], list[RangeSeries]]:
+    return tag, client.range(expr, plan.floors_start, plan.end, plan.block_s)
+
+
+def _tagged_instant(
+    client: PrometheusClient, expr: str, plan: Plan, tag: list[_Member]
+) -> tuple[list[_Member], list[InstantSample]]:
+    return tag, client.instant(expr, plan.end)
+
+
+def _last_seen(client: PrometheusClient, plan: Plan, stale: Sequence[_Member]) -> None:
+    """The last raw sample of series that stopped reporting: to the minute when it was in
+    the last 6 hours, else the end of its last floor's block."""
+    if not stale:
+        return
+    look = min(plan.window_s, 6 * 3600.0 + plan.block_s)
+    recent: list[_Member] = []
+    for m in stale:
+        if m.t is not None and len(m.t):
+            m.last_seen = float(m.t[-1])
+            if m.last_seen >= plan.end - look + plan.block_s:
+                recent.append(m)
+    by_family: dict[str, list[_Member]] = {}
+    for m in recent:
+        by_family.setdefault(m.fam.name, []).append(m)
+    jobs: list[Callable[[], tuple[list[_Member], list[InstantSample]]]] = []
+    for name, ms in by_family.items():
+        for batch in _batches(ms, plan):
+            sel = " or ".join(f"timestamp({promql.select_exact(name, m.labels)})" for m in batch)
+            expr = f"max_over_time(({sel})[{promql.dur(look)}:60s])"
+            jobs.append(partial(_tagged_instant, client, expr, plan, batch))
+    for batch, got in client.many(jobs):
+        index = {_key(m.labels): m for m in batch}
+        for s in got:
+            found = index.get(_key(s.labels))
+            if found is not None and math.isfinite(s.value) and s.value <= plan.end:
+                found.last_seen = s.value
+
+
+def _pull_all(client: PrometheusClient, plan: Plan, f: Family, rule: str | None) -> list[_Member]:
+    """strategy "pull": every series' minimum of each step, floors made here."""
+    if rule is not None:
+        got = client.range(
+            promql.floor(_sel(rule, plan), plan.block_s, recorded=True),
+            plan.floors_start,
+            plan.end,
+            plan.block_s,
+        )
+        out = []
+        for rs in got:
+            m = _Member(f, _clean(rs.labels), t=rs.t, v=rs.v * f.scale)
+            out.append(m)
+        raw = client.instant(
+            f"last_over_time({_sel(f.name, plan)}[{promql.dur(plan.config.stale_s)}])", plan.end
+        )
+        now = {_key(s.labels) for s in raw}
+        for m in out:
+            m.last_seen = (
+                plan.end
+                if _key(m.labels) in now
+                else (float(m.t[-1]) if m.t is not None and len(m.t) else None)
+            )
+        return out
+    step = plan.step_s
+    got = client.range(
+        f"min_over_time({_sel(f.name, plan)}[{promql.dur(step)}])", plan.start, plan.end, step
+    )
+    out = []
+    for rs in got:
+        ok = np.isfinite(rs.v) & (rs.v >= 0)
+        t, v = rs.t[ok], rs.v[ok] * f.scale
+        ft, fv = _floors(t, v, plan)
+        m = _Member(f, _clean(rs.labels), t=ft, v=fv)
+        m.last_seen = float(rs.t[-1]) if len(rs.t) else None
+        if m.last_seen is not None and m.last_seen >= plan.end - plan.config.stale_s:
+            m.last_seen = plan.end
+        out.append(m)
+    return out
+
+
+def _floors(t: np.ndarray, v: np.ndarray, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """The least value of each block (blocks end at end - k * block), at the block's end."""
+    if len(t) == 0:
+        return np.empty(0), np.empty(0)
+    k = np.maximum(np.floor((plan.end - t) / plan.block_s), 0)  # 0: the block ending at end
+    ends = plan.end - k * plan.block_s
+    order = np.lexsort((v, ends))
+    ends, v = ends[order], v[order]
+    first = np.r_[True, ends[1:] != ends[:-1]]
+    return ends[first], v[first]
+
+
+def _chains(members: Sequence[_Member], plan: Plan, ip_names: dict[str, str]) -> list[FleetSeries]:
+    """Series of one slot that follow each other in time -> one history with restarts."""
+    slots: dict[tuple[str, ...], list[_Member]] = {}
+    for m in members:
+        slots.setdefault(
+            slot_of(m.fam, m.labels, virtual_gpus=plan.virtual_gpus, ip_names=ip_names), []
+        ).append(m)
+    out: list[FleetSeries] = []
+    tol = plan.block_s + 1e-6
+    for ms in slots.values():
+        if len(ms) > 1 and ms[0].fam.layer == "device":
+            # a GPU row with no identity while no server ran (between two pods): empty floors
+            # only, part of the GPU's history between lives, not a row of its own
+            empty = plan.config.empty_mib
+            busy = [
+                m for m in ms if not (m.v is not None and len(m.v) and bool((m.v <= empty).all()))
+            ]
+            ms = busy or ms
+        ms.sort(key=lambda m: m.span(plan.start, plan.end, plan.block_s))
+        chains: list[list[_Member]] = []
+        for m in ms:
+            first, _ = m.span(plan.start, plan.end, plan.block_s)
+            for chain in chains:
+                _, last = chain[-1].span(plan.start, plan.end, plan.block_s)
+                if chain[-1].t is not None and m.t is not None and last <= first + tol:
+                    chain.append(m)
+                    break
+            else:
+                chains.append([m])
+        for chain in chains:
+            out.append(_series_of(chain, plan, ip_names))
+    return out
+
+
+def _series_of(chain: Sequence[_Member], plan: Plan, ip_names: dict[str, str]) -> FleetSeries:
+    cur = chain[-1]
+    lab = cur.labels
+    f = cur.fam
+    ts: list[np.ndarray] = []
+    vs: list[np.ndarray] = []
+    cuts: list[tuple[float, str]] = []
+    for i, m in enumerate(chain):
+        if m.t is None or m.v is None:
+            continue
+        t, v = m.t, m.v
+        if i + 1 < len(chain) and chain[i + 1].t is not None and len(chain[i + 1].t):  # type: ignore[arg-type]
+            nxt = float(chain[i + 1].t[0])  # type: ignore[index]
+            keep = t < nxt
+            t, v = t[keep], v[keep]
+        if i > 0 and len(m.t):
+            cuts.append((float(m.t[0]), "new identity"))
+        ts.append(t)
+        vs.append(v)
+    t = np.concatenate(ts) if ts else np.empty(0)
+    v = np.concatenate(vs) if vs else np.empty(0)
+    screen = cur.screen if cur.t is None else None
+    return FleetSeries(
+        host=host_of(lab, ip_names),
+        layer=layer_of(f, lab, virtual_gpus=plan.virtual_gpus),
+        unit="MiB",
+        source=f.source,
+        t=t,
+        v=v,
+        gpu=gpu_of(lab),
+        mig=mig_of(lab),
+        mig_profile=mig_profile(lab),
+        uuid=uuid_of(lab),
+        pid=pid_of(lab),
+        process=process_of(lab),
+        pod=pod_of(lab),
+        instance=lab.get("instance"),
+        cuts=cuts,
+        last_seen=cur.last_seen,
+        level=cur.screen.level if cur.screen is not None else None,
+        screen=screen,
+    )
+
+
+def _free(
+    client: PrometheusClient,
+    plan: Plan,
+    frees: Sequence[Family],
+    out: Collected,
+    ip_names: dict[str, str],
+) -> None:
+    """Memory left now per GPU (the least free of the last block) and per host."""
+    block = promql.dur(plan.block_s)
+    jobs = [
+        lambda f=f: (f, client.instant(f"min_over_time({_sel(f.name, plan)}[{block}])", plan.end))
+        for f in frees
+    ]
+    for f, got in client.many(jobs):
+        for s in got:
+            host = host_of(s.labels, ip_names)
+            if f.kind == "host_free":
+                key = (host, "", "")
+            else:
+                gpu = gpu_of(s.labels)
+                if gpu is None:
+                    continue
+                key = (host, gpu, mig_of(s.labels) or "")
+            value = s.value * f.scale
+            if not math.isfinite(value) or value < 0:
+                out.free_notes[key] = (
+                    f"free memory reading impossible ({one_line(f'{s.value:g}')} in {f.name}): "
+                    "time to OOM unknown"
+                )
+                out.free.pop(key, None)
+                continue
+            if key not in out.free_notes:
+                out.free[key] = min(value, out.free.get(key, math.inf))
+            uuid = uuid_of(s.labels)
+            if uuid and f.kind == "free":
+                alt = (host, uuid, mig_of(s.labels) or "")
+                out.free.setdefault(alt, value)
+
+
+def _kv(
+    client: PrometheusClient,
+    plan: Plan,
+    src: KvSource,
+    rule: str | None,
+    out: Collected,
+    ip_names: dict[str, str],
+) -> None:
+    """Every server of one kind and pool: screened (0 held at idle), pulled, never idle."""
+    m = plan.matchers
+    idle = promql.kv_idle(src, m)
+    group = ", ".join(promql.KV_GROUP)
+    stale = promql.dur(plan.config.stale_s)
+    head = promql.dur(3 * plan.block_s)
+    used = promql.selector(src.used, m)
+    at_start = min(plan.start + 3 * plan.block_s, plan.end)
+    recent, first = client.many(
+        [
+            lambda: client.instant(
+                f"group by ({group}) (last_over_time({used}[{stale}]))", plan.end
+            ),
+            lambda: client.instant(
+                f"group by ({group}) (last_over_time({used}[{head}]))", at_start
+            ),
+        ]
+    )
+    servers_seen = {_kv_key(s.labels): _clean(s.labels) for s in [*recent, *first]}
+    live = {_kv_key(s.labels) for s in recent}
+    if idle is None:
+        for labels in servers_seen.values():
+            out.rows.append(_kv_row(src, labels, ip_names, "idle_unknown", plan))
+        if servers_seen:
+            out.notes.append(
+                f"{src.used} is stored but not "
+                f"{' and '.join(src.running + src.queued) or 'the running/queued gauges'}: "
+                "idle moments cannot be told, so KV held at idle is not judged"
+            )
+        return
+    kv_step = promql.dur(plan.kv_step_s)
+    if rule is not None:
+        held_expr = f"max_over_time({promql.selector(rule, m)}[{promql.dur(plan.window_s)}])"
+    else:
+        held_expr = f"max_over_time({idle}[{promql.dur(plan.window_s)}:{kv_step}])"
+    jobs: list[Callable[[], list[InstantSample]]] = [lambda: client.instant(held_expr, plan.end)]
+    cap = promql.kv_capacity(src, m)
+    resets = promql.kv_resets(src, m, plan.window_s)
+    jobs.append((lambda: client.instant(cap, plan.end)) if cap else (lambda: []))
+    jobs.append((lambda: client.instant(resets, plan.end)) if resets else (lambda: []))
+    held, caps, rs = client.many(jobs)
+    capacity = {_kv_key(s.labels): s.value for s in caps if math.isfinite(s.value) and s.value > 0}
+    n_resets = {_kv_key(s.labels): int(s.value) for s in rs if math.isfinite(s.value)}
+    held_by = {_kv_key(s.labels): s.value for s in held}
+    for s in held:
+        servers_seen.setdefault(_kv_key(s.labels), _clean(s.labels))
+    if not servers_seen:
+        return
+    candidates = []
+    for k, labels in servers_seen.items():
+        if k not in held_by:
+            out.rows.append(_kv_row(src, labels, ip_names, "never_idle", plan, stale=k not in live))
+            continue
+        value = held_by[k]
+        if (
+            plan.strategy == "screen"
+            and math.isfinite(value)
+            and value <= plan.config.screen_sd(src.unit)
+            and k in live
+        ):
+            series = _kv_series(src, labels, ip_names, np.empty(0), np.empty(0), capacity.get(k))
+            series.screen = Screen(0.0, 0.0, 0.0, True, plan.late_s, restarts=n_resets.get(k, 0))
+            series.last_seen = plan.end
+            out.series.append(series)
+            out.screened += 1
+            continue
+        candidates.append((k, labels))
+    out.candidates += len(candidates)
+    if not candidates:
+        return
+    jobs2 = []
+    size = max(
+        1, min(200, plan.batch_bytes // (24 * max(1, round(plan.window_s / plan.block_s)) + 400))
+    )
+    for i in range(0, len(candidates), size):
+        batch = candidates[i : i + size]
+        regex = "|".join(_re_escape(labels.get("instance", "")) for _, labels in batch)
+        extra = (*m, f"instance=~{promql.quote(regex)}")
+        if rule is not None:
+            expr = promql.floor(
+                promql.selector(rule, extra), plan.block_s, recorded=True, ratio=src.unit == "ratio"
+            )
+        else:
+            sub = promql.kv_idle(src, extra)
+            assert sub is not None
+            expr = f"(min_over_time({sub}[{promql.dur(plan.block_s)}:{kv_step}]) >= 0)"
+        jobs2.append(
+            lambda expr=expr, batch=batch: (
+                batch,
+                client.range(expr, plan.floors_start, plan.end, plan.block_s),
+            )
+        )
+        if src.counter is not None:
+            rexpr = f"sum by ({group}) (resets({promql.selector(src.counter, extra)}[{promql.dur(plan.block_s)}])) > 0"
+            jobs2.append(
+                lambda rexpr=rexpr, batch=batch: (
+                    None,
+                    client.range(rexpr, plan.floors_start, plan.end, plan.block_s),
+                )
+            )
+    floors: dict[tuple[str, str], RangeSeries] = {}
+    cuts: dict[tuple[str, str], list[tuple[float, str]]] = {}
+    for batch, got in client.many(jobs2):
+        for r in got:
+            k = _kv_key(r.labels)
+            if batch is None:
+                cuts[k] = [(float(t) - plan.block_s / 2, "counter reset") for t in r.t]
+            else:
+                floors[k] = r
+    for k, labels in candidates:
+        r = floors.get(k)
+        t = r.t if r is not None else np.empty(0)
+        v = r.v if r is not None else np.empty(0)
+        series = _kv_series(src, labels, ip_names, t, v, capacity.get(k))
+        series.cuts = cuts.get(k, [])
+        series.last_seen = plan.end if k in live else (float(t[-1]) if len(t) else None)
+        out.series.append(series)
+
+
+def _kv_key(labels: dict[str, str]) -> tuple[str, str]:
+    return (labels.get("job", ""), labels.get("instance", ""))
+
+
+def _kv_series(
+    src: KvSource,
+    labels: dict[str, str],
+    ip_names: dict[str, str],
+    t: np.ndarray,
+    v: np.ndarray,
+    capacity: float | None,
+) -> FleetSeries:
+    return FleetSeries(
+        host=host_of(labels, ip_names),
+        layer="kv",
+        unit=src.unit,
+        source=src.display,
+        t=t,
+        v=v,
+        instance=labels.get("instance"),
+        server=src.kind,
+        pool=src.pool,
+        capacity=capacity if src.unit == "tokens" else 1.0,
+    )
+
+
+def _kv_row(
+    src: KvSource,
+    labels: dict[str, str],
+    ip_names: dict[str, str],
+    reason: str,
+    plan: Plan,
+    *,
+    stale: bool = False,
+) -> FleetRow:
+    why = REASONS[reason]
+    if reason == "never_idle":
+        why = (
+            f"never idle in {_span(plan.window_s)} (a request was running or waiting at every "
+            f"look, {promql.dur(plan.kv_step_s)} apart): KV held at idle cannot be measured; "
+            "fleet needs moments with 0 running and 0 waiting requests"
+        )
+    s = _kv_series(src, labels, ip_names, np.empty(0), np.empty(0), None)
+    return FleetRow(
+        host=s.host,
+        layer="kv",
+        unit=src.unit,
+        source=src.display,
+        gpu=None,
+        mig=None,
+        mig_profile=None,
+        uuid=None,
+        pid=None,
+        process=None,
+        pod=None,
+        instance=s.instance,
+        server=src.kind,
+        pool=src.pool,
+        verdict="INCONCLUSIVE",
+        reason=reason,
+        why=why,
+        level=None,
+        runs_out="pool",
+        stale=stale,
+    )
+
+
+def _span(seconds: float) -> str:
+    from vramdoctor.units import format_duration
+
+    return format_duration(seconds)

@@ -1,97 +1,266 @@
-"""The faces of `fleet`: the ranked table, one sentence, and a chart per culprit. Never measures."""
+"""The faces of `fleet`: the ranked table, the first sentence, a chart per leak. Never measures.
+
+The table is the shared renderer (`vramdoctor.render.table`): nothing is ever cut; columns
+of lowest priority go first on a narrow terminal, and when piped every column is at its full
+width. Every row says why it got its verdict (the `why` column, never left out), numbers carry
+units and signs ("+191 MiB/h", "+64 tokens/h", "+0.5 %/h" of a pool), and a KV pool's
+projection reads "pool full in ...". The first sentence never calls too little data healthy.
+"""
 
 from __future__ import annotations
 
 import time
+import warnings
+from collections import Counter
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
-from vramdoctor.errors import InputError
-from vramdoctor.fleet.analysis import FleetResult, FleetRow
-from vramdoctor.units import format_count, format_duration, format_mib, format_percent
+from vramdoctor.errors import InputError, MissingExtra
+from vramdoctor.fleet.analysis import REASONS, FleetResult, FleetRow
+from vramdoctor.redact import one_line
+from vramdoctor.render.table import Table
+from vramdoctor.units import format_duration
 
-__all__ = ["chart", "render", "sentence"]
+__all__ = ["chart", "format_value", "render", "sentence", "where"]
 
 _STYLE = {"LEAK": "bold red", "CACHING": "yellow", "STABLE": "green", "INCONCLUSIVE": "dim"}
 
 
-def _size(row: FleetRow, value: float | None, *, signed: bool = False) -> str:
-    if row.unit == "MiB":
-        return format_mib(value, signed=signed)
-    if row.unit == "tokens":
-        return format_count(None if value is None else round(value, 1), "tokens")
-    return format_percent(value)
+def _number(x: float) -> str:
+    """Whole numbers above 100, one decimal above 10, two below; never a trailing ".0"."""
+    a = abs(x)
+    if a >= 100:
+        text = f"{x:,.0f}"
+    elif a >= 10:
+        text = f"{x:,.1f}"
+    elif a >= 0.005:
+        text = f"{x:,.2f}"
+    else:
+        return "0"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return "0" if text in ("-0", "+0") else text
 
 
-def _where(row: FleetRow) -> str:
+def format_value(unit: str, value: float | None, *, signed: bool = False, per: str = "") -> str:
+    """A size in a row's unit: "62,345 MiB", "+191 MiB/h" (`per="/h"`), "+64 tokens",
+    "12.5 %" (a 0..1 ratio). None and non-finite print "-"."""
+    import math
+
+    if value is None or not math.isfinite(value):
+        return "-"
+    number = _number(value * 100 if unit == "ratio" else value)
+    sign = "+" if signed and value > 0 and number != "0" else ""
+    if unit == "ratio":
+        return f"{sign}{number} %{per}"
+    return f"{sign}{number} {unit}{per}"
+
+
+def where(row: FleetRow) -> str:
+    """Host, GPU (and MIG slice), pod, process; a KV row its server and address."""
     parts = [row.host]
+    if row.layer == "kv":
+        if row.instance and row.instance.split(":")[0] != row.host:
+            parts.append(f"({row.instance})")
+        elif row.instance:
+            parts[0] = row.instance
+        from vramdoctor import servers
+
+        parts.append(servers.display_name(row.server))
+        return one_line(" ".join(parts))
     if row.gpu is not None:
         parts.append(f"GPU {row.gpu}")
+    if row.mig is not None:
+        parts.append(f"MIG {row.mig}" + (f" ({row.mig_profile})" if row.mig_profile else ""))
     if row.pod:
         parts.append(f"pod {row.pod}")
     if row.pid is not None:
         parts.append(f"PID {row.pid}" + (f" ({row.process})" if row.process else ""))
-    return " ".join(parts)
+    elif row.process:
+        parts.append(f"({row.process})")
+    return one_line(" ".join(parts))
+
+
+def _layer(row: FleetRow) -> str:
+    if row.layer == "kv":
+        return f"KV {row.pool}" if row.pool and row.pool not in ("kv", "full") else "KV pool"
+    return {"device": "GPU", "vram": "VRAM", "pod": "GPU (pod)"}.get(row.layer, row.layer)
+
+
+def _growth(row: FleetRow) -> str:
+    if row.growth_per_hour is None:
+        return "-"
+    text = format_value(row.unit, row.growth_per_hour, signed=True, per="/h")
+    if row.verdict == "LEAK" and row.growth_per_hour_ci:
+        lo, hi = row.growth_per_hour_ci
+        text += f" ({_bare(row.unit, lo)} to {_bare(row.unit, hi)})"
+    return text
+
+
+def _bare(unit: str, value: float) -> str:
+    """A number of an interval, its unit said once before it: "+189" / "+0.5"."""
+    number = _number(value * 100 if unit == "ratio" else value)
+    return ("+" if value > 0 and number != "0" else "") + number
+
+
+def _runs_out(row: FleetRow) -> str:
+    if row.hours_to_oom is None:
+        if row.verdict == "LEAK" and row.free_note:
+            return "unknown"
+        return "-"
+    text = format_duration(row.hours_to_oom * 3600.0)
+    if row.runs_out == "pool":
+        text = f"pool full in {text}"
+    return text
+
+
+def _short_why(row: FleetRow) -> str:
+    """The table's why: the reason with its key figures (the full sentence is in --json)."""
+    r = row.reason
+    if r == "grew_since_change" and row.growing_since is not None:
+        text = "growing since " + time.strftime("%m-%d %H:%M UTC", time.gmtime(row.growing_since))
+    elif r == "grew_with_time":
+        text = "steady growth, to the last point"
+    elif r == "grew_late":
+        text = "growing in the late half of its life"
+    elif r == "rose_then_flat":
+        text = (
+            f"rose {format_value(row.unit, row.rise, signed=True)}, settled at "
+            f"{format_value(row.unit, row.settled_level)}"
+        )
+    elif r in ("flat", "screened_flat"):
+        text = "flat"
+    elif r == "kv_zero_at_idle":
+        text = ("0 %" if row.unit == "ratio" else "0 tokens") + " held at every idle moment"
+    elif r == "warming_up":
+        text = "warming up: " + row.why.split(": ", 1)[-1].split(";")[0]
+    elif r == "too_few_points":
+        text = row.why.split(": ", 1)[-1]
+    else:
+        text = REASONS.get(r, r)
+    if row.stale:
+        text = "stopped reporting; " + text
+    if row.verdict == "LEAK" and row.hours_to_oom is None and row.free_note:
+        text += "; " + row.free_note
+    if row.unknown_points:
+        text += f"; {row.unknown_points} impossible readings left out"
+    return one_line(text)
 
 
 def sentence(result: FleetResult) -> str:
-    """Which server is leaking, how fast, and when it will die."""
+    """What the table says, in one sentence: the soonest leak, or why nothing leaks, or why
+    nothing could be judged. Never "no leak" on rows that could not be judged."""
+    span = format_duration(result.end - result.start)
+    rows = result.rows
     leaks = result.leaks
-    if not leaks:
-        return f"No leak in {len(result.rows)} series over {format_duration(result.end - result.start)}."
-    r = leaks[0]
-    when = (
-        format_duration(r.hours_to_oom * 3600.0)
-        if r.hours_to_oom is not None
-        else "an unknown time (free memory not exported)"
+    if leaks:
+        r = leaks[0]
+        when = (
+            f"it runs out in {format_duration(r.hours_to_oom * 3600.0)}"
+            if r.hours_to_oom is not None and r.runs_out == "memory"
+            else (
+                f"its pool is full in {format_duration(r.hours_to_oom * 3600.0)}"
+                if r.hours_to_oom is not None
+                else (r.free_note or "time to OOM unknown")
+            )
+        )
+        since = ""
+        if r.growing_since is not None:
+            since = " since " + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(r.growing_since))
+        more = f" ({len(leaks) - 1} more leaking below)" if len(leaks) > 1 else ""
+        return one_line(
+            f"{where(r)} is leaking {_what(r)}: {_growth_plain(r)}{since}; {when}.{more}"
+        )
+    counts = result.counts()
+    judged = counts["STABLE"] + counts["CACHING"]
+    stale = result.stale_leaks
+    tail = ""
+    if stale:
+        tail = (
+            f" {len(stale)} series leaked until it stopped reporting ({where(stale[0])}): "
+            "see its row."
+        )
+    if not rows:
+        return f"No series to judge over {span}."
+    if judged == 0:
+        why = Counter(r.reason for r in rows if r.verdict == "INCONCLUSIVE").most_common(1)
+        because = REASONS.get(why[0][0], why[0][0]) if why else "see the why column"
+        return one_line(
+            f"Nothing could be judged: all {len(rows)} rows are INCONCLUSIVE over {span} "
+            f"(mostly: {because}).{tail}"
+        )
+    parts = [f"{counts['STABLE']} STABLE", f"{counts['CACHING']} CACHING"]
+    undecided = ""
+    if counts["INCONCLUSIVE"]:
+        undecided = f"; {counts['INCONCLUSIVE']} INCONCLUSIVE (could not be judged: see why)"
+    return one_line(
+        f"No live leak among the {judged} rows judged over {span} ({', '.join(parts)}){undecided}.{tail}"
     )
-    more = f" ({len(leaks) - 1} more leaking series below)" if len(leaks) > 1 else ""
-    return (
-        f"{_where(r)} is leaking {r.layer} memory: {_size(r, r.growth_per_hour, signed=True)} per hour; "
-        f"it runs out in {when}.{more}"
+
+
+def _what(r: FleetRow) -> str:
+    if r.layer == "kv":
+        return "KV pool pages (held at idle)"
+    return {"device": "GPU memory", "vram": "GPU memory", "pod": "GPU memory"}.get(
+        r.layer, f"host memory ({r.layer})"
     )
+
+
+def _growth_plain(r: FleetRow) -> str:
+    text = format_value(r.unit, r.growth_per_hour, signed=True, per=" per hour")
+    if r.growth_per_hour_ci:
+        lo, hi = r.growth_per_hour_ci
+        text += f" (95 % interval {_bare(r.unit, lo)} to {_bare(r.unit, hi)})"
+    return text
+
+
+def table(result: FleetResult, *, top: int | None = None) -> Table:
+    """The ranked table (the first `top` rows; None: all)."""
+    span = format_duration(result.end - result.start)
+    t = Table(title=f"fleet: {span}, floors of {format_duration(result.config.block_s)}")
+    t.add_column("#", justify="right", priority=4)
+    t.add_column("where")
+    t.add_column("layer", priority=2)
+    t.add_column("verdict")
+    t.add_column("growth/hour", justify="right")
+    t.add_column("runs out in")
+    t.add_column("level", justify="right", priority=1)
+    t.add_column("restarts", justify="right", priority=3)
+    t.add_column("why")
+    t.add_column("source", priority=5)
+    rows = result.rows if top is None else result.rows[:top]
+    for i, r in enumerate(rows, 1):
+        verdict = r.verdict + (" (stopped)" if r.stale and r.verdict == "LEAK" else "")
+        t.add_row(
+            str(i),
+            where(r),
+            _layer(r),
+            Text(verdict, style=_STYLE.get(r.verdict, "")),
+            _growth(r),
+            _runs_out(r),
+            format_value(r.unit, r.level),
+            str(r.restarts),
+            _short_why(r),
+            one_line(r.source),
+        )
+    return t
 
 
 def render(result: FleetResult, console: Console, *, top: int | None = None) -> None:
-    console.print(sentence(result), style="bold red" if result.leaks else "green", markup=False)
-    span = format_duration(result.end - result.start)
-    table = Table(
-        title=f"fleet: {span}, step {format_duration(result.step_s)}", title_justify="left"
-    )
-    for col in (
-        "#",
-        "where",
-        "layer",
-        "level",
-        "growth/hour",
-        "time to OOM",
-        "restarts",
-        "verdict",
-        "source",
-    ):
-        table.add_column(col, overflow="fold")
-    rows = result.rows if top is None else result.rows[:top]
-    for i, r in enumerate(rows, 1):
-        table.add_row(
-            str(i),
-            _where(r),
-            r.layer,
-            _size(r, r.level),
-            _size(r, r.growth_per_hour, signed=True),
-            format_duration(r.hours_to_oom * 3600.0) if r.hours_to_oom is not None else "-",
-            str(r.restarts),
-            f"[{_STYLE.get(r.verdict, '')}]{r.verdict}[/]",
-            r.source,
-        )
-    console.print(table)
+    """The sentence, the table, and the notes."""
+    style = "bold red" if result.leaks else ("green" if result.counts()["STABLE"] else "")
+    console.print(Text(sentence(result), style=style))
+    console.print(table(result, top=top))
     if top is not None and len(result.rows) > top:
+        console.print(Text(f"({len(result.rows) - top} more rows; --top 0 shows all)", style="dim"))
+    if result.recorded_rules:
         console.print(
-            f"({len(result.rows) - top} more series; --top 0 shows all)", style="dim", markup=False
+            Text(f"read from the recording rules: {', '.join(result.recorded_rules)}", style="dim")
         )
     for note in result.notes:
-        console.print(f"note: {note}", style="dim", markup=False)
+        console.print(Text(f"note: {one_line(note)}", style="dim"))
 
 
 def _safe(name: str) -> str:
@@ -99,44 +268,51 @@ def _safe(name: str) -> str:
 
 
 def chart(row: FleetRow, directory: Path) -> Path:
-    """A PNG of one series: its level, the comparable points and the fitted growth."""
-    if row.t is None or row.v is None:
+    """A PNG of one row's analysed life: its floors and the fitted growth. Raises OSError when
+    the file cannot be written, MissingExtra without matplotlib, InputError without history."""
+    if row.t is None or row.v is None or not len(row.t):
         raise InputError(f"no history kept for {row.key}")
     try:
         import matplotlib
     except ImportError:
-        raise InputError("--charts needs matplotlib: pip install 'vramdoctor[charts]'") from None
+        raise MissingExtra("--charts", "matplotlib", "charts") from None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    directory.mkdir(parents=True, exist_ok=True)
-    hours = (row.t - row.t[0]) / 3600.0
-    fig, ax = plt.subplots(figsize=(10, 4.5), dpi=100)
-    ax.plot(hours, row.v, lw=0.7, color="#888", label="level (step minimum)")
-    if row.envelope:
-        ex = [(x - row.t[0]) / 3600.0 for x, _ in row.envelope]
-        ey = [y for _, y in row.envelope]
-        ax.plot(ex, ey, "o", ms=3, color="#1f77b4", label="quietest moment of each block")
-        tr = row.trend
-        if tr is not None and tr.slope is not None and row.verdict == "LEAK":
-            x_last, y_last = row.envelope[-1]
-            xs = [row.envelope[0][0], x_last]
-            ys = [y_last - tr.slope * (x_last - x) for x in xs]
+        directory.mkdir(parents=True, exist_ok=True)
+        t0 = float(row.t[0])
+        hours = (row.t - t0) / 3600.0
+        fig, ax = plt.subplots(figsize=(10, 4.5), dpi=100)
+        try:
             ax.plot(
-                [(x - row.t[0]) / 3600.0 for x in xs],
-                ys,
-                "-",
-                color="#d62728",
-                label=f"{_size(row, row.growth_per_hour, signed=True)} per hour",
+                hours, row.v, "o-", lw=0.7, ms=2.5, color="#1f77b4", label="floor of each block"
             )
-    start = time.strftime("%Y-%m-%d %H:%M", time.gmtime(float(row.t[0])))
-    ax.set_xlabel(f"hours since {start} UTC")
-    ax.set_ylabel(row.unit)
-    ax.set_title(f"{_where(row)} {row.layer}: {row.verdict}", fontsize=10)
-    ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    path = directory / f"{_safe(row.key)}.png"
-    fig.savefig(path)
-    plt.close(fig)
+            if row.verdict == "LEAK" and row.growth_per_hour is not None:
+                x_from = (
+                    row.growing_since
+                    if row.growing_since is not None
+                    else (row.analysed_from or t0)
+                )
+                x_to = float(row.t[-1])
+                y_to = float(row.v[-1])
+                rate = row.growth_per_hour / 3600.0
+                ax.plot(
+                    [(x_from - t0) / 3600.0, (x_to - t0) / 3600.0],
+                    [y_to - rate * (x_to - x_from), y_to],
+                    "-",
+                    color="#d62728",
+                    label=f"{format_value(row.unit, row.growth_per_hour, signed=True)} per hour",
+                )
+            start = time.strftime("%Y-%m-%d %H:%M", time.gmtime(t0))
+            ax.set_xlabel(f"hours since {start} UTC")
+            ax.set_ylabel(row.unit)
+            ax.set_title(f"{where(row)} {_layer(row)}: {row.verdict}", fontsize=10)
+            ax.legend(loc="upper left", fontsize=8)
+            fig.tight_layout()
+            path = directory / f"{_safe(row.key)}.png"
+            fig.savefig(path)
+        finally:
+            plt.close(fig)
     return path

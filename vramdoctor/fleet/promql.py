@@ -1,0 +1,227 @@
+"""The PromQL fleet sends, in one place: selectors, floors, the screen, KV at idle, the rules.
+
+Every expression is plain PromQL that Prometheus, VictoriaMetrics (MetricsQL is a superset),
+Thanos and Mimir evaluate the same way. Durations are written in whole seconds (`3600s`).
+
+- floor of a block: `(min_over_time(SEL[B]) >= 0)`: the least memory of each block (its
+  quietest moment); the comparison drops NaN blocks and impossible negative readings.
+- the screen, per series, computed by the server at the range end (one pass over the raw
+  samples at most, the rest over the last day or hours):
+  `stddev_over_time(FLOOR3[W:3B])` how much the 3-block floor moved over the window,
+  `deriv(FLOOR[L:B])` the slope of the floor over the late window (per second),
+  `last_over_time(SEL[R])` the level now (absent: the series stopped reporting),
+  `last_over_time(SEL[3B])` at the range start (absent: it started inside the range).
+- KV at idle (per server kind and pool, names from the server registry):
+  `sum by (job, instance) (max by (job, instance, dp_rank, engine) (USED))` at moments when
+  no request runs or waits: `... unless on (job, instance) ((sum(RUNNING) > 0) or
+  (sum(QUEUED) > 0))`; the TP copies of one replica are one (max), data-parallel replicas add
+  up (sum).
+- recording rules (`rules()`): the hourly floor of every family, and of KV at idle, named
+  `level:metric:operation`; fleet reads them instead of the raw samples when they cover the
+  range (docs/fleet.md, examples/monitoring/vramdoctor-fleet.rules.yml).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from vramdoctor.errors import InputError
+from vramdoctor.fleet.families import FAMILIES, Family, KvSource
+
+__all__ = [
+    "RULE_BLOCK_S",
+    "RULE_GROUP",
+    "check_matchers",
+    "dur",
+    "floor",
+    "kv_idle",
+    "kv_rule_name",
+    "rule_name",
+    "rules",
+    "select_exact",
+    "selector",
+]
+
+RULE_BLOCK_S = 3600
+"""The block the shipped recording rules record floors for (their group interval too)."""
+
+RULE_GROUP = "vramdoctor-fleet-floors"
+
+_MATCH = re.compile(r'^\s*[A-Za-z_][A-Za-z0-9_]*\s*(=|!=|=~|!~)\s*"(?:[^"\\\n]|\\.)*"\s*$')
+
+
+def check_matchers(matchers: Sequence[str]) -> list[str]:
+    """Validate `--match 'label="value"'` items (PromQL label matchers): InputError otherwise."""
+    out = []
+    for m in matchers:
+        if not _MATCH.match(m):
+            raise InputError(
+                f'--match wants a PromQL label matcher like cluster="a" or node=~"gpu-.*", not {m!r}'
+            )
+        out.append(m.strip())
+    return out
+
+
+def dur(seconds: float) -> str:
+    """A PromQL duration in whole seconds (at least 1 s)."""
+    if not math.isfinite(seconds):
+        raise InputError("durations must be finite")
+    return f"{max(1, round(seconds))}s"
+
+
+def quote(value: str) -> str:
+    """A PromQL string literal."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def selector(name: str, matchers: Sequence[str] = (), extra: Sequence[str] = ()) -> str:
+    """`{__name__="name", matcher, ...}` (the name as a matcher: names with ':' need no care)."""
+    inner = ",".join([f"__name__={quote(name)}", *matchers, *extra])
+    return "{" + inner + "}"
+
+
+def select_exact(name: str, labels: Mapping[str, str]) -> str:
+    """A selector for exactly one series (all its labels)."""
+    items = [f"{k}={quote(v)}" for k, v in sorted(labels.items()) if k != "__name__"]
+    return selector(name, items)
+
+
+def floor(sel: str, block_s: float, *, recorded: bool = False, ratio: bool = False) -> str:
+    """The floor of each block ending at the evaluation time; NaN and impossible values out.
+    `recorded`: `sel` holds floors already (a recording rule): the latest in the block."""
+    fn = "last_over_time" if recorded else "min_over_time"
+    bound = " <= 1" if ratio else ""
+    expr = f"({fn}({sel}[{dur(block_s)}]) >= 0)"
+    return f"({expr}{bound})" if bound else expr
+
+
+def screen(
+    sel: str,
+    *,
+    window_s: float,
+    late_s: float,
+    block_s: float,
+    recorded: bool = False,
+) -> dict[str, str]:
+    """The per-series screen (see the module doc): name -> expression at the range end."""
+    b3 = 3 * block_s
+    floor3 = floor(sel, b3)  # over recorded floors too: the least of them
+    return {
+        "sd": f"stddev_over_time({floor3}[{dur(window_s)}:{dur(b3)}])",
+        "late": f"deriv({floor(sel, block_s, recorded=recorded)}[{dur(late_s)}:{dur(block_s)}])",
+    }
+
+
+def _by(labels: Sequence[str]) -> str:
+    return ", ".join(labels)
+
+
+KV_GROUP = ("job", "instance")
+_REPLICA = ("job", "instance", "dp_rank", "engine")
+
+
+def kv_used(src: KvSource, matchers: Sequence[str]) -> str:
+    """Used tokens (or the usage ratio) per server: TP copies folded by max, replicas summed
+    (a ratio: the fullest replica)."""
+    sel = selector(src.used, matchers)
+    if src.unit == "ratio":
+        return f"max by ({_by(KV_GROUP)}) ({sel})"
+    return f"sum by ({_by(KV_GROUP)}) (max by ({_by(_REPLICA)}) ({sel}))"
+
+
+def kv_busy(src: KvSource, matchers: Sequence[str]) -> str | None:
+    """Servers with a request running or waiting now; None without those gauges."""
+    parts = [
+        f"(sum by ({_by(KV_GROUP)}) ({selector(n, matchers)}) > 0)"
+        for n in (*src.running, *src.queued)
+    ]
+    if not parts or not src.running or not src.queued:
+        return None
+    return "(" + " or ".join(parts) + ")"
+
+
+def kv_idle(src: KvSource, matchers: Sequence[str]) -> str | None:
+    """Used tokens per server at idle moments only (absent while busy); None when idle moments
+    cannot be told (no running/queued gauges)."""
+    busy = kv_busy(src, matchers)
+    if busy is None:
+        return None
+    return f"({kv_used(src, matchers)} unless on ({_by(KV_GROUP)}) {busy})"
+
+
+def kv_capacity(src: KvSource, matchers: Sequence[str]) -> str | None:
+    if src.capacity is None:
+        return None
+    sel = selector(src.capacity, matchers)
+    return f"sum by ({_by(KV_GROUP)}) (max by ({_by(_REPLICA)}) (last_over_time({sel}[1h])))"
+
+
+def kv_resets(src: KvSource, matchers: Sequence[str], window_s: float) -> str | None:
+    if src.counter is None:
+        return None
+    sel = selector(src.counter, matchers)
+    return f"sum by ({_by(KV_GROUP)}) (resets({sel}[{dur(window_s)}]))"
+
+
+# --- recording rules ------------------------------------------------------------------------
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
+def rule_name(fam: Family) -> str:
+    """`level:metric:operation` for a family's hourly floor, e.g.
+    `gpu:DCGM_FI_DEV_FB_USED:min_over_time1h`."""
+    level = "process" if fam.per_process else "gpu"
+    return f"{level}:{_safe(fam.name)}:min_over_time1h"
+
+
+def kv_rule_name(src: KvSource) -> str:
+    """e.g. `instance:sglang_kv_used_tokens_idle:min_over_time1h`."""
+    return f"instance:{_safe(src.used)}_idle:min_over_time1h"
+
+
+KV_RULE_STEP_S = 60
+"""The resolution at which the KV rule looks for idle moments inside each hour."""
+
+
+def rules(kv: Sequence[KvSource] = ()) -> dict[str, Any]:
+    """The recording rules fleet can use, as the YAML document's structure: one group,
+    evaluated every hour, the hourly floor of every memory family and of each KV pool at idle.
+    `kv` defaults to every pool of every registered server kind."""
+    if not kv:
+        from vramdoctor import servers
+        from vramdoctor.fleet.families import kv_sources
+
+        names: set[str] = set()
+        for kind in servers.kinds():
+            m = kind.metrics
+            for pool in m.kv_pools:
+                names.update(pool.used[:1] or pool.usage_ratio[:1])
+            names.update(m.running_requests + m.queued_requests)
+        kv = kv_sources(names)
+    entries: list[dict[str, str]] = []
+    for fam in FAMILIES:
+        if fam.kind != "memory" or fam.alias_of or fam.inferred:
+            continue
+        entries.append(
+            {
+                "record": rule_name(fam),
+                "expr": f"min_over_time({fam.name}[1h])",
+            }
+        )
+    for src in kv:
+        idle = kv_idle(src, ())
+        if idle is None:
+            continue
+        entries.append(
+            {
+                "record": kv_rule_name(src),
+                "expr": f"min_over_time({idle}[1h:{dur(KV_RULE_STEP_S)}])",
+            }
+        )
+    return {"groups": [{"name": RULE_GROUP, "interval": "1h", "rules": entries}]}
