@@ -13,7 +13,8 @@ the agent's history setting (state, Python stacks) against none, and one snapsho
 `--host` (no GPU needed): the inside evidence on the host side. Three copies of the reference
 server on the CPU (`--mode plain --device cpu`: PIL decoding and the image processor in numpy),
 without the agent, with it, and with it tracing Python allocations (`--trace-python`), requests
-alternating in blocks of 10; then what one answer costs inside the server (glibc's
+alternating in blocks of 5 (the order rotated each block), latency and the CPU time each server
+process spent per request; then what one answer costs inside the server (glibc's
 `mallinfo2()`, tracemalloc's snapshot, the trigger-to-answer round trip), and `mallinfo2()`'s
 time against the number of free chunks it walks (a process that fragments its heap on purpose).
 
@@ -113,6 +114,76 @@ print(json.dumps({"chunks_allocated": n, "free_chunks": info.ordblks + info.smbl
 """
 
 
+def _cpu_s(pid: int) -> float:
+    """utime + stime of a process, in seconds."""
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        fields = fh.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_anon_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        return int(next(line for line in fh if line.startswith("RssAnon:")).split()[1])
+
+
+def _physics() -> dict[str, object]:
+    """What each allocator counts for three kinds of host growth (tests/fixtures/attribute/
+    agent_server.py, 4 requests a round, 3 rounds): glibc in-use, Python blocks, RssAnon."""
+    import re
+
+    import requests
+
+    from vramdoctor.agent import Controller, agent_path
+
+    work = Path(tempfile.mkdtemp(prefix="vd-agent-physics-"))
+    server = REPO / "tests" / "fixtures" / "attribute" / "agent_server.py"
+    out: dict[str, object] = {}
+    for name, flags in (
+        ("malloc 256 KiB kept", ["--malloc-leak-kib", "256"]),
+        ("4 MiB malloc'd and freed (1 in 32 kept until the next)", ["--churn-kib", "4096"]),
+        ("20,000 small Python objects kept", ["--py-leak-objects", "20000"]),
+    ):
+        agent_dir = work / re.sub(r"[^a-z0-9]+", "-", name)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = f"{agent_path()}{os.pathsep}{env.get('PYTHONPATH', '')}"
+        env["VRAMDOCTOR_AGENT_DIR"] = str(agent_dir)
+        env["VRAMDOCTOR_AGENT_POLL_S"] = "0.05"
+        proc = subprocess.Popen(
+            [sys.executable, str(server), "--no-torch", *flags],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            port = int(proc.stdout.readline().split()[1])
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            requests.post(url, json={}, timeout=10)
+            ctl = Controller(agent_dir)
+            rows = []
+            for rnd in range(4):
+                for _ in range(4 if rnd else 0):
+                    requests.post(url, json={}, timeout=10)
+                (reply,), _ = ctl.collect(rnd, want=["inside"], timeout_s=15)
+                inside = reply.inside or {}
+                rows.append(
+                    {
+                        "round": rnd,
+                        "glibc_in_use_kib": (inside.get("glibc") or {}).get("in_use_bytes", 0)
+                        // 1024,
+                        "python_blocks": (inside.get("python") or {}).get("allocated_blocks"),
+                        "rss_anon_kib": _rss_anon_kib(proc.pid),
+                    }
+                )
+            ctl.close()
+            out[name] = rows
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    return out
+
+
 def _host(args: argparse.Namespace) -> dict[str, object]:
     """--host: see the module docstring."""
     import requests
@@ -193,13 +264,23 @@ def _host(args: argparse.Namespace) -> dict[str, object]:
             for _name, (_proc, port, _d) in procs.items():
                 post(port, i)
         lat: dict[str, list[float]] = {k: [] for k in procs}
+        cpu0 = {k: _cpu_s(proc.pid) for k, (proc, _port, _d) in procs.items()}
+        order = list(procs)
         i = 0
         while min(len(v) for v in lat.values()) < args.requests:
-            for name, (_proc, port, _d) in procs.items():
-                for j in range(10):
+            for name in order:  # blocks of 5, the order rotated each time: no server goes first
+                port = procs[name][1]
+                for j in range(5):
                     lat[name].append(post(port, i + j))
-            i += 10
+            order = order[1:] + order[:1]
+            i += 5
         res["requests_each"] = min(len(v) for v in lat.values())
+        # CPU time the server process spent per request (/proc/PID/stat utime + stime): what the
+        # agent costs the server itself, much less sensitive than latency to other load on the host
+        res["server_cpu_ms_per_request"] = {
+            k: (_cpu_s(proc.pid) - cpu0[k]) * 1e3 / len(lat[k])
+            for k, (proc, _p, _d) in procs.items()
+        }
         res["p50_ms"] = {k: statistics.median(v) * 1e3 for k, v in lat.items()}
         res["p99_ms"] = {k: _pct(v, 0.99) * 1e3 for k, v in lat.items()}
         p50, p99 = res["p50_ms"], res["p99_ms"]
@@ -232,6 +313,7 @@ def _host(args: argparse.Namespace) -> dict[str, object]:
     finally:
         for proc, _port, _d in procs.values():
             proc.terminate()
+    res["physics"] = _physics()
     res["mallinfo2_vs_free_chunks"] = [
         json.loads(
             subprocess.run(
