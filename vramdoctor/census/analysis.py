@@ -13,6 +13,13 @@ server) and returns rows and flags. The flags:
 - helper_context (a note, not a problem): such a small process on a GPU the server already
   uses, e.g. the tokenizer's image-processor context next to scheduler TP0. Watch it with
   `soak`: in public reports it grows until OOM.
+- api_server_context (a note): a frontend whose title says it may hold its own CUDA context
+  on the engine's GPUs (vLLM 0.33's API server: multimodal IPC on the GPU, video decode) does
+  so on GPUs its server's model processes use: named as such, never a stray context.
+- orphaned_shm / orphaned_gpu_process (problems, with `leftovers`): what crashed servers left
+  behind on this host (see `vramdoctor.sources.leftovers`): shared-memory files of the servers'
+  and runtimes' families whose creator is gone and nobody holds, and GPU memory held by a
+  server's engine or worker whose server is gone.
 """
 
 from __future__ import annotations
@@ -21,7 +28,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from vramdoctor import servers
-from vramdoctor.samples import GpuSample
+from vramdoctor.samples import MIB, GpuSample
+from vramdoctor.sources.leftovers import Leftovers
 from vramdoctor.units import format_mib
 
 # The JSON of a census (`vramdoctor census --json`, the run file's result record).
@@ -30,7 +38,9 @@ SCHEMA = "vramdoctor.census/1"
 CONTEXT_MIB = (300.0, 700.0)
 HELPER_MAX_MIB = 2048.0
 
-PROBLEM_FLAGS = frozenset({"multi_gpu", "stray_context", "off_main_gpu"})
+PROBLEM_FLAGS = frozenset(
+    {"multi_gpu", "stray_context", "off_main_gpu", "orphaned_shm", "orphaned_gpu_process"}
+)
 
 
 @dataclass
@@ -105,13 +115,15 @@ class Census:
     processes: list[ProcessRow]
     flags: list[Flag]
     notes: list[str] = field(default_factory=list)
+    # What crashes left on this host; None when not looked at (a remote exporter's GPUs).
+    leftovers: Leftovers | None = None
 
     @property
     def problem(self) -> bool:
         return any(f.problem for f in self.flags)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "schema": SCHEMA,
             "source": self.source,
             "t": self.t,
@@ -122,6 +134,9 @@ class Census:
             "flags": [{**asdict(f), "problem": f.problem} for f in self.flags],
             "notes": self.notes,
         }
+        if self.leftovers is not None:
+            out["leftovers"] = self.leftovers.to_dict()
+        return out
 
 
 def role_of(name: str | None, cmdline: list[str] | None) -> str | None:
@@ -137,8 +152,10 @@ def census(
     groups: dict[int, int] | None = None,
     context_mib: tuple[float, float] = CONTEXT_MIB,
     helper_max_mib: float = HELPER_MAX_MIB,
+    leftovers: Leftovers | None = None,
 ) -> Census:
-    """Group a sample's process rows by process and flag the shapes above. Pure."""
+    """Group a sample's process rows by process and flag the shapes above. Pure: the
+    leftovers are scanned by the caller (`vramdoctor.sources.leftovers.scan`)."""
     lo, hi = context_mib
     groups = groups or {}
     rows: dict[tuple[str | None, int], ProcessRow] = {}
@@ -170,8 +187,45 @@ def census(
         row.flags.append(code)
         flags.append(Flag(code=code, pid=row.pid, message=message, gpu=gpu, mib=mib, host=row.host))
 
+    # Per server (process tree): the GPUs its model processes hold.
+    members: dict[tuple[str | None, int], list[ProcessRow]] = {}
+    for row in rows.values():
+        members.setdefault((row.host, row.group), []).append(row)
+    model_gpus: dict[tuple[str | None, int], set[int]] = {}
+    for key, group_rows in members.items():
+        model_gpus[key] = {
+            r.main_gpu
+            for r in group_rows
+            if r.main_gpu is not None and (r.per_gpu.get(r.main_gpu) or 0) > helper_max_mib
+        }
+
+    # A frontend that may hold its own context on the engine's GPUs (vLLM's API server),
+    # with context-sized footprints only on GPUs its server's model processes use.
+    api_rows: set[int] = set()
+    for key, group_rows in members.items():
+        engine = model_gpus[key]
+        for row in group_rows:
+            title = servers.title_of(row.name, row.cmdline)
+            if title is None or title.title.gpu_context != "possible" or not engine:
+                continue
+            sizes = [(gi, mib) for gi, mib in row.per_gpu.items() if mib is not None]
+            if sizes and all(gi in engine and mib <= helper_max_mib for gi, mib in sizes):
+                api_rows.add(id(row))
+                for gi, mib in sorted(sizes):
+                    flag(
+                        row,
+                        "api_server_context",
+                        f"PID {row.pid} ({row.role}) holds {format_mib(mib, 0)} on GPU {gi}, one "
+                        "of its engine's GPUs: the API server's own CUDA context (multimodal "
+                        "inputs over GPU IPC, video decoding), not a stray context",
+                        gpu=gi,
+                        mib=mib,
+                    )
+
     # Per process: several GPUs, and context-sized footprints off the main one.
     for row in rows.values():
+        if id(row) in api_rows:
+            continue
         if len(row.per_gpu) > 1:
             main = row.main_gpu
             held_on = ", ".join(str(g) for g in sorted(row.per_gpu))
@@ -195,21 +249,14 @@ def census(
                     )
 
     # Per server (process tree): small processes on or off the server's main GPUs.
-    members: dict[tuple[str | None, int], list[ProcessRow]] = {}
-    for row in rows.values():
-        members.setdefault((row.host, row.group), []).append(row)
-    for group_rows in members.values():
+    for key, group_rows in members.items():
         if len(group_rows) < 2:
             continue
-        big_gpus = {
-            r.main_gpu
-            for r in group_rows
-            if r.main_gpu is not None and (r.per_gpu.get(r.main_gpu) or 0) > helper_max_mib
-        }
+        big_gpus = model_gpus[key]
         if not big_gpus:
             continue
         for row in group_rows:
-            if len(row.per_gpu) != 1:
+            if len(row.per_gpu) != 1 or id(row) in api_rows:
                 continue
             ((g, v),) = row.per_gpu.items()
             if v is None or not lo <= v <= helper_max_mib:
@@ -275,6 +322,9 @@ def census(
             "census on the GPU host or point --gpu-metrics at nvitop-exporter."
         )
 
+    if leftovers is not None:
+        _leftover_flags(leftovers, flags)
+
     ordered = sorted(
         rows.values(),
         key=lambda r: (r.host or "", r.main_gpu if r.main_gpu is not None else 1 << 30, r.pid),
@@ -287,4 +337,41 @@ def census(
         processes=ordered,
         flags=flags,
         notes=notes,
+        leftovers=leftovers,
     )
+
+
+def _leftover_flags(leftovers: Leftovers, flags: list[Flag]) -> None:
+    """One flag per orphaned family (its files, their size, what that rests on) and per
+    orphaned GPU process."""
+    by_family: dict[str, list[Any]] = {}
+    for e in leftovers.orphaned:
+        by_family.setdefault(e.family, []).append(e)
+    for family, entries in by_family.items():
+        size = sum(e.size_bytes for e in entries) / MIB
+        pids = sorted({e.creator_pid for e in entries if e.creator_pid is not None})
+        first = entries[0]
+        more = f" and {len(entries) - 1} more" if len(entries) > 1 else ""
+        flags.append(
+            Flag(
+                code="orphaned_shm",
+                pid=pids[0] if pids else 0,
+                message=f"{len(entries)} orphaned {family} file(s) in {leftovers.shm_dir} hold "
+                f"{format_mib(size, 1)} ({first.name}{more}): {first.why}",
+                mib=size,
+            )
+        )
+    for p in leftovers.orphan_processes:
+        held = [v for v in p.gpu_mib.values() if v is not None]
+        gpus = ", ".join(str(g) for g in sorted(p.gpu_mib))
+        flags.append(
+            Flag(
+                code="orphaned_gpu_process",
+                pid=p.pid,
+                message=f"PID {p.pid} ({p.role}) holds "
+                + (f"{format_mib(sum(held), 0)} " if held else "memory ")
+                + f"on GPU {gpus}, but {p.why}",
+                gpu=min(p.gpu_mib) if p.gpu_mib else None,
+                mib=sum(held) if held else None,
+            )
+        )

@@ -15,7 +15,9 @@ from vramdoctor.cli._options import GPU_HELP, parse_gpu_indices
 from vramdoctor.errors import ExitCode, InputError
 from vramdoctor.record import Run, RunWriter, make_header
 from vramdoctor.render import console
-from vramdoctor.samples import GpuSample
+from vramdoctor.render.files import ReportMeta, write_report
+from vramdoctor.samples import GpuSample, now
+from vramdoctor.sources.leftovers import Leftovers
 
 
 def _parse_range(text: str) -> tuple[float, float]:
@@ -31,9 +33,15 @@ def _parse_range(text: str) -> tuple[float, float]:
 
 
 def take_sample(
-    exporters: list[str], gpus: list[int] | None
+    exporters: list[str], gpus: list[int] | None, *, need_gpu: bool = True
 ) -> tuple[GpuSample, dict[int, int], list[dict[str, Any]]]:
-    """One GPU sample from NVML here or from the exporters, plus server groups where visible."""
+    """One GPU sample from NVML here or from the exporters, plus server groups where visible.
+
+    `need_gpu=False` (census --only-leftovers): an empty sample (source "none") without
+    touching NVML."""
+    if not need_gpu:
+        t, wall = now()
+        return GpuSample(t=t, wall=wall, source="none"), {}, []
     if exporters:
         from vramdoctor.sources.exporter import ExporterSource
 
@@ -60,6 +68,13 @@ def take_sample(
     return sample, groups, devices
 
 
+def take_leftovers(shm_dir: str, sample: GpuSample) -> Leftovers:
+    """What crashes left on this host (the GPU sample's processes for orphaned GPU memory)."""
+    from vramdoctor.sources.leftovers import scan
+
+    return scan(shm_dir, gpu_sample=sample if sample.source == "nvml" else None)
+
+
 def _report_suffix(report_file: Path) -> str:
     suffix = report_file.suffix.lower()
     if suffix not in (".html", ".htm", ".txt"):
@@ -69,7 +84,9 @@ def _report_suffix(report_file: Path) -> str:
     return suffix
 
 
-def _emit(result: Census, *, json_out: bool, report_file: Path | None) -> int:
+def _emit(
+    result: Census, *, json_out: bool, report_file: Path | None, run_file: Path | None = None
+) -> int:
     suffix = None if report_file is None else _report_suffix(report_file)  # refuse before printing
     if json_out:
         console.print_json(result.to_dict())
@@ -82,14 +99,10 @@ def _emit(result: Census, *, json_out: bool, report_file: Path | None) -> int:
             color_system=None if suffix == ".txt" else "truecolor",
             file=io.StringIO(),
         )
+        meta = ReportMeta("census", run_file=str(run_file) if run_file else None)
+        rec.print(meta.line(), markup=False, style="dim")
         render(result, rec)
-        try:
-            if suffix == ".txt":
-                report_file.write_text(rec.export_text(), encoding="utf-8")
-            else:
-                report_file.write_text(rec.export_html(), encoding="utf-8")
-        except OSError as exc:
-            raise InputError(f"cannot write {report_file}: {exc.strerror}") from None
+        write_report(report_file, rec.export_text() if suffix == ".txt" else rec.export_html())
     return int(ExitCode.PROBLEM if result.problem else ExitCode.OK)
 
 
@@ -120,12 +133,28 @@ def census_cmd(
     report_file: Path | None = typer.Option(
         None, "--report", help="Also write the report to FILE.html or FILE.txt."
     ),
+    shm_dir: str = typer.Option(
+        "/dev/shm",
+        "--shm-dir",
+        metavar="DIR",
+        help="Where to look for what crashed servers left (shared memory, semaphores).",
+    ),
+    no_leftovers: bool = typer.Option(
+        False, "--no-leftovers", help="Do not look for what crashes left on this host."
+    ),
+    only_leftovers: bool = typer.Option(
+        False,
+        "--only-leftovers",
+        help="Only look for what crashes left on this host (no GPU source needed).",
+    ),
 ) -> None:
     """Every GPU and every process on it, grouped by process; flags stray CUDA contexts.
 
     Flags a process holding memory on more than one GPU, a context-sized footprint (300-700 MiB) on a GPU other than its main one (a TP rank's CUDA IPC context on the producer's GPU), and a server's small helper process on a GPU its model does not use (SGLang's tokenizer running the fast image processor on GPU 0).
 
-    Exit code: 0 nothing flagged, 1 a problem flagged, 2 no GPU source or bad input.
+    On this host it also lists what crashed servers left behind: /dev/shm segments and semaphores of the servers' and their runtimes' families (SGLang, vLLM, NCCL, loky, Python, torch) with size, creator and whether anyone still holds them, and GPU memory held by a server's workers whose server is gone. The clean-up command is printed, never run.
+
+    Exit code: 0 nothing flagged, 1 a problem flagged (an orphan included), 2 no GPU source or bad input.
 
     Examples:
 
@@ -135,18 +164,26 @@ def census_cmd(
 
       vramdoctor census --gpu-metrics http://gpu-host:9400/metrics
 
+      vramdoctor census --only-leftovers
+
       vramdoctor census --out runs/census.jsonl && vramdoctor report runs/census.jsonl
     """
     lo_hi = _parse_range(context_mib)
     wanted = parse_gpu_indices([*gpu, *([gpus_alias] if gpus_alias else [])])
     if report_file is not None:
         _report_suffix(report_file)  # refuse before measuring, not after printing
-    sample, groups, devices = take_sample(gpu_exporter, wanted)
+    if only_leftovers and (no_leftovers or gpu_exporter):
+        raise InputError(
+            "--only-leftovers looks at this host: it goes with neither --no-leftovers nor --gpu-metrics"
+        )
+    sample, groups, devices = take_sample(gpu_exporter, wanted, need_gpu=not only_leftovers)
     if wanted is not None and gpu_exporter:  # NVML filtered already; exporters report all
         sample.gpus = [g for g in sample.gpus if g.index in wanted]
         sample.processes = [p for p in sample.processes if p.gpu in wanted]
         devices = [d for d in devices if d["index"] in wanted]
-    result = census(sample, groups=groups, context_mib=lo_hi)
+    # Leftovers are this host's: not looked for when the GPUs are another host's (exporters).
+    leftovers = None if no_leftovers or gpu_exporter else take_leftovers(shm_dir, sample)
+    result = census(sample, groups=groups, context_mib=lo_hi, leftovers=leftovers)
     if out is not None:
         header = make_header(
             "census",
@@ -156,12 +193,13 @@ def census_cmd(
                 "context_mib": list(lo_hi),
                 "groups": {str(k): v for k, v in groups.items()},
                 "source": sample.source,
+                **({"shm_dir": shm_dir} if leftovers is not None else {}),
             },
         )
         with RunWriter(out, header) as writer:
             writer.write(sample)
             writer.write({"kind": "result", "census": result.to_dict()})
-    raise typer.Exit(_emit(result, json_out=json_out, report_file=report_file))
+    raise typer.Exit(_emit(result, json_out=json_out, report_file=report_file, run_file=out))
 
 
 def report_run(run: Run, *, json_out: bool, report_file: Path | None) -> int:
@@ -175,5 +213,20 @@ def report_run(run: Run, *, json_out: bool, report_file: Path | None) -> int:
         groups = {int(k): int(v) for k, v in (config.get("groups") or {}).items()}
     except (TypeError, ValueError):
         raise InputError(f"{run.path}: damaged census settings in the header") from None
-    result = census(samples[-1], groups=groups, context_mib=(lo_hi[0], lo_hi[1]))
-    return _emit(result, json_out=json_out, report_file=report_file)
+    leftovers = _recorded_leftovers(run)
+    result = census(
+        samples[-1], groups=groups, context_mib=(lo_hi[0], lo_hi[1]), leftovers=leftovers
+    )
+    return _emit(result, json_out=json_out, report_file=report_file, run_file=run.path)
+
+
+def _recorded_leftovers(run: Run) -> Leftovers | None:
+    """The leftovers a census run recorded (its result record), None when it looked at none."""
+    for rec in run.raw("result"):
+        data = (rec.get("census") or {}).get("leftovers")
+        if isinstance(data, dict):
+            try:
+                return Leftovers.from_dict(data)
+            except (TypeError, ValueError, KeyError):
+                raise InputError(f"{run.path}: damaged leftovers in the census result") from None
+    return None
