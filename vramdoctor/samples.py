@@ -327,6 +327,9 @@ SOURCE_ERROR_COUNT = (
     "source_error_count"  # data: source, error, count, first_t, last_t (at the end)
 )
 COLLECTOR_FAILED = "collector_failed"  # data: error; the run's status becomes "failed"
+# data: LeftoverChange.to_dict() (sources.leftovers): /dev/shm files of known families that
+# appeared or became orphaned, GPU processes left by a server that is gone, during the run.
+LEFTOVERS_CHANGED = "leftovers_changed"
 
 
 @dataclass
