@@ -119,6 +119,47 @@ def test_healthy_tp2_has_no_flags_and_attributes_memory() -> None:
     ]
 
 
+def test_vllm_api_server_context_on_engine_gpus_is_named_not_a_stray() -> None:
+    # vLLM 0.33, TP=2 with multimodal inputs over GPU IPC: the API server opens contexts on
+    # both engine GPUs. That is the API server's own context, not a stray one.
+    s = GpuSample(
+        t=1.0,
+        wall=1.7e9,
+        source="nvml",
+        gpus=[gpu(0, 71300), gpu(1, 71200)],
+        processes=[
+            proc(700, 0, 520, cmd="vllm serve Qwen/Qwen3-VL-8B-Instruct --tensor-parallel-size 2"),
+            proc(700, 1, 510, cmd="vllm serve Qwen/Qwen3-VL-8B-Instruct --tensor-parallel-size 2"),
+            proc(701, 0, 70200, cmd="VLLM::Worker_TP0"),
+            proc(702, 1, 70100, cmd="VLLM::Worker_TP1"),
+        ],
+    )
+    c = census(s, groups={700: 700, 701: 700, 702: 700})
+    assert not c.problem
+    assert [(f.code, f.gpu) for f in c.flags] == [
+        ("api_server_context", 0),
+        ("api_server_context", 1),
+    ]
+    assert "API server's own CUDA context" in c.flags[0].message
+    # The same footprint on a GPU the engine does not use is still off its server's GPUs.
+    s.processes[1] = proc(700, 2, 510, cmd="vllm serve Qwen/Qwen3-VL-8B-Instruct")
+    s.gpus.append(gpu(2, 600))
+    c = census(s, groups={700: 700, 701: 700, 702: 700})
+    assert c.problem and {f.code for f in c.flags} >= {"multi_gpu", "stray_context"}
+    # An SGLang tokenizer may not: its context off the model GPU stays a problem.
+    sg = GpuSample(
+        t=1.0,
+        wall=1.7e9,
+        source="nvml",
+        gpus=[gpu(0, 600), gpu(1, 71000)],
+        processes=[
+            proc(800, 0, 540, cmd="python3 -m sglang.launch_server --base-gpu-id 1"),
+            proc(801, 1, 70400, cmd="sglang::scheduler"),
+        ],
+    )
+    assert [f.code for f in census(sg, groups={800: 800, 801: 800}).flags] == ["off_main_gpu"]
+
+
 def test_big_second_footprint_is_multi_gpu_but_not_a_stray_context() -> None:
     s = GpuSample(
         t=1.0,
