@@ -7,25 +7,20 @@ an NVIDIA driver but not torch.
 
 from __future__ import annotations
 
-import ctypes.util
 import json
 import os
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
+from support.cuda import NVML_OK, NVML_WHY, hold_contexts, hold_titled, needs_nvml
 
 from vramdoctor.census.analysis import CONTEXT_MIB, census
 from vramdoctor.errors import SourceUnavailable
 from vramdoctor.samples import GpuSample
-from vramdoctor.sources.nvml import NvmlSource, nvml_status
+from vramdoctor.sources.nvml import NvmlSource
 
-NVML_OK, NVML_WHY = nvml_status()
-needs_nvml = pytest.mark.skipif(
-    not NVML_OK, reason="no NVML here: " + NVML_WHY.split(";")[0].split(":")[0]
-)
 no_nvml_only = pytest.mark.skipif(NVML_OK, reason="NVML works here; this checks the no-driver path")
 
 
@@ -66,40 +61,6 @@ def test_census_without_nvml_exits_2_with_one_line(args: list[str]) -> None:
 
 
 # --- on a GPU machine -------------------------------------------------------------------
-
-CONTEXT_HOLDER = textwrap.dedent("""
-    # Holds CUDA contexts until killed: argv = "GPU:MiB" ...  (MiB allocated in that context)
-    import ctypes, sys, time
-    cuda = ctypes.CDLL("libcuda.so.1")
-    assert cuda.cuInit(0) == 0
-    keep = []
-    for spec in sys.argv[1:]:
-        dev_index, mib = (int(x) for x in spec.split(":"))
-        dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
-        assert cuda.cuDeviceGet(ctypes.byref(dev), dev_index) == 0
-        assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
-        assert cuda.cuCtxSetCurrent(ctx) == 0
-        if mib:
-            assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(mib << 20)) == 0
-        keep.append((ctx, ptr))
-    print("ready", flush=True)
-    time.sleep(300)
-""")
-
-
-def hold_contexts(*specs: str) -> subprocess.Popen[str]:
-    if ctypes.util.find_library("cuda") is None and not os.path.exists(
-        "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
-    ):
-        pytest.skip("no libcuda")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CONTEXT_HOLDER, *specs], stdout=subprocess.PIPE, text=True
-    )
-    line = proc.stdout.readline()  # type: ignore[union-attr]
-    if line.strip() != "ready":
-        proc.kill()
-        pytest.fail(f"could not create CUDA contexts {specs}: exit {proc.wait()}")
-    return proc
 
 
 def wait_for_pid(src: NvmlSource, pid: int, gpus: set[int], timeout: float = 20.0) -> GpuSample:
@@ -201,3 +162,42 @@ def test_census_with_a_gpu_index_that_does_not_exist() -> None:
     r = run_cli("census", "--gpu", "4096")
     assert r.returncode == 2
     assert "no GPU with index 4096" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.gpu
+@needs_nvml
+def test_nvml_reachable_memory_on_a_real_driver() -> None:
+    import pynvml
+
+    with NvmlSource() as src:
+        s = src.sample()
+    has_limits = hasattr(pynvml, "nvmlDeviceGetMemoryLimits_v1")
+    for g in s.gpus:
+        print(
+            f"GPU {g.index}: total {g.total_mib:.0f} MiB, reachable {g.reachable_mib:.0f} MiB "
+            f"({g.reachable_by}); soft limit {g.soft_limit_mib}; binding has limits call: {has_limits}"
+        )
+        assert g.reachable_mib is not None and 0 < g.reachable_mib <= g.total_mib
+        assert g.reachable_by
+        if g.driver_reserved_mib is not None and "hard memory limit" not in g.reachable_by:
+            assert abs(g.reachable_mib - (g.total_mib - g.driver_reserved_mib)) < 1.0
+
+
+@pytest.mark.gpu
+@needs_nvml
+def test_nvml_scope_owner_and_title_of_real_contexts() -> None:
+    server = hold_titled("VLLM::Worker_TP0", "0:64")
+    tenant = hold_contexts("0:32")
+    try:
+        with NvmlSource([0], server_pids=lambda: {server.pid}) as src:
+            wait_for_pid(src, server.pid, {0})
+            s = wait_for_pid(src, tenant.pid, {0})
+    finally:
+        for p in (server, tenant):
+            p.kill()
+            p.wait()
+    rows = {p.pid: p for p in s.processes}
+    assert rows[server.pid].scope == "server" and rows[tenant.pid].scope == "tenant"
+    assert rows[server.pid].title_role == "vllm worker TP0"
+    assert rows[server.pid].uid == os.getuid() and rows[server.pid].ppid == os.getpid()
+    print("scoped rows:", [(p.pid, p.scope, p.title_role, p.used_mib) for p in s.processes])
