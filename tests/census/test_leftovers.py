@@ -317,3 +317,14 @@ def test_census_only_leftovers_on_a_clean_directory_exits_0(tmp_path) -> None:
     assert "nothing orphaned is left by crashes" in r.stdout
     bad = run_cli("census", "--only-leftovers", "--no-leftovers")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_a_file_name_with_control_characters_is_counted_never_printed(tmp_path) -> None:
+    hostile = "nccl-\x1b[2J\rOK: nothing left"
+    (tmp_path / hostile).write_bytes(b"x" * 4096)
+    (tmp_path / "nccl-\nSTABLE").write_bytes(b"x" * 4096)
+    lo = scan(str(tmp_path))
+    assert lo.entries == [] and lo.other_files == 2
+    assert any("control characters" in n for n in lo.notes)
+    r = run_cli("census", "--only-leftovers", "--shm-dir", str(tmp_path))
+    assert "\x1b" not in r.stdout and "\r" not in r.stdout and "STABLE" not in r.stdout

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.text import Text
 
 from vramdoctor.census.analysis import Census
+from vramdoctor.redact import one_line
 from vramdoctor.render.table import Table
 from vramdoctor.sources.leftovers import Leftovers, cleanup_commands
 from vramdoctor.units import MIB
@@ -135,7 +136,10 @@ def render_leftovers(lo: Leftovers, console: Console) -> None:
     for p in lo.orphan_processes:
         held = ", ".join(f"GPU {g}: {_mib(v)}" for g, v in sorted(p.gpu_mib.items()))
         console.print(
-            Text(f"! orphaned GPU process PID {p.pid} ({p.role}) holds {held}: {p.why}", "yellow")
+            Text(
+                one_line(f"! orphaned GPU process PID {p.pid} ({p.role}) holds {held}: {p.why}"),
+                "yellow",
+            )
         )
     commands = cleanup_commands(lo)
     if commands:
@@ -145,9 +149,9 @@ def render_leftovers(lo: Leftovers, console: Console) -> None:
             markup=False,
         )
         for line in commands:
-            console.print("    " + line, markup=False, soft_wrap=True)
+            console.print("    " + one_line(line), markup=False, soft_wrap=True)
     for note in lo.notes:
-        console.print(Text(f"- note: {note}", style="dim"))
+        console.print(Text(one_line(f"- note: {note}"), style="dim"))
 
 
 def render(c: Census, console: Console) -> None:
@@ -166,9 +170,9 @@ def render(c: Census, console: Console) -> None:
             continue  # said in the leftovers block, with its table
         mark = "!" if f.problem else "-"
         style = "yellow" if f.problem else "dim"
-        console.print(Text(f"{mark} [{f.code}] {f.message}", style=style))
+        console.print(Text(one_line(f"{mark} [{f.code}] {f.message}"), style=style))
     for note in c.notes:
-        console.print(Text(f"- note: {note}", style="dim"))
+        console.print(Text(one_line(f"- note: {note}"), style="dim"))
     if c.leftovers is not None:
         render_leftovers(c.leftovers, console)
     problems = [f for f in c.flags if f.problem]

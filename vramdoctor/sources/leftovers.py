@@ -115,6 +115,8 @@ RUNTIME_FAMILIES: tuple[ShmFamily, ...] = (
     ),
 )
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
 State = Literal["in use", "kept by its creator", "orphaned", "unknown"]
 
 
@@ -399,14 +401,22 @@ def scan(
             f"or mappings are not readable here{hint}), so a file whose name carries no pid "
             "cannot be called orphaned"
         )
+    hostile = 0
     for name in names:
         path = os.path.join(shm_dir, name)
         try:
             st = os.lstat(path)
         except OSError:
             continue  # gone meanwhile
-        found = family_of(name)
         size = _du(path) if stat.S_ISDIR(st.st_mode) else st.st_blocks * 512
+        if _CONTROL.search(name):
+            # A name no server makes; shown or pasted it could move the terminal's cursor or
+            # split a command line: counted, never printed.
+            out.other_files += 1
+            out.other_bytes += size
+            hostile += 1
+            continue
+        found = family_of(name)
         if found is None or stat.S_ISLNK(st.st_mode):
             out.other_files += 1
             out.other_bytes += size
@@ -437,6 +447,11 @@ def scan(
             entry.creator_alive, pid_why = _creator_alive(creator, min(st.st_mtime, st.st_ctime))
         entry.state, entry.why = _state(entry, pid_why, out.processes_uninspectable)
         out.entries.append(entry)
+    if hostile:
+        out.notes.append(
+            f"{hostile} file(s) in {shm_dir} have control characters in their names: counted with "
+            "the other files, not shown (no server makes such names)"
+        )
     try:
         vfs = os.statvfs(shm_dir)
         out.shm_total_bytes = vfs.f_blocks * vfs.f_frsize
