@@ -25,11 +25,13 @@ server) and returns rows and flags. The flags:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vramdoctor import servers
 from vramdoctor.samples import MIB, GpuSample
-from vramdoctor.sources.leftovers import Leftovers
+
+if TYPE_CHECKING:
+    from vramdoctor.sources.leftovers import Leftovers
 from vramdoctor.units import format_mib
 
 # The JSON of a census (`vramdoctor census --json`, the run file's result record).

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any
 
 import typer
 
 from vramdoctor.census.analysis import CONTEXT_MIB, Census, census
+from vramdoctor.census.collect import reanalyse, record, take_leftovers, take_sample
 from vramdoctor.census.report import render
 from vramdoctor.cli import app
 from vramdoctor.cli._options import GPU_HELP, parse_gpu_indices
 from vramdoctor.errors import ExitCode, InputError
-from vramdoctor.record import Run, RunWriter, make_header
+from vramdoctor.record import Run
 from vramdoctor.render import console
 from vramdoctor.render.files import ReportMeta, write_report
-from vramdoctor.samples import GpuSample, now
-from vramdoctor.sources.leftovers import Leftovers
 
 
 def _parse_range(text: str) -> tuple[float, float]:
@@ -30,49 +28,6 @@ def _parse_range(text: str) -> tuple[float, float]:
     if not 0 <= lo < hi:
         raise InputError(f"--context-mib: LOW must be below HIGH, got {text!r}")
     return lo, hi
-
-
-def take_sample(
-    exporters: list[str], gpus: list[int] | None, *, need_gpu: bool = True
-) -> tuple[GpuSample, dict[int, int], list[dict[str, Any]]]:
-    """One GPU sample from NVML here or from the exporters, plus server groups where visible.
-
-    `need_gpu=False` (census --only-leftovers): an empty sample (source "none") without
-    touching NVML."""
-    if not need_gpu:
-        t, wall = now()
-        return GpuSample(t=t, wall=wall, source="none"), {}, []
-    if exporters:
-        from vramdoctor.sources.exporter import ExporterSource
-
-        with ExporterSource(exporters) as src:
-            sample = src.sample()
-        devices = [
-            {
-                "index": g.index,
-                "uuid": g.uuid,
-                "name": g.name,
-                "total_mib": g.total_mib,
-                "host": g.host,
-            }
-            for g in sample.gpus
-        ]
-        return sample, {}, devices
-    from vramdoctor.sources.nvml import NvmlSource
-    from vramdoctor.sources.procinfo import server_groups
-
-    with NvmlSource(gpus) as src:
-        sample = src.sample()
-        devices = src.devices()
-    groups = server_groups(sorted({p.pid for p in sample.processes if p.visible}))
-    return sample, groups, devices
-
-
-def take_leftovers(shm_dir: str, sample: GpuSample) -> Leftovers:
-    """What crashes left on this host (the GPU sample's processes for orphaned GPU memory)."""
-    from vramdoctor.sources.leftovers import scan
-
-    return scan(shm_dir, gpu_sample=sample if sample.source == "nvml" else None)
 
 
 def _report_suffix(report_file: Path) -> str:
@@ -185,48 +140,19 @@ def census_cmd(
     leftovers = None if no_leftovers or gpu_exporter else take_leftovers(shm_dir, sample)
     result = census(sample, groups=groups, context_mib=lo_hi, leftovers=leftovers)
     if out is not None:
-        header = make_header(
-            "census",
-            target=", ".join(gpu_exporter) or None,
-            gpus=devices,
-            config={
-                "context_mib": list(lo_hi),
-                "groups": {str(k): v for k, v in groups.items()},
-                "source": sample.source,
-                **({"shm_dir": shm_dir} if leftovers is not None else {}),
-            },
+        record(
+            out,
+            sample,
+            result,
+            devices=devices,
+            groups=groups,
+            exporters=gpu_exporter,
+            shm_dir=shm_dir,
+            context_mib=lo_hi,
         )
-        with RunWriter(out, header) as writer:
-            writer.write(sample)
-            writer.write({"kind": "result", "census": result.to_dict()})
     raise typer.Exit(_emit(result, json_out=json_out, report_file=report_file, run_file=out))
 
 
 def report_run(run: Run, *, json_out: bool, report_file: Path | None) -> int:
     """Re-analyse a recorded census run (the analysis is pure; groups come from the header)."""
-    samples = run.of(GpuSample)
-    if not samples:
-        raise InputError(f"{run.path}: the census run holds no GPU sample ({run.status})")
-    config = run.header.get("config") or {}
-    try:
-        lo_hi = tuple(float(x) for x in config.get("context_mib", CONTEXT_MIB))
-        groups = {int(k): int(v) for k, v in (config.get("groups") or {}).items()}
-    except (TypeError, ValueError):
-        raise InputError(f"{run.path}: damaged census settings in the header") from None
-    leftovers = _recorded_leftovers(run)
-    result = census(
-        samples[-1], groups=groups, context_mib=(lo_hi[0], lo_hi[1]), leftovers=leftovers
-    )
-    return _emit(result, json_out=json_out, report_file=report_file, run_file=run.path)
-
-
-def _recorded_leftovers(run: Run) -> Leftovers | None:
-    """The leftovers a census run recorded (its result record), None when it looked at none."""
-    for rec in run.raw("result"):
-        data = (rec.get("census") or {}).get("leftovers")
-        if isinstance(data, dict):
-            try:
-                return Leftovers.from_dict(data)
-            except (TypeError, ValueError, KeyError):
-                raise InputError(f"{run.path}: damaged leftovers in the census result") from None
-    return None
+    return _emit(reanalyse(run), json_out=json_out, report_file=report_file, run_file=run.path)

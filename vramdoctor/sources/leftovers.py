@@ -37,8 +37,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-import psutil
-
 from vramdoctor import servers
 from vramdoctor.samples import MIB, GpuSample
 from vramdoctor.servers.base import ShmFamily
@@ -329,6 +327,8 @@ def _owner(uid: int) -> str | None:
 
 def _creator_alive(pid: int, made_at: float) -> tuple[bool, str]:
     """Whether the process that made a file made at `made_at` (epoch s) still runs."""
+    import psutil
+
     try:
         p = psutil.Process(pid)
         if p.status() == psutil.STATUS_ZOMBIE:
@@ -505,6 +505,8 @@ def orphan_gpu_processes(
 
 
 def _parent(pid: int) -> tuple[int, str, list[str]] | None:
+    import psutil
+
     try:
         parent = psutil.Process(pid).parent()
         if parent is None:
