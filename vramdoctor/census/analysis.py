@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 from vramdoctor import servers
 from vramdoctor.samples import MIB, GpuSample
+from vramdoctor.units import format_mib
 
 if TYPE_CHECKING:
     from vramdoctor.sources.leftovers import Leftovers
-from vramdoctor.units import format_mib
 
 # The JSON of a census (`vramdoctor census --json`, the run file's result record).
 SCHEMA = "vramdoctor.census/1"
