@@ -94,3 +94,87 @@ def run_cli(
         cwd=cwd,
         env={**os.environ, **(env or {})},
     )
+
+
+# --- processes a test started through vramdoctor: found by pid, checked gone -----------------
+
+TARGETS = ROOT / "tests" / "soak" / "targets"
+
+
+def ref_cmd(mode: str, port: int, *extra: str) -> list[str]:
+    """The reference server's command line (CPU) on `port`, as `--launch` or a variant gets it."""
+    return [
+        sys.executable,
+        str(SERVER),
+        "--port",
+        str(port),
+        "--mode",
+        mode,
+        "--device",
+        "cpu",
+        *extra,
+    ]
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (loopback)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, exited but not reaped, does not count)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("ascii", "replace")
+    except OSError:
+        return False
+    rest = stat[stat.rfind(")") + 2 :].split()
+    return bool(rest) and rest[0] not in ("Z", "X")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` now, by parent pid (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read().decode("ascii", "replace")
+        except OSError:
+            continue
+        rest = stat[stat.rfind(")") + 2 :].split()
+        if len(rest) > 1 and rest[0] != "Z":
+            children.setdefault(int(rest[1]), []).append(int(name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def wait_gone(pids: list[int], timeout: float = 20.0) -> list[int]:
+    """Wait until none of `pids` runs; the ones still alive after `timeout` seconds."""
+    import time
+
+    end = time.monotonic() + timeout
+    while True:
+        left = [p for p in pids if pid_alive(p)]
+        if not left or time.monotonic() > end:
+            return left
+        time.sleep(0.1)
+
+
+def kill_all(pids: list[int]) -> None:
+    """SIGKILL what a failed test left (so one failure does not leak into the next test)."""
+    import contextlib
+    import signal
+
+    for p in pids:
+        with contextlib.suppress(OSError):
+            os.kill(p, signal.SIGKILL)

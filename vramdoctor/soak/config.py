@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, field
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from vramdoctor.errors import InputError
+from vramdoctor.redact import redact_url
+
+if TYPE_CHECKING:
+    from vramdoctor.soak.launch import LaunchSpec
 
 DEFAULT_SIZES = ("448x448", "896x672")
 MIN_GROWTH_MIB = 2.0  # NVML/DCGM report whole MiB; the allocator rounds to 2 MiB blocks
@@ -24,6 +30,43 @@ INTERRUPTED = 130  # exit code of a soak stopped by Ctrl-C or SIGTERM
 MAX_REQUESTS_PER_ROUND = 10**9
 MAX_ROUNDS = 10_000
 MAX_SECONDS = 30 * 24 * 3600.0  # a month: anything longer is a typo
+
+
+@dataclass(frozen=True)
+class OptionDoc:
+    """How a `SoakConfig` field is given on the command line: its flag and help (the one
+    place both are written; `vramdoctor.cli.soak` builds its options from them). `cli_type`
+    is the type on the command line when it is not the field's (a list for a tuple);
+    `negate`: a bool field set by its negation (`--no-adapt` gives adapt=False); `parse`
+    turns the command-line value into the field's."""
+
+    flag: str
+    help: str
+    cli_type: Any = None
+    negate: bool = False
+    hidden: bool = False
+    metavar: str | None = None
+    parse: Callable[[Any], Any] | None = None
+
+
+def _opt(flag: str, help: str, **kwargs: Any) -> dict[str, OptionDoc]:
+    return {"option": OptionDoc(flag, help, **kwargs)}
+
+
+def _tuple(values: Any) -> tuple[Any, ...]:
+    return tuple(values or ())
+
+
+def _command(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
+    """--launch 'CMD ARGS' (shell words) or an argv list -> the argv; None when not given."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, str):
+        try:
+            return tuple(shlex.split(value))
+        except ValueError as exc:
+            raise InputError(f"--launch {value!r}: {exc}") from None
+    return tuple(value)
 
 
 @dataclass
@@ -37,39 +80,233 @@ class SoakConfig:
     and closed by the client after the first chunks. `production_rate_rps` is the request rate
     projections use (default: the server's own counters during the baseline, when they show
     traffic). `api_key` is sent in the Authorization header only, never recorded.
+
+    `launch`: the server's command; vramdoctor starts it (its own process group, the agent in
+    its environment: `launch_env` on top, `launch_unset_env` removed), waits up to
+    `startup_timeout_s` for it to answer, soaks it, stops it (SIGTERM, SIGKILL after
+    `stop_grace_s`) and diagnoses its log (`vramdoctor.soak.launch`). `url` then defaults to
+    the command's own `--port`/`--host`. Each field's command-line flag and help is its
+    `OptionDoc` (`option_doc`).
     """
 
-    url: str
-    rounds: int = 4
-    requests: int = 50
-    concurrency: int = 4
-    idle_s: float = 10.0
-    baseline_s: float | None = None  # default: idle_s
-    adapt: bool = True
-    max_rounds: int | None = None  # default: max(12, rounds)
-    image_sizes: tuple[str, ...] = DEFAULT_SIZES
-    image_dir: Path | None = None
-    text_only: bool = False
-    api: str = "chat"  # chat or completions
-    model: str | None = None  # default: the server's first /v1/models id
-    max_tokens: int = 16
-    seed: int = 0
-    stream: bool = False
-    abort_fraction: float = 0.0
-    out: Path | None = None  # run file; default runs/soak-<UTC time>-<pid>-<random>.jsonl
-    max_requests: int | None = None
-    duration_s: float | None = None
-    api_key: str | None = field(default=None, repr=False)
-    interval_s: float = 0.5
-    timeout_s: float = 120.0
-    min_growth_mib: float = MIN_GROWTH_MIB
-    gpu_metrics: str | None = None  # dcgm-exporter / nvitop-exporter URL
-    gpus: tuple[int, ...] | None = None  # NVML indices
-    pids: tuple[int, ...] = ()  # extra PIDs whose host memory is sampled
-    production_rate_rps: float | None = None
+    url: str = field(
+        default="",
+        metadata=_opt(
+            "--url",
+            "The server's base URL, e.g. http://127.0.0.1:30000 (with --launch: default from "
+            "the command's --port/--host).",
+            parse=lambda v: v or "",
+        ),
+    )
+    rounds: int = field(
+        default=4, metadata=_opt("--rounds", "Rounds of identical traffic (at least).")
+    )
+    requests: int = field(default=50, metadata=_opt("--requests", "Requests per round."))
+    concurrency: int = field(
+        default=4, metadata=_opt("--concurrency", "Requests in flight at once.")
+    )
+    idle_s: float = field(
+        default=10.0, metadata=_opt("--idle", "Idle seconds after each round (and the baseline).")
+    )
+    baseline_s: float | None = field(
+        default=None,
+        metadata=_opt("--baseline", "Idle seconds before the first round (default: --idle)."),
+    )
+    adapt: bool = field(
+        default=True, metadata=_opt("--no-adapt", "Run exactly --rounds rounds.", negate=True)
+    )
+    max_rounds: int | None = field(
+        default=None,
+        metadata=_opt(
+            "--max-rounds",
+            f"While a memory layer is undecided after --rounds, run more rounds up to this many "
+            f"(default: {DEFAULT_MAX_ROUNDS}, or --rounds when larger).",
+        ),
+    )
+    image_sizes: tuple[str, ...] = field(
+        default=DEFAULT_SIZES,
+        metadata=_opt(
+            "--image-size",
+            "Generated image size WxH (repeatable). Default: 448x448 and 896x672.",
+            cli_type=list[str] | None,
+            parse=lambda v: tuple(v or DEFAULT_SIZES),
+        ),
+    )
+    image_dir: Path | None = field(
+        default=None, metadata=_opt("--image-dir", "Send these images instead (sorted by name).")
+    )
+    text_only: bool = field(
+        default=False, metadata=_opt("--text-only", "No images: text prompts only.")
+    )
+    api: str = field(
+        default="chat",
+        metadata=_opt(
+            "--api", "chat (/v1/chat/completions) or completions (/v1/completions, text)."
+        ),
+    )
+    model: str | None = field(
+        default=None,
+        metadata=_opt(
+            "--model",
+            "Model name to send (default: the server's first /v1/models id). With --model, a "
+            "failing /v1/models is only a note.",
+        ),
+    )
+    max_tokens: int = field(
+        default=16, metadata=_opt("--max-tokens", "max_tokens of each request.")
+    )
+    seed: int = field(
+        default=0, metadata=_opt("--seed", "Seed of the generated images (same seed, same bytes).")
+    )
+    stream: bool = field(
+        default=False, metadata=_opt("--stream", "Stream every response (server-sent events).")
+    )
+    abort_fraction: float = field(
+        default=0.0,
+        metadata=_opt(
+            "--abort-fraction",
+            "Share of each round's requests (0..1) streamed and closed by the client after the "
+            "first tokens.",
+        ),
+    )
+    out: Path | None = field(
+        default=None,
+        metadata=_opt("--out", "Run file (default: runs/soak-UTCTIME-PID-RANDOM.jsonl)."),
+    )
+    max_requests: int | None = field(
+        default=None,
+        metadata=_opt("--max-requests", "Never send more requests than this in total."),
+    )
+    duration_s: float | None = field(
+        default=None, metadata=_opt("--duration", "Never run longer than this many seconds.")
+    )
+    api_key: str | None = field(
+        default=None,
+        repr=False,
+        metadata=_opt(
+            "--api-key",
+            "Bearer key (default: $OPENAI_API_KEY or $VRAMDOCTOR_API_KEY). Never printed or "
+            "recorded.",
+        ),
+    )
+    interval_s: float = field(
+        default=0.5, metadata=_opt("--interval", "Seconds between memory samples.")
+    )
+    timeout_s: float = field(
+        default=120.0, metadata=_opt("--timeout", "Seconds to wait for one answer.")
+    )
+    min_growth_mib: float = field(
+        default=MIN_GROWTH_MIB,
+        metadata=_opt("--min-growth-mib", "Smallest change (MiB) that counts as growth."),
+    )
+    gpu_metrics: str | None = field(
+        default=None,
+        metadata=_opt(
+            "--gpu-metrics",
+            "dcgm-exporter or nvitop-exporter URL when the server's GPUs are on another host "
+            "(also --gpu-exporter).",
+        ),
+    )  # dcgm-exporter / nvitop-exporter URL
+    gpus: tuple[int, ...] | None = None  # NVML indices (the CLI's --gpu, parsed there)
+    pids: tuple[int, ...] = field(
+        default=(),
+        metadata=_opt(
+            "--pid",
+            "Also sample this PID's host memory (repeatable).",
+            cli_type=list[int] | None,
+            parse=_tuple,
+        ),
+    )
+    production_rate_rps: float | None = field(
+        default=None,
+        metadata=_opt(
+            "--production-rate",
+            "Your production request rate (requests/s) for time-to-OOM in hours (default: the "
+            "server's own request counters during the baseline, when they show traffic).",
+        ),
+    )
+    launch: tuple[str, ...] | None = field(
+        default=None,
+        metadata=_opt(
+            "--launch",
+            "Start the server with this command, soak it, stop it: its own process group, the "
+            "agent in its environment, its log in the run folder and diagnosed (also: -- CMD "
+            "ARGS...).",
+            cli_type=str | None,
+            metavar="CMD",
+            parse=_command,
+        ),
+    )
+    launch_env: Mapping[str, str] = field(default_factory=dict)  # set in the launched env
+    launch_unset_env: tuple[str, ...] = ()  # removed from the launched env
+    startup_timeout_s: float = field(
+        default=600.0,
+        metadata=_opt(
+            "--startup-timeout", "With --launch: seconds to wait for the server to answer."
+        ),
+    )
+    stop_grace_s: float = field(
+        default=15.0,
+        metadata=_opt(
+            "--stop-grace", "With --launch: seconds between SIGTERM and SIGKILL at the end."
+        ),
+    )
+    agent: bool = field(
+        default=True,
+        metadata=_opt(
+            "--no-agent",
+            "With --launch: do not put vramdoctor's agent in the server's environment.",
+            negate=True,
+        ),
+    )
+
+    attribute: str | None = field(
+        default=None,
+        metadata=_opt(
+            "--attribute",
+            "Name the code that holds growing GPU memory: DIR (the VRAMDOCTOR_AGENT_DIR of a "
+            "server started with PYTHONPATH=$(vramdoctor agent-path)) or sglang[:DIR] (SGLang's "
+            "/start_profile, scheduler processes only). See docs/attribute.md.",
+        ),
+    )
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], **fields_given: Any) -> SoakConfig:
+        """The config from command-line values keyed by field name (each parsed by its
+        `OptionDoc`; a negated flag inverted), plus fields given directly; validated."""
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            doc = f.metadata.get("option")
+            if doc is None or f.name not in options:
+                continue
+            v = options[f.name]
+            if doc.negate:
+                v = not v
+            if doc.parse is not None:
+                v = doc.parse(v)
+            values[f.name] = v
+        values.update(fields_given)
+        return cls(**values).validate()
+
+    def launch_spec(self) -> LaunchSpec | None:
+        """The launch of `launch` (None without it), with the env changes and timeouts."""
+        if self.launch is None:
+            return None
+        from vramdoctor.soak.launch import LaunchSpec
+
+        return LaunchSpec(
+            argv=tuple(self.launch),
+            env=dict(self.launch_env),
+            unset_env=tuple(self.launch_unset_env),
+            startup_timeout_s=self.startup_timeout_s,
+            stop_grace_s=self.stop_grace_s,
+            agent=self.agent,
+        ).validate()
 
     def validate(self) -> SoakConfig:
-        """Raise InputError (one line naming the option) for anything that cannot be run."""
+        """Raise InputError (one line naming the option) for anything that cannot be run.
+        With `launch` and no `url`, `url` is set from the command's --port/--host."""
+        self._check_launch()
         _int_range("--rounds", self.rounds, 1, MAX_ROUNDS)
         _int_range("--requests", self.requests, 1, MAX_REQUESTS_PER_ROUND)
         _int_range("--concurrency", self.concurrency, 1, 1024)
@@ -113,6 +350,28 @@ class SoakConfig:
             _int_range("--pid", pid, 1, 2**31)
         self._check_credentials()
         return self
+
+    def _check_launch(self) -> None:
+        spec = self.launch_spec()
+        if spec is None:
+            if not self.url:
+                raise InputError("give the server's --url (or --launch CMD to start it)")
+            return
+        if not self.url:
+            derived = spec.url()
+            if derived is None:
+                raise InputError(
+                    "--launch: the command names no --port; give --url (where it will listen)"
+                )
+            self.url = derived
+            return
+        from vramdoctor.sources.discover import is_local
+
+        if not is_local(self.url):
+            raise InputError(
+                f"--launch starts the server on this host, but --url {redact_url(self.url)} is "
+                "another host: drop --url, or give this host's address"
+            )
 
     def _check_credentials(self) -> None:
         """A user:password in --url and an API key cannot both be sent: HTTP has one
@@ -165,10 +424,27 @@ class SoakConfig:
         d = asdict(self)
         d.pop("api_key", None)
         d.pop("url", None)  # the header's target carries it, redacted
+        if self.attribute is None:
+            d.pop("attribute", None)
+        # The session records a launch itself, redacted (`LaunchedServer.to_record`); without
+        # one, the launch settings say nothing and the header stays as it was.
+        launch_only = ("startup_timeout_s", "stop_grace_s", "agent")
+        for name in ("launch", "launch_env", "launch_unset_env", *launch_only):
+            if name not in launch_only or self.launch is None:
+                d.pop(name, None)
         return {
             k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
             for k, v in d.items()
         }
+
+
+def option_doc(name: str) -> OptionDoc | None:
+    """The command-line flag and help of the `SoakConfig` field `name` (None: not an option)."""
+    for f in fields(SoakConfig):
+        if f.name == name:
+            doc = f.metadata.get("option")
+            return doc if isinstance(doc, OptionDoc) else None
+    raise KeyError(name)
 
 
 def _finite(option: str, value: float) -> None:

@@ -25,9 +25,9 @@ One concern per module:
 from __future__ import annotations
 
 from vramdoctor.soak.report import layers
-from vramdoctor.soak.report.files import chart_png, write_report_file
+from vramdoctor.soak.report.files import chart_png, check_report_path, write_report_file
 from vramdoctor.soak.report.json_doc import soak_json
-from vramdoctor.soak.report.live import LiveView
+from vramdoctor.soak.report.live import LiveView, SoakFeed
 from vramdoctor.soak.report.run import report_run
 from vramdoctor.soak.report.sentences import (
     figures,
@@ -46,7 +46,9 @@ from vramdoctor.soak.report.text import count, rate, size, value
 __all__ = [
     "VERDICT_STYLE",
     "LiveView",
+    "SoakFeed",
     "chart_png",
+    "check_report_path",
     "count",
     "figures",
     "headline",

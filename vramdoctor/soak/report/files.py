@@ -31,7 +31,7 @@ from vramdoctor.soak.report.sparklines import time_range
 from vramdoctor.soak.report.terminal import shown_series
 from vramdoctor.soak.report.text import known, rate, value
 
-__all__ = ["chart_png", "write_report_file"]
+__all__ = ["chart_png", "check_report_path", "write_report_file"]
 
 
 def _fits(a: SoakAnalysis) -> list[LeakFit]:
@@ -114,6 +114,19 @@ def chart_png(a: SoakAnalysis, title: str) -> bytes:
         unit = lay.unit if lay.unit != "ratio" else "share of the pool"
         panels.append(ChartPanel(f"{display_name(name)}: {lay.verdict}", unit, lines))
     return memory_chart(panels, spans, title, fits=_fits(a))
+
+
+def check_report_path(path: Path | None) -> None:
+    """Before any work: raise InputError (exit 2) for a report name that cannot be written (not
+    .html/.htm/.png, a directory, or a path through a file). None passes."""
+    if path is None:
+        return
+    if path.suffix.lower() not in (".html", ".htm", ".png"):
+        raise InputError(f"--report {path}: use a .html or .png file name")
+    if path.is_dir():  # found now, not after a long soak
+        raise InputError(f"--report {path} is a directory: give a file name")
+    if any(p.exists() and not p.is_dir() for p in path.parents):
+        raise InputError(f"--report {path}: a part of its directory is a file")
 
 
 def write_report_file(a: SoakAnalysis, path: Path, *, target: str | None = None) -> None:

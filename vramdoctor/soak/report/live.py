@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console, Group
@@ -26,7 +27,7 @@ from vramdoctor.soak.report.sparklines import sparkline
 from vramdoctor.soak.report.text import known, value
 from vramdoctor.units import format_duration
 
-__all__ = ["LiveView"]
+__all__ = ["LiveView", "SoakFeed"]
 
 
 class LiveView:
@@ -129,3 +130,81 @@ class LiveView:
         for u in self.undecided:
             parts.append(Text(f"undecided: {u}", style="magenta"))
         return Group(*parts)
+
+
+class SoakFeed:
+    """What a running soak shows: the live view on an interactive terminal, else one line per
+    phase through `say`. Its methods are `SoakSession`'s callbacks (`before_run`, `progress`,
+    `on_sample`); `rounds` and `per_round` size the progress bars and lines."""
+
+    def __init__(
+        self,
+        console: Console,
+        *,
+        live: bool,
+        rounds: int,
+        per_round: int,
+        say: Callable[[str], None],
+    ) -> None:
+        self.console = console
+        self.live_wanted = live
+        self.rounds = rounds
+        self.per_round = per_round
+        self.say = say
+        self.view: LiveView | None = None
+        self._seen: set[tuple[str, int]] = set()
+
+    def before_run(self, protocol: Any) -> LiveView | None:
+        """The live view around the protocol (None when not interactive): it also counts the
+        protocol's request outcomes."""
+        if not self.live_wanted:
+            return None
+        view = self.view = LiveView(self.console, self.rounds, len(protocol.plan))
+        previous = protocol.on_result
+
+        def on_result(req: Any, outcome: Any) -> None:
+            if previous is not None:
+                previous(req, outcome)
+            view.on_result(req, outcome)
+
+        protocol.on_result = on_result
+        return view
+
+    def on_sample(self, name: str, record: Any) -> None:
+        if self.view is not None:
+            self.view.on_sample(name, record)
+
+    def progress(self, state: Any) -> None:
+        """A protocol state: into the live view, or a line when the phase changed."""
+        if self.view is not None:
+            self.view.on_state(state)
+            if state.undecided and state.round >= self.rounds:
+                self.view.phase += "; undecided: " + ", ".join(
+                    f"{layer} ({why})" for layer, why in state.undecided
+                )
+            return
+        key = (state.phase, state.round)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        if state.phase == "load":
+            extra = ""
+            if state.round > self.rounds and state.undecided:
+                extra = (
+                    " (extra round: undecided "
+                    + ", ".join(f"{layer}: {why}" for layer, why in state.undecided)
+                    + ")"
+                )
+            self.say(
+                f"round {state.round}/{max(self.rounds, state.round)}: sending "
+                f"{self.per_round} requests{extra}"
+            )
+        elif state.phase == "idle" and state.results:
+            r = state.results[-1]
+            errs = r.sent - r.ok - r.outcomes["aborted"]
+            aborted = (
+                f", {r.outcomes['aborted']} aborted by the client" if r.outcomes["aborted"] else ""
+            )
+            self.say(f"round {state.round}: {r.sent} sent, {errs} failed{aborted}; idle")
+        elif state.phase == "baseline":
+            self.say("baseline: idle")

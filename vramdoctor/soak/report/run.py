@@ -14,6 +14,7 @@ from vramdoctor.errors import InputError
 from vramdoctor.judge.results import SoakAnalysis
 from vramdoctor.soak.report.files import write_report_file
 from vramdoctor.soak.report.json_doc import soak_json
+from vramdoctor.soak.report.launch import launch_json, render_launch
 from vramdoctor.soak.report.terminal import render
 from vramdoctor.soak.report.text import known
 
@@ -79,10 +80,14 @@ def report_run(
         d["run_file"] = str(run_path or run.path)  # the file the report was made from
         d["report_file"] = str(report_file) if report_file else None
         d["attribution"] = run_attribution_json(run)  # soak --attribute (vramdoctor.attribution)
+        launched = launch_json(run)
+        if launched is not None:  # soak --launch: only then, so other runs' JSON is unchanged
+            d["launch"] = launched
         console.print_json(d)
     else:
         render(result, console.stdout())
         render_run_attribution(run, console.stdout())
+        render_launch(run, console.stdout())
         if run_path is not None:
             console.note(f"run file: {run_path}  (re-analyse: vramdoctor report {run_path})")
         if report_file is not None:

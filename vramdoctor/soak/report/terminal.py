@@ -38,7 +38,7 @@ from vramdoctor.units import format_duration
 
 __all__ = ["VERDICT_STYLE", "levels_text", "render", "shown_series"]
 
-VERDICT_STYLE = {
+VERDICT_STYLE: dict[str, str] = {
     LEAK: "bold red",
     CACHING: "bold yellow",
     STABLE: "bold green",
