@@ -23,6 +23,7 @@ import contextlib
 import difflib
 import importlib
 import os
+import re
 import signal
 import sys
 import warnings
@@ -80,6 +81,14 @@ class CommandGroup(TyperGroup):
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         formatter.write(_help.help_page(self, ctx, extra=_global_note))
+
+    def make_context(self, *args: Any, **extra: Any) -> Any:
+        """Parse the command line; a Ctrl-C meanwhile (typer imports pydantic while it parses
+        the first option) becomes `Interrupted`, not typer's silent exit 130."""
+        try:
+            return super().make_context(*args, **extra)
+        except KeyboardInterrupt:
+            raise Interrupted(INTERRUPTED) from None
 
     def invoke(self, ctx: Any) -> Any:
         """Run the command; a Ctrl-C it does not handle itself becomes `Interrupted` (typer
@@ -199,8 +208,61 @@ def _json_wanted(args: list[str]) -> bool:
     return "--json" in args[: args.index("--")] if "--" in args else "--json" in args
 
 
+_URL = re.compile(r"https?://[^\s'\"<>),;]*[^\s'\"<>),;:.]")
+
+
+def proxy_of(url: str) -> tuple[str, str] | None:
+    """The proxy that requests would send `url` through (http_proxy, https_proxy, all_proxy;
+    no_proxy honoured), redacted, and the variable that names it; None when it goes direct."""
+    if not any(k.lower().endswith("_proxy") and k.lower() != "no_proxy" for k in os.environ):
+        return None
+    try:
+        from requests.utils import get_environ_proxies
+
+        proxies = get_environ_proxies(url)
+    except Exception:  # a malformed variable: requests would fail on its own, with its own words
+        return None
+    scheme = url.split(":", 1)[0].lower()
+    proxy = proxies.get(scheme) or proxies.get("all")
+    if not proxy:
+        return None
+    from vramdoctor.redact import redact_url
+
+    names = [f"{scheme}_proxy", f"{scheme.upper()}_PROXY", "all_proxy", "ALL_PROXY"]
+    variable = next((n for n in names if os.environ.get(n) == proxy), names[0])
+    return redact_url(proxy), variable
+
+
+def _proxy_words(url: str, proxy: tuple[str, str]) -> str:
+    host = url.split("//", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
+    return (
+        f"{url} is reached through the proxy {proxy[0]} ({proxy[1]}); to reach it directly: "
+        f"no_proxy={host}"
+    )
+
+
+def _name_proxies(message: str) -> str:
+    """An error naming a URL that goes through a proxy says so (a loopback server behind
+    `http_proxy` looks down when the proxy answers for it)."""
+    for url in dict.fromkeys(_URL.findall(message)):
+        proxy = proxy_of(url)
+        if proxy is not None:
+            return f"{message} ({_proxy_words(url, proxy)})"
+    return message
+
+
+def _note_proxies(args: list[str]) -> None:
+    """Before the command: one note per URL on the command line that a proxy would carry."""
+    for arg in args[: args.index("--")] if "--" in args else args:
+        for url in _URL.findall(arg):
+            proxy = proxy_of(url)
+            if proxy is not None:
+                console.note(f"note: {_proxy_words(url, proxy)}")
+
+
 def _fail(message: str, code: int, args: list[str]) -> int:
     """One line on stderr; with --json also the error object on stdout."""
+    message = _name_proxies(message)
     if code == ExitCode.INTERRUPTED:
         console.interrupted(message)
     else:
@@ -319,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         args = hoist_global_options(list(sys.argv[1:] if argv is None else argv))
         _learn_secrets(args)
         _tolerant_streams()
+        _note_proxies(args)
         with _third_party_warnings_as_one_note():
             code = app(args=args, prog_name="vramdoctor", standalone_mode=False)
     except KeyboardInterrupt:
