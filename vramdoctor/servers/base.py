@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vramdoctor.servers.diagnose_sections import Levers, LogMarks, no_levers
+from vramdoctor.servers.presets import Preset
 
 __all__ = [
     "UNITS",
@@ -443,6 +444,8 @@ class ServerKind:
     # diagnose (H-I): the server's fix levers and the marks its logs carry (diagnose_sections.py)
     levers: Levers = field(default_factory=no_levers)
     log_marks: LogMarks = field(default_factory=LogMarks)
+    # ab-test (H-D): named `ab-test --server` variants with the server's real flags (presets.py)
+    presets: tuple[Preset, ...] = ()
 
     def title_of(
         self, name: str | None, cmdline: Sequence[str] | None

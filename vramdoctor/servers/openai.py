@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from vramdoctor.servers.base import Identity, ProcessTitle, ServerKind
+from vramdoctor.servers.presets import TRANSFORMERS_PRESETS
 
 TITLES = (
     ProcessTitle(
@@ -25,4 +26,5 @@ KIND = ServerKind(
     name="openai",
     display_name="an OpenAI-compatible server",
     identity=Identity(titles=TITLES, fallback=True),
+    presets=TRANSFORMERS_PRESETS,
 )

@@ -43,6 +43,7 @@ from vramdoctor.servers.base import (
     ShmFamily,
 )
 from vramdoctor.servers.diagnose_sections import Levers, LogMark, LogMarks, lever
+from vramdoctor.servers.presets import SGLANG_PRESETS
 
 # What `--mm-feature-transport` resolves to when it is not given (0.5.23, single node).
 MM_FEATURE_TRANSPORT_DEFAULT = "cpu"
@@ -483,4 +484,5 @@ KIND = ServerKind(
     ),
     levers=LEVERS,
     log_marks=LOG_MARKS,
+    presets=SGLANG_PRESETS,
 )

@@ -49,6 +49,7 @@ from vramdoctor.servers.base import (
     SleepMetrics,
 )
 from vramdoctor.servers.diagnose_sections import Levers, LogMark, LogMarks, lever
+from vramdoctor.servers.presets import VLLM_PRESETS
 
 
 def read_version(data: Any) -> ProbeAnswer | None:
@@ -283,4 +284,5 @@ KIND = ServerKind(
     ),
     levers=LEVERS,
     log_marks=LOG_MARKS,
+    presets=VLLM_PRESETS,
 )
