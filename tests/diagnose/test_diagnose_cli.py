@@ -9,21 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from support.cli import vd as _vd
+
 ROOT = Path(__file__).parents[2]
 FIX = ROOT / "tests" / "fixtures" / "logs"
 EXAMPLE = ROOT / "examples" / "logs" / "sglang_qwen2.5-vl-7b-tp2_fast-image-processor_gpu0-oom.log"
 
 
 def run(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "120"}
-    return subprocess.run(
-        [sys.executable, "-m", "vramdoctor", "diagnose", *args],
-        input=stdin,
-        capture_output=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
+    return _vd("diagnose", *args, stdin=stdin, text=False, env={"COLUMNS": "120"})
 
 
 def fix(prefix: str) -> str:

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from support.procs import cli_env
+from support.cli import vd as _vd
 
 from vramdoctor.diagnose import Diagnosis, diagnose
 from vramdoctor.diagnose.findings import Finding
@@ -48,14 +47,7 @@ SGL_TRACE = (
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "vramdoctor", "diagnose", *args],
-        capture_output=True,
-        text=True,
-        env=cli_env(COLUMNS="200"),
-        timeout=120,
-        check=False,
-    )
+    return _vd("diagnose", *args, env={"COLUMNS": "200"})
 
 
 def write(tmp_path: Path, text: str, name: str = "server.log") -> Path:

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from support.procs import cli_env
+from support.cli import vd as _vd
 
 from vramdoctor.diagnose import diagnose
 from vramdoctor.diagnose.cmdline import parse_command
@@ -67,13 +66,7 @@ def leaks(text: str, *secrets: str) -> list[str]:
 
 
 def cli(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "vramdoctor", "diagnose", str(path), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=cli_env(),
-    )
+    return _vd("diagnose", str(path), *args)
 
 
 def outputs(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[str, dict]:

@@ -247,15 +247,26 @@ def _multimodal(facts: Facts, exs: Sequence[FileExtractor]) -> tuple[bool | None
         P.TEXT_ARCH.search(facts.architecture) or P.TEXT_CONDGEN.match(facts.architecture)
     ):  # the class the server runs outranks the name (a text-only conversion of a VLM checkpoint)
         return False, arch_ev
-    model_ev = facts.evidence.get("model")
-    if facts.model and P.MM_NAME.search(facts.model):
-        return True, model_ev
-    if facts.model and P.TEXT_NAME.search(facts.model):
-        # a text-only model's own name (Qwen2.5-7B-Instruct, opt-125m, e5-mistral), read only after
-        # every multimodal sign: MM_NAME names the vision releases of text families first
-        # (Mistral-Small-3.1, gemma-3n, gemma-3-4b, Llama-4, Qwen2.5-VL)
-        return False, model_ev
     return None, None
+
+
+def _name_hint(facts: Facts) -> tuple[bool, str] | None:
+    """What the model's name suggests about multimodality, when no line of the log says it (issue 23:
+    nothing is asserted from a name or a path: a hint, never the fact). MM_NAME names the vision releases
+    of text families first (Mistral-Small-3.1, gemma-3n, Qwen2.5-VL); TEXT_NAME text families."""
+    if not facts.model:
+        return None
+    if P.MM_NAME.search(facts.model):
+        return (
+            True,
+            f"the model name {facts.model!r} is that of a multimodal release (a name, not a line of the log)",
+        )
+    if P.TEXT_NAME.search(facts.model):
+        return (
+            False,
+            f"the model name {facts.model!r} is that of a text model family (a name, not a line of the log)",
+        )
+    return None
 
 
 def _audio_only(facts: Facts) -> bool:
@@ -284,6 +295,9 @@ def _fast_processor(
     for ex in exs:
         if ex.slow_processor is not None:
             return False, ex.slow_processor
+    off = _processor_turned_off(server, facts, exs)
+    if off is not None:  # the flag says no fast processor runs, whatever the model is
+        return False, off
     if facts.multimodal is False:
         # only real evidence makes multimodal False (a text-only architecture, multimodality off)
         return False, facts.evidence.get("multimodal")
@@ -330,6 +344,35 @@ def _fast_processor(
     if fast_only is not None:
         return True, fast_only
     return None, None
+
+
+def _processor_turned_off(
+    server: str | None, facts: Facts, exs: Sequence[FileExtractor]
+) -> Evidence | None:
+    """SGLang's own flag turning the fast image processor off (disable_fast_image_processor=True,
+    image_processor_backend='pil', in the dump or the pasted command): the line that says so, or None."""
+    if server != "sglang":
+        return None
+    args = facts.server_args or {}
+    for ex in exs:
+        if "server_args" in ex.facts:
+            e = ex.facts["server_args"][2]
+            if args.get("disable_fast_image_processor") is True:
+                return Evidence(
+                    e.file, e.line, "server_args=...disable_fast_image_processor=True..."
+                )
+            if str(args.get("image_processor_backend", "")).lower() == "pil":
+                return Evidence(e.file, e.line, "server_args=...image_processor_backend='pil'...")
+    if "disable_fast_image_processor" in args or "image_processor_backend" in args:
+        return None  # the dump says what runs; the command line is what was asked
+    for ex in exs:
+        cmd = ex.cmd_args
+        if (
+            cmd.get("disable_fast_image_processor")
+            or str(cmd.get("image_processor_backend", "")).lower() == "pil"
+        ):
+            return ex.facts["model"][2] if "model" in ex.facts else None
+    return None
 
 
 def _path_key(path: str | Path) -> str:
@@ -498,6 +541,8 @@ def _diagnose_group(
     facts.multimodal = mm
     if mm_ev is not None:
         facts.evidence["multimodal"] = mm_ev
+    elif (hint := _name_hint(facts)) is not None:
+        facts.hints["multimodal"] = {"value": hint[0], "rests_on": hint[1]}
     fast, fast_ev = _fast_processor(server, facts, used)
     facts.fast_image_processor = fast
     if fast_ev is not None:

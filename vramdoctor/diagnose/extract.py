@@ -518,7 +518,9 @@ class FileExtractor(EventsMixin, OthersMixin):
                     self.version = (m.group(1), self.ev(hit))
             return
         if P.FAST_ONLY_PROCESSOR.search(t):
+            # SGLang chose the model's (fast-only) image processor: the model has one, so it is multimodal
             self.fast_only_processor = self.fast_only_processor or self.ev(hit)
+            self.mm_evidence = self.mm_evidence or self.fast_only_processor
 
     # -- SGLang startup ----------------------------------------------------------------
     def _sgl_load(self, hit: Hit, t: str) -> None:

@@ -151,6 +151,9 @@ class Facts:
     host_memory_mib: float | None = None  # total CPU memory as vLLM reports it
     long_context_length: int | None = None  # vLLM's long-context warning fired for this length
     server_args: dict[str, Any] | None = None  # the parsed dump, as printed
+    # what a name or a path suggests where no line says it (never a fact): fact name -> {"value": ...,
+    # "rests_on": "the model name 'X' is that of a multimodal release (a name, not a line of the log)"}
+    hints: dict[str, dict[str, Any]] = field(default_factory=dict)
     evidence: dict[str, Evidence] = field(default_factory=dict)  # fact name -> line
 
     def to_json(self) -> dict[str, Any]:

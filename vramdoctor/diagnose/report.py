@@ -52,6 +52,7 @@ _SHOW_FACTS = (
     ("mem_fraction_static", "mem_fraction_static"),
     ("gpu_memory_utilization", "gpu_memory_utilization"),
     ("attention_backend", "attention backend"),
+    ("platform", "platform"),
     ("fast_image_processor", "fast image processor"),
     ("cuda_ipc_transport", "CUDA IPC transport"),
     ("weights_mib", "weights"),
@@ -143,6 +144,15 @@ def facts_table(
         )
     for name, label in _SHOW_FACTS:
         v = getattr(f, name)
+        if v is None and name in f.hints:
+            # a name suggests it, no line shows it (issue 23): said as such, never as the fact
+            hint = f.hints[name]
+            t.add_row(
+                label,
+                f"not shown (the name suggests {_fmt(name, hint['value'])})",
+                str(hint["rests_on"]),
+            )
+            continue
         if name == "tp_size" and v is None and f.tp_size_at_least is not None:
             # only some ranks printed: a lower bound, said as one
             t.add_row(
