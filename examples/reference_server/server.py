@@ -15,6 +15,16 @@ why), also served at GET /reference/info ("truth"). The modes:
            MALLOC_ARENA_MAX.
 - pinned:  CUDA pinned host memory caching (needs torch and a CUDA GPU).
 - worker-churn: plain, plus a helper process that starts, fails to bind the port and exits.
+- retention: thread per connection decoding PNGs of varying size, glibc defaults: allocator
+           retention (in use flat, kept free bytes and RssAnon grow); host-leak: the same plus
+           a real malloc leak per request.
+- converging: a tile cache with sampled admission filling towards its bound (each round adds
+           less); background: a thread allocating in time, idle windows too.
+- vram-leaking: a device leak per request (real CUDA, or the virtual GPU of --vgpu-dir).
+- tenant:  plain, and another owner's process (parent pid 1) growing on the same GPU.
+- restart: the serving pid is replaced after --restart-after requests (handover/supervisor).
+Fault switches for any mode: --fail-start, --crash-after N, --leak-scale X, and the env knob
+REFERENCE_FREE_REQUEST_BUFFERS=1.
 
 The server knows exactly how many bytes it keeps per request (GET /reference/info and the
 gauge `reference_kept_bytes`): the truth a leak-rate estimate is checked against.

@@ -12,7 +12,6 @@ import os
 import signal
 import sys
 import threading
-from http.server import ThreadingHTTPServer
 
 from refserver import malloc
 from refserver.modes import modes
@@ -93,8 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("REFERENCE_API_KEY"),
         help="require this bearer key (default: $REFERENCE_API_KEY; none)",
     )
+    from refserver import device, faults
     from refserver.lifecycle import Lifecycle
 
+    faults.add_arguments(p)
+    device.add_arguments(p)
     Lifecycle.add_arguments(p)
     seen: set[type] = set()
     for cls in registry.values():
@@ -109,7 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
+    if args.fail_start:
+        from refserver.faults import fail_start
+
+        fail_start(args.fail_start)
     mode = modes()[args.mode](args)
+    mode.prefork(args)
     if not args.no_malloc_tuning and mode.tune_malloc:  # some modes are glibc's defaults
         malloc.tune_malloc()
     if args.device == "auto":
@@ -121,8 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             args.device = "cpu"
     state = State(args, mode)
     state.warm_up()
-    server = ThreadingHTTPServer((args.host, args.port), make_handler(state))
-    server.daemon_threads = True
+    server = mode.make_server(state, make_handler(state))
     host, port = server.server_address[:2]
     args.bound_port = port
     processor = state.gpu.name if state.gpu else "pillow-numpy (CPU)"
@@ -139,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.server_close()
         mode.stop(state)
-    return 0
+        state.gpu_mem.close()
+    return mode.exit_code
 
 
 if __name__ == "__main__":

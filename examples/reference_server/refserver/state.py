@@ -19,6 +19,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from refserver import malloc
+from refserver.device import Device
 from refserver.processors import CpuPreprocessor, GpuPreprocessor, decode, tiny_png
 
 if TYPE_CHECKING:
@@ -47,6 +48,10 @@ class State:
         self.gpu: GpuPreprocessor | None = None
         self.cpu = CpuPreprocessor()
         self.aborted = 0
+        # The server's own env knob (#24's variant matrix): every per-request buffer a mode
+        # would keep is released at once instead; what a correct fix looks like from outside.
+        self.release_buffers = os.environ.get("REFERENCE_FREE_REQUEST_BUFFERS", "") == "1"
+        self.leak_scale = float(getattr(args, "leak_scale", 1.0))
         mode.check(self)
         if self.device.startswith("cuda"):
             self.gpu = GpuPreprocessor(args.processor_dir, self.device)
@@ -77,6 +82,7 @@ class State:
             self._sglang_metrics(registry)
         elif args.metrics_flavour == "vllm":
             self._vllm_metrics(registry)
+        self.gpu_mem = Device(args)
         from refserver.lifecycle import Lifecycle
 
         self.lifecycle = Lifecycle(args)
@@ -265,9 +271,16 @@ class State:
         return self.gpu.torch
 
     def keep(self, obj: Any, nbytes: int) -> None:
-        """Count `obj` as leaked: kept for the process's life (the caller holds `lock`)."""
+        """Count `obj` as leaked: kept for the process's life (the caller holds `lock`). With
+        $REFERENCE_FREE_REQUEST_BUFFERS=1 it is dropped instead (the fix)."""
+        if self.release_buffers:
+            return
         self.kept.append(obj)
         self.kept_bytes += nbytes
+
+    def leak_bytes(self, kib: float) -> int:
+        """Bytes a mode keeps for a `kib` KiB leak: scaled by --leak-scale (0 with the fix on)."""
+        return 0 if self.release_buffers else int(kib * 1024 * self.leak_scale)
 
     def after_request(self, req: Request | None = None) -> None:
         """The request's work is done (its answer not yet sent): count it, let the mode act."""
@@ -276,6 +289,11 @@ class State:
             self.mode.after_request_locked(self, req)
             self.m_kept.set(self.kept_bytes)
         self.mode.after_request(self, req)
+        crash = self.args.crash_after
+        if crash and self.requests >= crash:
+            from refserver.faults import crash_now
+
+            crash_now(self.args, self.requests)
         if self.m_engine_requests is not None:
             self.m_engine_requests.inc()
         self.m_requests.inc()
@@ -301,6 +319,8 @@ class State:
             }
             out.update(self.mode.info(self))
             out["truth"] = self.mode.truth(self)
+        out["device_memory"] = self.gpu_mem.describe()
+        out["release_buffers"] = self.release_buffers
         out["malloc"] = malloc.mallinfo2()
         out["proc"] = malloc.proc_status()
         return out

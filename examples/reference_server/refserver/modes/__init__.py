@@ -19,6 +19,12 @@ BUILTIN = (
     "arena",
     "pinned",
     "worker_churn",
+    "retention",
+    "converging",
+    "background",
+    "vram_leaking",
+    "tenant",
+    "restart",
 )
 
 _extra: list[type[Mode]] = []

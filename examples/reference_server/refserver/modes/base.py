@@ -25,6 +25,7 @@ same in GET /reference/info as {"summary": str, "layers": {layer: {"verdict": ..
 from __future__ import annotations
 
 import argparse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -47,8 +48,25 @@ class Mode:
     # that are about glibc's own behaviour leave it at its defaults.
     tune_malloc: ClassVar[bool] = True
 
+    # Answer every request with `Connection: close`: a thread per connection is then a thread
+    # per request (servers without keep-alive).
+    close_connections: ClassVar[bool] = False
+
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
+        self.exit_code = 0
+
+    def prefork(self, args: argparse.Namespace) -> None:
+        """In `main`, before torch is imported, the state built or any thread started: the
+        one safe place to fork helper processes."""
+
+    def make_server(
+        self, state: State, handler: type[BaseHTTPRequestHandler]
+    ) -> ThreadingHTTPServer:
+        """The listening server (a thread per connection)."""
+        server = ThreadingHTTPServer((self.args.host, self.args.port), handler)
+        server.daemon_threads = True
+        return server
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:

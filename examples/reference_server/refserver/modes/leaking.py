@@ -1,6 +1,8 @@
 """leaking: plain + a real leak.
 
-CPU: a buffer of `--leak-kib` KiB (numpy, every page touched) kept per request. GPU:
+CPU: a buffer of `--leak-kib` KiB (numpy, every page touched) kept per request (times
+`--leak-scale`: the flag that makes it worse; $REFERENCE_FREE_REQUEST_BUFFERS=1 releases it at
+the request's end: the env knob that fixes it). GPU:
 `--leak-kind kept` keeps each request's pixel tensor on the GPU; `--leak-kind escape` lets it
 escape a request-scoped `torch.cuda.MemPool`, so the pool's segments are orphaned (~19 MiB a
 request on an H100); `--leak-kind bytes` keeps exactly `--leak-kib` KiB on the GPU per request.
@@ -76,21 +78,29 @@ class LeakingMode(PlainMode):
         del out, pool
 
     def after_request_locked(self, state: State, req: Request | None) -> None:
-        if state.gpu is not None and self.args.leak_kind == "bytes":
+        nbytes = state.leak_bytes(self.args.leak_kib)  # --leak-scale; 0 with the env fix
+        if nbytes and state.gpu is not None and self.args.leak_kind == "bytes":
             torch = state.gpu.torch
-            t = torch.ones(int(self.args.leak_kib * 1024), dtype=torch.uint8, device=state.device)
+            t = torch.ones(nbytes, dtype=torch.uint8, device=state.device)
             state.keep(t, t.numel())
-        if state.gpu is None:
-            buf = np.ones(int(self.args.leak_kib * 1024), dtype=np.uint8)  # touched pages
+        if nbytes and state.gpu is None:
+            buf = np.ones(nbytes, dtype=np.uint8)  # touched pages
             state.keep(buf, buf.nbytes)
 
     def leak_bytes_per_request(self, state: State) -> float | None:
         if state.gpu is None or self.args.leak_kind == "bytes":
-            return float(self.args.leak_kib * 1024.0)
+            return float(state.leak_bytes(self.args.leak_kib))
         return state.kept_bytes / state.requests if state.requests else None
 
     def truth(self, state: State) -> dict[str, Any]:
         rate = self.leak_bytes_per_request(state)
+        if state.release_buffers:
+            layers = super().truth(state)["layers"]
+            return {
+                "summary": "$REFERENCE_FREE_REQUEST_BUFFERS=1: the leaking buffers are released "
+                "(the fix); as plain",
+                "layers": layers,
+            }
         where = "vram" if state.gpu is not None else "host"
         layers = super().truth(state)["layers"]
         why = (
