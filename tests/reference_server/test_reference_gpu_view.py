@@ -64,9 +64,8 @@ def test_tenant_is_another_owners_process_outside_the_server_tree_and_ends_with_
             with open(f"/proc/{pid}/stat") as fh:
                 ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
             assert ppid != srv.pid  # not the server's child
-            tree = {srv.pid} | {
-                int(c) for c in open(f"/proc/{srv.pid}/task/{srv.pid}/children").read().split()
-            }
+            with open(f"/proc/{srv.pid}/task/{srv.pid}/children") as fh:
+                tree = {srv.pid} | {int(c) for c in fh.read().split()}
             assert pid not in tree
             if os.getuid() == 0:
                 assert tenant["uid"] != 0 and tenant["user"] == "nobody"

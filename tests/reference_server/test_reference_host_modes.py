@@ -87,7 +87,7 @@ def test_converging_cache_adds_a_shrinking_share_each_round_up_to_its_bound() ->
         rows = _rounds(srv, 7)
     cache = [r["cache_bytes"] / MIB for r in rows]
     bound = rows[-1]["cache_bound_bytes"] / MIB
-    steps = [b - a for a, b in zip([0.0, *cache], cache)]
+    steps = [b - a for a, b in zip([0.0, *cache], cache, strict=False)]
     assert bound == pytest.approx(112, abs=1)  # 64 + 48 tiles of 1 MiB (448x448, 448x336)
     assert 0 < cache[-1] <= bound
     # geometric: the first rounds add most, the last ones little; never more than before by much

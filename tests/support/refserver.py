@@ -88,12 +88,11 @@ class RefProc:
         self._first = threading.Event()
         self._reader.start()
         self._ereader.start()
-        if expect_start:
-            if not self._first.wait(timeout) or not self.url:
-                self.stop()
-                raise AssertionError(
-                    f"reference server did not start: {self.lines[:3]} {self.stderr_lines[-5:]}"
-                )
+        if expect_start and (not self._first.wait(timeout) or not self.url):
+            self.stop()
+            raise AssertionError(
+                f"reference server did not start: {self.lines[:3]} {self.stderr_lines[-5:]}"
+            )
 
     def _read(self) -> None:
         assert self.proc.stdout is not None

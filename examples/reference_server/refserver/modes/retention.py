@@ -111,7 +111,7 @@ class RetentionMode(Mode):
         feature = np.resize(pixels.ravel(), FEATURE_BYTES // 4).astype(np.float32)
         with self._lock:
             self.features[number % max(1, self.args.retention_cache_entries)] = feature
-        del resized, parts, pixels
+        del pixels
 
     def cpu_image(self, state: State, img: Image.Image, data: bytes, req: Request | None) -> None:
         self._host_work(state, img)
