@@ -116,7 +116,7 @@ def test_not_a_server_log_and_bad_input(tmp_path: Path) -> None:
     r = run(str(p))
     assert r.returncode == 2
     err = r.stderr.decode()
-    assert "not an SGLang or vLLM server log" in err and "Traceback" not in err
+    assert "not a server log diagnose reads (SGLang, vLLM, TGI" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
     for content in (b"", b"\x00\x01\x02" * 100):
         p.write_bytes(content)

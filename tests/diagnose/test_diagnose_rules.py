@@ -71,7 +71,9 @@ def test_oom_phase_and_figures() -> None:
     d = diagnose([fix("17")])
     f = next(x for x in d.findings if x.id == "cuda-oom")
     assert "CUDA graph capture" in f.title
-    assert "asked for 112 MiB" in f.explanation and "process 1747225 held 7.29 GiB" in f.explanation
+    assert (
+        "asked for 112.00 MiB" in f.explanation and "process 1747225 held 7.29 GiB" in f.explanation
+    )
     assert "Another process holds memory" in f.explanation
     assert "--enforce-eager" in f.fix
     d = diagnose([fix("01")])

@@ -8,6 +8,7 @@ import typer
 
 from vramdoctor.cli import app
 from vramdoctor.diagnose import diagnose
+from vramdoctor.diagnose.report import KNOWN_SERVERS
 from vramdoctor.errors import ExitCode, InputError
 from vramdoctor.render import console
 
@@ -23,7 +24,11 @@ def diagnose_cmd(
         False, "--json", help="Print one JSON object (schema vramdoctor.diagnose/2)."
     ),
 ) -> None:
-    """Find what explains GPU-memory growth or an OOM in SGLang/vLLM logs, with evidence and fixes.
+    """Find what explains GPU-memory growth or an OOM in a server's log, with evidence and fixes.
+
+    Reads SGLang, vLLM, TGI, TensorRT-LLM, llama.cpp, Ollama and LMDeploy logs (CUDA, ROCm, NPU);
+    every fix is in the server's own flags. Each finding says what it rests on: a line read, a
+    figure derived from read ones, or unknown.
 
     Exit code 0: no warning or critical finding; 1: at least one; 2: no input can be read, or no
     input is a server log (an unreadable file next to readable ones is noted, not fatal).
@@ -45,8 +50,8 @@ def diagnose_cmd(
         names = ", ".join(f.file for f in d.files)
         lines = sum(f.lines for f in d.files)
         raise InputError(
-            f"{names}: not an SGLang or vLLM server log (read {lines} line(s); no server line, "
-            "argument dump, memory figure or known error found)"
+            f"{names}: not a server log diagnose reads ({KNOWN_SERVERS}; read {lines} line(s): no "
+            "server line, argument dump, memory figure or known error found)"
         )
     if json_out:
         console.print_json(d.to_json())

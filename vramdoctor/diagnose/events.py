@@ -922,13 +922,17 @@ class EventsMixin:
                 self.put("total_gpu_mib", data["total_mib"], INFERRED, self.ev(hit))
         if "allowed;" in msg + alt and (m := find(P.OOM_ALLOWED)):
             data["allowed_mib"] = size_mib(m.group(1))  # a per-process memory fraction was set
+        shown: dict[
+            str, str
+        ] = {}  # the figures as the message prints them (quoted, never re-rounded)
         if m := find(P.OOM_TRIED):
             data["requested_mib"] = size_mib(m.group(1))
-        elif m := P.GGML_ALLOC.search(
-            msg
-        ):  # llama.cpp: "allocating 4480.00 MiB on device 0: cudaMalloc failed"
+            shown["requested"] = m.group(1)
+        elif m := P.GGML_ALLOC.search(msg):
+            # llama.cpp: "allocating 4480.00 MiB on device 0: cudaMalloc failed"
             data["requested_mib"] = float(m.group(1))
             data["gpu"] = int(m.group(2))
+            shown["requested"] = f"{m.group(1)} MiB"
         if "pid=" in hit.text[:120] and (m := P.PROC_PID.search(hit.text, 0, 160)):
             while hit.text.startswith(" (", m.end()) and (
                 n := P.PROC_PID.match(hit.text, m.end() + 1)
@@ -942,6 +946,7 @@ class EventsMixin:
             data["gpu"] = int(m.group(1))
             data["total_mib"] = size_mib(m.group(2))
             data["free_mib"] = size_mib(m.group(4 if old else 3))
+            shown["total"], shown["free"] = m.group(2), m.group(4 if old else 3)
             if old:
                 data["allocated_mib"] = size_mib(m.group(3))
             self.put("total_gpu_mib", data["total_mib"], INFERRED, self.ev(hit))
@@ -957,6 +962,8 @@ class EventsMixin:
             data["reserved_unallocated_mib"] = size_mib(m.group(1))
         if "allocated_mib" not in data and (m := find(P.OOM_ALLOCATED)):
             data["allocated_mib"] = size_mib(m.group(1))
+        if shown:
+            data["shown"] = shown
         marks = self._markers(region + "\n" + msg)
         phase = self._phase(marks)
         if phase is None:

@@ -64,6 +64,10 @@ def short_line_memo(
 def clean(line: str) -> Clean:
     """Strip the wrappers in the order they are applied outside-in."""
     s = strip_noise(line)
+    if s[:1] in "[12\u2502" and (w := P.WRAPPER.match(s)) is not None:
+        s = s[w.end() :]
+        if s.endswith("\u2502"):  # a TUI border's right edge, after its padding
+            s = s[:-1].rstrip()
     for rx in (P.COMPOSE, P.JOURNALD):
         m = rx.match(s)
         if m:

@@ -63,6 +63,13 @@ QUOTE = re.compile(r"^(?:\s*>)+ ?")  # markdown quote markers
 COMPOSE = re.compile(  # docker-compose "name-1  | ", log shippers "2026-05-01 21:55:54.036 | "
     r"^(?:\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?Z? |[\w.-]*\s*)\| "
 )
+# Log shippers' and CI's wrappers (issue 23): Buildkite "[2025-07-04T05:34:37Z] ", kubectl --timestamps and
+# GitHub Actions "2026-07-08T22:40:03.166647879Z ", Lemonade's "2026-05-08 11:47:02.257 [Error] (Process) ",
+# a TUI log viewer's border "│ ... │".
+WRAPPER = re.compile(
+    r"^(?:\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z\] |\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z "
+    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \[(?:Error|Info|Warning|Debug)\] \(Process\) |\u2502 )"
+)
 JOURNALD = re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d (?:\S+ )?[\w.@/-]+(?:\[\d+\])?: ")
 PROC = re.compile(  # one or more (nested: "(EngineCore_0 pid=715) (VllmWorker TP0 pid=720) ")
     # (a word character, then anything up to "pid=": one way to read it, linear on a 1 MiB line)

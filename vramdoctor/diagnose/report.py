@@ -105,6 +105,9 @@ _VARIANT_OF = {
 }
 
 
+KNOWN_SERVERS = "SGLang, vLLM, TGI, TensorRT-LLM, llama.cpp, Ollama, LMDeploy"
+
+
 def display_name(server: str | None, variant: str | None = None) -> str:
     """ "TGI (LoRAX, a TGI fork)", "vLLM", "unknown server"."""
     name = DISPLAY_NAMES.get(server or "", server or "unknown server")
@@ -197,6 +200,15 @@ def finding_panel(f: Finding, single: bool = False, width: int | None = None) ->
     if f.evidence:
         parts.append(Text("Evidence:", style="bold"))
         parts.extend(_evidence_text(e, single) for e in f.evidence)
+    basis = f.rests_on
+    if basis == "derived":
+        # issue 23: a cause computed from read figures says so, and shows the arithmetic
+        shown = "; ".join(f.derived) if f.derived else "computed from the lines above"
+        parts.append(Text.assemble(("Rests on: ", "bold"), f"derived ({shown})"))
+    elif basis == "unknown":
+        parts.append(
+            Text.assemble(("Rests on: ", "bold"), "unknown (the log does not show the cause)")
+        )
     parts.append(Text.assemble(("Fix: ", "bold green"), f.fix))
     severity = (f"{f.severity.upper()} ", _STYLE[f.severity])
     title = Text.assemble(severity, (f.title, "bold"), (f"  [{f.id}]", "dim"))
@@ -217,7 +229,7 @@ def render(d: Diagnosis, con: Console) -> None:
         if not fs.recognised and not any(n.startswith("not read: ") for n in fs.notes):
             con.print(
                 Text(
-                    f"note: {fs.file}: not an SGLang or vLLM server log (no known line found)",
+                    f"note: {fs.file}: not a server log diagnose reads ({KNOWN_SERVERS}; no known line found)",
                     style="yellow",
                 )
             )

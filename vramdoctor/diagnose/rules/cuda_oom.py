@@ -454,13 +454,19 @@ def _budget(f: Facts, server: str | None) -> str:
     return ", ".join(parts) if parts else "not shown in the log"
 
 
+def _shown(e: LogEvent, name: str) -> str:
+    """A figure as the log printed it ("12.95 GiB", "4480.00 MiB"), else formatted from MiB."""
+    text = (e.data.get("shown") or {}).get(name)
+    return str(text) if text else mib(e.data.get(f"{name}_mib"))
+
+
 def _figures(e: LogEvent) -> str:
     d = e.data
     bits = []
     if "requested_mib" in d:
-        bits.append(f"asked for {mib(d['requested_mib'])}")
+        bits.append(f"asked for {_shown(e, 'requested')}")
     if "free_mib" in d:
-        bits.append(f"{mib(d['free_mib'])} free of {mib(d.get('total_mib'))} on GPU {d.get('gpu')}")
+        bits.append(f"{_shown(e, 'free')} free of {_shown(e, 'total')} on GPU {d.get('gpu')}")
     elif "gpu" in d and "requested_mib" in d:
         bits.append(f"on GPU {d['gpu']}")
     if d.get("allocator") == "cudaMallocAsync" and "allocated_mib" in d:
@@ -575,9 +581,11 @@ def _below_free(e: LogEvent, d: Diagnosis, phase: str | None) -> tuple[str, str,
         free, source = d.facts.free_before_load_mib, "the server saw on the device at load"
     if requested is None or free is None or requested >= free or e.data.get("allowed_mib"):
         return None
-    math = f"{mib(requested)} asked < {mib(free)} free ({source})"
+    asked = _shown(e, "requested")
+    free_text = _shown(e, "free") if e.data.get("free_mib") is not None else mib(free)
+    math = f"{asked} asked < {free_text} free ({source})"
     expl = (
-        f" The request ({mib(requested)}) is smaller than the {mib(free)} free ({source}): the memory budget "
+        f" The request ({asked}) is smaller than the {free_text} free ({source}): the memory budget "
         "did not run out. The free memory was not one block large enough, or the device refused one "
         "allocation that large: fragmentation of the free memory, or a per-allocation limit of the "
         "driver/runtime (on an APU the 'free' figure is shared system memory, and a single large "
@@ -673,7 +681,7 @@ def _finding(d: Diagnosis, phase: str | None, group: list[LogEvent], total: int)
         expl += outsized[0]
         derived.append(outsized[1])
     expl += _ranks(group)
-    other = next((why for e in group if (why := _other_process(e))), None)
+    other = _other_process(first)  # the same message as the figures and the process notes
     limit_expl, limit_fix, limit_alone = _limit(first)
     expl += limit_expl
     expl += _own_processes(first)
