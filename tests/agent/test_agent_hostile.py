@@ -391,3 +391,34 @@ def test_soak_s_diff_of_hostile_snapshots_and_planted_files_ends(tmp_path: Path)
     assert [p["pid"] for p in att["processes"]] == [100]
     notes = " ".join(att["notes"])
     assert "is not a regular file" in notes and "symbolic link" in notes
+
+
+# --- soak as root, pointed at a directory by a server process -----------------------------------
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a server process of another user")
+def test_a_server_cannot_point_a_root_soak_at_a_directory_it_does_not_own(tmp_path: Path) -> None:
+    """A server process (uid 65534) names root's directory in its VRAMDOCTOR_AGENT_DIR: soak,
+    running as root, finds it there and refuses it, writing nothing into it; a missing one is
+    never created."""
+    from vramdoctor.attribution.hooks import inside_hook
+
+    roots = tmp_path / "roots"
+    roots.mkdir(mode=0o755)
+    tmp_path.chmod(0o755)
+    said: list[str] = []
+    for target in (roots, tmp_path / "missing" / "dir"):
+        proc = subprocess.Popen(
+            ["sleep", "30"],  # any process: what matters is its environment and its user
+            env={"VRAMDOCTOR_AGENT_DIR": str(target), "PATH": "/usr/bin:/bin"},
+            user=65534,
+            group=65534,
+        )
+        try:
+            assert wait_for(lambda p=proc: os.path.exists(f"/proc/{p.pid}/environ"))
+            time.sleep(0.2)
+            assert inside_hook({proc.pid: "server"}, notify=said.append) is None
+        finally:
+            proc.kill()
+            proc.wait()
+    assert "belongs to uid 0, not to the server process's uid 65534" in said[0]
+    assert "does not exist" in said[1]
+    assert list(roots.iterdir()) == [] and not (tmp_path / "missing").exists()

@@ -64,6 +64,31 @@ _O_READ = (
 )
 
 
+_O_DIR = (
+    os.O_RDONLY
+    | getattr(os, "O_DIRECTORY", 0)
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
+
+
+def _read_fd(fd: int, limit: int) -> bytes | None:
+    """The bytes of the open file `fd` if it is a regular file of at most `limit` (else None)."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+        return None
+    chunks: list[bytes] = []
+    left = limit + 1
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    data = b"".join(chunks)
+    return data if len(data) <= limit else None
+
+
 def read_regular(path: Path, limit: int) -> bytes | None:
     """The bytes of a regular file, never through a link, at most `limit` (None otherwise)."""
     try:
@@ -71,27 +96,14 @@ def read_regular(path: Path, limit: int) -> bytes | None:
     except OSError:
         return None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
-            return None
-        chunks: list[bytes] = []
-        left = limit + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        data = b"".join(chunks)
-        return data if len(data) <= limit else None
+        return _read_fd(fd, limit)
     except OSError:
         return None
     finally:
         os.close(fd)
 
 
-def _json_file(path: Path, limit: int) -> dict[str, Any] | None:
-    raw = read_regular(path, limit)
+def _json(raw: bytes | None) -> dict[str, Any] | None:
     if raw is None:
         return None
     try:
@@ -99,6 +111,175 @@ def _json_file(path: Path, limit: int) -> dict[str, Any] | None:
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def _json_file(path: Path, limit: int) -> dict[str, Any] | None:
+    return _json(read_regular(path, limit))
+
+
+class AgentDir:
+    """The agent directory opened once: every later read and write is relative to this
+    descriptor and never follows a link, so a link swapped in above it, or planted inside it,
+    changes nothing. Names are one path component each."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self.fd = fd
+
+    @classmethod
+    def open(cls, path: Path, *, create: bool, owner_uid: int | None = None) -> AgentDir:
+        """Open (and with `create`, make 0700) the directory. Raises InputError when it is a
+        link or not a directory, when group or others can write it, or, with `owner_uid`, when
+        another user owns it (a directory named by a server process must be its own)."""
+        if create:
+            try:
+                path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as exc:
+                raise InputError(
+                    f"agent directory {path}: cannot create it ({exc.strerror})"
+                ) from None
+        try:
+            fd = os.open(path, _O_DIR)
+        except FileNotFoundError:
+            raise InputError(f"agent directory {path} does not exist") from None
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise InputError(
+                    f"agent directory {path} is a link or not a directory: give its real path"
+                ) from None
+            raise InputError(f"agent directory {path}: {exc.strerror}") from None
+        st = os.fstat(fd)
+        problem = None
+        if st.st_mode & 0o022:
+            problem = (
+                f"agent directory {path} is writable by group or others (mode "
+                f"{stat.S_IMODE(st.st_mode):o}); the agents refuse it: chmod go-w {path}"
+            )
+        elif owner_uid is not None and st.st_uid != owner_uid:
+            problem = (
+                f"agent directory {path} belongs to uid {st.st_uid}, not to the server "
+                f"process's uid {owner_uid}: not used"
+            )
+        elif not os.access(fd if os.access in os.supports_fd else path, os.W_OK | os.X_OK):
+            problem = f"agent directory {path}: not writable by this user"
+        if problem:
+            os.close(fd)
+            raise InputError(problem)
+        return cls(path, fd)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+    def _walk(self, names: tuple[str, ...]) -> int | None:
+        """A descriptor of the subdirectory `names` (each opened without following a link), or
+        None when a part is missing or not a real directory; the caller closes it."""
+        fd = os.dup(self.fd)
+        for name in names:
+            try:
+                nxt = os.open(name, _O_DIR, dir_fd=fd)
+            except OSError:
+                os.close(fd)
+                return None
+            os.close(fd)
+            fd = nxt
+        return fd
+
+    def listdir(self, *names: str) -> list[str]:
+        fd = self._walk(names)
+        if fd is None:
+            return []
+        try:
+            return os.listdir(fd)
+        except OSError:
+            return []
+        finally:
+            os.close(fd)
+
+    def read(self, *names: str, limit: int) -> bytes | None:
+        """A regular file `names[-1]` in the subdirectory `names[:-1]`, at most `limit` bytes."""
+        fd = self._walk(names[:-1])
+        if fd is None:
+            return None
+        try:
+            f = os.open(names[-1], _O_READ, dir_fd=fd)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        try:
+            return _read_fd(f, limit)
+        except OSError:
+            return None
+        finally:
+            os.close(f)
+
+    def read_json(self, *names: str, limit: int) -> dict[str, Any] | None:
+        return _json(self.read(*names, limit=limit))
+
+    def write(self, name: str, data: bytes, mode: int = 0o644) -> None:
+        runtime.write_atomic(self.fd, name, data, mode=mode)
+
+    def unlink(self, *names: str) -> None:
+        fd = self._walk(names[:-1])
+        if fd is None:
+            return
+        try:
+            with contextlib.suppress(OSError):
+                os.unlink(names[-1], dir_fd=fd)
+        finally:
+            os.close(fd)
+
+    def rmdir(self, *names: str) -> None:
+        fd = self._walk(names[:-1])
+        if fd is None:
+            return
+        try:
+            with contextlib.suppress(OSError):
+                os.rmdir(names[-1], dir_fd=fd)
+        finally:
+            os.close(fd)
+
+    def move_out(self, names: tuple[str, ...], dest: Path, limit: int) -> bool:
+        """Move the regular file `names` (never a link, at most `limit` bytes) to `dest`: a
+        rename, or on another file system a copy from a descriptor opened without following
+        links, then the original removed. False when it is not such a file."""
+        fd = self._walk(names[:-1])
+        if fd is None:
+            return False
+        try:
+            try:
+                st = os.stat(names[-1], dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                return False
+            if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+                return False
+            try:
+                os.rename(names[-1], dest, src_dir_fd=fd)
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    return False
+                data = None
+                with contextlib.suppress(OSError):
+                    f = os.open(names[-1], _O_READ, dir_fd=fd)
+                    try:
+                        data = _read_fd(f, limit)
+                    finally:
+                        os.close(f)
+                if data is None:
+                    return False
+                dest.write_bytes(data)
+                with contextlib.suppress(OSError):
+                    os.unlink(names[-1], dir_fd=fd)
+            # what arrived must be what was checked (a swap between the check and the rename)
+            arrived = os.lstat(dest)
+            if not stat.S_ISREG(arrived.st_mode):
+                with contextlib.suppress(OSError):
+                    os.unlink(dest)
+                return False
+            return True
+        finally:
+            os.close(fd)
 
 
 def _int(value: Any, low: int = 0, high: int = 2**62) -> int | None:
@@ -200,19 +381,32 @@ def _locate(
     return ns.get((pid, ticks))
 
 
-def list_agents(agent_dir: Path) -> list[AgentInfo]:
+def list_agents(agent_dir: Path | AgentDir) -> list[AgentInfo]:
     """Every status file in the agent directory (unreadable or foreign ones skipped), by pid."""
-    out: list[AgentInfo] = []
-    folder = Path(agent_dir) / runtime.AGENTS_DIR
+    opened = agent_dir if isinstance(agent_dir, AgentDir) else _open_quietly(Path(agent_dir))
+    if opened is None:
+        return []
     try:
-        names = sorted(os.listdir(folder)) if not folder.is_symlink() else []
+        return _agents_in(opened)
+    finally:
+        if opened is not agent_dir:
+            opened.close()
+
+
+def _open_quietly(path: Path) -> AgentDir | None:
+    try:
+        return AgentDir(path, os.open(path, _O_DIR))
     except OSError:
-        names = []
+        return None
+
+
+def _agents_in(folder: AgentDir) -> list[AgentInfo]:
+    out: list[AgentInfo] = []
     ns: dict[tuple[int, int], int] | None = None
-    for name in names[:10_000]:
+    for name in sorted(folder.listdir(runtime.AGENTS_DIR))[:10_000]:
         if not _STATUS_NAME.fullmatch(name):
             continue
-        d = _json_file(folder / name, STATUS_MAX_BYTES)
+        d = folder.read_json(runtime.AGENTS_DIR, name, limit=STATUS_MAX_BYTES)
         if d is None:
             continue
         pid, host = _int(d.get("pid"), 1, 2**31), _text(d.get("host"), 64)
@@ -301,7 +495,14 @@ _GLIBC_KEYS = (
     "keepcost",
     "free_chunks",
 )
-_PYTHON_KEYS = ("allocated_blocks", "traced_bytes", "peak_bytes", "overhead_bytes", "lines")
+_PYTHON_KEYS = (
+    "allocated_blocks",
+    "traced_bytes",
+    "peak_bytes",
+    "overhead_bytes",
+    "lines",
+    "traces_estimate",
+)
 _MAX_DEVICES = 64
 _MAX_POOLS = 256
 _MAX_TOP = 50
@@ -428,6 +629,10 @@ class Controller:
     token: this run's own (random by default); a trigger expires after `expires_s`, so one left
     behind by a killed soak does nothing to a later server. `open_session()` makes this soak the
     directory's one soak (agents then accept its token only); `close()` ends it.
+    `create`: make the directory (0700) when it does not exist (a directory the user named);
+    `owner_uid`: the uid that must own it (a directory named in a server process's
+    environment must be that process's user's: a server cannot point a root soak at /etc).
+    Every file is read and written relative to the directory opened by `check()`.
     """
 
     def __init__(
@@ -437,6 +642,8 @@ class Controller:
         token: str | None = None,
         expires_s: float = 120.0,
         clock: Callable[[], float] = time.time,
+        create: bool = True,
+        owner_uid: int | None = None,
     ) -> None:
         self.dir = Path(agent_dir)
         self.token = token or secrets.token_hex(8)
@@ -444,48 +651,32 @@ class Controller:
             raise InputError(f"agent token {self.token!r}: use 1-64 letters, digits, '-' or '_'")
         self.expires_s = expires_s
         self.clock = clock
+        self.create = create
+        self.owner_uid = owner_uid
         self.session_open = False
-        self._ns_cache: dict[tuple[str, int], int | None] = {}
+        self._dir: AgentDir | None = None
 
     # --- the directory -------------------------------------------------------------------------
     def check(self) -> None:
-        """The directory must exist (or be creatable, 0700) as a real directory that this user
-        can write and that group and others cannot (the agents refuse such a directory)."""
-        try:
-            self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise InputError(
-                f"agent directory {self.dir}: cannot create it ({exc.strerror})"
-            ) from None
-        try:
-            st = os.lstat(self.dir)
-        except OSError as exc:
-            raise InputError(f"agent directory {self.dir}: {exc.strerror}") from None
-        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-            raise InputError(
-                f"agent directory {self.dir} is a link or not a directory: give its real path"
-            )
-        if st.st_mode & 0o022:
-            raise InputError(
-                f"agent directory {self.dir} is writable by group or others (mode "
-                f"{stat.S_IMODE(st.st_mode):o}); the agents refuse it: chmod go-w {self.dir}"
-            )
-        if not os.access(self.dir, os.W_OK | os.X_OK):
-            raise InputError(f"agent directory {self.dir}: not writable by this user")
+        """Open the directory (made 0700 when `create` and missing): a real directory, not a
+        link, that this user can write and that group and others cannot (the agents refuse such
+        a directory), owned by `owner_uid` when given. Raises InputError with the reason."""
+        if self._dir is None:
+            self._dir = AgentDir.open(self.dir, create=self.create, owner_uid=self.owner_uid)
+
+    @property
+    def folder(self) -> AgentDir:
+        self.check()
+        assert self._dir is not None
+        return self._dir
 
     def _write(self, name: str, data: dict[str, Any]) -> None:
         """Write a file of ours atomically, readable by the agents (a root soak, a user server)."""
-        fd = os.open(
-            self.dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
-        )
-        try:
-            runtime.write_atomic(fd, name, json.dumps(data).encode("utf-8"), mode=0o644)
-        finally:
-            os.close(fd)
+        self.folder.write(name, json.dumps(data).encode("utf-8"), mode=0o644)
 
     def open_session(self) -> None:
         """Make this soak the directory's soak: raises InputError when another live soak is."""
-        d = _json_file(self.dir / runtime.SESSION_FILE, runtime.TRIGGER_MAX_BYTES)
+        d = self.folder.read_json(runtime.SESSION_FILE, limit=runtime.TRIGGER_MAX_BYTES)
         if d is not None and d.get("token") != self.token:
             with contextlib.suppress(Exception):
                 other = runtime.parse_session(json.dumps(d).encode("utf-8"))
@@ -511,7 +702,7 @@ class Controller:
     # --- agents ----------------------------------------------------------------------------------
     def agents(self) -> list[AgentInfo]:
         """Every agent of the directory whose process is alive (or, elsewhere, heard lately)."""
-        return [a for a in list_agents(self.dir) if a.alive() is not False]
+        return [a for a in list_agents(self.folder) if a.alive() is not False]
 
     def ready(self) -> list[AgentInfo]:
         """Live agents that answer for inside evidence ("ready" or "armed")."""
@@ -553,22 +744,12 @@ class Controller:
             },
         )
 
-    def _reply_dir(self) -> Path:
-        return self.dir / runtime.REPLIES_DIR / self.token
-
-    def _replies(self, seq: int) -> dict[tuple[str, int], Path]:
-        found: dict[tuple[str, int], Path] = {}
-        folder = self._reply_dir()
-        try:
-            if folder.is_symlink() or (self.dir / runtime.REPLIES_DIR).is_symlink():
-                return found
-            names = os.listdir(folder)
-        except OSError:
-            return found
-        for name in names[:100_000]:
+    def _replies(self, seq: int) -> dict[tuple[str, int], str]:
+        found: dict[tuple[str, int], str] = {}
+        for name in self.folder.listdir(runtime.REPLIES_DIR, self.token)[:100_000]:
             m = _REPLY_NAME.fullmatch(name)
             if m and int(m.group(1)) == seq:
-                found[(m.group(2), int(m.group(3)))] = folder / name
+                found[(m.group(2), int(m.group(3)))] = name
         return found
 
     def collect(
@@ -595,16 +776,16 @@ class Controller:
             if not missing or time.monotonic() >= deadline:
                 break
             sleep(0.05)
-        by_key = {(a.host, a.pid): a for a in list_agents(self.dir)}
+        by_key = {(a.host, a.pid): a for a in list_agents(self.folder)}
         replies = []
-        for key, path in sorted(found.items()):
-            reply = self._read_reply(path, by_key.get(key))
+        for key, name in sorted(found.items()):
+            reply = self._read_reply(name, by_key.get(key))
             if reply is not None:
                 replies.append(reply)
         return replies, missing
 
-    def _read_reply(self, path: Path, agent: AgentInfo | None) -> Reply | None:
-        d = _json_file(path, REPLY_MAX_BYTES)
+    def _read_reply(self, name: str, agent: AgentInfo | None) -> Reply | None:
+        d = self.folder.read_json(runtime.REPLIES_DIR, self.token, name, limit=REPLY_MAX_BYTES)
         if d is None:
             return None
         pid, host = _int(d.get("pid"), 1, 2**31), _text(d.get("host"), 64)
@@ -613,20 +794,19 @@ class Controller:
         if pid is None or host is None or seq is None or wall is None:
             return None
         program = _text(d.get("program"), 120) or "?"
+        path = self.dir / runtime.REPLIES_DIR / self.token / name
         snapshot = None
         snap = d.get("snapshot")
-        if isinstance(snap, dict) and isinstance(snap.get("file"), str):
-            pickle_name = path.with_suffix(".pickle").name
-            if snap["file"] == pickle_name:
-                snapshot = SnapshotFile(
-                    path.with_suffix(".pickle"),
-                    seq,
-                    pid,
-                    host,
-                    program,
-                    wall,
-                    _float(snap.get("snapshot_s")),
-                )
+        if isinstance(snap, dict) and snap.get("file") == path.with_suffix(".pickle").name:
+            snapshot = SnapshotFile(
+                path.with_suffix(".pickle"),
+                seq,
+                pid,
+                host,
+                program,
+                wall,
+                _float(snap.get("snapshot_s")),
+            )
         local = agent.local_pid if agent is not None else None
         if local is None:
             local = _locate(pid, host, _int(d.get("start_ticks")), None)
@@ -654,12 +834,14 @@ class Controller:
         replies, missing = self.collect(seq, want=("snapshot",), timeout_s=timeout_s, sleep=sleep)
         return [r.snapshot for r in replies if r.snapshot is not None], missing
 
+    def _names(self, path: Path) -> tuple[str, ...]:
+        return (runtime.REPLIES_DIR, self.token, path.name)
+
     def discard(self, replies: Iterable[Reply]) -> None:
         """Remove answers read and not moved (their pickles too)."""
         for r in replies:
-            for p in (r.path, r.path.with_suffix(".pickle")):
-                with contextlib.suppress(OSError):
-                    os.unlink(p)
+            for path in (r.path, r.path.with_suffix(".pickle")):
+                self.folder.unlink(*self._names(path))
 
     def move(self, files: Iterable[SnapshotFile], dest: Path) -> list[SnapshotFile]:
         """Move collected snapshots into `dest` (the run's attribution folder): the pickle by
@@ -669,7 +851,7 @@ class Controller:
         out: list[SnapshotFile] = []
         for f in files:
             target = dest / f.pickle_path.name
-            if not _move_regular(f.pickle_path, target, SNAPSHOT_MAX_BYTES):
+            if not self.folder.move_out(self._names(f.pickle_path), target, SNAPSHOT_MAX_BYTES):
                 continue
             moved = SnapshotFile(target, f.seq, f.pid, f.host, f.program, f.wall, f.snapshot_s)
             meta = target.with_suffix(".json")
@@ -677,53 +859,26 @@ class Controller:
                 meta.write_text(json.dumps(moved.meta()), encoding="utf-8")
             except OSError:
                 continue
-            with contextlib.suppress(OSError):
-                os.unlink(f.pickle_path.with_suffix(".json"))
+            self.folder.unlink(*self._names(f.pickle_path.with_suffix(".json")))
             out.append(moved)
         return out
 
     def close(self) -> None:
-        """End the session: remove our trigger and session (if still ours) and our empty folder."""
+        """End the session: remove our trigger and session (if still ours), our answers and
+        their folder, and close the directory."""
+        if self._dir is None:
+            return
+        folder = self._dir
         for name in (runtime.TRIGGER_FILE, runtime.SESSION_FILE):
-            path = self.dir / name
-            d = _json_file(path, runtime.TRIGGER_MAX_BYTES)
+            d = folder.read_json(name, limit=runtime.TRIGGER_MAX_BYTES)
             if d is not None and d.get("token") == self.token:
-                with contextlib.suppress(OSError):
-                    path.unlink()
-        folder = self._reply_dir()
-        with contextlib.suppress(OSError):
-            if not folder.is_symlink():
-                for name in os.listdir(folder):
-                    if _REPLY_NAME.fullmatch(name) or name.endswith(".pickle"):
-                        with contextlib.suppress(OSError):
-                            os.unlink(folder / name)
-                folder.rmdir()
+                folder.unlink(name)
+        for name in folder.listdir(runtime.REPLIES_DIR, self.token):
+            if _REPLY_NAME.fullmatch(name) or name.endswith(".pickle"):
+                folder.unlink(runtime.REPLIES_DIR, self.token, name)
+        folder.rmdir(runtime.REPLIES_DIR, self.token)
         self.session_open = False
+        folder.close()
+        self._dir = None
 
     clear = close  # the name of protocol 1
-
-
-def _move_regular(src: Path, dest: Path, limit: int) -> bool:
-    """Move a regular file (never a link) to `dest`; False when it is not one or too large."""
-    try:
-        st = os.lstat(src)
-    except OSError:
-        return False
-    if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
-        return False
-    try:
-        os.rename(src, dest)
-        return True
-    except OSError as exc:
-        if exc.errno != errno.EXDEV:
-            return False
-    data = read_regular(src, limit)  # another file system: copy through a checked descriptor
-    if data is None:
-        return False
-    try:
-        dest.write_bytes(data)
-    except OSError:
-        return False
-    with contextlib.suppress(OSError):
-        os.unlink(src)
-    return True

@@ -47,6 +47,7 @@ __all__ = [
     "build_hook",
     "inside_hook",
     "parse_attribute_option",
+    "process_uid",
 ]
 
 SGLANG_NOT_COVERED = (
@@ -77,6 +78,17 @@ def parse_attribute_option(value: str) -> tuple[str, Path | None]:
 def _write_collection(dest: Path, data: dict[str, Any]) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "collection.json").write_text(json.dumps(data, indent=1), encoding="utf-8")
+
+
+def process_uid(pid: int) -> int | None:
+    """The effective uid of a process (/proc/PID/status), or None when it cannot be read."""
+    try:
+        with open(f"/proc/{int(pid)}/status", encoding="utf-8", errors="replace") as fh:
+            line = next((x for x in fh if x.startswith("Uid:")), None)
+    except OSError:
+        return None
+    parts = line.split() if line else []
+    return int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else None
 
 
 def agent_dirs_of(pids: Iterable[int]) -> dict[Path, list[int]]:
@@ -127,8 +139,10 @@ class AgentHook:
         server_pids: Mapping[int, str] | None = None,
         write: Write | None = None,
         found_in: str = "--attribute",
+        create: bool = True,
+        owner_uid: int | None = None,
     ) -> None:
-        self.ctl = Controller(agent_dir)
+        self.ctl = Controller(agent_dir, create=create, owner_uid=owner_uid)
         self.ctl.check()
         self.dest = dest
         self.snapshots = snapshots and dest is not None
@@ -285,7 +299,16 @@ def inside_hook(
             "agent: the server's processes name several agent directories; using "
             f"{directory} ({len(pids)} processes)"
         )
+    uids = {process_uid(pid) for pid in pids}
+    if len(uids) != 1 or None in uids:
+        say(
+            f"agent: the processes naming {directory} run as different or unknown users; "
+            "not used (no inside evidence)"
+        )
+        return None
     try:
+        # A directory a server process names is used only as that process's user's: existing
+        # (never created here), not a link, not writable by others, owned by that uid.
         return AgentHook(
             directory,
             None,
@@ -294,6 +317,8 @@ def inside_hook(
             server_pids=server_pids,
             write=write,
             found_in="in the server's environment",
+            create=False,
+            owner_uid=uids.pop(),
         )
     except InputError as exc:
         say(f"agent: {exc}; no inside evidence")
