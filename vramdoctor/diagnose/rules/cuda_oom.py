@@ -681,6 +681,16 @@ def _finding(d: Diagnosis, phase: str | None, group: list[LogEvent], total: int)
         expl += outsized[0]
         derived.append(outsized[1])
     expl += _ranks(group)
+    skipped = d.events_of("kv_profiling_skipped")
+    if skipped and phase not in ("weight_load", "distributed_init", "preprocessing"):
+        # vLLM sized the KV cache from --kv-cache-memory-bytes and skipped its memory profile: nothing
+        # checked that the rest fits, so the size set by hand is the cause to look at first
+        kv = skipped[0].data.get("kv_cache_mib")
+        expl += (
+            f" vLLM skipped its memory profiling: the KV cache ({mib(kv)}) was sized by --kv-cache-memory-bytes, "
+            "not from the memory left after the weights and activations, and gpu_memory_utilization was not "
+            "applied."
+        )
     other = _other_process(first)  # the same message as the figures and the process notes
     limit_expl, limit_fix, limit_alone = _limit(first)
     expl += limit_expl
@@ -825,6 +835,20 @@ def _fix_and_title(
             fix,
             f"{device} out of memory {where}: one allocation out of all proportion to the step",
         )
+    if d.events_of("kv_profiling_skipped") and phase not in (
+        "weight_load",
+        "distributed_init",
+        "preprocessing",
+    ):
+        # (the line names vLLM's kv_cache_memory_bytes config: its flag, whatever the version)
+        lower = (
+            "Lower --kv-cache-memory-bytes (it was set by hand and not checked against what is free); "
+            if d.server == "vllm"
+            else words(d).say(
+                "Lower {kv_size} (it was set by hand and not checked against what is free); "
+            )
+        )
+        return limit_fix + (lower or "") + _fix(phase, d, first), title
     return limit_fix + _fix(phase, d, first), title
 
 
