@@ -181,7 +181,8 @@ def test_fail_start_from_the_environment() -> None:
 
 
 @pytest.mark.parametrize(
-    ("how", "code"), [("exit", 1), ("kill", -signal.SIGKILL), ("segv", -signal.SIGSEGV)]
+    ("how", "code"),
+    [("exit", 1), ("kill", -signal.SIGKILL), ("segv", -signal.SIGSEGV), ("abort", -signal.SIGABRT)],
 )
 def test_crash_after_n_requests(how: str, code: int) -> None:
     srv = RefProc("leaking", "--crash-after", "3", "--crash-how", how)

@@ -6,7 +6,8 @@ MESSAGE (default: a CUDA out-of-memory error as PyTorch words it) on stderr and 
 `--crash-after N`: after the N-th request's work (before its answer is sent) the process dies:
 `--crash-how exit` logs a traceback-like error and exits 1 at once (os._exit: no clean-up, as
 a fatal error in a server's event loop does), `kill` sends itself SIGKILL (the OOM killer's
-way), `segv` SIGSEGV (a crash in native code).
+way), `segv` SIGSEGV and `abort` abort() (a crash in native code: "Fatal Python error: ..." is
+logged first, as faulthandler does). `--crash-after-requests` is the same flag.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--crash-after",
+        "--crash-after-requests",
+        dest="crash_after",
         type=int,
         default=0,
         metavar="N",
@@ -43,9 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--crash-how",
-        choices=["exit", "kill", "segv"],
+        choices=["exit", "kill", "segv", "abort"],
         default="exit",
-        help="how --crash-after dies: exit 1 at once, SIGKILL itself, or SIGSEGV",
+        help="how --crash-after dies: exit 1 at once, SIGKILL itself, SIGSEGV, or abort()",
     )
     parser.add_argument(
         "--leak-scale",
@@ -76,5 +79,9 @@ def crash_now(args: argparse.Namespace, requests: int) -> None:
     if args.crash_how == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif args.crash_how == "segv":
+        print("Fatal Python error: Segmentation fault", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGSEGV)
+    elif args.crash_how == "abort":
+        print("Fatal Python error: Aborted", file=sys.stderr, flush=True)
+        os.abort()
     os._exit(1)

@@ -50,7 +50,10 @@ class State:
         self.aborted = 0
         # The server's own env knob (#24's variant matrix): every per-request buffer a mode
         # would keep is released at once instead; what a correct fix looks like from outside.
-        self.release_buffers = os.environ.get("REFERENCE_FREE_REQUEST_BUFFERS", "") == "1"
+        self.release_buffers = "1" in (
+            os.environ.get("REFERENCE_FREE_REQUEST_BUFFERS", ""),
+            os.environ.get("REFERENCE_FIX_LEAK", ""),  # the same knob, by its other name
+        )
         self.leak_scale = float(getattr(args, "leak_scale", 1.0))
         mode.check(self)
         if self.device.startswith("cuda"):

@@ -2,13 +2,15 @@
 
 CPU: a buffer of `--leak-kib` KiB (numpy, every page touched) kept per request (times
 `--leak-scale`: the flag that makes it worse; $REFERENCE_FREE_REQUEST_BUFFERS=1 releases it at
-the request's end: the env knob that fixes it). GPU:
+the request's end: the env knob that fixes it; $REFERENCE_FIX_LEAK=1 is the same knob). GPU:
 `--leak-kind kept` keeps each request's pixel tensor on the GPU; `--leak-kind escape` lets it
 escape a request-scoped `torch.cuda.MemPool`, so the pool's segments are orphaned (~19 MiB a
 request on an H100); `--leak-kind bytes` keeps exactly `--leak-kib` KiB on the GPU per request.
 
 TRUTH: LEAK on the layer the buffer lives on (host on the CPU, VRAM on the GPU), at
 `leak_bytes_per_request` (GET /reference/info), steady per request and zero in idle windows.
+With the env fix on: as plain (CPU: the bounded cache, CACHING then flat; GPU: allocator
+CACHING), leak_bytes_per_request 0.
 """
 
 from __future__ import annotations
