@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import requests
-
 from fixtures.fleet.backfill import Series
 from fixtures.fleet.scenario import openmetrics, prometheus_text
 
@@ -69,7 +68,16 @@ def backfill_prometheus(tmp: Path, series: Sequence[Series], data: Path) -> None
     with om.open("w") as fh:
         fh.writelines(openmetrics(list(series)))
     subprocess.run(
-        [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=240h", "-q", str(om), str(data)],
+        [
+            PROMTOOL,
+            "tsdb",
+            "create-blocks-from",
+            "openmetrics",
+            "--max-block-duration=240h",
+            "-q",
+            str(om),
+            str(data),
+        ],
         check=True,
         capture_output=True,
         timeout=600,
@@ -137,7 +145,9 @@ def import_vm(url: str, series: Sequence[Series]) -> None:
     def flush() -> None:
         nonlocal size
         if batch:
-            r = requests.post(url + "/api/v1/import/prometheus", data="".join(batch).encode(), timeout=120)
+            r = requests.post(
+                url + "/api/v1/import/prometheus", data="".join(batch).encode(), timeout=120
+            )
             r.raise_for_status()
             batch.clear()
             size = 0

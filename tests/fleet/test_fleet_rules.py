@@ -1,5 +1,12 @@
 """The shipped monitoring examples: rules Prometheus accepts, and only metric names that exist.
 
+examples/monitoring/vramdoctor-fleet.rules.yml is generated from fleet's families and the
+server registry (`vramdoctor.fleet.promql.rules_yaml`): the test fails when it drifts, and
+`python tests/fleet/test_fleet_rules.py --write` regenerates it. The recording rules are then
+backfilled into a real Prometheus (`promtool tsdb create-blocks-from rules`) and a real
+VictoriaMetrics (`vmalert -replay`), and fleet must read them and give every row the verdict
+it gives from the raw samples.
+
 `promtool check rules` validates the rules file; then every metric name in the rules and in
 the Grafana dashboard must be one that `vramdoctor watch` exports (its EXPORTED_METRICS, as
 scraped: counters with `_total`) or one of the named exporters publishes (what fleet reads),
@@ -19,10 +26,12 @@ import pytest
 import yaml
 
 from vramdoctor.fleet import metric_names_used
+from vramdoctor.fleet.promql import rules_yaml
 from vramdoctor.watch import EXPORTED_METRICS
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "monitoring"
 RULES = EXAMPLES / "vramdoctor.rules.yml"
+FLEET_RULES = EXAMPLES / "vramdoctor-fleet.rules.yml"
 DASHBOARD = EXAMPLES / "grafana-dashboard.json"
 
 # PromQL words that look like names: functions, aggregations, keywords, durations' units.
@@ -105,6 +114,25 @@ def test_promtool_accepts_the_shipped_rules() -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS: 12 rules found" in done.stdout
+    n = len(yaml.safe_load(FLEET_RULES.read_text())["groups"][0]["rules"])
+    done = subprocess.run(
+        ["promtool", "check", "rules", str(FLEET_RULES)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {n} rules found" in done.stdout
+
+
+def test_the_fleet_rules_file_is_what_the_registry_makes() -> None:
+    assert FLEET_RULES.read_text() == rules_yaml(), (
+        "examples/monitoring/vramdoctor-fleet.rules.yml is stale: "
+        "python tests/fleet/test_fleet_rules.py --write"
+    )
+    doc = yaml.safe_load(FLEET_RULES.read_text())
+    exprs = [r["expr"] for r in doc["groups"][0]["rules"]]
+    used = set().union(*(names_in(e) for e in exprs))
+    used |= {n for e in exprs for n in re.findall(r'__name__="([^"]+)"', e)}
+    assert {"DCGM_FI_DEV_FB_USED", "sglang:num_used_tokens", "vllm:kv_cache_usage_perc"} <= used
+    assert used <= _known(), sorted(used - _known())
 
 
 def test_every_metric_in_the_rules_is_exported_by_watch_or_a_named_exporter() -> None:
@@ -160,3 +188,11 @@ def test_the_name_parser_finds_names_and_ignores_labels() -> None:
     assert names_in(
         "predict_linear(DCGM_FI_DEV_FB_FREE[6h], 4*60*60) < 0 and gpu:dcgm_fb_free:ratio * 100 < 15"
     ) == {"DCGM_FI_DEV_FB_FREE", "gpu:dcgm_fb_free:ratio"}
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] == ["--write"]:
+        FLEET_RULES.write_text(rules_yaml())
+        print(f"wrote {FLEET_RULES}")

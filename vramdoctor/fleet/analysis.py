@@ -575,6 +575,8 @@ def analyse_series(
             reason = "too_few_points"
         return FleetRow(**base, verdict=INCONCLUSIVE, reason=reason, why=why, level=level, **common)
     judged = _judge(at, av, s.unit, config)
+    if started_inside and judged.get("rise") is not None:
+        judged["why"] = judged["why"].replace("rose by", "after its warm-up, rose by", 1)
     row = FleetRow(**base, level=level, **judged, **common)
     if row.verdict == LEAK and row.growth_per_hour and row.growth_per_hour > 0 and not stale:
         _time_to_oom(row, s, free)

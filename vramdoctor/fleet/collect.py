@@ -686,6 +686,7 @@ def _kv(
     )
     servers_seen = {_kv_key(s.labels): _clean(s.labels) for s in [*recent, *first]}
     live = {_kv_key(s.labels) for s in recent}
+    from_start = {_kv_key(s.labels) for s in first}
     if idle is None:
         for labels in servers_seen.values():
             out.rows.append(_kv_row(src, labels, ip_names, "idle_unknown", plan))
@@ -725,6 +726,7 @@ def _kv(
             and math.isfinite(value)
             and value <= plan.config.screen_sd(src.unit)
             and k in live
+            and k in from_start
         ):
             series = _kv_series(src, labels, ip_names, np.empty(0), np.empty(0), capacity.get(k))
             series.screen = Screen(0.0, 0.0, 0.0, True, plan.late_s, restarts=n_resets.get(k, 0))

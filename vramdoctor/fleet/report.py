@@ -110,16 +110,41 @@ def _runs_out(row: FleetRow) -> str:
         if row.verdict == "LEAK" and row.free_note:
             return "unknown"
         return "-"
-    text = format_duration(row.hours_to_oom * 3600.0)
+    text = compact_duration(row.hours_to_oom * 3600.0)
     if row.runs_out == "pool":
         text = f"pool full in {text}"
     return text
 
 
+def compact_duration(seconds: float) -> str:
+    """A duration in its largest sensible unit, for a table cell: "45 minutes", "34 hours",
+    "9.3 days", "8.6 months", "2.1 years"."""
+    import math
+
+    if not math.isfinite(seconds) or seconds < 0:
+        return "-"
+    hours = seconds / 3600.0
+    if hours < 1:
+        return f"{max(1, round(seconds / 60))} minutes"
+    if hours < 48:
+        return f"{_number(hours)} hours"
+    days = hours / 24.0
+    if days < 60:
+        return f"{_number(days)} days"
+    if days < 730:
+        return f"{_number(days / 30.44)} months"
+    return f"{_number(days / 365.25)} years"
+
+
 def _short_why(row: FleetRow) -> str:
     """The table's why: the reason with its key figures (the full sentence is in --json)."""
     r = row.reason
-    if r == "grew_since_change" and row.growing_since is not None:
+    if r == "rose_then_flat" and row.warmup_skipped:
+        text = (
+            f"after warm-up rose {format_value(row.unit, row.rise, signed=True)}, settled at "
+            f"{format_value(row.unit, row.settled_level)}"
+        )
+    elif r == "grew_since_change" and row.growing_since is not None:
         text = "growing since " + time.strftime("%m-%d %H:%M UTC", time.gmtime(row.growing_since))
     elif r == "grew_with_time":
         text = "steady growth, to the last point"
@@ -225,7 +250,7 @@ def table(result: FleetResult, *, top: int | None = None) -> Table:
     t.add_column("layer", priority=2)
     t.add_column("verdict")
     t.add_column("growth/hour", justify="right")
-    t.add_column("runs out in")
+    t.add_column("runs out")
     t.add_column("level", justify="right", priority=1)
     t.add_column("restarts", justify="right", priority=3)
     t.add_column("why")
