@@ -192,6 +192,7 @@ def test_rows_rank_live_leaks_first_soonest_out_of_memory_first() -> None:
     assert [r.host for r in res.rows] == ["a", "b", "d", "c"]
     a, b, d, c = res.rows
     assert a.hours_to_oom == pytest.approx(5_000 / a.growth_per_hour)
+    assert b.growth_per_hour == pytest.approx(80, rel=0.05) and b.hours_to_oom > a.hours_to_oom
     assert d.verdict == "LEAK" and d.stale and d.hours_to_oom is None and not d.live_leak
     assert [r.host for r in res.leaks] == ["a", "b"] and c.verdict == "STABLE"
 

@@ -30,6 +30,9 @@ from vramdoctor.fleet import FleetConfig, run_fleet
 from vramdoctor.sources.prometheus import PrometheusClient
 from vramdoctor.watch import TrendThresholds, WatchConfig, Watcher, WatchOptions
 
+# backfill.TRUTH names rows as fleet did before rows had pools ("srv-a:30000/kv"): the same rows
+_KV = {"srv-a:30000/kv": "srv-a/kv/pool=full", "srv-b:30000/kv": "srv-b/kv/pool=full"}
+
 pytestmark = pytest.mark.skipif(
     shutil.which("prometheus") is None or shutil.which("promtool") is None,
     reason="needs the prometheus and promtool binaries (apt-get install prometheus; CI installs them)",
@@ -148,14 +151,7 @@ def prom(tmp_path_factory):
 
 
 def _rows_by_key(doc: dict) -> dict[str, dict]:
-    out = {}
-    for r in doc["rows"]:
-        parts = [r["host"], r["layer"]]
-        for k in ("gpu", "pid", "pod"):
-            if r.get(k) is not None:
-                parts.append(f"{k}={r[k]}")
-        out["/".join(parts)] = r
-    return out
+    return {r["id"]: r for r in doc["rows"]}
 
 
 def test_fleet_finds_every_known_leak_at_its_rate_and_calls_nothing_else_a_leak(
@@ -187,20 +183,23 @@ def test_fleet_finds_every_known_leak_at_its_rate_and_calls_nothing_else_a_leak(
     )
     assert done.returncode == 1, done.stderr  # leaks found
     doc = json.loads(done.stdout)
-    assert doc["schema"] == "vramdoctor.fleet/1"
+    assert doc["schema"] == "vramdoctor.fleet/2"
     rows = _rows_by_key(doc)
-    assert set(TRUTH) <= set(rows), sorted(rows)
-    for key, (truth, rate) in TRUTH.items():
+    truth_rows = {_KV.get(k, k): v for k, v in TRUTH.items()}
+    assert set(truth_rows) <= set(rows), sorted(rows)
+    for key, (truth, rate) in truth_rows.items():
         row = rows[key]
         if truth == "LEAK":
             assert row["verdict"] == "LEAK", (key, row)
             assert row["growth_per_hour"] == pytest.approx(rate, rel=0.1), key
         else:
             assert row["verdict"] != "LEAK", (key, row)
-    # both dcgm-exporter host labels are read: `Hostname` (gpu-a) and `hostname` (gpu-b)
+    # both dcgm-exporter host labels are read: `Hostname` (gpu-a) and `hostname` (gpu-b); each
+    # restart empties the GPU for a while (the exporter still reports it): one new life each
     assert (
         rows["gpu-b/device/gpu=0"]["restarts"] == 1 and rows["gpu-a/device/gpu=1"]["restarts"] == 1
     )
+    assert rows["gpu-a/device/gpu=1"]["lives"][-1]["began"] == "emptied"
     assert rows["gpu-a/device/gpu=1"]["warmup_skipped"] is True
     # ranked: leaks first, the soonest to run out first
     leaks = [r for r in doc["rows"] if r["verdict"] == "LEAK"]
@@ -211,7 +210,8 @@ def test_fleet_finds_every_known_leak_at_its_rate_and_calls_nothing_else_a_leak(
         first["free"] / first["growth_per_hour"], rel=1e-6
     )
     assert first["hours_to_oom"] < rows["gpu-a/device/gpu=0"]["hours_to_oom"]
-    kv = rows["srv-a:30000/kv"]  # free tokens = sglang:max_total_num_tokens - held at idle
+    kv = rows["srv-a/kv/pool=full"]  # free tokens = sglang:max_total_num_tokens - held at idle
+    assert kv["runs_out"] == "pool"
     assert kv["hours_to_oom"] == pytest.approx(
         (500_000 - kv["level"]) / kv["growth_per_hour"], rel=1e-6
     )
@@ -232,19 +232,23 @@ def test_long_ranges_are_chunked_under_the_points_limit(prom) -> None:
     )
     assert one_shot.status_code == 400 and "11,000 points" in one_shot.json()["error"]
     with PrometheusClient(prom["url"]) as client:
-        series = client.query_range(
-            'DCGM_FI_DEV_FB_USED{Hostname="gpu-a",gpu="0"}', start, end, 15.0
-        )
-        assert client.stats[-1].chunks == 2
+        series = client.range('DCGM_FI_DEV_FB_USED{Hostname="gpu-a",gpu="0"}', start, end, 15.0)
+        assert client.calls[-1].chunks == 2 and client.calls[-1].kind == "range"
     (s,) = series
     # every step from the first stored sample (start + 60 s) to the end once: none lost or doubled at the seam
     assert s.t[0] == start + 60 and s.t[-1] == end
     assert (s.t[1:] - s.t[:-1] == 15.0).all()
     fine = run_fleet(
-        prom["url"], days=DAYS, end=end, step_s=15.0, matchers=['Hostname="gpu-a"', 'gpu="0"']
+        prom["url"],
+        days=DAYS,
+        end=end,
+        step_s=15.0,
+        matchers=['Hostname="gpu-a"', 'gpu="0"'],
+        strategy="pull",
     )
     (row,) = [r for r in fine.rows if r.layer == "device"]
     assert row.verdict == "LEAK" and row.growth_per_hour == pytest.approx(40.0, rel=0.1)
+    assert max(q["chunks"] for q in fine.queries) == 2  # 3 days of 15-s steps: two chunks
 
 
 def test_kubernetes_virtual_gpus_give_one_series_per_pod(prom) -> None:
@@ -252,11 +256,13 @@ def test_kubernetes_virtual_gpus_give_one_series_per_pod(prom) -> None:
     per_pod = run_fleet(prom["url"], virtual_gpus=True, **kw)
     by_pod = {r.pod: r for r in per_pod.rows}
     assert set(by_pod) == {"infer/leaky-0", "infer/steady-0"}
+    assert {r.layer for r in per_pod.rows} == {"pod"}
     assert by_pod["infer/leaky-0"].verdict == "LEAK"
     assert by_pod["infer/leaky-0"].growth_per_hour == pytest.approx(60.0, rel=0.1)
     assert by_pod["infer/steady-0"].verdict != "LEAK"
     merged = run_fleet(prom["url"], **kw)
-    assert len(merged.rows) == 1 and merged.rows[0].pod is None
+    # without the flag, the two pods' rows of one GPU are one GPU's history, not two rows
+    assert {r.layer for r in merged.rows} == {"device"} and {r.gpu for r in merged.rows} == {"0"}
 
 
 def test_prometheus_scrapes_watch_and_fleet_reads_it_with_the_live_dcgm_target(prom) -> None:
@@ -264,19 +270,20 @@ def test_prometheus_scrapes_watch_and_fleet_reads_it_with_the_live_dcgm_target(p
     deadline = time.monotonic() + 30
     with PrometheusClient(url) as client:
         while time.monotonic() < deadline:
-            up = client.query('vramdoctor_sampler_up{job="watch",source="host"}')
-            mem = client.query(
-                f'vramdoctor_process_memory_bytes{{job="watch",pid="{prom["watch_pid"]}",layer="rss"}}'
+            up = client.instant('vramdoctor_sampler_up{job="watch",source="host"}', time.time())
+            mem = client.instant(
+                f'vramdoctor_process_memory_bytes{{job="watch",pid="{prom["watch_pid"]}",layer="rss"}}',
+                time.time(),
             )
-            ratio = client.query(
-                'gpu:dcgm_fb_free:ratio{hostname="live-1"}'
+            ratio = client.instant(
+                'gpu:dcgm_fb_free:ratio{hostname="live-1"}', time.time()
             )  # the shipped recording rule
             if (
                 up
                 and mem
                 and ratio
                 and len(
-                    client.query_range(
+                    client.range(
                         'DCGM_FI_DEV_FB_USED{hostname="live-1"}', time.time() - 60, time.time(), 1.0
                     )[0].t
                 )
@@ -286,18 +293,13 @@ def test_prometheus_scrapes_watch_and_fleet_reads_it_with_the_live_dcgm_target(p
             time.sleep(0.5)
         else:
             pytest.fail("Prometheus did not scrape watch and the live exporter in time")
-    assert up[0][1] == 1.0 and mem[0][1] > 0 and 0 < ratio[0][1] < 1
+    assert up[0].value == 1.0 and mem[0].value > 0 and 0 < ratio[0].value < 1
     res = run_fleet(
         url,
         days=120 / 86400,
         step_s=1.0,
         matchers=['job=~"watch|dcgm-live"'],
-        config=FleetConfig(
-            block_s=1.0,
-            warmup_s=0.0,
-            gap_s=30.0,
-            mib=TrendThresholds(min_growth=16.0, min_points=8),
-        ),
+        config=FleetConfig(block_s=1.0, warmup_s=0.0, stale_s=30.0, min_growth_mib=16.0),
     )
     sources = {r.source for r in res.rows}
     assert {"vramdoctor watch", "dcgm-exporter"} <= sources
@@ -322,4 +324,4 @@ def test_fleet_says_in_one_line_when_the_url_is_not_prometheus(prom) -> None:
         pytest.raises(SourceUnavailable, match="refused the query"),
         PrometheusClient(prom["url"]) as client,
     ):
-        client.query_range("sum(", 0, 60, 15)
+        client.range("sum(", 0, 60, 15)

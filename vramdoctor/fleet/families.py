@@ -248,13 +248,14 @@ def uuid_of(labels: Mapping[str, str]) -> str | None:
 
 
 def gpu_of(labels: Mapping[str, str]) -> str | None:
-    """The GPU index (`gpu`, nvitop `index` before its ':'), else the UUID, else None."""
+    """The GPU index (`gpu`, nvitop `index` before its ':'), else the UUID as the exporter
+    writes it (nvidia_gpu_exporter has no index), else None."""
     for key in ("gpu", "index"):
         value = labels.get(key)
         if value not in (None, ""):
             assert value is not None
             return value.split(":", 1)[0]
-    return uuid_of(labels)
+    return labels.get("UUID") or labels.get("uuid") or labels.get("gpu_uuid") or None
 
 
 def mig_of(labels: Mapping[str, str]) -> str | None:

@@ -451,8 +451,8 @@ class PrometheusClient:
                     "user and password, VRAMDOCTOR_PROMETHEUS_TOKEN or --header"
                 )
             raise MalformedAnswer(
-                f"{self.shown_url}{api_path} answered HTTP {status}, not Prometheus JSON: is it "
-                "the Prometheus base URL?"
+                f"{self.shown_url} did not answer as a Prometheus server ({api_path} answered "
+                f"HTTP {status}, not Prometheus JSON): is it the base URL of Prometheus?"
             )
         if body.get("status") != "success":
             call.status = "refused"
