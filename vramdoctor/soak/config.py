@@ -57,7 +57,7 @@ def _tuple(values: Any) -> tuple[Any, ...]:
     return tuple(values or ())
 
 
-def _command(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
+def command_words(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
     """--launch 'CMD ARGS' (shell words) or an argv list -> the argv; None when not given."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
@@ -234,7 +234,7 @@ class SoakConfig:
             "ARGS...).",
             cli_type=str | None,
             metavar="CMD",
-            parse=_command,
+            parse=command_words,
         ),
     )
     launch_env: Mapping[str, str] = field(default_factory=dict)  # set in the launched env
@@ -267,6 +267,14 @@ class SoakConfig:
             "Name the code that holds growing GPU memory: DIR (the VRAMDOCTOR_AGENT_DIR of a "
             "server started with PYTHONPATH=$(vramdoctor agent-path)) or sglang[:DIR] (SGLang's "
             "/start_profile, scheduler processes only). See docs/attribute.md.",
+        ),
+    )
+    trace_python: bool = field(
+        default=False,
+        metadata=_opt(
+            "--trace-python",
+            "With the agent in the server: also trace Python allocations by line (tracemalloc "
+            "in the server while the soak runs; about 4 % more server CPU). See docs/attribute.md.",
         ),
     )
 
@@ -426,6 +434,8 @@ class SoakConfig:
         d.pop("url", None)  # the header's target carries it, redacted
         if self.attribute is None:
             d.pop("attribute", None)
+        if not self.trace_python:
+            d.pop("trace_python", None)
         # The session records a launch itself, redacted (`LaunchedServer.to_record`); without
         # one, the launch settings say nothing and the header stays as it was.
         launch_only = ("startup_timeout_s", "stop_grace_s", "agent")
