@@ -1,4 +1,4 @@
-"""Terminal escape injection (issue 11, kind 5): text from servers, exporters, logs and run
+"""Terminal escape injection: text from servers, exporters, logs and run
 files is shown, never executed, on the terminal; JSON keeps it exact.
 
 Real subprocesses against a real hostile loopback server whose model id is
@@ -8,13 +8,13 @@ Real subprocesses against a real hostile loopback server whose model id is
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.cli import vd as _vd
 from support.sources import metrics_only, nvitop_text, serve
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,16 +24,7 @@ SHOWN = "m\\x1b[2J\\x1b[32mSTABLE"
 
 
 def vd(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "VRAMDOCTOR_API_KEY")}
-    env.update(NO_COLOR="1", COLUMNS="200")
-    return subprocess.run(
-        [sys.executable, "-m", "vramdoctor", *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=env,
-        cwd=cwd,
-    )
+    return _vd(*args, cwd=cwd, env={"COLUMNS": "200"}, timeout=180)
 
 
 @pytest.fixture

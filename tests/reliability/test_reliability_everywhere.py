@@ -1,12 +1,12 @@
-"""Issue 27 items 16-21 ("Everywhere"): each kind, for every command it applies to, with real
+"""Every command, every outside input: each kind, for every command it applies to, with real
 processes, real files and real servers on loopback.
 
-16 newlines in one-line fields from outside never start a line; 17 a report is written through
-a temporary file and a rename, never through a planted symlink; 18 a Latin-1 (or ASCII) terminal
-gets ASCII stand-ins, never a UnicodeEncodeError; 19 damaged run files are one skipped line,
-never an internal error or an invented server death; 20 a proxy that carries a loopback URL is
-named; 21 Ctrl-C is one line and exit 130 in every command at any moment after start-up, and a
-library's warning is one note line.
+Newlines in one-line fields from outside never start a line; a report is written through a
+temporary file and a rename, never through a planted symlink; a Latin-1 (or ASCII) terminal gets
+ASCII stand-ins, never a UnicodeEncodeError; damaged run files are one skipped line, never an
+internal error or an invented server death; a proxy that carries a loopback URL is named;
+Ctrl-C is one line and exit 130 in every command at any moment after start-up, and a library's
+warning is one note line.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ HOSTILE = ROOT / "tests" / "support" / "hostile_server.py"
 FORGED = "STABLE: no leak in 18 series over 7 days."
 
 
-# --- 16: newlines in one-line fields ----------------------------------------------------------
+# --- newlines in one-line fields ----------------------------------------------------------
 
 
 def test_one_line_shows_every_line_break() -> None:
@@ -105,7 +105,7 @@ def test_a_model_id_with_a_newline_starts_no_line_in_soak(hostile: str, tmp_path
     assert json.dumps(f"qwen\n{FORGED}")[1:-1] in (tmp_path / "run.jsonl").read_text()
 
 
-# --- 17: reports never follow a planted symlink ----------------------------------------------
+# --- reports never follow a planted symlink ----------------------------------------------
 
 
 def test_write_report_replaces_a_planted_link_and_leaves_its_target(tmp_path: Path) -> None:
@@ -189,7 +189,7 @@ def test_report_meta_names_tool_version_command_run_file_and_time() -> None:
     assert "runs/x.jsonl" in meta.html() and "<script" not in ReportMeta("<script>").html()
 
 
-# --- 18: a terminal that is not UTF-8 --------------------------------------------------------
+# --- a terminal that is not UTF-8 --------------------------------------------------------
 
 
 @pytest.mark.parametrize("encoding", ["latin-1", "ascii"])
@@ -217,7 +217,7 @@ def test_ascii_fallback_has_a_stand_in_for_every_glyph_we_print() -> None:
     assert console.ascii_fallback("héllo 12.5 %", "latin-1") == "héllo 12.5 %"
 
 
-# --- 19: damaged run files --------------------------------------------------------------------
+# --- damaged run files --------------------------------------------------------------------
 
 
 def _damaged(tmp_path: Path, name: str, change: object) -> Path:
@@ -269,7 +269,7 @@ def test_a_watch_header_with_bucket_s_0_is_damaged_settings(tmp_path: Path) -> N
     ]
 
 
-# --- 20: a proxy that carries a loopback URL is named ---------------------------------------
+# --- a proxy that carries a loopback URL is named ---------------------------------------
 
 
 def test_a_loopback_server_behind_http_proxy_names_the_proxy(tmp_path: Path) -> None:
@@ -297,7 +297,7 @@ def test_a_loopback_server_behind_http_proxy_names_the_proxy(tmp_path: Path) -> 
         server.stop()
 
 
-# --- 21: Ctrl-C is one line everywhere; warnings are one note ----------------------------------
+# --- Ctrl-C is one line everywhere; warnings are one note ----------------------------------
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
-"""Bounded work from one input, damaged run files, and the command line's edges (issue 11
-kinds 6-7, issue 14 item 5): real files and real `vramdoctor` subprocesses.
+"""Bounded work from one input, damaged run files, and the command line's edges: real files and real
+`vramdoctor` subprocesses.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.cli import vd as _vd
 
 from vramdoctor.errors import InputError
 from vramdoctor.record import read_run
@@ -25,16 +26,7 @@ PLAIN = ROOT / "tests" / "fixtures" / "soak" / "h200-plain.jsonl"
 
 
 def vd(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "VRAMDOCTOR_API_KEY")}
-    env.update(NO_COLOR="1", COLUMNS="100")
-    return subprocess.run(
-        [sys.executable, "-m", "vramdoctor", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd=cwd,
-    )
+    return _vd(*args, cwd=cwd, env={"COLUMNS": "100"}, timeout=timeout)
 
 
 def one_line_error(r: subprocess.CompletedProcess) -> str:

@@ -1,4 +1,4 @@
-"""Property-based tests (hypothesis) of the readers of outside input (issue 11 acceptance).
+"""Property-based tests (hypothesis) of the readers of outside input.
 
 Whatever the bytes, the Prometheus-text reader raises only `SourceUnavailable` (the
 documented "not Prometheus metrics" error) and the run-file reader only `InputError`; what

@@ -1,4 +1,4 @@
-"""The sampler survives anything (issue 11, kinds 1 and 2): real loopback servers, real files.
+"""The sampler survives anything: real loopback servers, real files.
 
 A bad value is skipped and said once; a slow /metrics delays nobody but itself; a huge page is
 refused, not stored; a full disk keeps the data in memory; a sampler that dies fails the run.

@@ -1,4 +1,4 @@
-"""A known secret written through every path never comes out (issue 11, kind 4).
+"""A known secret written through every path never comes out.
 
 Real subprocesses against a real hostile loopback server (tests/support/hostile_server.py) and a
 loopback nvitop-exporter: soak (terminal, --json, run file, HTML and PNG reports), report
@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.cli import vd as _vd
 from support.sources import metrics_only, nvitop_text, serve
 
 from vramdoctor.redact import REDACTED, forget_secrets, redact_argv, redact_obj, redact_text
@@ -43,14 +44,7 @@ def env() -> dict[str, str]:
 
 
 def vd(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "vramdoctor", *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=env(),
-        cwd=cwd,
-    )
+    return _vd(*args, cwd=cwd, env=env(), clean=True, timeout=180)
 
 
 @pytest.fixture

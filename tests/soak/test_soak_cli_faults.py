@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.cli import vd as _vd
 from support.procs import RefServer
 
 from vramdoctor.errors import InputError
@@ -35,14 +36,7 @@ def _env() -> dict[str, str]:
 
 
 def vd(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "vramdoctor", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=_env(),
-        cwd=cwd,
-    )
+    return _vd(*args, cwd=cwd, env=_env(), clean=True)
 
 
 def _one_line_usage_error(r: subprocess.CompletedProcess) -> None:

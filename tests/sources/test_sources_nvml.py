@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 
 import pytest
+from support.cli import vd as _vd
 from support.cuda import NVML_OK, NVML_WHY, hold_contexts, hold_titled, needs_nvml
 
 from vramdoctor.census.analysis import CONTEXT_MIB, census
@@ -25,14 +25,7 @@ no_nvml_only = pytest.mark.skipif(NVML_OK, reason="NVML works here; this checks 
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "NO_COLOR": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "vramdoctor", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    return _vd(*args)
 
 
 @no_nvml_only
