@@ -199,10 +199,13 @@ def fleet_cmd(
             try:
                 written.append(str(chart(row, charts)))
             except OSError as exc:
-                chart_error = f"--charts {charts}: cannot write a chart ({exc.strerror or exc}); the verdicts stand"
+                chart_error = (
+                    f"--charts {charts}: cannot write a chart ({exc.strerror or exc}); "
+                    "the verdicts stand"
+                )
                 break
             except VramdoctorError as exc:
-                chart_error = f"--charts: {exc}; the verdicts stand"
+                chart_error = f"--charts {charts}: cannot write a chart ({exc}); the verdicts stand"
                 break
     if json_out:
         doc = result.to_dict()

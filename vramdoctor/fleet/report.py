@@ -9,6 +9,7 @@ projection reads "pool full in ...". The first sentence never calls too little d
 
 from __future__ import annotations
 
+import io
 import time
 import warnings
 from collections import Counter
@@ -293,8 +294,10 @@ def _safe(name: str) -> str:
 
 
 def chart(row: FleetRow, directory: Path) -> Path:
-    """A PNG of one row's analysed life: its floors and the fitted growth. Raises OSError when
-    the file cannot be written, MissingExtra without matplotlib, InputError without history."""
+    """A PNG of one row's analysed life: its floors and the fitted growth, written atomically
+    (`render.files.write_report`). Raises InputError when it cannot be written (full disk,
+    read-only folder) or there is no history, MissingExtra without matplotlib, OSError when
+    the folder cannot be made."""
     if row.t is None or row.v is None or not len(row.t):
         raise InputError(f"no history kept for {row.key}")
     try:
@@ -336,8 +339,11 @@ def chart(row: FleetRow, directory: Path) -> Path:
             ax.set_title(f"{where(row)} {_layer(row)}: {row.verdict}", fontsize=10)
             ax.legend(loc="upper left", fontsize=8)
             fig.tight_layout()
-            path = directory / f"{_safe(row.key)}.png"
-            fig.savefig(path)
+            png = io.BytesIO()
+            fig.savefig(png, format="png")
         finally:
             plt.close(fig)
-    return path
+    from vramdoctor.render.files import write_report
+
+    # a temp file and a rename: never through a link planted at the chart's name (#27.17)
+    return write_report(directory / f"{_safe(row.key)}.png", png.getvalue())
