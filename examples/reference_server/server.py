@@ -23,6 +23,10 @@ why), also served at GET /reference/info ("truth"). The modes:
 - vram-leaking: a device leak per request (real CUDA, or the virtual GPU of --vgpu-dir).
 - tenant:  plain, and another owner's process (parent pid 1) growing on the same GPU.
 - restart: the serving pid is replaced after --restart-after requests (handover/supervisor).
+- sleep-leak / release-leak / lora-leak: one lifecycle operation (sleep/wake, release/resume,
+           LoRA load/unload, through the real endpoints) leaves memory behind per cycle.
+- leak-on-FEATURE: only requests with one feature leak (images, large-images, multi-image,
+           stream, abort, max-tokens-1, prefix, structured, n, lora); leak-on-every: all alike.
 Fault switches for any mode: --fail-start, --crash-after N, --leak-scale X, and the env knob
 REFERENCE_FREE_REQUEST_BUFFERS=1.
 

@@ -23,7 +23,24 @@ NEW_MODES = [
     "vram-leaking",
     "tenant",
     "restart",
+    "leak-on-every",
+    "leak-on-images",
+    "leak-on-large-images",
+    "leak-on-multi-image",
+    "leak-on-stream",
+    "leak-on-abort",
+    "leak-on-max-tokens-1",
+    "leak-on-prefix",
+    "leak-on-structured",
+    "leak-on-n",
 ]
+# modes that need the server's own switch to start
+SWITCHED = {
+    "sleep-leak": ("--enable-sleep-mode",),
+    "release-leak": ("--enable-memory-saver",),
+    "lora-leak": ("--enable-lora",),
+    "leak-on-lora": ("--enable-lora",),
+}
 
 
 def _pgroup_alive(pgid: int) -> bool:
@@ -38,7 +55,7 @@ def test_help_lists_every_mode_and_the_old_flags() -> None:
     out = subprocess.run(
         [sys.executable, str(SERVER), "--help"], capture_output=True, text=True, timeout=60
     ).stdout
-    for mode in [*OLD_MODES, "pinned", *NEW_MODES]:
+    for mode in [*OLD_MODES, "pinned", *NEW_MODES, *SWITCHED]:
         assert mode in out
     for flag in (
         "--leak-kib",
@@ -56,9 +73,9 @@ def test_help_lists_every_mode_and_the_old_flags() -> None:
         assert flag in out
 
 
-@pytest.mark.parametrize("mode", [*OLD_MODES, *NEW_MODES])
+@pytest.mark.parametrize("mode", [*OLD_MODES, *NEW_MODES, *SWITCHED])
 def test_every_mode_serves_and_states_its_truth(mode: str) -> None:
-    with RefProc(mode) as srv:
+    with RefProc(mode, *SWITCHED.get(mode, ())) as srv:
         assert set(Traffic(srv.url).round(4)) == {200}
         info = srv.info()
     assert info["mode"] == mode and info["pid"] == srv.pid

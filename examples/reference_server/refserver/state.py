@@ -321,6 +321,8 @@ class State:
                 "pid": os.getpid(),
             }
             out.update(self.mode.info(self))
+        out["lifecycle"] = self.lifecycle.info()
+        with self.lock:
             out["truth"] = self.mode.truth(self)
         out["device_memory"] = self.gpu_mem.describe()
         out["release_buffers"] = self.release_buffers

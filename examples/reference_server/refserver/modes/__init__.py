@@ -25,6 +25,8 @@ BUILTIN = (
     "vram_leaking",
     "tenant",
     "restart",
+    "lifecycle_leaks",
+    "feature_leaks",
 )
 
 _extra: list[type[Mode]] = []
