@@ -110,6 +110,7 @@ class FleetConfig:
     screen_sd_tokens: float = 0.0  # KV: any token held at idle is worth a look
     screen_sd_ratio: float = 0.0
     min_points: int = 8
+    max_points: int = 240  # longer lives are judged on coarser floors (the least of k in a row)
     noise_k: float = 4.0
     decay_ratio: float = 0.5
     trend_p: float = 0.01
@@ -252,7 +253,7 @@ class FleetRow:
     runs_out: str = "memory"  # "memory" or "pool" (a KV pool full)
     free: float | None = None
     free_note: str | None = None
-    restarts: int = 0
+    restarts: int | None = 0  # None: not counted (a screened GPU row)
     lives: list[dict[str, Any]] = field(default_factory=list)
     gaps: list[tuple[float, float]] = field(default_factory=list)
     unknown_points: int = 0
@@ -611,20 +612,37 @@ def _time_to_oom(row: FleetRow, s: FleetSeries, free: float | None) -> None:
         row.hours_to_oom_ci = (free / ci[1], free / ci[0])
 
 
+def _coarsen(t: np.ndarray, v: np.ndarray, most: int) -> tuple[np.ndarray, np.ndarray]:
+    """At most `most` floors: the least of each k consecutive ones, at the last one's time."""
+    n = len(t)
+    if n <= most:
+        return t, v
+    k = math.ceil(n / most)
+    cut = n - (n // k) * k  # the oldest floors that do not fill a group are left out
+    tt, vv = t[cut:].reshape(-1, k), v[cut:].reshape(-1, k)
+    return tt[:, -1], vv.min(axis=1)
+
+
 def _judge(t: np.ndarray, v: np.ndarray, unit: str, config: FleetConfig) -> dict[str, Any]:
     """Verdict, reason, why and rates for one life's analysed floors (t sorted)."""
-    from vramdoctor.stats.changepoint import fit_hinge, growth_since
-    from vramdoctor.stats.trend import classify
-
-    th = config.thresholds(unit)
     floor_growth = config.min_growth(unit)
-    if float(np.ptp(v)) < floor_growth / 2:  # nothing moved: no statistics needed
+    # floors only err upwards (a busy block): the top 5 % are left out, never the low ones
+    top = float(np.quantile(v, 0.95)) if len(v) >= 20 else float(np.max(v))
+    spread = top - float(np.min(v))
+    if spread < floor_growth / 2 and float(np.ptp(v[-max(4, len(v) // 10) :])) < floor_growth / 2:
+        # nothing moved (but a busy hour or two): no statistics needed
         return {
             "verdict": STABLE,
             "reason": "flat",
-            "why": f"{REASONS['flat']}: its floor stayed within {_fmt(unit, float(np.ptp(v)))}",
+            "why": f"{REASONS['flat']}: its floor stayed within {_fmt(unit, spread)}",
             "trend": None,
+            "growth_per_hour": 0.0,
         }
+    from vramdoctor.stats.changepoint import fit_hinge, growth_since
+    from vramdoctor.stats.trend import classify
+
+    t, v = _coarsen(t, v, config.max_points)
+    th = config.thresholds(unit)
     pts = list(zip(t.tolist(), v.tolist(), strict=True))
     base = classify(pts, x_unit="s", thresholds=th)
     hinge = fit_hinge(t, v, min_side=max(4, config.min_points // 2), bic_margin=config.bic_margin)
@@ -775,7 +793,9 @@ def screened_row(
         growth_per_hour=late,
         free=free,
         runs_out="pool" if s.layer == "kv" else "memory",
-        restarts=sc.restarts,
+        # a device row's empty floors were left out of the screen: its restarts are not known;
+        # a process row was there at the start and is now, one pid: none; KV: counter resets
+        restarts=None if s.layer in ("device", "pod") else sc.restarts,
         screened=True,
         screen={"sd": sc.sd, "late_slope_per_hour": late, "late_window_s": sc.late_s},
         last_seen=s.last_seen,

@@ -379,12 +379,14 @@ def _screen_jobs(
     client: PrometheusClient, plan: Plan, f: Family, rule: str | None
 ) -> list[Callable[[], list[InstantSample]]]:
     sel = _sel(rule or f.name, plan)
+    device = f.layer == "device"
     exprs = promql.screen(
         sel,
         window_s=plan.window_s,
         late_s=plan.late_s,
         block_s=plan.block_s,
         recorded=rule is not None,
+        empty=plan.config.empty_mib / f.scale if device else None,
     )
     raw = _sel(f.name, plan)
     stale = promql.dur(plan.config.stale_s)
@@ -394,7 +396,8 @@ def _screen_jobs(
         lambda: client.instant(exprs["sd"], plan.end),
         lambda: client.instant(exprs["late"], plan.end),
         lambda: client.instant(f"last_over_time({raw}[{stale}])", plan.end),
-        lambda: client.instant(f"last_over_time({raw}[{head}])", at_start),
+        # at the range start: the recorded floors when there are (raw samples may be gone)
+        lambda: client.instant(f"last_over_time({sel}[{head}])", at_start),
     ]
 
 
@@ -674,13 +677,14 @@ def _kv(
     head = promql.dur(3 * plan.block_s)
     used = promql.selector(src.used, m)
     at_start = min(plan.start + 3 * plan.block_s, plan.end)
+    early = promql.selector(rule, m) if rule is not None else used  # raw may be gone there
     recent, first = client.many(
         [
             lambda: client.instant(
                 f"group by ({group}) (last_over_time({used}[{stale}]))", plan.end
             ),
             lambda: client.instant(
-                f"group by ({group}) (last_over_time({used}[{head}]))", at_start
+                f"group by ({group}) (last_over_time({early}[{head}]))", at_start
             ),
         ]
     )

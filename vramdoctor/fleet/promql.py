@@ -7,7 +7,8 @@ Thanos and Mimir evaluate the same way. Durations are written in whole seconds (
   quietest moment); the comparison drops NaN blocks and impossible negative readings.
 - the screen, per series, computed by the server at the range end (one pass over the raw
   samples at most, the rest over the last day or hours):
-  `stddev_over_time(FLOOR3[W:3B])` how much the 3-block floor moved over the window,
+  `stddev_over_time(FLOOR3[W:3B])` how much the 3-block floor moved over the window (for GPU
+  devices, floors of an empty GPU between two lives left out: `> EMPTY`),
   `deriv(FLOOR[L:B])` the slope of the floor over the late window (per second),
   `last_over_time(SEL[R])` the level now (absent: the series stopped reporting),
   `last_over_time(SEL[3B])` at the range start (absent: it started inside the range).
@@ -90,13 +91,21 @@ def select_exact(name: str, labels: Mapping[str, str]) -> str:
     return selector(name, items)
 
 
-def floor(sel: str, block_s: float, *, recorded: bool = False, ratio: bool = False) -> str:
+def floor(
+    sel: str,
+    block_s: float,
+    *,
+    recorded: bool = False,
+    ratio: bool = False,
+    above: float | None = None,
+) -> str:
     """The floor of each block ending at the evaluation time; NaN and impossible values out.
-    `recorded`: `sel` holds floors already (a recording rule): the latest in the block."""
+    `recorded`: `sel` holds floors already (a recording rule): the latest in the block.
+    `above`: keep only floors above this (an empty GPU's floors left out of a screen)."""
     fn = "last_over_time" if recorded else "min_over_time"
-    bound = " <= 1" if ratio else ""
-    expr = f"({fn}({sel}[{dur(block_s)}]) >= 0)"
-    return f"({expr}{bound})" if bound else expr
+    keep = f" > {above:g}" if above is not None else " >= 0"
+    expr = f"({fn}({sel}[{dur(block_s)}]){keep})"
+    return f"({expr} <= 1)" if ratio else expr
 
 
 def screen(
@@ -106,13 +115,16 @@ def screen(
     late_s: float,
     block_s: float,
     recorded: bool = False,
+    empty: float | None = None,
 ) -> dict[str, str]:
-    """The per-series screen (see the module doc): name -> expression at the range end."""
+    """The per-series screen (see the module doc): name -> expression at the range end.
+    `empty`: floors at or below it (an empty GPU between two lives) are left out."""
     b3 = 3 * block_s
-    floor3 = floor(sel, b3)  # over recorded floors too: the least of them
+    floor3 = floor(sel, b3, above=empty)  # over recorded floors too: the least of them
+    late = floor(sel, block_s, recorded=recorded, above=empty)
     return {
         "sd": f"stddev_over_time({floor3}[{dur(window_s)}:{dur(b3)}])",
-        "late": f"deriv({floor(sel, block_s, recorded=recorded)}[{dur(late_s)}:{dur(block_s)}])",
+        "late": f"deriv({late}[{dur(late_s)}:{dur(block_s)}])",
     }
 
 

@@ -267,7 +267,7 @@ def table(result: FleetResult, *, top: int | None = None) -> Table:
             _growth(r),
             _runs_out(r),
             format_value(r.unit, r.level),
-            str(r.restarts),
+            "-" if r.restarts is None else str(r.restarts),
             _short_why(r),
             one_line(r.source),
         )
