@@ -772,6 +772,7 @@ class EventsMixin:
                     and e.data.get("requested_tokens") == data.get("requested_tokens")
                 ):
                     e.data["raised"] = True
+                    self._stores += 1  # type: ignore[attr-defined]  # (a change: never an inert line)
                     return
         self.add_event(
             LogEvent("kv_pool_exhausted", self.name, hit.lineno, self.cut(text), phase, data)
@@ -997,15 +998,15 @@ class EventsMixin:
         self.add_event(LogEvent("cuda_oom", self.name, hit.lineno, self.cut(msg), phase, data))
 
     def _leak(self, hit: Hit, t: str) -> None:
-        if self.event_counts.get("kv_leak_selfcheck", 0) >= MAX_EVENTS_PER_KIND and P.LEAK.search(
-            t
-        ):
-            self.event_counts["kv_leak_selfcheck"] += 1
-            return
         text = clean(t).text
         m = P.LEAK.search(text)
         if not m or P.SOURCE_LINE.search(text):
-            return  # no wording, or the checker's own source line quoted in a traceback
+            # no wording, or the checker's own source line quoted in a traceback (never counted: the
+            # count past the cap once took such lines too)
+            return
+        if self.event_counts.get("kv_leak_selfcheck", 0) >= MAX_EVENTS_PER_KIND:
+            self.event_counts["kv_leak_selfcheck"] += 1
+            return
         self.votes["sglang"] += 5
         wording = m.group(1)
         body = text

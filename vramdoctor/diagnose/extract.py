@@ -50,6 +50,7 @@ SECRET_ARG = re.compile(
     r"^(?:\w+_)?(?:api_key|token|password|passwd|secret|secret_key|access_key)$"
 )
 
+INERT_CHARS = 8 << 20  # characters of inert lines remembered (feed), at most
 MAX_DUMP_CHARS = 2 << 20  # an argument dump longer than this is parsed as far as it goes
 MAX_DUMPS = 8  # argument dumps parsed per file
 WRAP_MIN_COLUMNS = 80  # a pasted command at least this wide may continue on terminal-wrapped rows
@@ -119,6 +120,12 @@ class FileExtractor(EventsMixin, OthersMixin):
     gpu_buffers: dict[str, float] = field(
         default_factory=dict
     )  # llama.cpp model buffer MiB per GPU
+    _stores: int = field(default=0, repr=False)  # facts stored so far (see feed)
+    _inert_chars: int = field(default=0, repr=False)
+    # lines whose handlers changed nothing but votes and capped counts: (votes, counts) deltas (feed)
+    _inert: dict[str, tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]] = field(
+        default_factory=dict, repr=False
+    )
     version: tuple[str, Evidence] | None = None
     ranks: dict[str, set[int]] = field(default_factory=dict)
     model_files: set[str] = field(default_factory=set)
@@ -180,6 +187,7 @@ class FileExtractor(EventsMixin, OthersMixin):
         if cur is None or prio > cur[0] or (prio == cur[0] and name in LAST_WINS):
             ev = self.ev(evidence) if isinstance(evidence, Hit) else evidence
             self.facts[name] = (prio, value, ev)
+            self._stores += 1
 
     def add_event(self, event: LogEvent) -> None:
         if self.secrets and len(event.text) >= EVIDENCE_CHARS:
@@ -192,11 +200,86 @@ class FileExtractor(EventsMixin, OthersMixin):
 
     # -- the dispatcher ----------------------------------------------------------------
     def feed(self, hit: Hit) -> None:
-        """Run, in order, the handlers whose gates the line passes (see `dispatch`)."""
+        """Run, in order, the handlers whose gates the line passes (see `dispatch`).
+
+        A line whose handlers changed nothing but votes and the counts of events past their cap is
+        remembered (`_inert`, bounded by the text it holds): the same text again has the same effect,
+        so it is applied without running them (an error-dense log repeats its lines thousands of
+        times). A new fact forgets every remembered line: a handler that reads which facts are known
+        may now act on a line that did nothing before. Every other state handlers read (caps, events
+        kept once, the version) only ever turns an effect into none."""
         t = hit.text
-        # the memo called directly for short lines (dispatch's wrapper does the same, one frame more)
-        for step in _dispatch_memo(t) if len(t) <= CACHE_LINE_CHARS else dispatch(t):
+        if len(t) > CACHE_LINE_CHARS:
+            for step in dispatch(t):
+                step(self, hit, t)
+            return
+        memo = self._inert.get(t)
+        if memo is not None:
+            votes, counts = memo
+            for server, n in votes:
+                self.votes[server] += n
+            for kind, n in counts:
+                self.event_counts[kind] += n
+            return
+        steps = _dispatch_memo(
+            t
+        )  # (the memo called directly: dispatch's wrapper is one frame more)
+        if not steps:
+            return
+        if any(s in _CONTEXT_STEPS for s in steps) or "out of resource" in t:
+            # what these do depends on the lines around (a dump or command continued on the next rows,
+            # inductor's autotune message around a Triton limit): never remembered by text alone
+            for step in steps:
+                step(self, hit, t)
+            return
+        major, stores, facts = self._state(), self._stores, len(self.facts)
+        votes0, counts0 = dict(self.votes), dict(self.event_counts)
+        for step in steps:
             step(self, hit, t)
+        if len(self.facts) != facts:
+            # a new fact: a handler that reads which facts are known may now do something on a line
+            # that did nothing before (SGLang's weights from the load lines); every other state a
+            # handler reads only turns effects into none (caps, "once" events, the version)
+            self._inert.clear()
+            self._inert_chars = 0
+        elif self._state() == major and self._stores == stores:
+            self._inert_chars += len(t)
+            if self._inert_chars > INERT_CHARS:  # bounded by the text it holds: memory stays flat
+                self._inert.clear()
+                self._inert_chars = len(t)
+            self._inert[t] = (
+                tuple(
+                    (k, n - votes0.get(k, 0))
+                    for k, n in self.votes.items()
+                    if n != votes0.get(k, 0)
+                ),
+                tuple(
+                    (k, n - counts0.get(k, 0))
+                    for k, n in self.event_counts.items()
+                    if n != counts0.get(k, 0)
+                ),
+            )
+
+    def _state(self) -> tuple[object, ...]:
+        """What handlers read or keep, besides votes and capped counts (see `feed`)."""
+        return (
+            len(self.facts),
+            len(self.events),
+            self.version is None,
+            self.mm_evidence is None,
+            self.slow_processor is None,
+            self.fast_only_processor is None,
+            self.mm_disabled is None,
+            self.dumps_parsed,
+            self.tracebacks_read,
+            len(self.cmd_args),
+            len(self.secrets),
+            len(self.model_files),
+            len(self.pids),
+            sum(len(r) for r in self.ranks.values()),
+            len(self.gpu_buffers),
+            len(self.variants),
+        )
 
     def _echo_rank_tags(self, hit: Hit, t: str) -> None:
         """The rank/process tags of a request-echo line, read off its prefix only (the rest is user text)."""
@@ -701,6 +784,8 @@ class FileExtractor(EventsMixin, OthersMixin):
 
 
 Step = Callable[[FileExtractor, Hit, str], None]
+# Steps whose effect (or lack of one) depends on the lines around the hit, not its text alone.
+_CONTEXT_STEPS: frozenset[Step] = frozenset((FileExtractor._args, FileExtractor._command))
 # the vocabulary's gates with their steps resolved (a gate naming no method fails at import)
 _GATED: tuple[tuple[Any, Step], ...] = tuple((g, getattr(FileExtractor, g.step)) for g in GATES)
 

@@ -66,6 +66,7 @@ class OthersMixin:
                 e = first[2] if first and first[0] == RUNTIME else self.ev(hit)
                 total = round(sum(self.gpu_buffers.values()), 2)  # type: ignore[attr-defined]
                 self.facts["weights_mib"] = (RUNTIME, total, e)
+                self._stores += 1  # type: ignore[attr-defined]
             elif what == "KV":
                 self.put("kv_on_cpu", not on_gpu, RUNTIME, hit)
                 if on_gpu:

@@ -160,6 +160,7 @@ GATES: tuple[Gate, ...] = (
             "Failed to create instance",
             "primary pool",
         ),
+        unless=DUMP_MARKS,
     ),
     Gate("_lmdeploy", ("EngineConfig(",)),
     Gate(
