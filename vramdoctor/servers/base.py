@@ -27,6 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vramdoctor.servers.diagnose_sections import Levers, LogMarks, no_levers
+from vramdoctor.servers.lifecycle_sections import (
+    Lifecycle,
+    RequestFeatures,
+    features_field,
+    lifecycle_field,
+)
 from vramdoctor.servers.presets import Preset
 
 __all__ = [
@@ -446,6 +452,9 @@ class ServerKind:
     log_marks: LogMarks = field(default_factory=LogMarks)
     # ab-test (H-D): named `ab-test --server` variants with the server's real flags (presets.py)
     presets: tuple[Preset, ...] = ()
+    # soak --cycle / --vary (H-E): lifecycle endpoints and request fields (lifecycle_sections.py)
+    lifecycle: Lifecycle = field(default_factory=lifecycle_field)
+    request_features: RequestFeatures = field(default_factory=features_field)
 
     def title_of(
         self, name: str | None, cmdline: Sequence[str] | None

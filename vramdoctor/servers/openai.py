@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from vramdoctor.servers.base import Identity, ProcessTitle, ServerKind
+from vramdoctor.servers.lifecycle_sections import OPENAI_FEATURES
 from vramdoctor.servers.presets import TRANSFORMERS_PRESETS
 
 TITLES = (
@@ -27,4 +28,5 @@ KIND = ServerKind(
     display_name="an OpenAI-compatible server",
     identity=Identity(titles=TITLES, fallback=True),
     presets=TRANSFORMERS_PRESETS,
+    request_features=OPENAI_FEATURES,
 )

@@ -43,6 +43,7 @@ from vramdoctor.servers.base import (
     ShmFamily,
 )
 from vramdoctor.servers.diagnose_sections import Levers, LogMark, LogMarks, lever
+from vramdoctor.servers.lifecycle_sections import SGLANG_FEATURES, SGLANG_LIFECYCLE
 from vramdoctor.servers.presets import SGLANG_PRESETS
 
 # What `--mm-feature-transport` resolves to when it is not given (0.5.23, single node).
@@ -485,4 +486,6 @@ KIND = ServerKind(
     levers=LEVERS,
     log_marks=LOG_MARKS,
     presets=SGLANG_PRESETS,
+    lifecycle=SGLANG_LIFECYCLE,
+    request_features=SGLANG_FEATURES,
 )

@@ -49,6 +49,7 @@ from vramdoctor.servers.base import (
     SleepMetrics,
 )
 from vramdoctor.servers.diagnose_sections import Levers, LogMark, LogMarks, lever
+from vramdoctor.servers.lifecycle_sections import VLLM_FEATURES, VLLM_LIFECYCLE
 from vramdoctor.servers.presets import VLLM_PRESETS
 
 
@@ -285,4 +286,6 @@ KIND = ServerKind(
     levers=LEVERS,
     log_marks=LOG_MARKS,
     presets=VLLM_PRESETS,
+    lifecycle=VLLM_LIFECYCLE,
+    request_features=VLLM_FEATURES,
 )
