@@ -591,26 +591,13 @@ class SoakSession:
         self._attribution_hook()
 
     def _attribution_hook(self) -> None:
-        """`config.attribute`: the round hook that snapshots the processes' allocators
-        (`vramdoctor.attribution.hooks.build_hook`); InputError for an unusable value."""
-        value = self.config.attribute
-        if value is None:
-            return
-        from vramdoctor.attribution.hooks import build_hook
+        """The agent's hooks (`vramdoctor.attribution.soak_hook.soak_hooks`): inside evidence
+        whenever the agent is in the server (found in the server processes' environment, or
+        `--attribute DIR`), snapshots with `--attribute`; InputError for an unusable value."""
+        from vramdoctor.attribution.soak_hook import soak_hooks
 
-        assert self.found is not None
-        hook = build_hook(
-            value,
-            url=self.config.url,
-            run_path=self.run_path,
-            headers=self.headers,
-            remote=self.found.remote,
-        )
-        self._owned.append(hook)
-        self.hooks.append(_as_hook(hook))
-        start_note = getattr(hook, "start_note", None)
-        if callable(start_note):
-            self.say(str(start_note()))
+        for hook in soak_hooks(self):
+            self.hooks.append(hook)
 
     def _header_config(self) -> dict[str, Any]:
         cfg = self.config
