@@ -488,6 +488,7 @@ class EventsMixin:
     tracebacks_read: int
     mm_evidence: Evidence | None
     events: list[LogEvent]
+    _stores: int
 
     def ev(self, hit: Hit, text: str | None = None) -> Evidence:
         raise NotImplementedError  # provided by FileExtractor
@@ -772,7 +773,7 @@ class EventsMixin:
                     and e.data.get("requested_tokens") == data.get("requested_tokens")
                 ):
                     e.data["raised"] = True
-                    self._stores += 1  # type: ignore[attr-defined]  # (a change: never an inert line)
+                    self._stores += 1  # (a change: never an inert line)
                     return
         self.add_event(
             LogEvent("kv_pool_exhausted", self.name, hit.lineno, self.cut(text), phase, data)

@@ -34,6 +34,10 @@ class OthersMixin:
     facts: dict[str, tuple[float, Any, Evidence]]
     mm_evidence: Evidence | None
     event_counts: dict[str, int]
+    events: list[LogEvent]
+    version: tuple[str, Evidence] | None
+    gpu_buffers: dict[str, float]
+    _stores: int
 
     def ev(self, hit: Hit, text: str | None = None) -> Evidence:
         raise NotImplementedError  # provided by FileExtractor
@@ -61,12 +65,12 @@ class OthersMixin:
             on_gpu = not device.upper().startswith("CPU")
             if what == "model" and on_gpu:
                 # one line per GPU: the weights on the GPUs are their sum (the first line's evidence)
-                self.gpu_buffers[device] = size  # type: ignore[attr-defined]
+                self.gpu_buffers[device] = size
                 first = self.facts.get("weights_mib")
                 e = first[2] if first and first[0] == RUNTIME else self.ev(hit)
-                total = round(sum(self.gpu_buffers.values()), 2)  # type: ignore[attr-defined]
+                total = round(sum(self.gpu_buffers.values()), 2)
                 self.facts["weights_mib"] = (RUNTIME, total, e)
-                self._stores += 1  # type: ignore[attr-defined]
+                self._stores += 1
             elif what == "KV":
                 self.put("kv_on_cpu", not on_gpu, RUNTIME, hit)
                 if on_gpu:
@@ -83,7 +87,7 @@ class OthersMixin:
             return
         if m := P.LCPP_BUILD.search(s):
             build = m.group(1) or m.group(2)
-            if self.version is None:  # type: ignore[has-type]
+            if self.version is None:
                 self.version = (f"b{build}", self.ev(hit))
             return
         if m := P.LCPP_EXIT.search(s):
@@ -150,7 +154,7 @@ class OthersMixin:
         )
 
     def events_so_far(self, kind: str) -> list[LogEvent]:
-        return [e for e in self.events if e.kind == kind]  # type: ignore[attr-defined]
+        return [e for e in self.events if e.kind == kind]
 
     # -- TensorRT-LLM ------------------------------------------------------------------------
     def _trtllm(self, hit: Hit, t: str) -> None:
@@ -179,7 +183,7 @@ class OthersMixin:
                 self._event(hit, "trtllm_kv_default_fraction", {"kv_share": share})
             return
         if m := P.TRT_VERSION.search(s):
-            if self.version is None:  # type: ignore[has-type]
+            if self.version is None:
                 self.version = (m.group(1), self.ev(hit))
             return
         if P.TRT_CREATE_FAILED.search(s):
@@ -218,7 +222,7 @@ class OthersMixin:
     def _ollama(self, hit: Hit, t: str) -> None:
         s = clean(t).text
         if m := P.OLLAMA_VERSION.search(s):
-            if self.version is None:  # type: ignore[has-type]
+            if self.version is None:
                 self.version = (m.group(1), self.ev(hit))
             return
         if m := P.OLLAMA_RUNNER_DIED.search(s):

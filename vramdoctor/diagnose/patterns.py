@@ -787,7 +787,8 @@ def without_echo_lines(head: bytes) -> bytes:
     no echo mark occurs (the usual case: one find per mark)."""
     if not any(m in head for m in ECHO_MARK_BYTES):
         return head
-    return ECHO_LINE.sub(b"", head)
+    out: bytes = ECHO_LINE.sub(b"", head)
+    return out
 
 
 def request_echo(t: str) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from vramdoctor.diagnose.findings import Diagnosis, Finding
 from vramdoctor.diagnose.rules import Rule
 from vramdoctor.diagnose.rules._common import first_evidence
@@ -15,7 +17,7 @@ def _deficit(leaked: int) -> str:
     return "balanced"
 
 
-def _numbers(data: dict) -> str:
+def _numbers(data: dict[str, Any]) -> str:
     pools = data.get("pools") or {}
     if pools:
         # every pool the check printed (0.5.12+ [full]/[swa]/[mamba], hybrid full/mamba): the deficit
