@@ -120,6 +120,10 @@ def test_help_examples_are_whole_lines_even_at_60_columns() -> None:
 
     from vramdoctor.cli import COMMANDS, app
 
+    import importlib
+
+    for module in COMMANDS.values():
+        importlib.import_module(f"vramdoctor.cli.{module}")
     for name in COMMANDS:
         page = run_cli("--width", "60", name, "--help").stdout
         command = getattr(typer.main.get_command(app), "commands", {})[name]
