@@ -60,6 +60,10 @@ def soak_cmd(**o: Any) -> None:
         raise InputError("give the server's command once: --launch CMD or -- CMD ARGS...")
     o.update(gpu_metrics=o["gpu_metrics"] or o["gpu_exporter"], launch=o["launch"] or o["command"])
     cfg = SoakConfig.from_options(o, gpus=tuple(parse_gpu_indices(o["gpu"]) or ()) or None)
+    if cfg.vary or cfg.cycle:  # their plans fix the rounds (vramdoctor.soak.variations)
+        from vramdoctor.soak.variations import adjust
+
+        cfg = adjust(cfg)
     previous_term = term_as_interrupt()  # typer makes a Ctrl-C a silent 130: we say what we kept
     try:
         try:

@@ -277,6 +277,26 @@ class SoakConfig:
             "in the server while the soak runs; about 4 % more server CPU). See docs/attribute.md.",
         ),
     )
+    # soak --vary / --cycle (vramdoctor.soak.vary, vramdoctor.soak.cycle; docs/soak.md)
+    vary: str | None = field(
+        default=None,
+        metadata=_opt(
+            "--vary",
+            "FEATURE[,FEATURE...]: rounds that differ in one request feature at a time "
+            "(images, image-size, multi-image, stream, abort, max-tokens, prefix, structured, "
+            "regex, n, lora[:ADAPTER], or all), interleaved in seeded order; names the feature "
+            "that leaks, with its rate per request. See docs/soak.md.",
+        ),
+    )
+    cycle: str | None = field(
+        default=None,
+        metadata=_opt(
+            "--cycle",
+            "sleep[:LEVEL] | release | lora[:NAME[=PATH]]: between rounds, the server's own "
+            "lifecycle operation through its endpoints; what remains after each cycle, per "
+            "layer. See docs/soak.md.",
+        ),
+    )
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], **fields_given: Any) -> SoakConfig:
@@ -340,6 +360,9 @@ class SoakConfig:
         _finite("--abort-fraction", self.abort_fraction)
         if not 0.0 <= self.abort_fraction <= 1.0:
             raise InputError(f"--abort-fraction {self.abort_fraction:g}: must be between 0 and 1")
+        from vramdoctor.soak.variations import check_options
+
+        check_options(self.vary, self.cycle)
         _finite("--min-growth-mib", self.min_growth_mib)
         if self.min_growth_mib < 0:
             raise InputError("--min-growth-mib must not be negative")

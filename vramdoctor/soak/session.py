@@ -127,6 +127,14 @@ class SoakHook:
     def close(self, session: SoakSession) -> None:
         """Always called once at the end (release what the hook holds)."""
 
+    def more_rounds(
+        self, session: SoakSession, undecided: list[tuple[str, str]]
+    ) -> list[tuple[str, str]]:
+        """After an idle window from the planned last round on: the (layer, reason) pairs that
+        still need a round, given what the hooks before said (`undecided`); unchanged by
+        default. soak --vary / --cycle answer for their own designs."""
+        return undecided
+
 
 class _CallableHook(SoakHook):
     """An old-style round hook `hook(round_index, run_dir)`."""
@@ -589,6 +597,9 @@ class SoakSession:
             self.notes.append(note)
         self.sources = sources
         self._attribution_hook()
+        from vramdoctor.soak.variations import variation_hooks  # --vary / --cycle (H-E)
+
+        self.hooks.extend(variation_hooks(self))
 
     def _attribution_hook(self) -> None:
         """The agent's hooks (`vramdoctor.attribution.soak_hook.soak_hooks`): inside evidence
@@ -833,7 +844,10 @@ class SoakSession:
     def _more_rounds(self, _state: ProtocolState) -> list[tuple[str, str]]:
         assert self.writer is not None
         run = self.writer.read_back()  # the file, plus memory when the disk filled
-        return undecided_layers(analyse_run(run, production_rate_rps=self.production_rate_rps))
+        undecided = undecided_layers(analyse_run(run, production_rate_rps=self.production_rate_rps))
+        for hook in self.hooks:  # soak --vary / --cycle decide their own extra rounds
+            undecided = list(hook.more_rounds(self, undecided))
+        return undecided
 
     def _on_idle_end(self, rnd: int) -> None:
         assert self.writer is not None

@@ -99,6 +99,8 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                         **state.lifecycle.server_args(),
                     },
                 )
+            elif path == "/version" and state.args.metrics_flavour == "vllm":
+                self._send(200, {"version": "reference"})  # as vLLM's GET /version
             elif path == "/reference/info":
                 self._send(200, state.info())
             elif path == "/v1/models" and state.args.models_status != 200:

@@ -40,6 +40,11 @@ def report_run(
     from vramdoctor.attribution.report import render_run_attribution, run_attribution_json
     from vramdoctor.render import console
     from vramdoctor.soak.analyse import analyse_run
+    from vramdoctor.soak.variations import (
+        render_variations,
+        variations_exit_code,
+        variations_json,
+    )
 
     if report_file is not None and report_file.suffix.lower() not in (".png", ".html", ".htm"):
         raise InputError(
@@ -80,11 +85,13 @@ def report_run(
         d["run_file"] = str(run_path or run.path)  # the file the report was made from
         d["report_file"] = str(report_file) if report_file else None
         d["attribution"] = run_attribution_json(run)  # soak --attribute (vramdoctor.attribution)
+        d.update(variations_json(run))  # soak --vary / --cycle (vramdoctor.soak.variations)
         launched = launch_json(run)
         if launched is not None:  # soak --launch: only then, so other runs' JSON is unchanged
             d["launch"] = launched
         console.print_json(d)
     else:
+        render_variations(run, console.stdout())  # --vary / --cycle decide first: rounds differ
         render(result, console.stdout())
         render_run_attribution(run, console.stdout())
         render_launch(run, console.stdout())
@@ -92,4 +99,4 @@ def report_run(
             console.note(f"run file: {run_path}  (re-analyse: vramdoctor report {run_path})")
         if report_file is not None:
             console.note(f"report: {report_file}")
-    return result.exit_code
+    return max(result.exit_code, variations_exit_code(run))
