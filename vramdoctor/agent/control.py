@@ -506,6 +506,7 @@ _PYTHON_KEYS = (
 _MAX_DEVICES = 64
 _MAX_POOLS = 256
 _MAX_TOP = 50
+_MAX_FRAMES = 16
 
 
 def _numbers(src: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:
@@ -560,9 +561,19 @@ def _clean_line(item: Any) -> dict[str, Any] | None:
     line, size = _int(item.get("line"), 0, 10**9), _int(item.get("bytes"))
     if line is None or size is None:
         return None
+    frames = []
+    raw_frames = item.get("frames")
+    for fr in raw_frames if isinstance(raw_frames, list) else []:
+        if isinstance(fr, list) and len(fr) == 2 and isinstance(fr[0], str):
+            n = _int(fr[1], 0, 10**9)
+            if n is not None:
+                frames.append([fr[0][:500], n])
+        if len(frames) >= _MAX_FRAMES:
+            break
     return {
         "file": item["file"][:500],
         "line": line,
+        "frames": frames,
         "bytes": size,
         "count": _int(item.get("count")) or 0,
         "bytes_diff": _int(item.get("bytes_diff"), -(2**62)) or 0,

@@ -8,9 +8,12 @@ whose traced bytes grow in EVERY interval, by at least `min_total_growth_bytes` 
 proportion to the requests (each interval's bytes per request within a factor of `proportion` of
 the median interval's), is the leak's address; a cache that fills and stops is not.
 
-A line missing from a record's `top` is unknown there (it was neither among the largest nor among
-the fastest-growing), never read as zero: a line must be in every record after the baseline to be
-judged. Pure: no I/O.
+Each entry carries its allocation's frames (innermost first, up to 8): entries are grouped by the
+same address as GPU memory (`vramdoctor.attribution.analysis.stack_of`): the innermost frame
+outside PyTorch and the standard library and, inside another package (numpy's `ones`), its
+callers up to the server's own line. A line missing from a record's `top` is unknown there (it
+was neither among the largest nor among the fastest-growing), never read as zero: a line must be
+in every record after the baseline to be judged. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vramdoctor.attribution.analysis import Thresholds
+from vramdoctor.attribution.analysis import Frame, Stack, Thresholds, stack_of
 from vramdoctor.samples import InsideSample
 
 __all__ = ["LineSeries", "PythonLines", "python_lines", "python_lines_of_run"]
@@ -29,14 +32,24 @@ __all__ = ["LineSeries", "PythonLines", "python_lines", "python_lines_of_run"]
 
 @dataclass(frozen=True)
 class LineSeries:
-    """One Python line's traced bytes at each record (None where it was not reported)."""
+    """One allocation address's traced bytes at each record (None where it was not reported).
 
-    file: str
-    line: int
+    `stack`: the address (frames innermost first: the line that allocates, then, from inside a
+    package, its callers up to the server's code); `file`/`line`: its innermost frame."""
+
+    stack: Stack
     bytes: tuple[int | None, ...]
     counts: tuple[int | None, ...]
     growing: bool
     bytes_per_request: float | None
+
+    @property
+    def file(self) -> str:
+        return self.stack.frames[0].filename if self.stack.frames else "?"
+
+    @property
+    def line(self) -> int:
+        return self.stack.frames[0].line if self.stack.frames else 0
 
     @property
     def growth_bytes(self) -> int:
@@ -44,12 +57,15 @@ class LineSeries:
         return known[-1] - known[0] if len(known) >= 2 else 0
 
     def describe(self) -> str:
-        return f"{self.file}:{self.line}"
+        """`file:line`, then ` called from file:line` for each caller in the address."""
+        parts = [f"{f.filename}:{f.line}" for f in self.stack.frames]
+        return " called from ".join(parts) if parts else "?"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "file": self.file,
             "line": self.line,
+            "frames": [[f.filename, f.line] for f in self.stack.frames],
             "bytes": list(self.bytes),
             "counts": list(self.counts),
             "growth_bytes": self.growth_bytes,
@@ -86,18 +102,33 @@ class PythonLines:
         }
 
 
-def _tops(rec: InsideSample) -> dict[tuple[str, int], tuple[int, int]]:
+def _address(item: Mapping[str, Any]) -> Stack:
+    """The attribution address of one `top` entry (its frames, or its file:line alone)."""
+    raw = item.get("frames")
+    frames = [
+        Frame(str(fr[0]), int(fr[1]), "")
+        for fr in (raw if isinstance(raw, list) else [])
+        if isinstance(fr, (list, tuple)) and len(fr) == 2 and isinstance(fr[1], int)
+    ]
+    if not frames:
+        frames = [Frame(str(item["file"]), int(item["line"]), "")]
+    stack = stack_of(frames)
+    return stack if stack.frames else Stack("code", (frames[0],))
+
+
+def _tops(rec: InsideSample) -> dict[Stack, tuple[int, int]]:
+    """address -> (bytes, count) of one record, entries of one address summed."""
     py = rec.python or {}
-    out: dict[tuple[str, int], tuple[int, int]] = {}
+    out: dict[Stack, tuple[int, int]] = {}
     for item in py.get("top") or []:
         if isinstance(item, Mapping) and isinstance(item.get("file"), str):
             try:
-                out[(item["file"], int(item["line"]))] = (
-                    int(item["bytes"]),
-                    int(item.get("count") or 0),
-                )
+                key = _address(item)
+                size, count = int(item["bytes"]), int(item.get("count") or 0)
             except (KeyError, TypeError, ValueError):
                 continue
+            had = out.get(key, (0, 0))
+            out[key] = (had[0] + size, had[1] + count)
     return out
 
 
@@ -156,8 +187,8 @@ def python_lines(
         values = tuple(t[key][0] if key in t else None for t in tops)
         counts = tuple(t[key][1] if key in t else None for t in tops)
         growing, per_request = _judge(values, reqs, th)
-        series.append(LineSeries(key[0], key[1], values, counts, growing, per_request))
-    series.sort(key=lambda s: (not s.growing, -abs(s.growth_bytes), s.file, s.line))
+        series.append(LineSeries(key, values, counts, growing, per_request))
+    series.sort(key=lambda s: (not s.growing, -abs(s.growth_bytes), s.stack))
     first = traced[0]
     return PythonLines(
         pid=first.pid,

@@ -90,6 +90,9 @@ MAX_PENDING = 16
 WANTS = ("inside", "snapshot")
 # tracemalloc: lines reported per answer (the largest and the fastest-growing, merged).
 TRACE_TOP = 20
+# tracemalloc records this many frames of each allocation (innermost first when reported): enough
+# to reach the server's own line from inside a library (numpy's ones() called from the server).
+TRACE_FRAMES = 8
 # tracemalloc keeps ~50 bytes per live trace (measured: 50-60 on CPython 3.11); beyond
 # TRACE_MAX_TRACES traces the per-line grouping (seconds with the GIL held) is skipped.
 TRACE_BYTES_PER_TRACE = 50
@@ -575,14 +578,14 @@ class PythonTrace:
 
     def __init__(self) -> None:
         self.started_by_us = False
-        self.previous: dict[tuple[str, int], int] = {}
+        self.previous: dict[tuple[tuple[str, int], ...], int] = {}
 
     def read(self, trace: bool) -> dict[str, Any]:
         import tracemalloc
 
         out: dict[str, Any] = {"allocated_blocks": int(sys.getallocatedblocks())}
         if trace and not tracemalloc.is_tracing():
-            tracemalloc.start(1)
+            tracemalloc.start(TRACE_FRAMES)
             self.started_by_us = True
             self.previous = {}
         elif not trace and self.started_by_us:
@@ -604,11 +607,12 @@ class PythonTrace:
             return out
         snap = tracemalloc.take_snapshot()
         own = (tracemalloc.__file__, __file__)
-        now: dict[tuple[str, int], tuple[int, int]] = {}
-        for stat_ in snap.statistics("lineno"):
-            frame = stat_.traceback[0]
-            if frame.filename not in own:
-                now[(frame.filename, frame.lineno)] = (int(stat_.size), int(stat_.count))
+        # key: the allocation's frames, innermost first (tracemalloc lists the oldest first)
+        now: dict[tuple[tuple[str, int], ...], tuple[int, int]] = {}
+        for stat_ in snap.statistics("traceback"):
+            frames = tuple((f.filename, f.lineno) for f in reversed(list(stat_.traceback)))
+            if frames and frames[0][0] not in own:
+                now[frames] = (int(stat_.size), int(stat_.count))
         del snap
         largest = sorted(now, key=lambda k: -now[k][0])[:TRACE_TOP]
         growing = sorted(
@@ -621,8 +625,9 @@ class PythonTrace:
                 "lines": len(now),
                 "top": [
                     {
-                        "file": k[0],
-                        "line": k[1],
+                        "file": k[0][0],
+                        "line": k[0][1],
+                        "frames": [list(f) for f in k],
                         "bytes": now[k][0],
                         "count": now[k][1],
                         "bytes_diff": now[k][0] - self.previous.get(k, 0),
