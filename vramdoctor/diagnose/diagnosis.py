@@ -39,7 +39,7 @@ def extract_file(path: str | Path) -> tuple[FileExtractor, ReadStats]:
     name = display_name(path)
     stats = ReadStats(name)
     ex = FileExtractor(name)
-    for hit in scan(path, stats):
+    for hit in scan(path, stats, ex.skip_inert):
         ex.feed(hit)
     _sniff(ex, stats.head)
     tail.read(ex, stats.tail, stats.lines)

@@ -123,7 +123,7 @@ class FileExtractor(EventsMixin, OthersMixin):
     _stores: int = field(default=0, repr=False)  # facts stored so far (see feed)
     _inert_chars: int = field(default=0, repr=False)
     # lines whose handlers changed nothing but votes and capped counts: (votes, counts) deltas (feed)
-    _inert: dict[str, tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]] = field(
+    _inert: dict[bytes, tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]] = field(
         default_factory=dict, repr=False
     )
     version: tuple[str, Evidence] | None = None
@@ -213,14 +213,8 @@ class FileExtractor(EventsMixin, OthersMixin):
             for step in dispatch(t):
                 step(self, hit, t)
             return
-        memo = self._inert.get(t)
-        if memo is not None:
-            votes, counts = memo
-            for server, n in votes:
-                self.votes[server] += n
-            for kind, n in counts:
-                self.event_counts[kind] += n
-            return
+        if self.skip_inert(hit.raw or t.encode()):
+            return  # (the reader asks first: this is for a caller that feeds hits itself)
         steps = _dispatch_memo(
             t
         )  # (the memo called directly: dispatch's wrapper is one frame more)
@@ -247,7 +241,7 @@ class FileExtractor(EventsMixin, OthersMixin):
             if self._inert_chars > INERT_CHARS:  # bounded by the text it holds: memory stays flat
                 self._inert.clear()
                 self._inert_chars = len(t)
-            self._inert[t] = (
+            self._inert[hit.raw or t.encode()] = (
                 tuple(
                     (k, n - votes0.get(k, 0))
                     for k, n in self.votes.items()
@@ -259,6 +253,19 @@ class FileExtractor(EventsMixin, OthersMixin):
                     if n != counts0.get(k, 0)
                 ),
             )
+
+    def skip_inert(self, raw: bytes) -> bool:
+        """The reader's question for each candidate line before it decodes it: a line remembered as
+        inert (see `feed`) has its known effect applied here, and is not read again."""
+        memo = self._inert.get(raw)
+        if memo is None:
+            return False
+        votes, counts = memo
+        for server, n in votes:
+            self.votes[server] += n
+        for kind, n in counts:
+            self.event_counts[kind] += n
+        return True
 
     def _state(self) -> tuple[object, ...]:
         """What handlers read or keep, besides votes and capped counts (see `feed`)."""

@@ -80,6 +80,7 @@ class Hit:
     _buf: bytes
     _start: int
     _end: int
+    raw: bytes = b""  # the line's bytes as read (the key of the extractor's memo of inert lines)
 
     def before(self, max_bytes: int = HISTORY) -> str:
         """Text before this line (up to `max_bytes`, whole lines), for traceback lookback."""
@@ -218,13 +219,22 @@ def _check_text(name: str, first: bytes) -> str:
     return mode
 
 
-def scan(path: str | Path, stats: ReadStats | None = None) -> Iterator[Hit]:
-    """Yield the candidate lines of one input, numbered from 1, streaming in blocks."""
+Skip = Callable[[bytes], bool]
+
+
+def scan(
+    path: str | Path, stats: ReadStats | None = None, skip: Skip | None = None
+) -> Iterator[Hit]:
+    """Yield the candidate lines of one input, numbered from 1, streaming in blocks.
+
+    `skip(raw)`, when given, is asked about each candidate line's raw bytes before it is decoded: True
+    means the caller has taken the line into account already (a line it knows to repeat an effect)
+    and it is not yielded."""
     name = display_name(path)
     st = stats if stats is not None else ReadStats(name)
     src = _open(path)
     try:
-        yield from _scan_stream(src, name, st)
+        yield from _scan_stream(src, name, st, skip)
     finally:
         if str(path) != STDIN:
             src.close()
@@ -262,7 +272,9 @@ def _read(src: BinaryIO, name: str, st: ReadStats) -> tuple[bytes, bool]:
     return data, not data
 
 
-def _scan_stream(src: BinaryIO, name: str, st: ReadStats) -> Iterator[Hit]:
+def _scan_stream(
+    src: BinaryIO, name: str, st: ReadStats, skip: Skip | None = None
+) -> Iterator[Hit]:
     buf = b""
     start = 0  # first unprocessed byte in buf; buf[:start] is history
     lineno = 0  # lines fully processed so far
@@ -316,13 +328,13 @@ def _scan_stream(src: BinaryIO, name: str, st: ReadStats) -> Iterator[Hit]:
                     f"line {lineno + 1} is longer than {MAX_LINE >> 20} MiB: "
                     "only its first MiB was read"
                 )
-                yield from _emit(head, 0, len(head), [0, lineno], st)
+                yield from _emit(head, 0, len(head), [0, lineno], st, skip)
                 lineno += 1
                 buf, start, skipping = b"", 0, True
                 continue
         if end > start:
             pos = [start, lineno]  # _emit leaves the last hit's offset and line number here
-            yield from _emit(buf, start, end, pos, st)
+            yield from _emit(buf, start, end, pos, st, skip)
             seg_lines = buf.count(b"\n", pos[0], end)
             if final and buf[end - 1 : end] != b"\n":
                 seg_lines += 1
@@ -334,7 +346,9 @@ def _scan_stream(src: BinaryIO, name: str, st: ReadStats) -> Iterator[Hit]:
     st.tail = bytes(buf[-TAIL:])
 
 
-def _emit(buf: bytes, start: int, end: int, pos: list[int], st: ReadStats) -> Iterator[Hit]:
+def _emit(
+    buf: bytes, start: int, end: int, pos: list[int], st: ReadStats, skip: Skip | None = None
+) -> Iterator[Hit]:
     """Candidate lines of buf[start:end]; pos = [offset, lines before it], updated as it goes.
 
     Newlines are counted only between hits (one pass over the window in total), and the caller
@@ -364,10 +378,13 @@ def _emit(buf: bytes, start: int, end: int, pos: list[int], st: ReadStats) -> It
             raw = buf[s:e]
             if b'File "' in raw and mm_frame(raw) is None:
                 continue  # a traceback frame: read through lookback when an error needs it
+            if skip is not None and skip(raw):
+                n += 1
+                continue  # the caller applied this line's known effect (no decode, no Hit)
             line += count(b"\n", p, s)
             p = s
             n += 1
-            yield Hit(line + 1, raw.decode("utf-8", "replace"), buf, s, e)
+            yield Hit(line + 1, raw.decode("utf-8", "replace"), buf, s, e, raw)
     finally:  # written back once, not per line (also when the consumer stops early)
         pos[0], pos[1] = p, line
         st.candidates += n

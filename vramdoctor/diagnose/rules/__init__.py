@@ -69,4 +69,43 @@ def markdown() -> str:
         lines.append(
             "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
         )
+    return "\n".join(lines) + "\n" + levers_markdown()
+
+
+def levers_markdown() -> str:
+    """The fix vocabulary: each lever and each server kind's own setting for it (a blank cell: the
+    server has no such setting, and no fix names one), from the registry's `levers` sections."""
+    from vramdoctor import servers
+    from vramdoctor.diagnose.levers import LEVER_NAMES
+
+    kinds = [k for k in servers.kinds() if k.levers]
+    lines = [
+        "",
+        "## Levers",
+        "",
+        "Every fix names the diagnosed server's own setting for a lever (vramdoctor/servers/<kind>.py, "
+        "section `levers`),",
+        "on the detected platform; a server without the lever is told none. Options that exist on one "
+        "platform or from one",
+        "version on are marked so.",
+        "",
+        "| lever | what it changes | " + " | ".join(k.display_name for k in kinds) + " |",
+        "|---|---|" + "---|" * len(kinds),
+    ]
+    for name, what in LEVER_NAMES.items():
+        cells = [f"`{name}`", what]
+        for k in kinds:
+            opts = k.levers.get(name, ())
+            shown = []
+            for o in opts:
+                tag = []
+                if o.platforms:
+                    tag.append("/".join(o.platforms))
+                if o.since:
+                    tag.append(f"{o.since}+")
+                if o.until:
+                    tag.append(f"before {o.until}")
+                shown.append(o.text + (f" ({', '.join(tag)})" if tag else ""))
+            cells.append("; ".join(shown))
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"

@@ -547,13 +547,15 @@ def _device(e: LogEvent, d: Diagnosis) -> str:
     return {"rocm": "HIP", "npu": "NPU"}.get(d.facts.platform or "", "CUDA")
 
 
-def _title(phase: str | None, e: LogEvent) -> str:
+def _title(phase: str | None, e: LogEvent, server: str | None = None) -> str:
     if phase == "prefill" and e.data.get("multimodal_frames"):
         return "in the prefill of a multimodal request (vision encoder or merging its embeddings)"
     if phase == "warmup" and e.data.get("sampler"):
         return "during the sampler warm-up"
     if phase in ("profiling", "mm_profiling") and e.data.get("sampler"):
         return PHASE_NAMES[phase] + " (sampler warm-up)"
+    if phase == "startup" and server not in ("sglang", None):
+        return "while the server was starting (its engine and runtime buffers)"
     return PHASE_NAMES.get(phase, str(phase))
 
 
@@ -641,7 +643,7 @@ def _ranks(group: list[LogEvent]) -> str:
 
 def _finding(d: Diagnosis, phase: str | None, group: list[LogEvent], total: int) -> Finding:
     first = next((e for e in group if e.data.get("free_mib") is not None), group[0])
-    where = _title(phase, first)
+    where = _title(phase, first, d.server)
     device = _device(first, d)
     expl = (
         f"{device} out of memory {where} ({len(group)} of {total} OOM line(s)); "

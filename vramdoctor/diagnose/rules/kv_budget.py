@@ -229,7 +229,7 @@ def _tgi_prefill(d: Diagnosis, evs: list[LogEvent]) -> Finding:
     return Finding(
         RULE.id,
         "critical",
-        f"{server_name(d)} warm-up: not enough memory for {n} prefill tokens (not a CUDA OOM)",
+        f"Warm-up: not enough memory for {n} prefill tokens (a budget check, not a CUDA OOM)",
         explanation=(
             f"{server_name(d)}'s warm-up runs one prefill batch of --max-batch-prefill-tokens ({n}) tokens to "
             "size the KV cache, and found the memory left after the weights too small for it: a budget check, "
