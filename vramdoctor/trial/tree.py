@@ -13,7 +13,8 @@ from vramdoctor.errors import SourceUnavailable
 __all__ = ["ROOT", "TrialUnavailable", "free_port", "load_module", "source_file"]
 
 ROOT = Path(__file__).resolve().parents[2]
-"""The source tree holding this package (a clone, or an editable install of one)."""
+"""The tree holding this package: the clone for an editable install, site-packages' parent
+for a copy (`pip install .`), where examples/ and tests/ are not."""
 
 CLONE_HINT = (
     "git clone https://github.com/vramdoctor/vramdoctor && cd vramdoctor && "
@@ -27,15 +28,19 @@ class TrialUnavailable(SourceUnavailable):
 
 
 def source_file(relative: str) -> Path:
-    """`relative` inside the source tree; TrialUnavailable when vramdoctor is installed
-    without it (from a wheel): the trials run from a clone."""
-    path = ROOT / relative
-    if not path.is_file():
-        raise TrialUnavailable(
-            f"vramdoctor try runs from a clone of the source ({relative} is not here, "
-            f"under {ROOT}): {CLONE_HINT}"
-        )
-    return path
+    """`relative` inside the source tree: the tree this package was installed from (an
+    editable install), else the clone you are in (the current folder or one above it: `pip
+    install .` copies the package, not examples/ or tests/). TrialUnavailable when neither
+    has it (installed from a wheel, run elsewhere): the trials run from a clone."""
+    cwd = Path.cwd()
+    for base in (ROOT, cwd, *cwd.parents):
+        path = base / relative
+        if path.is_file():
+            return path
+    raise TrialUnavailable(
+        f"vramdoctor try runs from a clone of the source ({relative} is neither under {ROOT} "
+        f"nor under {cwd}): {CLONE_HINT}"
+    )
 
 
 def load_module(relative: str, name: str) -> ModuleType:
