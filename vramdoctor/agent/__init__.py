@@ -1,4 +1,4 @@
-"""vramdoctor's opt-in in-process agent: allocator snapshots from every server process.
+"""vramdoctor's in-process agent: what the server's allocators count, and allocator snapshots.
 
 Enable it without touching the server's code, either per launch
 
@@ -9,7 +9,8 @@ with a `.pth` line (`vramdoctor agent-path --pth`, see docs/attribute.md); the `
 does nothing until VRAMDOCTOR_AGENT_DIR is set. What runs inside the server is the standard-
 library-only `pythonpath/vramdoctor_agent.py`; this package is the side that lives in
 vramdoctor's own process: where the agent is (`agent_path`, `pth_line`) and how soak talks to it
-(`vramdoctor.agent.control`).
+(`vramdoctor.agent.control`: `Controller.collect` for inside evidence and snapshots). The
+directory's rules and who can do what to the agent: docs/threat-model.md ("The agent").
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ from vramdoctor import _lazy
 from vramdoctor.agent.pythonpath import vramdoctor_agent as runtime
 
 if TYPE_CHECKING:  # the lazy names below, for type checkers
-    from vramdoctor.agent.control import AgentInfo, Controller, SnapshotFile, list_agents
+    from vramdoctor.agent.control import AgentInfo, Controller, Reply, SnapshotFile, list_agents
 
 # Public name -> the module that defines it (imported on first access: control brings psutil,
 # which `vramdoctor --help` and `vramdoctor agent-path` do not need).
 _LAZY = {
     "AgentInfo": ".control",
     "Controller": ".control",
+    "Reply": ".control",
     "SnapshotFile": ".control",
     "list_agents": ".control",
 }
@@ -35,6 +37,7 @@ _LAZY = {
 __all__ = [
     "AgentInfo",
     "Controller",
+    "Reply",
     "SnapshotFile",
     "agent_path",
     "list_agents",
