@@ -116,3 +116,25 @@ def test_soak_without_an_agent_says_trace_python_has_nothing_to_trace(tmp_path: 
         assert read_run(out).of(InsideSample) == []
     finally:
         srv.stop()
+
+
+def test_vramdoctor_itself_never_answers_as_a_server(tmp_path: Path) -> None:
+    """A shell that exports the agent (PYTHONPATH, VRAMDOCTOR_AGENT_DIR) for the server also
+    gives them to `vramdoctor soak`: soak's own process must not register as one of the server's."""
+    from support.agent import agent_env
+
+    agent_dir = tmp_path / "agent"
+    srv = agent_server(tmp_path, agent_dir, "--no-torch")
+    try:
+        post(srv.port)
+        env = agent_env(agent_dir, fake_torch=False)
+        r = run_cli(
+            "soak", "--url", srv.url(), "--rounds", "1", "--no-adapt", "--requests", "2",
+            "--idle", "1", "--text-only", "--out", str(tmp_path / "run.jsonl"), "--json",
+            env=env, timeout=240,
+        )  # fmt: skip
+        assert r.returncode in (0, 1), r.stderr
+        pids = {rec.pid for rec in read_run(tmp_path / "run.jsonl").of(InsideSample)}
+        assert pids == {srv.proc.pid}
+    finally:
+        srv.stop()

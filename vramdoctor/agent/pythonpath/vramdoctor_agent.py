@@ -180,6 +180,10 @@ class _StandDown(Exception):
     """A fault of torch or of the agent's machinery: turn everything off and end the thread."""
 
 
+class _Quiet(Exception):
+    """Nothing to do in this process (vramdoctor's own): the thread ends without a word."""
+
+
 class _Refused(Exception):
     """Input that is not ours (a malformed or foreign file): ignore it, stay armed.
 
@@ -802,6 +806,8 @@ class Agent:
                 if time.monotonic() - last_check > 5.0:
                     last_check = time.monotonic()
                     self._housekeeping()
+        except _Quiet:
+            self.forget_after_fork()
         except _StandDown as exc:
             self._stand_down(str(exc))
         except Exception as exc:  # a bug of ours must not reach the server
@@ -896,6 +902,10 @@ class Agent:
 
     def _register(self) -> None:
         time.sleep(self.poll_s)  # a process that lives less than one poll never registers
+        if "vramdoctor.cli" in sys.modules:
+            # vramdoctor's own command (a .pth agent in its interpreter, VRAMDOCTOR_AGENT_DIR
+            # exported in the shell): the soak side is not a server; nothing to report
+            raise _Quiet
         try:
             self._write_status("ready")
         except OSError as exc:
