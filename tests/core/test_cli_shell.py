@@ -114,13 +114,12 @@ def test_a_wrong_option_suggests_only_a_close_one(args: list[str], suggestion: s
 
 
 def test_help_examples_are_whole_lines_even_at_60_columns() -> None:
+    import importlib
     import inspect
 
     import typer.main
 
     from vramdoctor.cli import COMMANDS, app
-
-    import importlib
 
     for module in COMMANDS.values():
         importlib.import_module(f"vramdoctor.cli.{module}")
