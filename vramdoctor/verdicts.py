@@ -140,6 +140,10 @@ class Reason(_Code):
     NO_TRAFFIC = "no_request_succeeded"  # the run's traffic never exercised memory
     SERVER_DIED = "server_died"  # no settled round before the server died
     NOISY = "noisy"  # undecided: the levels move more than the floor from round to round
+    # watch and fleet (comparable points over time rather than rounds)
+    TOO_FEW_POINTS = "too_few_points"  # fewer comparable points than the test needs
+    WARMING_UP = "warming_up"  # a life that started less than the warm-up ago
+    STOPPED_REPORTING = "stopped_reporting"  # the series ended before the range's end: stale
 
 
 class Explanation(_Code):

@@ -269,14 +269,21 @@ def test_short_last_round_does_not_fake_a_plateau() -> None:
 
 
 def test_classify_needs_growth_above_the_floor() -> None:
-    c = classify_series(
-        100.0, [100.5, 101.0, 101.4, 101.9], [50, 100, 150, 200], [[1.0]] * 4, floor=2.0
-    )
+    levels = [100.5, 101.0, 101.5, 102.0, 102.5]
+    # Each level measured as the median of samples 0.01 MiB apart: the level noise is known.
+    measured = [[v - 0.01, v, v + 0.01] for v in levels]
+    reqs = [50, 100, 150, 200, 250]
+    c = classify_series(100.0, levels[:4], reqs[:4], measured[:4], floor=2.0)
     assert c.verdict == STABLE
-    c = classify_series(
-        100.0, [100.5, 101.0, 101.4, 101.9], [50, 100, 150, 200], [[1.0]] * 4, floor=0.1
-    )
-    assert c.verdict == LEAK
+    c = classify_series(100.0, levels, reqs, measured, floor=0.1)
+    assert c.verdict == LEAK and c.model == "steady"
+    levels = [100.5, 101.0, 101.4, 101.9]
+    # One sample per level says nothing about the noise: four rounds cannot then rule out a
+    # cache converging towards a bound (the residuals of three increments are all there is),
+    # so the growth is undecided and says about how many more rounds would decide it.
+    c = classify_series(100.0, levels, [50, 100, 150, 200], [[1.0]] * 4, floor=0.1)
+    assert c.verdict == INCONCLUSIVE and c.reason == "steady_or_converging"
+    assert c.steps_to_decide is not None and 1 <= c.steps_to_decide <= 12
 
 
 def test_stray_context_is_reported() -> None:
@@ -445,9 +452,11 @@ def test_arenas_added_every_other_round_still_explain_the_growth() -> None:
     assert analyse_soak(recs, {"cpu_count": 16}).layers["host"].verdict == CACHING
 
 
-def test_growth_that_goes_on_after_the_arenas_stop_appearing_is_a_leak() -> None:
+def test_growth_that_goes_on_after_the_arenas_stop_appearing_is_retention_or_a_leak() -> None:
     # Arenas appear in rounds 1-3 (the first connections), then the count is flat while the
-    # heap keeps growing 24 MiB a round: that is not the arenas.
+    # heap keeps growing 24 MiB a round: not the new arenas, but glibc also retains inside
+    # existing arenas and the main heap (measured on an H200 host, in-use bytes flat): from
+    # outside the process that and a leak look the same. Not LEAK, and says how to decide.
     recs = synth(
         caching(50.0),
         rounds=8,
@@ -457,31 +466,56 @@ def test_growth_that_goes_on_after_the_arenas_stop_appearing_is_a_leak() -> None
         arenas=lambda k, f: 2 + min(k, 3),
     )
     res = analyse_soak(recs, {"cpu_count": 16})
-    assert res.layers["host"].verdict == LEAK
-    assert "beyond what new malloc arenas explain" in soak_json(res)["layers"]["host"]["summary"]
+    host = res.layers["host"]
+    assert host.verdict == INCONCLUSIVE and host.reason == "retention_or_leak"
+    assert host.explanation != "malloc_arenas" and host.culprit is None
+    assert host.rate_per_request == pytest.approx(24.0 / 30, rel=0.05)  # what a leak would be
+    assert res.exit_code == 0 and res.undecided_layers() == {"host": "retention_or_leak"}
+    text = soak_json(res)["layers"]["host"]["summary"]
+    assert "MALLOC_ARENA_MAX=2" in text and "agent" in text
 
 
-def test_growth_beyond_what_new_arenas_reserve_is_a_leak() -> None:
-    # 200 MiB a round with one new 64 MiB arena a round: more than the arenas can hold.
+def test_growth_beyond_what_new_arenas_reserve_is_not_explained_by_them() -> None:
+    # 200 MiB a round with one new 64 MiB arena a round: more than the new arenas can hold,
+    # so not "malloc arenas"; retention beyond them is still possible: undecided from outside.
     res = analyse_soak(_arena_run(growth_per_round=200.0), {"cpu_count": 16})
-    assert res.layers["host"].verdict == LEAK
+    host = res.layers["host"]
+    assert host.explanation != "malloc_arenas"
+    assert host.verdict == INCONCLUSIVE and host.reason == "retention_or_leak"
 
 
-def test_host_leak_without_readable_kinds_is_judged_on_rss_with_a_caveat() -> None:
+def test_host_growth_without_readable_kinds_or_arenas_is_undecided_with_a_caveat() -> None:
+    # /proc/PID/status and maps unreadable (another user, a container): RSS grows steadily,
+    # and nothing rules out the allocator keeping it. Judged on RSS, not called a leak.
     res = analyse_soak(
         synth(caching(140.0), host_level=lambda k, f: 900.0 + 1.0 * 50 * (k + f)),
         raw_host=[{"kind": "host_memory", "t": 1.0, "available_mib": 32000.0}],
     )
     host = res.layers["host"]
-    assert (
-        host.verdict == LEAK and host.culprit is not None and host.culprit.series == "rss/pid4242"
-    )
+    assert host.verdict == INCONCLUSIVE and host.reason == "retention_or_leak"
+    assert host.main_series == "rss/pid4242" and host.culprit is None
     assert host.rate_per_request == pytest.approx(1.0, rel=0.05)
     assert "rss_kinds_unreadable" in host.caveats and "malloc_arenas_unreadable" in host.caveats
     assert host.projection is not None and host.projection.capacity_left == 32000.0
-    assert res.layers["vram"].verdict == CACHING
-    assert headline(res).startswith("LEAK: VRAM is caching")
-    assert "host RAM leaks" in headline(res)
+    assert res.layers["vram"].verdict == CACHING and res.exit_code == 0
+    assert headline(res).startswith("INCONCLUSIVE: VRAM is caching")
+
+
+def test_steady_host_growth_with_a_flat_known_arena_is_a_leak_from_outside() -> None:
+    # One arena, seen and flat: its retention converges; steady growth is a leak.
+    res = analyse_soak(
+        synth(
+            caching(140.0),
+            host_level=lambda k, f: 900.0 + 1.0 * 50 * (k + f),
+            arenas=lambda k, f: 1,
+        ),
+        raw_host=[{"kind": "host_memory", "t": 1.0, "available_mib": 32000.0}],
+    )
+    host = res.layers["host"]
+    assert host.verdict == LEAK and host.culprit is not None
+    assert host.culprit.series == "rss/pid4242" and host.decided_by == "rounds"
+    assert host.rate_per_request == pytest.approx(1.0, rel=0.05)
+    assert headline(res).startswith("LEAK: VRAM is caching") and "host RAM leaks" in headline(res)
 
 
 def test_pinned_host_memory_that_levels_off_is_named() -> None:
@@ -531,7 +565,16 @@ def test_big_process_rss_jitter_is_not_a_leak_but_a_big_rss_leak_is() -> None:
     r = analyse_soak(synth(flat(), host_level=lambda k, f: 4096.0 + steps[min(int(k + f), 4)]))
     rss = next(s for s in r.series if s.kind == "rss")
     assert rss.threshold == pytest.approx(4096.0 * 0.0025) and rss.verdict != LEAK
-    r = analyse_soak(synth(flat(), host_level=lambda k, f: 4096.0 + 50 * (k + f)))
+    # A 4 GiB RSS moves by ~0.25 % from round to round with its heap: that jitter is the
+    # level's noise, so telling 50 MiB a round from a converging cache takes a fifth round.
+    r = analyse_soak(
+        synth(
+            flat(),
+            rounds=5,
+            host_level=lambda k, f: 4096.0 + 50 * (k + f),
+            arenas=lambda k, f: 1,
+        )
+    )
     assert r.verdict == LEAK and r.layers["host"].verdict == LEAK
 
 
@@ -698,7 +741,12 @@ def test_a_server_with_no_traffic_of_its_own_gives_no_hours() -> None:
 def test_device_only_vram_leak_leads_the_headline_before_a_host_leak() -> None:
     # dcgm-exporter (device level, no processes) + a local server whose RSS also leaks.
     res = analyse_soak(
-        synth(leak(1.12), device_only=True, host_level=lambda k, f: 900.0 + 50 * (k + f))
+        synth(
+            leak(1.12),
+            device_only=True,
+            host_level=lambda k, f: 900.0 + 50 * (k + f),
+            arenas=lambda k, f: 1,
+        )
     )
     assert res.layers["vram"].verdict == LEAK and res.layers["host"].verdict == LEAK
     text = headline(res)

@@ -129,5 +129,7 @@ def test_recorded_uneven_heap_growth_with_two_arenas_is_not_called_a_leak(capsys
     code, result = report_json("arena-max2", capsys)
     host = result["layers"]["host"]
     assert host["verdict"] != "LEAK" and code == 0
-    assert host["verdict"] == "INCONCLUSIVE" and host["undecided_reason"] == "still_changing"
+    # +17.3, +3.5, +17.7 MiB after round 1: growing, its shape (steady or converging) not
+    # told by 4 rounds (H-B's growth model; was "still_changing").
+    assert host["verdict"] == "INCONCLUSIVE" and host["undecided_reason"] == "steady_or_converging"
     assert result["layers"]["vram"]["verdict"] == "STABLE"

@@ -47,14 +47,20 @@ def test_a_growing_dev_shm_decides_the_host_layer() -> None:
 
 
 def test_new_arenas_do_not_excuse_growth_they_cannot_hold() -> None:
-    # Before: CACHING "grows with malloc arenas": 24 MiB of heap growth, arena heaps +0.9 MiB.
+    # Before (1): CACHING "grows with malloc arenas": 24 MiB of heap growth, arena heaps
+    # +0.9 MiB. Before (2): LEAK 305 KiB/request. Truth: 300 KiB/request kept, arenas 2 -> 9.
+    # The new arenas do not hold the growth, but glibc retains inside existing arenas and the
+    # main heap too while threads come (issue #21 "What was seen" 1): recorded without the
+    # agent, the run cannot tell that from a leak. The rate is measured all the same, and the
+    # report says how to decide.
     _, j = _analyse("arenaleak")
     host = j["layers"]["host"]
-    assert host["verdict"] == "LEAK" and host["explanation"] != "malloc_arenas"
+    assert host["verdict"] == "INCONCLUSIVE" and host["reason"] == "retention_or_leak"
+    assert host["explanation"] != "malloc_arenas" and j["exit_code"] == 0
     assert host["rate_mib_per_request"] == pytest.approx(300 * KIB, rel=0.10)
-    assert j["suggestion"] is None or "MALLOC_ARENA_MAX" not in str(j["suggestion"])
+    assert "MALLOC_ARENA_MAX=2" in host["summary"] and "agent" in host["summary"]
     _, ctl = _analyse("arenaonly")  # the same threads, nothing kept
-    assert ctl["layers"]["host"]["verdict"] != "LEAK"
+    assert ctl["layers"]["host"]["verdict"] == "STABLE"
 
 
 @pytest.mark.parametrize("name", ["churn-e", "churnleak-b"])
@@ -63,7 +69,9 @@ def test_noise_as_large_as_the_trend_gives_no_confident_verdict(name: str) -> No
     # CACHING "fell back". Settled levels move +-20 MiB from round to round.
     a, j = _analyse(name)
     assert j["layers"]["host"]["verdict"] == "INCONCLUSIVE"
-    assert a.undecided_layers().get("host") in ("noisy", "still_changing")  # more rounds run
+    # More rounds run: the rounds cannot yet tell steady growth from convergence, or noise
+    # as large as the trend hides both.
+    assert a.undecided_layers().get("host") in ("noisy", "still_changing", "steady_or_converging")
 
 
 def test_jitter_with_no_trend_is_not_caching_that_rose() -> None:
@@ -74,9 +82,13 @@ def test_jitter_with_no_trend_is_not_caching_that_rose() -> None:
 
 
 def test_requests_that_time_out_reached_the_server_one_verdict_one_headline() -> None:
-    # Before: verdict LEAK, headline "INCONCLUSIVE: no request succeeded".
+    # Before: verdict LEAK, headline "INCONCLUSIVE: no request succeeded". Truth: 300 KiB
+    # kept per request, arenas 2 -> 9 (recorded without the agent: retention or a leak).
     a, j = _analyse("slow")
-    assert j["verdict"] == "LEAK" and j["headline"].startswith("LEAK:")
+    host = j["layers"]["host"]
+    assert host["reason"] == "retention_or_leak"  # measured growth, not "nothing exercised"
+    assert host["rate_mib_per_request"] == pytest.approx(300 * KIB, rel=0.10)
+    assert j["verdict"] == "INCONCLUSIVE" and j["headline"].startswith("INCONCLUSIVE:")
     assert headline(a).startswith(a.verdict + ":") and "reached the server" in j["headline"]
 
 
@@ -100,7 +112,7 @@ def test_a_leak_with_aborted_streams_in_every_round_is_also_given_per_aborted_re
     # Before: per request only. Truth: 1,000 KiB per abandoned stream, 5 of 20 every round.
     _, j = _analyse("abortleak")
     host = j["layers"]["host"]
-    assert host["verdict"] == "LEAK"
+    assert host["verdict"] == "INCONCLUSIVE" and host["reason"] == "retention_or_leak"
     assert host["rate_per_aborted_request"] == pytest.approx(1000 * KIB, rel=0.10)
     assert "per aborted request" in host["summary"] and "--abort-fraction 0" in host["summary"]
 
@@ -108,7 +120,7 @@ def test_a_leak_with_aborted_streams_in_every_round_is_also_given_per_aborted_re
 def test_the_error_share_is_said_next_to_a_rate_per_request_reached() -> None:
     # Before: "29 requests of 80 requests failed", no share, no basis of the rate.
     _, j = _analyse("err-leak")
-    assert j["layers"]["host"]["verdict"] == "LEAK"
+    assert j["layers"]["host"]["reason"] == "retention_or_leak"  # arenas 2 -> 5, no agent
     note = next(n for n in j["notes"] if "failed" in n)
     assert "36 % error share" in note and "29 HTTP errors" in note and "reached the server" in note
 

@@ -57,6 +57,7 @@ R_TRANSIENT = Reason.TRANSIENT
 R_NEVER_IDLE = Reason.NEVER_IDLE
 R_NO_TRAFFIC = Reason.NO_TRAFFIC
 R_SERVER_DIED = Reason.SERVER_DIED
+R_NOISY = Reason.NOISY
 
 # Why a layer is undecided (SoakAnalysis.undecided), for the adaptive rounds and the live view.
 U_TOO_FEW_ROUNDS = Reason.TOO_FEW_ROUNDS
@@ -211,6 +212,21 @@ class SeriesResult:
     life: int = 0
     first_t: float | None = None  # first and last sample (monotonic s)
     last_t: float | None = None
+    # The growth model (vramdoctor.stats.growth): which one explains the rounds, the share of a
+    # round's growth the next adds (1 steady, < 1 converging) with its interval, the projected
+    # level of a converging series (and at the slowest convergence allowed), and about how
+    # many more rounds would decide an undecided one.
+    model: str | None = None
+    ratio: float | None = None
+    ratio_ci: tuple[float, float] | None = None
+    bound: float | None = None
+    bound_hi: float | None = None
+    steps_to_decide: int | None = None
+    scope: str = "server"  # "server" (the port owner's tree, --pid) or "tenant"
+    decided_by: str | None = None  # vramdoctor.verdicts.Evidence: what decided the verdict
+    # Inside evidence: the kind of counter that decided ("cuda_allocated", "glibc_in_use",
+    # "py_blocks", "py_traced"), for an outside series whose verdict came from inside.
+    evidence_kind: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return finite(
@@ -244,6 +260,15 @@ class SeriesResult:
                 "decides": self.decides,
                 "explanation": self.explanation,
                 "life": self.life,
+                "model": self.model,
+                "ratio": self.ratio,
+                "ratio_ci": list(self.ratio_ci) if self.ratio_ci else None,
+                "bound": self.bound,
+                "bound_hi": self.bound_hi,
+                "steps_to_decide": self.steps_to_decide,
+                "scope": self.scope,
+                "decided_by": self.decided_by,
+                "evidence_kind": self.evidence_kind,
             }
         )
 
@@ -375,6 +400,9 @@ class LayerResult:
     stray_contexts: list[str] = field(default_factory=list)  # series keys
     main_series: str | None = None  # the series that carries the verdict
     life: int = 0
+    # Which evidence decided (vramdoctor.verdicts.Evidence): the agent's counters inside the
+    # process, or the rounds / idle windows seen from outside.
+    decided_by: str | None = None
 
     @property
     def deciding(self) -> list[SeriesResult]:
@@ -401,6 +429,7 @@ class LayerResult:
                 "undecided_reason": self.undecided_reason,
                 "life": self.life,
                 "main_series": self.main_series,
+                "decided_by": self.decided_by,
                 "evidence": [s.key for s in self.series if s.decides],
                 "pools": [asdict(p) for p in self.kv_pools],
                 "processes": [asdict(p) for p in self.host_processes],
@@ -497,15 +526,6 @@ class SoakAnalysis:
 
     def layer(self, name: str) -> LayerResult:
         return self.layers[name]
-
-    @property
-    def leading_layer(self) -> LayerResult | None:
-        """The layer that carries the overall verdict: VRAM first, then KV, then host."""
-        for name in LAYERS:
-            lay = self.layers.get(name)
-            if lay is not None and lay.verdict == self.verdict:
-                return lay
-        return None
 
 
 def finite(obj: Any) -> Any:

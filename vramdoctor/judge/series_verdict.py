@@ -54,6 +54,23 @@ def floor_for(s: Series, th: Thresholds, level: float | None) -> float:
     return th.min_growth_mib
 
 
+def resolution_of(s: Series, th: Thresholds, level: float | None) -> float:
+    """The measurement's own step, in the series' unit: NVML and the exporters report whole
+    MiB; a KV count is whole tokens; an arena count whole arenas. A large process's RSS
+    moves from round to round with its heap (glibc, the garbage collector) by about 0.25 % of
+    its level, which no idle window shows: that jitter is its step (else whole 4 KiB pages)."""
+    if s.kind in ("gpu", "gpu_process"):
+        return 1.0
+    if s.kind == "kv":
+        return 1.0 if s.unit == "tokens" else 0.0
+    if s.kind == "arenas":
+        return 1.0
+    page = 4.0 / 1024.0
+    if s.kind in ("rss", "rss_anon", "rss_file", "rss_shmem", "dev_shm") and level is not None:
+        return max(page, th.rss_rel_floor * abs(level))
+    return page
+
+
 def _presence(
     s: Series, windows: list[Window], rounds: list[int], fraction: float
 ) -> tuple[int, str]:
@@ -99,7 +116,13 @@ def judge(s: Series, windows: list[Window], lr: LifeRounds, th: Thresholds) -> S
         baseline, levels = appeared_from_zero(vals, windows, lr.rounds, baseline, levels, frac)
     ref = baseline if baseline is not None else next((v for v in levels if v is not None), None)
     fit: SeriesFit = classify_series(
-        baseline, levels, lr.cum_requests, samples, floor=floor_for(s, th, ref), th=th
+        baseline,
+        levels,
+        lr.cum_requests,
+        samples,
+        floor=floor_for(s, th, ref),
+        noise_k=th.noise_k,
+        resolution=resolution_of(s, th, ref),
     )
     # Growth while idle (no request in flight) at the rate that explains the rounds' growth:
     # a leak driven by time, not by requests (a log buffer, a timer's allocations).
@@ -159,4 +182,10 @@ def judge(s: Series, windows: list[Window], lr: LifeRounds, th: Thresholds) -> S
         life=lr.life,
         first_t=s.points[0][0] if s.points else None,
         last_t=s.points[-1][0] if s.points else None,
+        model=fit.model,
+        ratio=fit.ratio,
+        ratio_ci=fit.ratio_ci,
+        bound=fit.bound,
+        bound_hi=fit.bound_hi,
+        steps_to_decide=fit.steps_to_decide,
     )

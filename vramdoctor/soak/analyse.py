@@ -8,12 +8,20 @@ was read by the caller.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from vramdoctor.record import Run
 
 if TYPE_CHECKING:  # scipy is imported with the analysis: only when a run is analysed
     from vramdoctor.judge import SoakAnalysis
+
+
+def _finite(v: Any) -> float | None:
+    """`v` as a finite float, None for anything else (NaN, inf, a string, a bool, None)."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    return None
 
 
 def analyse_run(
@@ -26,14 +34,11 @@ def analyse_run(
     cfg = run.header.get("config") if isinstance(run.header.get("config"), dict) else {}
     assert isinstance(cfg, dict)
     if production_rate_rps is None:
-        rate = cfg.get("production_rate_rps")
-        production_rate_rps = float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
-    growth = min_growth_mib if min_growth_mib is not None else cfg.get("min_growth_mib")
-    th = (
-        Thresholds(min_growth_mib=float(growth))
-        if isinstance(growth, (int, float))
-        else Thresholds()
-    )
+        rate = _finite(cfg.get("production_rate_rps"))
+        production_rate_rps = rate if rate is not None and rate > 0 else None
+    growth = _finite(min_growth_mib if min_growth_mib is not None else cfg.get("min_growth_mib"))
+    # A damaged header (NaN, inf, a string) falls back to the default floor, never a crash.
+    th = Thresholds(min_growth_mib=growth) if growth is not None and growth >= 0 else Thresholds()
     analysis = analyse_soak(
         run.records,
         run.header,
@@ -57,13 +62,3 @@ def undecided_layers(analysis: Any) -> list[tuple[str, str]]:
     for item in getattr(analysis, "undecided", None) or []:
         out.append((str(getattr(item, "layer", item)), str(getattr(item, "reason", ""))))
     return out
-
-
-def is_leak(analysis: Any) -> bool:
-    """Whether any layer (or the run's verdict) is LEAK."""
-    layers = getattr(analysis, "layers", None)
-    if isinstance(layers, dict) and any(
-        getattr(v, "verdict", None) == "LEAK" for v in layers.values()
-    ):
-        return True
-    return getattr(analysis, "verdict", None) == "LEAK"

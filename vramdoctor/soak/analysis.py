@@ -26,6 +26,7 @@ from vramdoctor.judge.results import (
     LEAK,
     NOT_MEASURED,
     R_NO_TRAFFIC,
+    R_RETENTION_OR_LEAK,
     R_SERVER_DIED,
     VRAM,
     LayerResult,
@@ -153,7 +154,9 @@ def _analyse(
         layers = {
             VRAM: vram_layer(judged, recs, life.index),
             KV: kv_layer(judged, raw, life.index, pool_mib, th),
-            HOST: host_layer(judged, life.index, available, cpus, th, arena_max=_arena_max(header)),
+            HOST: host_layer(
+                judged, life.index, available, cpus, th, arena_max=_arena_max(header), records=recs
+            ),
         }
         per_life.append(layers)
         all_series += judged
@@ -164,7 +167,9 @@ def _analyse(
     died = any(life.ended_by == SERVER_DIED for life in lives)
     if no_success:
         for lay in layers.values():
-            if lay.verdict not in (LEAK, NOT_MEASURED):
+            # Growth the rounds did measure (requests that timed out reached the server) keeps
+            # its reading; only layers with nothing to show say that no request succeeded.
+            if lay.verdict not in (LEAK, NOT_MEASURED) and lay.reason != R_RETENTION_OR_LEAK:
                 lay.verdict, lay.reason = INCONCLUSIVE, R_NO_TRAFFIC
     if died:
         for lay in layers.values():
@@ -194,7 +199,7 @@ def _analyse(
     if done and aborted and all(r.aborted for r in done):
         for lay in layers.values():
             if (
-                lay.verdict == LEAK
+                (lay.verdict == LEAK or lay.reason == R_RETENTION_OR_LEAK)
                 and lay.rate_per_request is not None
                 and lay.rate_per_hour is None
             ):

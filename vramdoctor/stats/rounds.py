@@ -1,17 +1,27 @@
-"""Leak, caching or stable for one series, from its settled level after each round.
+"""Soak's rounds through the growth model: one series' settled level after each round.
 
 The physics: a caching allocator (PyTorch's, glibc's, a bounded cache, a KV prefix cache)
 keeps freed memory and does not give it back when idle, so memory that stays up after an idle
 window is not a leak. Replaying the *same* traffic in rounds separates the two: caching rises
-in the first round or two and then stays flat; a leak grows in every round, in proportion to
-that round's requests.
+in the first round or two and then stays flat, or converges (each round adds a shrinking
+share); a leak grows in every round, in proportion to that round's requests.
 
-The method: the settled levels are fitted against the cumulative requests that reached the
-server with a robust slope (Theil-Sen, scipy, 90 % interval) and a trend test (Kendall tau,
-scipy) over the settled samples. The first round is warm-up and is left out of the slope when
-at least three rounds settled; growth must continue to the last round without decaying, be
-about the same in every round (identical rounds leak identical amounts), and be larger than
-both the series' floor (its resolution) and the noise inside the idle windows.
+`classify_series` takes the settled levels (median of the late half of each idle window),
+the cumulative requests that reached the server, and the samples behind each level, and:
+
+1. leaves out rounds no request reached (no evidence about growth per request);
+2. is STABLE when every level is within the floor (`floor`, and `noise_k` x the noise inside
+   the idle windows) of the reference (the baseline, else the first level);
+3. needs three settled rounds to say more;
+4. treats round 1 as warm-up (caches fill when the server first meets the traffic): the
+   growth model (`vramdoctor.stats.growth`, the rule documented there) is fitted to the
+   levels from round 1 on, against the requests since then, with the level noise of the
+   idle windows; a flat fit after a rise in round 1 is CACHING `rose_then_flat`.
+
+`time_driven` tells growth in time (a timer's allocations, a log kept in memory) from growth
+per request: inside an idle window no request is in flight, so caching and a leak per request
+are flat there, and a level that rises inside the idle windows at a rate that explains the
+growth of the settled levels over the elapsed time grows with time.
 """
 
 from __future__ import annotations
@@ -19,38 +29,47 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
-from scipy.stats import kendalltau, theilslopes
-from scipy.stats import t as student_t
 
-from vramdoctor.judge.results import (
-    CACHING,
-    INCONCLUSIVE,
-    LEAK,
-    R_BOUNDED,
-    R_FELL_BACK,
-    R_FLAT,
-    R_GREW_EVERY_ROUND,
-    R_NO_LEVEL,
-    R_NO_REFERENCE,
-    R_ONE_ROUND,
-    R_ROSE_THEN_FLAT,
-    R_STILL_CHANGING,
-    R_TOO_FEW_ROUNDS,
-    STABLE,
-    Thresholds,
-    Window,
-)
+from vramdoctor.stats.growth import GrowthFit, Model, fit_growth, level_noise
+from vramdoctor.verdicts import Reason, Verdict
+
+__all__ = [
+    "SeriesFit",
+    "TimeGrowth",
+    "classify_series",
+    "noise_of",
+    "time_driven",
+    "time_growth",
+]
+
+
+class _Window(Protocol):
+    """A closed or open protocol window (vramdoctor.judge.results.Window has this shape)."""
+
+    start: float
+    end: float | None
 
 
 @dataclass
 class SeriesFit:
-    """The verdict of one series and the numbers behind it (units of the series)."""
+    """The verdict of one series and the numbers behind it (units of the series).
+
+    `noise` is the robust spread of the samples inside the idle windows (or, when the rounds
+    were noisy, of the increments); `threshold` the growth that counts (max of the floor and
+    `noise_k` x noise); `slope`/`ci` the steady rate per request from round 1 on with its
+    90 % interval; `model` the growth model selected (`vramdoctor.stats.growth.Model`);
+    `ratio`/`ratio_ci` the share of a round's growth the next round adds; `bound`/`bound_hi`
+    the projected level of a converging series; `steps_to_decide` about how many more rounds
+    would decide an undecided growth; `growth_fit` the whole fit.
+    """
 
     verdict: str
-    reason: str  # results.R_* code
+    reason: str  # vramdoctor.verdicts.Reason
     noise: float = 0.0
     threshold: float = 0.0
     growth: float | None = None
@@ -61,9 +80,16 @@ class SeriesFit:
     increments: list[float] = field(default_factory=list)
     round_growth: float | None = None  # growth a full round gives at the fitted rate
     creep_floor_per_request: float | None = None  # a leak under this cannot be ruled out
+    model: str | None = None
+    ratio: float | None = None
+    ratio_ci: tuple[float, float] | None = None
+    bound: float | None = None
+    bound_hi: float | None = None
+    steps_to_decide: int | None = None
+    growth_fit: GrowthFit | None = None
 
 
-def noise_of(groups: list[list[float]]) -> float:
+def noise_of(groups: Sequence[Sequence[float]]) -> float:
     """Pooled robust spread of samples around their own window's median (MAD x 1.4826)."""
     resid: list[float] = []
     for g in groups:
@@ -79,225 +105,202 @@ def noise_of(groups: list[list[float]]) -> float:
 
 def classify_series(
     baseline: float | None,
-    levels: list[float | None],
-    cum_requests: list[float],
-    samples: list[list[float]],
+    levels: Sequence[float | None],
+    cum_requests: Sequence[float],
+    samples: Sequence[Sequence[float]],
     *,
     floor: float,
-    th: Thresholds = Thresholds(),
+    th: object | None = None,
+    noise_k: float | None = None,
+    resolution: float = 0.0,
 ) -> SeriesFit:
     """Verdict for one series from its settled levels after each round.
 
     `cum_requests[k]` is the number of requests that reached the server up to round k; a round
     where none did carries no evidence about growth per request and is skipped. `floor` is the
-    smallest change that counts (the series' resolution, in its unit).
+    smallest change that counts (the series' resolution, in its unit); `resolution` the
+    measurement's own step (NVML reports whole MiB: 1.0); `noise_k` (or `th.noise_k`) how many
+    times the idle-window noise growth must exceed. Never raises on odd input.
     """
+    k = noise_k if noise_k is not None else float(getattr(th, "noise_k", 4.0))
     with np.errstate(all="ignore"):
-        return _classify(baseline, levels, cum_requests, samples, floor, th)
+        return _classify(baseline, levels, cum_requests, samples, floor, k, resolution)
 
 
 def _classify(
     baseline: float | None,
-    levels: list[float | None],
-    cum_requests: list[float],
-    samples: list[list[float]],
+    levels: Sequence[float | None],
+    cum_requests: Sequence[float],
+    samples: Sequence[Sequence[float]],
     floor: float,
-    th: Thresholds,
+    noise_k: float,
+    resolution: float,
 ) -> SeriesFit:
     noise = noise_of(samples)
-    h = max(floor, th.noise_k * noise)
-    out = SeriesFit(INCONCLUSIVE, R_NO_LEVEL, noise=noise, threshold=h)
-    pts: list[tuple[float, float, list[float]]] = []
+    h = max(floor, noise_k * noise)
+    out = SeriesFit(Verdict.INCONCLUSIVE, Reason.NO_LEVEL, noise=noise, threshold=h)
+    pts: list[tuple[float, float, Sequence[float]]] = []
     prev_c = 0.0
     for c, v, smp in zip(cum_requests, levels, samples, strict=False):
-        if v is not None and (c > prev_c or not pts):
-            pts.append((c, v, smp))
+        if v is not None and math.isfinite(v) and (c > prev_c or not pts):
+            pts.append((float(c), float(v), smp))
         prev_c = c
     if not pts:
         return out
     if baseline is None and len(pts) < 2:  # one level and nothing to compare it with
-        out.reason = R_NO_REFERENCE
+        out.reason = Reason.NO_REFERENCE
         return out
     ref = baseline if baseline is not None else pts[0][1]
     vals = [v for _, v, _ in pts]
     out.growth = vals[-1] - ref
     peak = max(abs(v - ref) for v in vals)
-    # The first round warms caches up: fit from round 2 on when at least 2 later rounds exist.
-    tail = pts[1:] if len(pts) >= 3 else pts
-    incs = [b[1] - a[1] for a, b in itertools.pairwise(tail)]
-    sizes = [b[0] - a[0] for a, b in itertools.pairwise(tail)]  # requests behind each increment
-    out.increments = incs
-    if len(tail) >= 2:
-        res = theilslopes([v for _, v, _ in tail], [c for c, _, _ in tail], alpha=0.90)
-        out.slope = float(res.slope)
-        out.ci = (float(res.low_slope), float(res.high_slope))
-        xs = [c for c, _, smp in tail for _ in smp]
-        ys = [x for _, _, smp in tail for x in smp]
-        if len(set(xs)) >= 2 and len(set(ys)) >= 2:
-            tau = kendalltau(xs, ys)
-            out.tau, out.tau_p = float(tau.statistic), float(tau.pvalue)
-    if peak <= h and len(pts) < 2:
-        out.reason = R_ONE_ROUND
-        return out
+    _trend(out, pts)
     if peak <= h:
-        out.verdict, out.reason = STABLE, R_FLAT
+        out.verdict, out.reason = (
+            (Verdict.INCONCLUSIVE, Reason.ONE_ROUND)
+            if len(pts) < 2
+            else (Verdict.STABLE, Reason.FLAT)
+        )
         return out
     if len(pts) < 3:
-        out.reason = R_TOO_FEW_ROUNDS
+        out.reason = Reason.TOO_FEW_ROUNDS
         return out
-    slope, ci = out.slope, out.ci
     all_sizes = [b[0] - a[0] for a, b in itertools.pairwise([(0.0, 0.0, []), *pts])]
     typical = float(np.median(all_sizes))  # the planned round size, robust to one short round
-    round_growth = (slope or 0.0) * typical  # growth a normal round gives at the fitted rate
-    out.round_growth = round_growth
-    # Each increment scaled to a normal round, so a short last round is judged fairly.
-    scaled = [d * typical / n for d, n in zip(incs, sizes, strict=True)]
-    last, last_n = incs[-1], sizes[-1]
-    # The trend test needs samples to have power (4 points cannot reach p < 0.05): with few
-    # settled samples it is reported but does not veto; the slope's CI and the increments decide.
-    n_trend = sum(len(smp) for _, _, smp in tail)
-    trend_ok = n_trend < th.trend_min_samples or (
-        out.tau is not None and out.tau > 0 and out.tau_p is not None and out.tau_p < th.trend_p
+    fit = fit_growth(
+        [c for c, _, _ in pts],
+        vals,
+        noise=level_noise(samples, resolution=resolution),
+        floor=h,
+        step=typical if typical > 0 else None,
     )
-    proportional = min(scaled) + th.noise_k * noise >= th.proportional_ratio * max(scaled)
-    # Level noise the increments show (a level with noise s gives increments with spread
-    # s x sqrt(2)): allocator churn can leave each idle window flat and still move the
-    # settled level by tens of MiB from round to round.
-    # A fall from round 1 to round 2 is not warm-up (caching only rises): it is noise too.
-    pre = [pts[1][1] - pts[0][1]] if len(pts) >= 3 and pts[1][1] - pts[0][1] < 0 else []
-    noisy_incs = scaled + [d * typical / max(pts[1][0] - pts[0][0], 1.0) for d in pre]
-    spread = statistics.stdev(noisy_incs) / math.sqrt(2) if len(noisy_incs) >= 2 else 0.0
-    steady = round_growth > th.noise_k * spread  # every round's growth stands above that noise
-    grew = (
-        slope is not None
-        and ci is not None
-        and ci[0] > 0
-        and all(d > 0 for d in scaled)
-        and scaled[-1] >= th.decay_ratio * round_growth
-        and proportional
-        and steady
-        and trend_ok
-    )
-    tail_growth = tail[-1][1] - tail[0][1]
-    # Noisy rounds (allocator churn) with enough of them: the trend is significant (Kendall
-    # over >= 12 settled samples, the interval above 0) and the fitted growth over the rounds
-    # after the first stands above 4 x the level noise the increments show. Rounds decide
-    # what a single increment cannot.
-    lvl_noise = max(noise, spread)
-    fitted_tail = (slope or 0.0) * (tail[-1][0] - tail[0][0])
-    noisy_trend = (
-        len(scaled) >= 4
-        and ci is not None
-        and ci[0] > 0
-        and n_trend >= th.trend_min_samples
-        and out.tau is not None
-        and out.tau > 0
-        and out.tau_p is not None
-        and out.tau_p < th.trend_p
-        and fitted_tail > max(h, th.noise_k * lvl_noise)
-    )
-    if noisy_trend or (
-        grew and ((round_growth > h and all(d > h / 2 for d in scaled)) or tail_growth > h)
-    ):
-        # Either every round grows by more than the floor, or every round grows by the same
-        # amount and the rounds after the first add up to more than the floor: a per-round
-        # floor must not hide a consistent trend (1.6 MiB every round is a leak).
-        out.verdict, out.reason = LEAK, R_GREW_EVERY_ROUND
-        if len(scaled) >= 2 and typical > 0 and ci is not None and slope is not None:
-            # The interval says what the increments' own scatter allows (Student t over the
-            # per-round growth): Theil-Sen on three or four levels is narrower than the noise.
-            half = (
-                float(student_t.ppf(0.95, len(scaled) - 1))
-                * statistics.stdev(scaled)
-                / math.sqrt(len(scaled))
-                / typical
-            )
-            out.ci = (min(ci[0], slope - half), max(ci[1], slope + half))
-        return out
-    # Noise in the increments (both signs, or three or more of them: one step is not noise)
-    # above the floor, with a rising fitted rate whose interval allows more than the floor a
-    # round: a leak that noise hides is not ruled out, so no confident caching verdict either
-    # (more rounds can decide). A level that breathes around a flat line stays bounded.
-    mixed = any(d < 0 for d in noisy_incs) and any(d > 0 for d in noisy_incs)
-    inc_noise = 0.0
-    if len(noisy_incs) >= 3 or mixed:
-        mid = statistics.median(noisy_incs)
-        inc_noise = 1.4826 * statistics.median(abs(d - mid) for d in noisy_incs) / math.sqrt(2)
-        if mixed:
-            inc_noise = max(inc_noise, spread)
+    out.growth_fit = fit
+    out.model = fit.model
+    out.increments = list(fit.increments)
+    out.slope, out.ratio, out.ratio_ci = fit.rate, fit.ratio, fit.ratio_ci
+    out.bound, out.bound_hi, out.steps_to_decide = fit.bound, fit.bound_hi, fit.steps_to_decide
+    out.ci = _rate_interval(fit, typical)
+    out.round_growth = (fit.rate or 0.0) * typical
+    verdict, reason = fit.verdict, fit.reason
+    if fit.model is Model.FLAT:
+        # Flat from round 1 on after the rise in round 1: warm-up, then flat.
+        verdict, reason = Verdict.CACHING, Reason.ROSE_THEN_FLAT
+    elif fit.model is Model.NOISY:
+        out.noise = max(out.noise, fit.noise)
+        out.threshold = max(h, noise_k * fit.noise)
+    out.verdict, out.reason = verdict, reason
     if (
-        th.noise_k * inc_noise > h
-        and slope is not None
-        and slope > 0
-        and ci is not None
-        and ci[1] * typical > floor
+        verdict == Verdict.CACHING
+        and reason in (Reason.ROSE_THEN_FLAT, Reason.CONVERGING)
+        and out.ci is not None
+        and out.ci[1] > 0
+        and typical > 0
     ):
-        out.noise = inc_noise
-        out.threshold = max(floor, th.noise_k * inc_noise)
-        out.reason = R_STILL_CHANGING
-        return out
-    full_last = last_n >= 0.5 * typical  # a plateau needs a real round of traffic to show it
-    # Flat relative to the rise: the last increment is small next to what came before it
-    # (a steady creep under the floor is not "then flat"; more rounds will decide it).
-    rise = max(vals[:-1]) - ref
-    if (
-        full_last
-        and abs(last) <= h
-        and (max(incs[-2:]) <= h or abs(last) <= h / 2)
-        and (abs(last) <= th.flat_share * rise or not grew)
-    ):
-        out.verdict, out.reason = CACHING, R_ROSE_THEN_FLAT
-        if slope is not None and ci is not None and ci[0] > 0 and typical > 0:
-            out.creep_floor_per_request = h / typical
-        return out
-    if full_last and last < -h:
-        out.verdict, out.reason = CACHING, R_FELL_BACK
-        return out
-    tail_vals = [v for _, v, _ in tail]
-    if (
-        len(tail_vals) >= 4
-        and ci is not None
-        and ci[0] <= 0
-        and tail_vals[-1] <= max(tail_vals[:-1]) + h
-        and max(tail_vals[-2:]) <= max(tail_vals[:-2]) + h
-    ):
-        # Up and down within a band (a cache trimmed now and then, a pool that breathes): no
-        # trend and no new high in the last two rounds. Bounded, not growing.
-        out.verdict, out.reason = CACHING, R_BOUNDED
-        return out
-    out.reason = R_STILL_CHANGING
+        # A creep under the floor cannot be ruled out: say how large it could be.
+        out.creep_floor_per_request = h / typical
     return out
 
 
+def _trend(out: SeriesFit, pts: list[tuple[float, float, Sequence[float]]]) -> None:
+    """Kendall tau over the settled samples from round 1 on (reported: the model decides)."""
+    xs = [c for c, _, smp in pts for _ in smp]
+    ys = [float(x) for _, _, smp in pts for x in smp]
+    if len(set(xs)) >= 2 and len(set(ys)) >= 2:
+        from scipy.stats import kendalltau
+
+        tau = kendalltau(xs, ys)
+        out.tau, out.tau_p = float(tau[0]), float(tau[1])
+
+
+def _rate_interval(fit: GrowthFit, typical: float) -> tuple[float, float] | None:
+    """The steady rate's 90 % interval, at least as wide as the increments' own scatter
+    allows (Student t over the per-round growth: identical rounds leak identical amounts, so
+    their spread is the rate's uncertainty)."""
+    if fit.rate_ci is None or fit.rate is None:
+        return None
+    lo, hi = fit.rate_ci
+    incs = fit.increments
+    if len(incs) >= 2 and typical > 0:
+        from scipy.stats import t as student_t
+
+        half = (
+            float(student_t.ppf(0.95, len(incs) - 1))
+            * statistics.stdev(incs)
+            / math.sqrt(len(incs))
+            / typical
+        )
+        lo, hi = min(lo, fit.rate - half), max(hi, fit.rate + half)
+    return (lo, hi)
+
+
+@dataclass
+class TimeGrowth:
+    """Growth inside the idle windows: the pooled rate (unit per second) and its interval."""
+
+    rate_per_s: float
+    ci: tuple[float, float]
+    windows: int
+    explains: float | None  # share of the settled levels' growth the rate explains
+
+
+def time_growth(
+    values: Sequence[tuple[float, float]],
+    idle_windows: Sequence[_Window],
+    *,
+    skip: float = 0.25,
+    min_windows: int = 3,
+) -> TimeGrowth | None:
+    """The level's slope inside the idle windows, pooled: each window's samples after its
+    first `skip` share (frees still landing) are fitted with their own intercept and one
+    common slope (least squares, so a level that steps up now and then counts as much as one
+    that creeps); the interval (90 %, Student t) is from the windows' own slopes, so one
+    odd window cannot make it. None with fewer than `min_windows` windows of 3+ samples."""
+    per: list[tuple[float, float]] = []  # (slope, weight)
+    for w in idle_windows:
+        if w.end is None:
+            continue
+        start = w.start + (w.end - w.start) * skip
+        pts = [(t, v) for t, v in values if start <= t <= w.end]
+        if len(pts) < 3:
+            continue
+        ts = np.array([p[0] for p in pts])
+        vs = np.array([p[1] for p in pts])
+        sxx = float(((ts - ts.mean()) ** 2).sum())
+        if sxx <= 0:
+            continue
+        per.append((float(((ts - ts.mean()) * (vs - vs.mean())).sum() / sxx), sxx))
+    if len(per) < min_windows:
+        return None
+    slopes = np.array([p[0] for p in per])
+    weights = np.array([p[1] for p in per])
+    rate = float((slopes * weights).sum() / weights.sum())
+    from scipy.stats import t as student_t
+
+    spread = float(np.std(slopes, ddof=1))
+    half = float(student_t.ppf(0.95, len(per) - 1)) * spread / math.sqrt(len(per))
+    return TimeGrowth(rate, (rate - half, rate + half), len(per), None)
+
+
 def time_driven(
-    values: list[tuple[float, float]],
-    idle_windows: list[Window],
-    levels: list[float | None],
-    times: list[float | None],
+    values: Sequence[tuple[float, float]],
+    idle_windows: Sequence[_Window],
+    levels: Sequence[float | None],
+    times: Sequence[float | None],
     *,
     floor: float,
     min_windows: int = 3,
 ) -> float | None:
     """The rate (unit per second) of a leak driven by time, or None.
 
-    Inside an idle window no request is in flight: caching is flat there (frees have landed)
-    and so is a leak per request. A level that rises inside every idle window, at a rate that
-    explains the growth of the settled levels over the elapsed time (within a factor of 2),
-    grows with time: a timer's allocations, a log buffer. `values` (t, v) in time order;
-    `levels[k]` the settled level after round k, measured around `times[k]`; `floor` the
-    smallest growth that counts. The first quarter of each window (frees landing) is skipped.
+    A level that rises inside the idle windows (the pooled slope's 90 % interval above zero,
+    `time_growth`), at a rate that explains the growth of the settled levels over the elapsed
+    time (within a factor of 2), grows with time: a timer's allocations, a log buffer.
+    `values` (t, v) in time order; `levels[k]` the settled level after round k, measured
+    around `times[k]`; `floor` the smallest growth that counts.
     """
-    slopes: list[float] = []
-    for w in idle_windows:
-        if w.end is None:
-            continue
-        start = w.start + (w.end - w.start) * 0.25
-        pts = [(t, v) for t, v in values if start <= t <= w.end]
-        if len(pts) >= 3 and pts[-1][0] > pts[0][0]:
-            slopes.append(float(theilslopes([v for _, v in pts], [t for t, _ in pts]).slope))
-    if len(slopes) < min_windows or not all(x > 0 for x in slopes):
+    tg = time_growth(values, idle_windows, min_windows=min_windows)
+    if tg is None or tg.ci[0] <= 0:
         return None
-    rate = float(statistics.median(slopes))
     got = [(t, v) for t, v in zip(times, levels, strict=False) if t is not None and v is not None]
     if len(got) < min_windows:
         return None
@@ -305,5 +308,5 @@ def time_driven(
     grown = v1 - v0
     if grown <= floor or t1 <= t0:
         return None
-    predicted = rate * (t1 - t0)
-    return rate if 0.5 * grown <= predicted <= 2.0 * grown else None
+    predicted = tg.rate_per_s * (t1 - t0)
+    return tg.rate_per_s if 0.5 * grown <= predicted <= 2.0 * grown else None

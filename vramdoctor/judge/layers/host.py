@@ -1,23 +1,49 @@
 """The host RAM layer: each server process's RSS, split by kind, with glibc's arenas in view.
 
-Host memory caches too. glibc gives each thread that allocates its own malloc arena (up to
-MALLOC_ARENA_MAX, 8 x cores by default on 64-bit), reserves arena heaps in 64 MiB units and
-keeps freed memory in them: a thread-per-connection server's RSS then grows round after round
-as new arenas appear, bounded by the arena cap. That is allocator caching, not a leak; it
-stops at the cap and vanishes with MALLOC_ARENA_MAX=2 or jemalloc. PyTorch's pinned host
-memory (CUDA host allocations) shows as RssShmem and is cached the same way as VRAM. RSS that
-grows in RssFile only (mapped weights and libraries paged in as requests touch them) is
-bounded by the files and reclaimable: not a leak either.
+Host memory caches too, and from outside the process its caching and a leak can look the
+same. glibc gives each thread that allocates its own malloc arena (up to MALLOC_ARENA_MAX, 8 x
+cores by default on 64-bit), reserves arena heaps in 64 MiB units and keeps freed memory in
+them; fragmentation inside existing arenas, the main heap and mmap'd chunks retains memory
+as well (measured on an H200 host: glibc's bytes in use flat from round 3 while RssAnon grew
+357 -> 693 MiB, linear over rounds, and the growth did not fit the new arenas' heaps). A
+threaded server's RSS can then grow round after round for hundreds of requests, bounded only
+by the arena cap. PyTorch's pinned host memory (CUDA host allocations) shows as RssShmem and
+is cached like VRAM. RSS that grows in RssFile only (mapped weights and libraries paged in as
+requests touch them) is bounded by the files and reclaimable.
 
-So an RSS series that grows is explained as arena caching when the arena count rose, the
-anonymous growth fits in what the new arenas reserve, and growth did not go on for two rounds
-after the last round that added an arena; growth with the arena count flat, or beyond the new
-arenas' reservation, stays a leak. Where the kinds or
-the arenas could not be read (another user, a container), the verdict is on RSS, with the
-missing part as a caveat.
+The rule, per server process (RSS decides; kinds, arenas and inside evidence explain):
+
+1. Growth inside idle windows at the rate of the rounds' growth is a leak in time (no
+   allocator retains memory while nothing allocates): LEAK `grew_with_time`.
+2. Growing anonymous memory that new arenas explain (the count rose, the growth fits in what
+   their heaps hold, it stopped within two rounds of the last new arena): CACHING
+   `malloc_arenas`.
+3. Growth in RssFile only, the heap flat: CACHING `file_backed`.
+4. Steady growth in anonymous memory (or of unknown kind) in a process whose allocator could
+   keep it (below) is NOT called a leak from outside: allocator retention
+   and a leak look the same there. INCONCLUSIVE `retention_or_leak`, with the rate a leak
+   would have; the report gives both ways to decide (run with the agent in the server: its
+   glibc counters tell bytes in use from bytes kept; restart with MALLOC_ARENA_MAX=2: the
+   retention goes away, a leak stays). Exit code 0. "Could keep" is `_Proc.could_retain`:
+   arenas it cannot see, or a count of arenas that rose during the run. A known, flat set of
+   arenas retains at most their working sets (that converges), so steady growth there, with
+   convergence ruled out by the rounds, stays LEAK.
+5. Where the agent ran in the process (`vramdoctor.judge.inside`), what is live decides
+   instead: glibc's bytes in use, Python's allocated blocks and (with --trace-python)
+   tracemalloc's bytes that grow steadily are a LEAK; growth with all of them flat is CACHING
+   `arena_retention` (glibc keeps the freed bytes); anonymous growth beyond what glibc holds
+   with Python's counters not read is INCONCLUSIVE `outside_malloc`.
+
+Where the kinds or the arenas could not be read (another user, a container), that is a
+caveat; a growing /dev/shm decides on its own (files in tmpfs no process's RSS has to show).
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from vramdoctor.judge.layers.vram import time_driven_rate, worst
 from vramdoctor.judge.results import (
@@ -30,6 +56,9 @@ from vramdoctor.judge.results import (
     NOT_MEASURED,
     R_GREW_WITH_TIME,
     R_NO_LEVEL,
+    R_NOISY,
+    R_RETENTION_OR_LEAK,
+    R_STEADY_OR_CONVERGING,
     R_STILL_CHANGING,
     R_TRANSIENT,
     X_FILE_BACKED,
@@ -42,6 +71,12 @@ from vramdoctor.judge.results import (
     SeriesResult,
     Thresholds,
 )
+from vramdoctor.samples import HostSample
+from vramdoctor.verdicts import Evidence
+
+# Undecided reasons of a series whose level is still going up (the arena and file rules may
+# explain that growth as well as a LEAK's).
+_GROWING = (R_STILL_CHANGING, R_STEADY_OR_CONVERGING, R_NOISY)
 
 
 def _pairs(s: SeriesResult | None) -> list[float | None]:
@@ -74,24 +109,74 @@ def _levelled_off(s: SeriesResult, floor: float) -> bool:
     return s.round_growth is not None and s.round_growth <= floor
 
 
-def _arena_explains(
-    rss: SeriesResult,
-    anon: SeriesResult | None,
-    arenas: SeriesResult,
-    reserved: SeriesResult | None,
-    writable: SeriesResult | None = None,
-) -> bool:
+@dataclass
+class _Proc:
+    """One process's host series, by kind."""
+
+    rss: SeriesResult
+    anon: SeriesResult | None
+    shmem: SeriesResult | None
+    file: SeriesResult | None
+    arenas: SeriesResult | None
+    reserved: SeriesResult | None
+    writable: SeriesResult | None
+    threads_max: int | None
+
+    @property
+    def growth_kind(self) -> str | None:
+        """Which kind grew most ("anon", "file", "shmem"), None when none grew."""
+        kinds = {
+            k: g
+            for k, g in (
+                ("anon", _growth(self.anon)),
+                ("file", _growth(self.file)),
+                ("shmem", _growth(self.shmem)),
+            )
+            if g is not None
+        }
+        return max(kinds, key=lambda k: kinds[k]) if kinds and max(kinds.values()) > 0 else None
+
+    @property
+    def missing(self) -> list[str]:
+        out: list[str] = []
+        if self.anon is None and self.shmem is None and self.file is None:
+            out.append(C_NO_KINDS)
+        if self.arenas is None:
+            out.append(C_NO_ARENAS)
+        return out
+
+    def could_retain(self) -> bool:
+        """Whether allocator retention could explain steady anonymous growth in this process:
+        its arenas cannot be seen; or the count of non-main arenas rose during the run (each
+        new arena keeps what its threads free, and the retention grows with them towards
+        MALLOC_ARENA_MAX; the measured case also retained inside the existing arenas and the
+        main heap while they came); or none is seen in a process with more than two threads
+        (the heaps were merged with their neighbours in /proc/PID/maps: the detector missed
+        them). A known, flat set of arenas keeps at most their working sets: its retention
+        converges, and growth the rounds show steady is not it."""
+        levels = [v for v in _pairs(self.arenas) if v is not None]
+        if not levels:
+            return True
+        if max(levels) > min(levels):
+            return True
+        return levels[-1] < 1 and (self.threads_max is None or self.threads_max > 2)
+
+
+def _arena_explains(p: _Proc) -> bool:
     """Growth that new malloc arenas explain: the arena count rose, the (anonymous) growth is
     above the floor and fits in what the arenas hold (what their heaps have grown to, where
     /proc/PID/maps showed it; else what they reserve), and it did not go on for two rounds
     after the last round that added an arena (growth with the arena count flat is not the
     arenas). Arenas keep freed memory in their own heaps: growth outside the heaps (a leak
     in the main heap or in mmap'd blocks) is not theirs, however many threads came."""
+    rss, anon = p.rss, p.anon
+    if p.arenas is None:
+        return False
     grow = anon if anon is not None and anon.settled_rounds >= 2 else rss
     g = _pairs(grow)
-    a = _pairs(arenas)
-    r = _pairs(reserved)
-    w = _pairs(writable)
+    a = _pairs(p.arenas)
+    r = _pairs(p.reserved)
+    w = _pairs(p.writable)
     if len(g) != len(a):
         return False
     rows = [
@@ -105,11 +190,8 @@ def _arena_explains(
     h = grow.threshold or rss.threshold
     if a1 <= a0 or g1 - g0 <= h:
         return False
-    last_rise = (
-        max(i for i in range(1, len(rows)) if rows[i][1] > rows[i - 1][1])
-        if any(rows[i][1] > rows[i - 1][1] for i in range(1, len(rows)))
-        else 0
-    )
+    rises = [i for i in range(1, len(rows)) if rows[i][1] > rows[i - 1][1]]
+    last_rise = max(rises) if rises else 0
     grew_after = sum(1 for i in range(last_rise + 1, len(rows)) if rows[i][0] - rows[i - 1][0] > h)
     if grew_after >= 2:
         return False  # kept growing for rounds after glibc stopped adding arenas
@@ -120,6 +202,85 @@ def _arena_explains(
     return g1 - g0 <= (r1 - r0) + h
 
 
+def _growing(rss: SeriesResult) -> bool:
+    """The RSS goes up in a way the arena and file rules may explain (not growth in time)."""
+    return (
+        rss.decides
+        and rss.reason != R_GREW_WITH_TIME
+        and (rss.verdict == LEAK or (rss.verdict == INCONCLUSIVE and rss.reason in _GROWING))
+    )
+
+
+def _outside(p: _Proc, th: Thresholds) -> None:
+    """Explain one process's RSS growth from outside (rules 2-4 of the module), in place."""
+    rss = p.rss
+    kind = p.growth_kind
+    explanation = None
+    if (
+        _growing(rss)
+        and kind in (None, "anon")
+        and (not _noisy(rss, th) or _levelled_off(rss, floor_for_rss(rss, th)))
+        and _arena_explains(p)
+    ):
+        explanation = X_MALLOC_ARENAS
+        rss.verdict = CACHING
+    elif (
+        _growing(rss)
+        and kind == "file"
+        and p.anon is not None
+        and p.anon.verdict != LEAK
+        and (p.shmem is None or p.shmem.verdict != LEAK)
+    ):
+        # Mapped files (weights, libraries) paged in as requests touch them: bounded by the
+        # files' size and reclaimable by the kernel; the heap did not grow.
+        explanation = X_FILE_BACKED
+        rss.verdict = CACHING
+    elif rss.verdict == LEAK and rss.reason != R_GREW_WITH_TIME and kind in (None, "anon"):
+        if p.could_retain():
+            # From outside, an allocator's retention and a leak look the same (rule 4).
+            rss.verdict, rss.reason = INCONCLUSIVE, R_RETENTION_OR_LEAK
+    elif rss.verdict == CACHING and kind == "shmem":
+        explanation = X_PINNED
+    rss.explanation = explanation
+    if rss.decided_by is None and rss.verdict != NOT_MEASURED:
+        rss.decided_by = Evidence.TIME if rss.reason == R_GREW_WITH_TIME else Evidence.ROUNDS
+
+
+def threads_max(records: Sequence[Any]) -> dict[int, int]:
+    """pid -> the most threads any host sample saw in the process (/proc/PID/status)."""
+    out: dict[int, int] = {}
+    for r in records:
+        if isinstance(r, HostSample):
+            for hp in r.processes:
+                n = hp.threads
+                if isinstance(n, int) and n > out.get(hp.pid, 0):
+                    out[hp.pid] = n
+    return out
+
+
+def _process_result(p: _Proc, bound: int | None, arena_max: int | None) -> HostProcessResult:
+    rss = p.rss
+    a_levels = [v for v in _pairs(p.arenas) if v is not None and math.isfinite(v)]
+    return HostProcessResult(
+        pid=rss.pid if rss.pid is not None else -1,
+        name=rss.name,
+        role=rss.role,
+        rss_growth_mib=rss.growth,
+        anon_growth_mib=_growth(p.anon),
+        file_growth_mib=_growth(p.file),
+        shmem_growth_mib=_growth(p.shmem),
+        arenas_first=int(a_levels[0]) if a_levels else None,
+        arenas_last=int(a_levels[-1]) if a_levels else None,
+        arena_reserved_growth_mib=_growth(p.reserved),
+        arena_bound=bound,
+        arena_bound_set=arena_max is not None,
+        growth_kind=p.growth_kind,
+        explanation=rss.explanation,
+        missing=p.missing,
+        series=rss.key,
+    )
+
+
 def host_layer(
     series: list[SeriesResult],
     life: int,
@@ -128,9 +289,13 @@ def host_layer(
     th: Thresholds,
     *,
     arena_max: int | None = None,
+    records: Sequence[Any] = (),
+    inside: Any = None,
 ) -> LayerResult:
     """The host RAM verdict of one life from its judged series (RSS decides; kinds explain).
-    `arena_max`: MALLOC_ARENA_MAX set in the server's environment (else glibc's 8 x cores)."""
+    `arena_max`: MALLOC_ARENA_MAX set in the server's environment (else glibc's 8 x cores);
+    `records`: the run's records (thread counts); `inside`: the inside evidence of the
+    life (`vramdoctor.judge.inside.InsideEvidence`), which decides where the agent ran."""
     mine = [s for s in series if s.layer == HOST]
     by = {s.key: s for s in mine}
     rss_series = [s for s in mine if s.kind == "rss"]
@@ -142,93 +307,43 @@ def host_layer(
         # exited leaves them behind), so a growing /dev/shm is a host leak of its own.
         if s.kind != "rss" and not (s.kind == "dev_shm" and s.verdict in (LEAK, CACHING)):
             s.decides = False
+    threads = threads_max(records)
     procs: list[HostProcessResult] = []
     caveats: set[str] = set()
     bound = arena_max or (th.arenas_per_core * cpu_count if cpu_count else None)
     for rss in rss_series:
         pid = rss.pid
-        anon = by.get(f"rss_anon/pid{pid}")
-        shmem = by.get(f"rss_shmem/pid{pid}")
-        file_ = by.get(f"rss_file/pid{pid}")
-        arenas = by.get(f"arenas/pid{pid}")
-        reserved = by.get(f"arena_mib/pid{pid}")
-        writable = by.get(f"arena_wmib/pid{pid}")
-        missing = []
-        if anon is None and shmem is None and file_ is None:
-            missing.append(C_NO_KINDS)
-        if arenas is None:
-            missing.append(C_NO_ARENAS)
-        kinds = {
-            k: g
-            for k, g in (
-                ("anon", _growth(anon)),
-                ("file", _growth(file_)),
-                ("shmem", _growth(shmem)),
-            )
-            if g is not None
-        }
-        growth_kind = (
-            max(kinds, key=lambda k: kinds[k]) if kinds and max(kinds.values()) > 0 else None
+        p = _Proc(
+            rss,
+            by.get(f"rss_anon/pid{pid}"),
+            by.get(f"rss_shmem/pid{pid}"),
+            by.get(f"rss_file/pid{pid}"),
+            by.get(f"arenas/pid{pid}"),
+            by.get(f"arena_mib/pid{pid}"),
+            by.get(f"arena_wmib/pid{pid}"),
+            threads.get(pid) if pid is not None else None,
         )
-        explanation = None
-        # Growth inside idle windows (no request in flight) is no allocator's caching.
-        growing = (
-            rss.decides
-            and rss.reason != R_GREW_WITH_TIME
-            and (
-                rss.verdict == LEAK
-                or (rss.verdict == INCONCLUSIVE and rss.reason == R_STILL_CHANGING)
-            )
-        )
-        if (
-            growing
-            and arenas is not None
-            and growth_kind in (None, "anon")
-            and (not _noisy(rss, th) or _levelled_off(rss, floor_for_rss(rss, th)))
-            and _arena_explains(rss, anon, arenas, reserved, writable)
-        ):
-            explanation = X_MALLOC_ARENAS
-            rss.verdict = CACHING
-        elif (
-            growing
-            and growth_kind == "file"
-            and anon is not None
-            and anon.verdict != LEAK
-            and (shmem is None or shmem.verdict != LEAK)
-        ):
-            # Mapped files (weights, libraries) paged in as requests touch them: bounded by the
-            # files' size and reclaimable by the kernel; the heap did not grow.
-            explanation = X_FILE_BACKED
-            rss.verdict = CACHING
-        elif rss.verdict == CACHING and growth_kind == "shmem":
-            explanation = X_PINNED
-        rss.explanation = explanation
+        decided_inside = inside is not None and inside.decide_host(p.rss, p.anon, th)
+        if not decided_inside:
+            _outside(p, th)
         if rss.decides:
-            caveats.update(missing)
-        a_levels = [v for v in _pairs(arenas) if v is not None]
-        procs.append(
-            HostProcessResult(
-                pid=pid if pid is not None else -1,
-                name=rss.name,
-                role=rss.role,
-                rss_growth_mib=rss.growth,
-                anon_growth_mib=_growth(anon),
-                file_growth_mib=_growth(file_),
-                shmem_growth_mib=_growth(shmem),
-                arenas_first=int(a_levels[0]) if a_levels else None,
-                arenas_last=int(a_levels[-1]) if a_levels else None,
-                arena_reserved_growth_mib=_growth(reserved),
-                arena_bound=bound,
-                arena_bound_set=arena_max is not None,
-                growth_kind=growth_kind,
-                explanation=explanation,
-                missing=missing,
-                series=rss.key,
-            )
-        )
+            caveats.update(p.missing)
+        procs.append(_process_result(p, bound, arena_max))
     deciding = [s for s in rss_series if s.decides] + [
         s for s in mine if s.kind == "dev_shm" and s.decides
     ]
+    return _layer(mine, deciding, procs, sorted(caveats), life, available_mib)
+
+
+def _layer(
+    mine: list[SeriesResult],
+    deciding: list[SeriesResult],
+    procs: list[HostProcessResult],
+    caveats: list[str],
+    life: int,
+    available_mib: float | None,
+) -> LayerResult:
+    """The layer's verdict from its deciding series, the culprit and the projection."""
     verdict = worst(deciding)
     order = {"rss": 0, "rss_anon": 1, "rss_shmem": 2, "rss_file": 3, "arenas": 4, "arena_mib": 5}
     mine.sort(key=lambda s: (not s.decides, order.get(s.kind, 6), -(s.growth or 0.0), s.key))
@@ -241,12 +356,16 @@ def host_layer(
             series=mine,
             life=life,
             host_processes=procs,
-            caveats=sorted(caveats),
+            caveats=caveats,
         )
     cands = [s for s in deciding if s.verdict == verdict]
     top = max(
         cands,
-        key=lambda s: (s.slope_per_request or 0.0) if verdict == LEAK else abs(s.growth or 0.0),
+        key=lambda s: (
+            (s.slope_per_request or 0.0)
+            if verdict == LEAK or s.reason == R_RETENTION_OR_LEAK
+            else abs(s.growth or 0.0)
+        ),
     )
     lay = LayerResult(
         HOST,
@@ -257,11 +376,12 @@ def host_layer(
         life=life,
         series=mine,
         host_processes=procs,
-        caveats=sorted(caveats),
+        caveats=caveats,
         main_series=top.key,
         explanation=top.explanation,
+        decided_by=top.decided_by,
     )
-    if verdict == LEAK:
+    if verdict == LEAK or top.reason == R_RETENTION_OR_LEAK:
         proc = next((p for p in procs if p.series == top.key), None)
         cause = (
             "dev_shm"
@@ -270,7 +390,10 @@ def host_layer(
             if proc is not None and proc.growth_kind == "shmem"
             else "host_ram"
         )
-        lay.culprit = Culprit(top.key, pid=top.pid, name=top.name, cause=cause)
+        if verdict == LEAK:
+            lay.culprit = Culprit(top.key, pid=top.pid, name=top.name, cause=cause)
+        # A retention-or-leak keeps the rate a leak would have, and its projection: the
+        # report says it is one of two readings.
         lay.rate_per_request = lay.rate_mib_per_request = top.slope_per_request
         lay.rate_ci = top.slope_ci
         rate = top.slope_per_request

@@ -25,6 +25,7 @@ from vramdoctor.judge.results import (
     Undecided,
 )
 from vramdoctor.soak.report.layers import block, caveat_text, display_name, main_series, who
+from vramdoctor.soak.report.reasons import inconclusive_extra, suggestion_for, undecided_words
 from vramdoctor.soak.report.series import label, series_reason
 from vramdoctor.soak.report.text import count, known, rate, size, value
 from vramdoctor.units import format_count, format_duration, format_percent
@@ -93,7 +94,7 @@ def layer_sentence(lay: LayerResult, a: SoakAnalysis) -> str:
     if lay.verdict == INCONCLUSIVE:
         reason = series_reason(s) if s is not None else "no series decided"
         where = f"{label(s)}: " if s is not None else ""
-        return f"{name}: INCONCLUSIVE: {where}{reason}."
+        return f"{name}: INCONCLUSIVE: {where}{reason}{inconclusive_extra(lay, a)}."
     explained = blk.explained(lay, a)
     if explained is not None:
         return explained
@@ -191,7 +192,11 @@ def _short(lay: LayerResult) -> str:
 def headline(a: SoakAnalysis) -> str:
     """The run in one sentence: VRAM first, then every other layer not STABLE or CACHING."""
     first = f" (first error: {a.first_error})" if a.first_error else ""
-    if a.no_request_succeeded and a.verdict != LEAK:
+    measured_growth = any(
+        lay.verdict == INCONCLUSIVE and lay.reason == "retention_or_leak"
+        for lay in a.layers.values()
+    )
+    if a.no_request_succeeded and a.verdict != LEAK and not measured_growth:
         return f"INCONCLUSIVE: no request succeeded, so memory was never exercised{first}."
     parts = [_short(a.layers[VRAM])]
     vram_measured = a.layers[VRAM].verdict != NOT_MEASURED
@@ -240,18 +245,22 @@ def undecided_text(u: Undecided) -> str:
     return (
         name
         + ": "
-        + {
-            "too_few_rounds": "too few rounds settled: caching and a leak look the same until round 3",
-            "still_changing": "still changing, but not at a steady rate: more rounds tell a plateau from a leak",
-            "noisy": (
-                "the levels move more than the floor within idle windows or from round to round: "
-                "more rounds (or a longer --idle) tell a trend from the noise"
-            ),
-            "no_settled_level": "no idle window completed yet",
-            "never_idle": "never idle (requests running or queued in every idle window)",
-            "no_request_succeeded": "no request succeeded",
-            "server_died": "the server died",
-        }.get(u.reason, u.reason)
+        + (
+            {
+                "too_few_rounds": "too few rounds settled: caching and a leak look the same until round 3",
+                "still_changing": "still changing, but not at a steady rate: more rounds tell a plateau from a leak",
+                "noisy": (
+                    "the levels move more than the floor within idle windows or from round to round: "
+                    "more rounds (or a longer --idle) tell a trend from the noise"
+                ),
+                "no_settled_level": "no idle window completed yet",
+                "never_idle": "never idle (requests running or queued in every idle window)",
+                "no_request_succeeded": "no request succeeded",
+                "server_died": "the server died",
+            }.get(u.reason)
+            or undecided_words(u.reason)
+            or u.reason
+        )
     )
 
 
@@ -281,6 +290,9 @@ def suggestion(a: SoakAnalysis) -> str | None:
     n = len(a.rounds)
     per = max((r.sent for r in a.rounds), default=0)
     reasons = {u.reason for u in a.undecided}
+    decide = suggestion_for(reasons)  # evidence more rounds cannot give (H-B's reasons)
+    if decide is not None:
+        return decide
     if "noisy" in reasons:
         return (
             "memory is noisy inside the idle windows: run with a longer --idle (e.g. 30) so "

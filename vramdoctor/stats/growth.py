@@ -1,0 +1,416 @@
+"""The growth model: steady, converging, a step, flat or undecided, for one memory series.
+
+One implementation for soak (settled levels after each round), watch (comparable points of one
+host) and fleet (low envelopes of days of history). Pure: numbers in, a `GrowthFit` out; numpy
+for the fit, scipy's F and t quantiles (imported on first use).
+
+The physics (docs/soak.md, "The growth model"): every memory layer caches, and caches converge:
+each round of identical traffic adds a smaller share than the one before, towards a bound (a
+cache's cap, an allocator's working set). A leak adds the same amount for the same work, to
+the last point. Over a few rounds the two can look alike; what tells them apart is the
+increments' own trend, not the last increment. So each series is fitted with ONE family that
+holds both, nested:
+
+    level(x) = a + c * (1 - exp(-lam * x)) / lam          (lam > 0: converging to a + c/lam)
+    level(x) = a + c * x                                   (lam = 0: steady, c per unit of x)
+
+where x is the work done since the first point (requests, or seconds for growth in time). Per
+normal step of x (`step`: one round's requests), ``r = exp(-lam * step)`` is the share of the
+previous step's growth that the next one adds: r = 1 is a steady leak, r = 0.5 a cache whose
+growth halves every round, r = 0 a step (everything in the first round), r > 1 a leak that
+speeds up. For each r on a grid the model is linear in (a, c) and fitted in closed form; the
+profile of the residual sum of squares over r gives r's interval (an F test on the profile,
+with the level noise pooled from what the caller measured, e.g. inside idle windows, and from
+the residuals themselves).
+
+Model selection (the rule; `GrowthFit.model`, in this order):
+
+1. FLAT: every point within `floor` of the first one.
+2. too few points (< 3): UNDECIDED, `too_few_rounds`.
+3. STEADY (LEAK, `grew_every_round`): r's interval reaches the steady band (r >= 0.98: a
+   step adds at least 98 % of the previous one's growth), every convergence that would have
+   halved the growth per step over the observed steps (at least 5, at most 8) is ruled out
+   (``r_lo >= 0.5 ** (1 / (n_steps - 1))``: 0.84 up to five increments, 0.91 from eight),
+   the steady rate's interval excludes zero, and the fitted growth over the points exceeds
+   `floor`. "Clearly better than convergence" is this: a cache filling towards its cap
+   would have shown its growth halve over these steps, and the points rule that out.
+4. CONVERGING (CACHING, `converging`): r's interval lies below the steady band (each step
+   adds a shrinking share: at least 2 % less each time), the growth rises and exceeds
+   `floor`; `bound` is the projected level, `bound_hi` the level at the slowest convergence
+   the interval allows. When the last step adds no more than `floor`, the reason is
+   `rose_then_flat`.
+5. NOISY (INCONCLUSIVE, `noisy`): the increments' noise is large next to `floor`, a rate
+   above `floor` per step is not ruled out, and the growth does not stand clear of the noise
+   (increments of both signs, or a step's growth under 4 x their noise): neither a leak nor
+   caching can be claimed.
+6. STEP (CACHING, `rose_then_flat`): the last steps are flat (within `floor`) after a rise.
+7. FALLING (CACHING, `fell_back`): the last point is below an earlier high by more than
+   `floor` (caches give memory back; a leak never does).
+8. BOUNDED (CACHING, `bounded`): five or more points moving within a band, no significant
+   trend, no new high in the last two.
+9. UNDECIDED (INCONCLUSIVE): `steady_or_converging` when the growth is significant but its
+   shape is not (with `steps_to_decide`: about how many more steps of the same traffic would
+   decide, should the growth go on as it is), else `still_changing`.
+
+Confidence: r's lower end for STEADY at 95 % (two-sided F), its upper end for CONVERGING at
+98 %: both errors are costly; a leak called converging is the rarer one here, on purpose, since
+a cache whose growth goes on looking steady is still reported (INCONCLUSIVE, with the rate).
+Measured by simulation (tests/stats/test_growth_calibration.py): no steady leak called CACHING
+and no cache with r <= 0.8 called LEAK in 2,000 draws at level noise up to 40 % of one step's
+growth.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from vramdoctor.verdicts import Reason, Verdict
+
+__all__ = [
+    "GrowthFit",
+    "Model",
+    "fit_growth",
+    "halving_ratio",
+    "level_noise",
+]
+
+# r = exp(-lam * step) on a grid: a step (0), converging (0..1, finer near 1, where a slow
+# cache and a leak are told apart), steady (1) and speeding up (> 1).
+_R_GRID = np.unique(
+    np.concatenate(
+        [
+            np.linspace(0.0, 0.9, 91),
+            np.linspace(0.9, 1.0, 101),
+            np.linspace(1.0, 1.6, 61),
+        ]
+    )
+)
+_NU0 = 2.0  # pseudo degrees of freedom of the caller's noise estimate (pooled with residuals)
+CONF_STEADY = 0.98  # r's lower end (a leak): two-sided F interval
+CONF_CONVERGING = 0.995  # r's upper end (converging)
+CONF_RATE = 0.90  # the steady rate's interval (two-sided t), as the reports state it
+NOISE_K = 4.0  # NOISY when NOISE_K x the level noise exceeds the floor
+MAX_STEPS_TO_DECIDE = 24
+
+
+class Model(str, Enum):
+    """The growth model that explains a series best (`GrowthFit.model`)."""
+
+    FLAT = "flat"
+    STEADY = "steady"
+    CONVERGING = "converging"
+    STEP = "step"
+    FALLING = "falling"
+    BOUNDED = "bounded"
+    NOISY = "noisy"
+    UNDECIDED = "undecided"
+
+    __str__ = str.__str__
+    __format__ = str.__format__  # type: ignore[assignment]
+
+
+@dataclass
+class GrowthFit:
+    """One series' growth model and the numbers behind it, in the series' unit.
+
+    `rate` and `rate_ci` are per unit of x (`x_unit`: "request" or "s"), the steady model's
+    slope and its 90 % interval; `ratio` (r) and `ratio_ci` the share of a step's growth the
+    next step adds (1: steady; < 1 converging; its interval's ends are those the model
+    selection uses); `bound` (and `bound_hi`, the slowest convergence allowed) the projected
+    level of a converging series; `noise` the level noise used (pooled), `noise_known` the
+    caller's; `increments` the growth of each step scaled to a normal step (`step` of x);
+    `steps_to_decide` about how many more steps would decide an undecided growth.
+    """
+
+    model: Model
+    verdict: Verdict
+    reason: Reason
+    n: int
+    x_unit: str = "request"
+    step: float | None = None
+    growth: float | None = None  # last point - first point
+    fitted_growth: float | None = None  # rate x the points' x span
+    rate: float | None = None
+    rate_ci: tuple[float, float] | None = None
+    ratio: float | None = None
+    ratio_ci: tuple[float, float] | None = None
+    bound: float | None = None
+    bound_hi: float | None = None
+    noise: float = 0.0
+    noise_known: float = 0.0
+    floor: float = 0.0
+    increments: list[float] = field(default_factory=list)
+    steps_to_decide: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: tuples as lists, non-finite floats as None."""
+        d = asdict(self)
+        for k in ("rate_ci", "ratio_ci"):
+            d[k] = list(d[k]) if d[k] is not None else None
+        return {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()
+        }
+
+
+# STEADY rules out every cache that would halve its growth within this many steps: the
+# observed steps, but at least HALVING_MIN (four rounds cannot tell a leak from a cache that
+# halves in six) and at most HALVING_HORIZON (the bar stops rising on long runs).
+HALVING_MIN = 5
+HALVING_HORIZON = 8
+STEADY_DECAY = 0.02  # a share of the previous step's growth lost per step that is still steady
+
+
+def halving_ratio(steps: int) -> float:
+    """The r at which a converging series halves its growth per step over `steps` increments
+    (at least `HALVING_MIN`, at most `HALVING_HORIZON`): the convergence STEADY must rule
+    out (``0.5 ** (1 / (steps - 1))``: 0.84 up to five increments, 0.91 from eight)."""
+    return float(0.5 ** (1.0 / (min(max(steps, HALVING_MIN), HALVING_HORIZON) - 1)))
+
+
+def level_noise(samples: Sequence[Sequence[float]], *, resolution: float = 0.0) -> float:
+    """The noise of one settled level (a median of the late samples of an idle window), from
+    the spread of the samples around their own window's median (MAD x 1.4826, pooled over
+    windows of two or more samples), and the measurement's `resolution` (a level read in
+    whole MiB is uncertain by 1/sqrt(12) MiB). Consecutive samples are correlated, so no
+    more than five count as independent."""
+    resid: list[float] = []
+    counts: list[int] = []
+    for g in samples:
+        if len(g) >= 2:
+            mid = float(np.median(g))
+            resid += [abs(float(x) - mid) for x in g]
+            counts.append(len(g))
+    spread = 1.4826 * float(np.median(resid)) if len(resid) >= 3 else 0.0
+    m = float(np.median(counts)) if counts else 1.0
+    per_level = spread * math.sqrt(math.pi / (2.0 * min(max(m, 1.0), 5.0)))
+    return max(per_level, resolution / math.sqrt(12.0))
+
+
+@lru_cache(maxsize=8)
+def _f_quantile(conf: float, dof: float) -> float:
+    from scipy.stats import f as f_dist
+
+    return float(f_dist.ppf(conf, 1, dof))
+
+
+@lru_cache(maxsize=8)
+def _t_quantile(conf: float, dof: float) -> float:
+    from scipy.stats import t as t_dist
+
+    return float(t_dist.ppf(0.5 + conf / 2.0, dof))
+
+
+def _profile(
+    x: np.ndarray, y: np.ndarray, step: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sse, a, c) of the model at every r of the grid (x starts at 0)."""
+    with np.errstate(all="ignore"):
+        lam = -np.log(_R_GRID) / step  # r = 0 -> inf: a step at the second point
+        lx = lam[:, None] * x[None, :]
+        g = np.where(np.abs(lam)[:, None] < 1e-12, x[None, :], -np.expm1(-lx) / lam[:, None])
+        g = np.where(np.isinf(lam)[:, None], (x > 0)[None, :].astype(float), g)
+    g = np.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0)
+    gm = g.mean(axis=1, keepdims=True)
+    gc = g - gm
+    yc = y - y.mean()
+    vg = np.einsum("ij,ij->i", gc, gc)
+    cov = gc @ yc
+    ok = vg > 1e-300
+    c = np.where(ok, cov / np.where(ok, vg, 1.0), 0.0)
+    sse = np.maximum(float(yc @ yc) - c * cov, 0.0)
+    a = y.mean() - c * gm[:, 0]
+    return sse, a, c
+
+
+def _bound(a: float, c: float, r: float, step: float) -> float | None:
+    """The level a converging model tends to (None when it does not converge)."""
+    if not 0.0 <= r < 1.0:
+        return None
+    if r == 0.0:
+        return a + c  # a step: everything in the first step (c is the step's size)
+    lam = -math.log(r) / step
+    return a + c / lam
+
+
+def _steps_to_decide(m: int, rate_per_step: float, noise: float, dof: float) -> int | None:
+    """About how many more steps of the same growth would put r's interval above the halving
+    ratio (STEADY), at this level noise: the model linearised around r = 1."""
+    if rate_per_step <= 0 or not math.isfinite(rate_per_step):
+        return None
+    if noise <= 0:
+        return 1
+    q = math.sqrt(_f_quantile(CONF_STEADY, dof + 1.0))
+    for total in range(m + 1, m + MAX_STEPS_TO_DECIDE + 1):
+        k = np.arange(total, dtype=float)
+        design = np.column_stack([np.ones(total), k, rate_per_step * k * (k - 1) / 2.0])
+        try:
+            cov = np.linalg.inv(design.T @ design)
+        except np.linalg.LinAlgError:
+            continue
+        half = q * noise * math.sqrt(max(cov[2, 2], 0.0))
+        if 1.0 - half >= halving_ratio(total - 1):
+            return total - m
+    return None
+
+
+def fit_growth(
+    x: Sequence[float],
+    y: Sequence[float],
+    *,
+    noise: float = 0.0,
+    floor: float = 0.0,
+    step: float | None = None,
+    x_unit: str = "request",
+) -> GrowthFit:
+    """Fit the growth model to points `(x[i], y[i])` and select the model (the rule above).
+
+    `x`: work done (cumulative requests, or seconds), increasing; `y`: the levels (any unit);
+    `noise`: the caller's estimate of one level's noise (same unit; 0 = unknown, the residuals
+    decide it); `floor`: the smallest change that counts (the series' resolution); `step`: the
+    x of one normal step (one round's requests; default the median spacing). Points with a
+    non-finite coordinate are dropped, x is made relative to the first point. Never raises on
+    short, flat or degenerate input: it says UNDECIDED.
+    """
+    pts = sorted(
+        (float(a), float(b))
+        for a, b in zip(x, y, strict=False)
+        if math.isfinite(float(a)) and math.isfinite(float(b))
+    )
+    m = len(pts)
+    floor = max(float(floor), 0.0)
+    noise = max(float(noise), 0.0) if math.isfinite(noise) else 0.0
+    out = GrowthFit(
+        Model.UNDECIDED,
+        Verdict.INCONCLUSIVE,
+        Reason.NO_LEVEL if m == 0 else Reason.TOO_FEW_ROUNDS,
+        m,
+        x_unit,
+        noise=noise,
+        noise_known=noise,
+        floor=floor,
+    )
+    if m == 0:
+        return out
+    xs = np.array([p[0] for p in pts]) - pts[0][0]
+    ys = np.array([p[1] for p in pts])
+    out.growth = float(ys[-1] - ys[0])
+    if float(np.max(np.abs(ys - ys[0]))) <= floor:
+        out.model, out.verdict = Model.FLAT, Verdict.STABLE
+        out.reason = Reason.FLAT if m >= 2 else Reason.ONE_ROUND
+        if m < 2:
+            out.verdict = Verdict.INCONCLUSIVE
+        return out
+    spacing = np.diff(xs)
+    if m < 3 or float(xs[-1]) <= 0:
+        return out
+    step = float(step) if step and step > 0 else float(np.median(spacing[spacing > 0]))
+    out.step = step
+    out.increments = [
+        float(d * step / n) for d, n in zip(np.diff(ys), spacing, strict=True) if n > 0
+    ]
+    with np.errstate(all="ignore"):
+        return _select(out, xs, ys, noise, floor, step)
+
+
+def _select(
+    out: GrowthFit, xs: np.ndarray, ys: np.ndarray, noise: float, floor: float, step: float
+) -> GrowthFit:
+    m = len(xs)
+    sse, a_r, c_r = _profile(xs, ys, step)
+    best = int(np.argmin(sse))
+    sse_min = float(sse[best])
+    nu = m - 3
+    # The caller's noise counts as _NU0 degrees of freedom next to the residuals' (none when
+    # the caller knows no noise: then the residuals alone say it, with their own few dof).
+    nu0 = _NU0 if noise > 0 else 0.0
+    dof = max(nu0 + max(nu, 0), 1.0)
+    s2 = max(noise**2, (nu0 * noise**2 + sse_min) / dof)
+    s = math.sqrt(s2)
+    out.noise = s
+
+    def interval(conf: float) -> tuple[float, float]:
+        inside = _R_GRID[sse - sse_min <= _f_quantile(conf, dof) * s2 * (1 + 1e-9) + 1e-300]
+        if not inside.size:  # non-finite sums (levels near the float limit): nothing known
+            return float(_R_GRID[0]), float(_R_GRID[-1])
+        return float(inside.min()), float(inside.max())
+
+    r_lo, _ = interval(CONF_STEADY)
+    _, r_hi = interval(CONF_CONVERGING)
+    r_hat = float(_R_GRID[best])
+    out.ratio, out.ratio_ci = r_hat, (r_lo, r_hi)
+
+    # The steady model (r = 1): its rate and 90 % interval, the residuals pooled like s2.
+    xm = float(xs.mean())
+    sxx = float(((xs - xm) ** 2).sum())
+    b = float(((xs - xm) * (ys - ys.mean())).sum() / sxx)
+    a = float(ys.mean() - b * xm)
+    res = ys - (a + b * xs)
+    dof_lin = max(nu0 + max(m - 2, 0), 1.0)
+    s2_lin = max(noise**2, (nu0 * noise**2 + float(res @ res)) / dof_lin)
+    half = _t_quantile(CONF_RATE, dof_lin) * math.sqrt(s2_lin / sxx)
+    out.rate, out.rate_ci = b, (b - half, b + half)
+    span = float(xs[-1])
+    out.fitted_growth = b * span
+    n_steps = m - 1
+    rising = float(c_r[best]) > 0 and out.growth is not None and out.growth > floor
+
+    def done(model: Model, verdict: Verdict, reason: Reason) -> GrowthFit:
+        out.model, out.verdict, out.reason = model, verdict, reason
+        return out
+
+    steady_r = 1.0 - STEADY_DECAY
+    if r_hi >= steady_r and r_lo >= halving_ratio(n_steps) and b - half > 0 and b * span > floor:
+        return done(Model.STEADY, Verdict.LEAK, Reason.GREW_EVERY_ROUND)
+    last = out.increments[-1] if out.increments else 0.0
+    if r_hi < steady_r and rising:
+        out.bound = _bound(float(a_r[best]), float(c_r[best]), r_hat, step)
+        i_hi = int(np.searchsorted(_R_GRID, r_hi))
+        i_hi = min(i_hi, len(_R_GRID) - 1)
+        out.bound_hi = _bound(float(a_r[i_hi]), float(c_r[i_hi]), float(_R_GRID[i_hi]), step)
+        if out.bound is not None and out.bound_hi is not None:
+            out.bound_hi = max(out.bound_hi, out.bound)
+        reason = Reason.ROSE_THEN_FLAT if abs(last) <= floor else Reason.CONVERGING
+        return done(Model.CONVERGING, Verdict.CACHING, reason)
+    incs = out.increments
+    # Noise the increments show, robustly (a clean step has none: one jump is not noise):
+    # their MAD, and where they take both signs their spread; a level with noise s gives
+    # increments with spread s x sqrt(2).
+    mixed = any(d < 0 for d in incs) and any(d > 0 for d in incs)
+    inc_noise = 0.0
+    if len(incs) >= 3 or mixed:
+        mid = float(np.median(incs))
+        inc_noise = 1.4826 * float(np.median([abs(d - mid) for d in incs])) / math.sqrt(2.0)
+        if mixed and len(incs) >= 2:
+            inc_noise = max(inc_noise, float(np.std(incs, ddof=1)) / math.sqrt(2.0))
+    inc_noise = max(inc_noise, noise)
+    # Noisy: the increments move more than the floor, a rate above the floor per step is not
+    # ruled out, and the growth per step does not stand clear of that noise (increments of
+    # both signs, or a step's growth under NOISE_K x the noise): clear growth whose shape is
+    # not yet named is undecided below, not noisy.
+    clear = not mixed and b * step > NOISE_K * inc_noise
+    if NOISE_K * inc_noise > floor and (b + half) * step > floor and b > 0 and not clear:
+        out.noise = max(out.noise, inc_noise)
+        return done(Model.NOISY, Verdict.INCONCLUSIVE, Reason.NOISY)
+    rise = float(np.max(ys[:-1]) - ys[0])
+    if abs(last) <= floor and (len(incs) < 2 or max(incs[-2:]) <= floor) and rise > floor:
+        return done(Model.STEP, Verdict.CACHING, Reason.ROSE_THEN_FLAT)
+    if ys[-1] < float(np.max(ys[:-1])) - floor and (b - half) <= 0:
+        return done(Model.FALLING, Verdict.CACHING, Reason.FELL_BACK)
+    if (
+        m >= 5
+        and b - half <= 0
+        and ys[-1] <= float(np.max(ys[:-1])) + floor
+        and float(np.max(ys[-2:])) <= float(np.max(ys[:-2])) + floor
+    ):
+        return done(Model.BOUNDED, Verdict.CACHING, Reason.BOUNDED)
+    if b - half > 0 and b * span > floor:
+        out.steps_to_decide = _steps_to_decide(m, b * step, s, dof)
+        return done(Model.UNDECIDED, Verdict.INCONCLUSIVE, Reason.STEADY_OR_CONVERGING)
+    return done(Model.UNDECIDED, Verdict.INCONCLUSIVE, Reason.STILL_CHANGING)
