@@ -8,7 +8,7 @@ whose traced bytes grow in EVERY interval, by at least `min_total_growth_bytes` 
 proportion to the requests (each interval's bytes per request within a factor of `proportion` of
 the median interval's), is the leak's address; a cache that fills and stops is not.
 
-Each entry carries its allocation's frames (innermost first, up to 8): entries are grouped by the
+Each entry carries its allocation's frames (innermost first, up to 4): entries are grouped by the
 same address as GPU memory (`vramdoctor.attribution.analysis.stack_of`): the innermost frame
 outside PyTorch and the standard library and, inside another package (numpy's `ones`), its
 callers up to the server's own line. A line missing from a record's `top` is unknown there (it
