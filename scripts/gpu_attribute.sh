@@ -5,7 +5,7 @@
 # empty_cache fact, torch 2.14 pinned history (when that torch is installed), and the showcase run
 # of docs/attribute.md (one server alone on the GPU).
 # Run from the repository root on a CUDA host; results land in $OUT (default /tmp/out).
-#   bash scripts/gpu_attribute.sh [fixtures] [accept] [bench] [inside] [mempool] [torch214] [showcase]
+#   bash scripts/gpu_attribute.sh [fixtures] [accept] [bench] [inside] [mempool] [torch214] [showcase] [tests]
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; export OUT; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -40,6 +40,8 @@ for step in $steps; do
     timeout 100 python3 benchmarks/agent_overhead.py --micro-only --json "$OUT/agent_micro.json" ;;
   inside)
     timeout 420 python3 scripts/gpu_attribute_inside.py inside ;;
+  tests)
+    timeout 300 python3 -m pytest -q -m gpu tests/agent/test_agent_gpu.py 2>&1 | tail -20 | tee "$OUT/agent_gpu_tests.txt" ;;
   mempool|torch214|showcase)
     timeout 240 python3 scripts/gpu_attribute_inside.py "$step" ;;
   esac
