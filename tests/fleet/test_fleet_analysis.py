@@ -273,3 +273,24 @@ def test_the_rules_name_every_family_and_pool_level_metric_operation() -> None:
         r.startswith("instance:sglang_") and r.endswith("_idle:min_over_time1h") for r in records
     )
     assert all(len(r.split(":")) == 3 for r in records)
+
+
+def test_fleet_speaks_the_shared_verdict_vocabulary() -> None:
+    from vramdoctor.fleet import REASONS
+    from vramdoctor.verdicts import VERDICTS, Reason
+
+    shared = {
+        "flat",
+        "rose_then_flat",
+        "grew_with_time",
+        "never_idle",
+        "too_few_points",
+        "warming_up",
+        "still_changing",
+    }
+    assert shared <= {r.value for r in Reason} and shared <= set(REASONS)
+    s = _series(72, lambda h: 30_000 + 50 * h)
+    rows = analyse(
+        [s, _series(72, lambda h: 30_000.0, host="b")], start=0.0, end=72 * H, step_s=300.0
+    ).rows
+    assert {r.verdict for r in rows} <= {v.value for v in VERDICTS}

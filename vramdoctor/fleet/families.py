@@ -79,10 +79,33 @@ class Family:
         return "MiB"
 
 
+def _exporter_families() -> tuple[Family, ...]:
+    """The GPU exporters' memory fields, from the one table of them (`sources.exporter.FIELDS`:
+    names, units and levels as the released sources publish them)."""
+    from vramdoctor.sources.exporter import FIELDS
+
+    layer = {"used": "device", "process_used": "vram", "process_rss": "rss", "free": "free"}
+    out = []
+    for f in FIELDS:
+        if f.quantity not in layer:
+            continue  # totals and reserved: not what grows
+        out.append(
+            Family(
+                f.name,
+                f.exporter,
+                layer[f.quantity],
+                1 / MIB if f.unit == "bytes" else 1.0,
+                kind="free" if f.quantity == "free" else "memory",
+                per_process=f.level == "process",
+                inferred="inferred" in f.versions,
+            )
+        )
+    return tuple(out)
+
+
 FAMILIES: tuple[Family, ...] = (
-    Family("DCGM_FI_DEV_FB_USED", "dcgm-exporter", "device"),
-    Family("DCGM_FI_DEV_FB_USED_BYTES", "dcgm-exporter", "device", 1 / MIB, inferred=True),
-    Family("process_gpu_memory_MiB", "nvitop-exporter", "vram", per_process=True),
+    *_exporter_families(),
+    # nvitop-exporter built with a prometheus_client that does not append units
     Family(
         "process_gpu_memory",
         "nvitop-exporter",
@@ -90,7 +113,6 @@ FAMILIES: tuple[Family, ...] = (
         per_process=True,
         alias_of="process_gpu_memory_MiB",
     ),
-    Family("process_rss_memory_MiB", "nvitop-exporter", "rss", per_process=True),
     Family(
         "process_rss_memory",
         "nvitop-exporter",
@@ -98,34 +120,20 @@ FAMILIES: tuple[Family, ...] = (
         per_process=True,
         alias_of="process_rss_memory_MiB",
     ),
-    Family("gpu_memory_used_MiB", "nvitop-exporter", "device"),
     Family("gpu_memory_used", "nvitop-exporter", "device", alias_of="gpu_memory_used_MiB"),
-    Family(
-        "nvidia_smi_compute_app_used_memory_bytes",
-        "nvidia_gpu_exporter",
-        "vram",
-        1 / MIB,
-        per_process=True,
-    ),
-    Family("nvidia_smi_memory_used_bytes", "nvidia_gpu_exporter", "device", 1 / MIB),
-    Family("nvidia_smi_mig_memory_used_bytes", "nvidia_gpu_exporter", "device", 1 / MIB),
-    Family(
-        "vramdoctor_process_memory_bytes", "vramdoctor watch", "label", 1 / MIB, per_process=True
-    ),
-    # memory left, for time to OOM
-    Family("DCGM_FI_DEV_FB_FREE", "dcgm-exporter", "free", kind="free"),
-    Family(
-        "DCGM_FI_DEV_FB_FREE_BYTES", "dcgm-exporter", "free", 1 / MIB, kind="free", inferred=True
-    ),
-    Family("gpu_memory_free_MiB", "nvitop-exporter", "free", kind="free"),
     Family(
         "gpu_memory_free", "nvitop-exporter", "free", kind="free", alias_of="gpu_memory_free_MiB"
     ),
-    Family("nvidia_smi_memory_free_bytes", "nvidia_gpu_exporter", "free", 1 / MIB, kind="free"),
-    Family("nvidia_smi_mig_memory_free_bytes", "nvidia_gpu_exporter", "free", 1 / MIB, kind="free"),
+    # vramdoctor watch's own exporter (watch.EXPORTED_METRICS)
+    Family(
+        "vramdoctor_process_memory_bytes", "vramdoctor watch", "label", 1 / MIB, per_process=True
+    ),
     Family("vramdoctor_gpu_memory_free_bytes", "vramdoctor watch", "free", 1 / MIB, kind="free"),
+    # node-exporter: host memory left, for host-RAM rows
     Family("node_memory_MemAvailable_bytes", "node-exporter", "host", 1 / MIB, kind="host_free"),
 )
+"""Every metric fleet reads for memory: the exporters' (from `sources.exporter.FIELDS`), older
+spellings, watch's, node-exporter's."""
 
 
 def family(name: str) -> Family:
