@@ -151,9 +151,8 @@ def test_vllm_example_has_no_false_other_process_claim() -> None:
 
 
 def test_nothing_is_cut_off_at_80_columns(tmp_path: Path) -> None:
-    """At 80 columns a long finding title wraps inside its panel (Rich would cut it in the border
-    with an ellipsis), a reasoning shown as a fact's source is whole, and an OOM message's last
-    figures are shown."""
+    """At 80 columns a long finding title wraps (nothing is cut with an ellipsis), a reasoning shown as
+    a fact's source is whole, and an OOM message's last figures are shown."""
     log = tmp_path / "vlm-tp.log"
     oom = (
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.74 GiB. GPU 0 has a total"
@@ -182,8 +181,10 @@ def test_nothing_is_cut_off_at_80_columns(tmp_path: Path) -> None:
     assert r.returncode == 1, out + r.stderr.decode()
     assert max(len(x) for x in out.splitlines()) <= 80
     assert "…" not in out, out
-    flat = " ".join(x.strip("│ ") for x in out.splitlines())
+    flat = " ".join(x.strip() for x in out.splitlines())
     assert "reserved by PyTorch but unallocated" in flat
-    # the facts table's "from" column, its wrapped cells joined: the reasoning is whole
-    source = " ".join(cells[3].strip() for x in out.splitlines() if len(cells := x.split("│")) == 5)
-    assert "tp >= 2, assuming no pipeline parallelism)" in source, source
+    # the facts table's "from" column (vramdoctor.render.table: cells wrap between words, never cut):
+    # every word of the reasoning is there, whole
+    reasoning = "world size >= 2 (TP x PP; tp >= 2, assuming no pipeline parallelism)"
+    words = set(out.split())
+    assert all(w in words for w in reasoning.split()), out

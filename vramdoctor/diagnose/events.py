@@ -962,6 +962,7 @@ class EventsMixin:
             data["private_pools_mib"] = size_mib(m.group(1))
         if m := find(P.OOM_RESERVED):
             data["reserved_unallocated_mib"] = size_mib(m.group(1))
+            shown["reserved_unallocated"] = m.group(1)
         if "allocated_mib" not in data and (m := find(P.OOM_ALLOCATED)):
             data["allocated_mib"] = size_mib(m.group(1))
         if shown:

@@ -10,12 +10,12 @@ import re
 from pathlib import PurePath
 
 from rich.console import Console, Group
-from rich.panel import Panel
-from rich.table import Table
 from rich.text import Text
 
 from vramdoctor.diagnose import patterns as P
 from vramdoctor.diagnose.findings import EVIDENCE_CHARS, Diagnosis, Evidence, Finding
+from vramdoctor.render.table import Table
+from vramdoctor.render.wrap import Paragraph
 
 # characters of an evidence line in the terminal: all that is kept (JSON has the same), so an OOM
 # message's last figures are never cut off
@@ -131,10 +131,10 @@ def _fmt(name: str, v: object) -> str:
 def facts_table(
     d: Diagnosis, single: bool = False, title: str = "Facts read from the log"
 ) -> Table:
-    t = Table(title=title, show_header=True, header_style="bold", expand=False)
+    t = Table(title=title, show_header=True, header_style="bold")
     t.add_column("fact")
-    t.add_column("value", overflow="fold")
-    t.add_column("from", style="dim", overflow="fold")
+    t.add_column("value")
+    t.add_column("from", style="dim", priority=1)
     t.add_row("server", d.server or "unknown", "")
     f = d.facts
     if d.version or not f.version_at_least:
@@ -193,36 +193,36 @@ def _evidence_text(e: Evidence, single: bool) -> Text:
     return head + body
 
 
-def finding_panel(f: Finding, single: bool = False, width: int | None = None) -> Panel:
-    """One finding as a panel. A title too long for the border at `width` columns (Rich would cut
-    it with an ellipsis) goes inside, as the panel's first line, where it wraps."""
-    parts: list[Text] = [Text(f.explanation)]
+def finding_panel(f: Finding, single: bool = False, width: int | None = None) -> Group:
+    """One finding as a block: its heading (severity, title, rule id), then the explanation, the
+    evidence lines, what it rests on and the fix, indented. Every part wraps between words, a number
+    kept with its unit, and nothing is cut at any width or in a pipe (vramdoctor.render.wrap); no
+    box around it (a box crops a word longer than its inside)."""
+    del width  # (kept for callers: the block wraps at whatever width it is given)
+    head = Text.assemble(
+        (f"{f.severity.upper()} ", _STYLE[f.severity]), (f.title, "bold"), (f"  [{f.id}]", "dim")
+    )
+    parts: list[Text] = [head, Text("  ") + Text(f.explanation)]
     if f.evidence:
-        parts.append(Text("Evidence:", style="bold"))
-        parts.extend(_evidence_text(e, single) for e in f.evidence)
+        parts.append(Text("  Evidence:", style="bold"))
+        parts.extend(Text("    ") + _evidence_text(e, single) for e in f.evidence)
     basis = f.rests_on
     if basis == "derived":
         # issue 23: a cause computed from read figures says so, and shows the arithmetic
         shown = "; ".join(f.derived) if f.derived else "computed from the lines above"
-        parts.append(Text.assemble(("Rests on: ", "bold"), f"derived ({shown})"))
+        parts.append(Text.assemble(("  Rests on: ", "bold"), f"derived ({shown})"))
     elif basis == "unknown":
         parts.append(
-            Text.assemble(("Rests on: ", "bold"), "unknown (the log does not show the cause)")
+            Text.assemble(("  Rests on: ", "bold"), "unknown (the log does not show the cause)")
         )
-    parts.append(Text.assemble(("Fix: ", "bold green"), f.fix))
-    severity = (f"{f.severity.upper()} ", _STYLE[f.severity])
-    title = Text.assemble(severity, (f.title, "bold"), (f"  [{f.id}]", "dim"))
-    if width is not None and title.cell_len + 6 > width:  # corners, spaces and one rule each side
-        if not f.explanation.startswith(f.title):  # (most explanations open with the title)
-            parts.insert(0, Text(f.title, style="bold"))
-        title = Text.assemble(severity, (f"[{f.id}]", "dim"))
-    return Panel(Group(*parts), title=title, title_align="left", border_style=_STYLE[f.severity])
+    parts.append(Text.assemble(("  Fix: ", "bold green"), f.fix))
+    return Group(*(Paragraph(p) for p in parts), Text(""))
 
 
 def render(d: Diagnosis, con: Console) -> None:
     single = len(d.files) == 1
     text, style = verdict(d)
-    con.print(Text(text, style=style))
+    con.print(Paragraph(Text(text, style=style)))
     for fs in d.files:
         for note in fs.notes:
             con.print(Text(f"note: {fs.file}: {note}", style="dim"))

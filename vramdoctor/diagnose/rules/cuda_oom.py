@@ -480,7 +480,7 @@ def _figures(e: LogEvent) -> str:
     if "private_pools_mib" in d:
         bits.append(f"{mib(d['private_pools_mib'])} in private pools (CUDA graphs)")
     if "reserved_unallocated_mib" in d:
-        bits.append(f"{mib(d['reserved_unallocated_mib'])} reserved but unallocated")
+        bits.append(f"{_shown(e, 'reserved_unallocated')} reserved but unallocated")
     if bits:
         return "; ".join(bits)
     if "Tried to allocate" in e.text or "out of memory." in e.text:
