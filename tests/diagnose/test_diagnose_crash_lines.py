@@ -1,4 +1,4 @@
-"""Review 12, problems 1, 2, 10 and part of 13: crashes diagnose misread or missed.
+"""Crashes diagnose misread or missed.
 
 Cases 01, 02, 11, 14, 15, 16 are the reviewer's files (tests/fixtures/logs/review12/). The other lines
 follow the servers' own format strings: SGLang `alloc_token_slots` / `alloc_paged_token_slots_*`

@@ -47,7 +47,7 @@ def test_sglang_0519_dict_args_and_0518_backend_flag(tmp_path: Path) -> None:
         0.7835956249999999,
     )
     # 'auto' lets transformers pick the backend (fast or slow): not shown; and the dict dump is 0.5.19+,
-    # which has the request-scoped pool, so the fast-processor warning has nothing to say (review 12)
+    # which has the request-scoped pool, so the fast-processor warning has nothing to say
     assert f.multimodal is True and f.fast_image_processor is None and f.cuda_ipc_transport is False
     assert f.version_at_least == "0.5.19"
     assert f.attention_backend == "fa3" and f.weights_mib == round(16.52 * 1024, 1)

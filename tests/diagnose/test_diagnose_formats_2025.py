@@ -1,4 +1,4 @@
-"""Issue 12: the 2025-2026 log formats of vLLM and SGLang, and no false claims.
+"""The 2025-2026 log formats of vLLM and SGLang, and no false claims.
 
 Each kind of the issue is tested with lines built from the servers' own format strings, one case
 per format generation (the version that prints it is named); these are NOT captured logs. Real

@@ -1,4 +1,4 @@
-"""Review 12, problems 4 and 9: multimodal and fast-image-processor facts from evidence, never from absence.
+"""Multimodal and fast-image-processor facts from evidence, never from absence.
 
 Cases 03, 04, 08 are the reviewer's files (tests/fixtures/logs/review12/); the others follow the servers'
 own format strings: vLLM `non-default args: {...}` (0.9+), `args: Namespace(...)` (up to 0.8),

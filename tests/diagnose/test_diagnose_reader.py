@@ -144,7 +144,7 @@ def test_terminal_wrapped_oom_message_is_joined(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "encode"),
     [
-        # Issue 11 kind 7: a Windows redirect writes UTF-16LE, often without a BOM; a rotated log
+        # A Windows redirect writes UTF-16LE, often without a BOM; a rotated log
         # (copytruncate while the server writes at its old offset) starts with a run of NULs.
         ("utf16le-no-bom", lambda t: t.encode("utf-16-le")),
         ("utf16-bom", lambda t: t.encode("utf-16")),

@@ -1,4 +1,4 @@
-"""Review 12, problem 3: a secret whose value has spaces is blanked whole, everywhere.
+"""A secret whose value has spaces is blanked whole, everywhere.
 
 The reviewer's cases 05, 05b, 05c, 05d (tests/fixtures/logs/review12/) printed
 `api_key='*** horse battery staple'`: the free-text rule masked the first word, and the registered

@@ -1,4 +1,4 @@
-"""The findings of an independent review of `diagnose` on logs it had never seen (issue 12).
+"""The findings of an independent review of `diagnose` on logs it had never seen.
 
 Each test reads the real excerpt (or a file constructed from the servers' real formats, labelled as
 such in tests/fixtures/logs/extra/README.md) that showed a wrong claim, and checks the kind of

@@ -320,7 +320,7 @@ def test_a_process_that_appears_mid_run_and_stays_is_a_step_from_zero() -> None:
     assert res.verdict == CACHING
 
 
-# --- issue 10 item 3: a process that starts, fails and exits in round 1 never decides ----------
+# --- a process that starts, fails and exits in round 1 never decides ----------
 
 
 def _add_failed_second_server(recs: list[object], *, with_events: bool) -> None:
@@ -385,7 +385,7 @@ def test_workers_that_pile_up_each_flat_are_a_device_leak() -> None:
     assert vram.rate_per_request == pytest.approx(10.0, rel=0.05)
 
 
-# --- issue 10 item 1: glibc malloc arenas are host-allocator caching, not a leak --------------
+# --- glibc malloc arenas are host-allocator caching, not a leak --------------
 
 
 def _arena_run(
@@ -578,7 +578,7 @@ def test_big_process_rss_jitter_is_not_a_leak_but_a_big_rss_leak_is() -> None:
     assert r.verdict == LEAK and r.layers["host"].verdict == LEAK
 
 
-# --- issue 10 item 2: KV pages, in tokens, one page is the floor -------------------------------
+# --- KV pages, in tokens, one page is the floor -------------------------------
 
 ISSUE_SERIES = [0.0, 1920.0, 3840.0, 5760.0, 7680.0]  # sglang:num_used_tokens at idle
 
@@ -709,7 +709,7 @@ def test_ratio_only_kv_uses_the_pool_size_when_known_and_never_a_2_percent_floor
     assert kv.verdict == LEAK and kv.rate_per_request == pytest.approx(64.0, rel=0.01)
 
 
-# --- issue 10 item 6: projection in requests; hours only at a production rate -------------------
+# --- projection in requests; hours only at a production rate -------------------
 
 
 def test_hours_only_at_a_stated_production_rate() -> None:
@@ -735,7 +735,7 @@ def test_a_server_with_no_traffic_of_its_own_gives_no_hours() -> None:
     assert "hour" not in headline(res)
 
 
-# --- issue 10 item 7: the headline answers VRAM first and agrees with the table -----------------
+# --- the headline answers VRAM first and agrees with the table -----------------
 
 
 def test_device_only_vram_leak_leads_the_headline_before_a_host_leak() -> None:
@@ -780,7 +780,7 @@ def test_headline_never_contradicts_the_layer_table(case: int) -> None:
             assert "leaks" in text.split(";", 1)[1]
 
 
-# --- issue 11 kind 3: a server that dies is never healthy --------------------------------------
+# --- a server that dies is never healthy --------------------------------------
 
 
 def _kill_in_round(recs: list[object], rnd: int, *, name: str = SERVER_DIED) -> None:
@@ -838,7 +838,7 @@ def test_a_replaced_server_is_analysed_per_life() -> None:
     assert vram.rate_per_request == pytest.approx(20.0, rel=0.05)
 
 
-# --- issue 11 kind 7: order and NaN ------------------------------------------------------------
+# --- order and NaN ------------------------------------------------------------
 
 
 def test_records_out_of_order_give_the_same_verdict_and_rate() -> None:

@@ -255,7 +255,7 @@ def test_server_that_disappears_mid_run_is_counted_not_a_crash(server_factory, t
     srv.proc.kill()
     srv.proc.wait()
     out, err = proc.communicate(timeout=90)
-    # A dead server is never a pass (issue 11 kind 3): exit 1, and said so.
+    # A dead server is never a pass: exit 1, and said so.
     assert proc.returncode == 1, err
     assert "Traceback" not in err
     d = json.loads(out)

@@ -83,7 +83,7 @@ def test_report_of_abtest_run_writes_png(tmp_path) -> None:
 def test_report_of_soak_run_with_unknown_report_extension_exits_2(tmp_path) -> None:
     r = vd("report", str(SOAK_RUN), "--report", str(tmp_path / "x.pdf"), "--json", cwd=tmp_path)
     _one_line_usage_error(r)
-    # With --json, stdout carries only the error object (issue 14: scripts always get JSON).
+    # With --json, stdout carries only the error object (scripts always get JSON).
     err = json.loads(r.stdout)
     assert (
         err["schema"] == "vramdoctor.error/1" and err["exit_code"] == 2 and ".pdf" in err["error"]

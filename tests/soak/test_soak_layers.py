@@ -42,7 +42,7 @@ FAST = [
 def test_one_kv_page_per_request_in_a_million_token_pool_is_a_kv_leak_at_its_rate(
     server_factory, tmp_path
 ) -> None:
-    """Issue 10 kind 2: SGLang 0.5.12+ gauges, 64-token pages, one page kept per request in a
+    """SGLang 0.5.12+ gauges, 64-token pages, one page kept per request in a
     1,000,000-token pool (0.0064 % of the pool a request): LEAK in 4 rounds of 30, rate within 10 %."""
     srv = server_factory(
         "kv-leaking",
@@ -89,7 +89,7 @@ def test_one_kv_page_per_request_in_a_million_token_pool_is_a_kv_leak_at_its_rat
 
 
 def test_a_kv_leak_only_aborted_streams_cause_is_found(server_factory, tmp_path) -> None:
-    """Issue 10 item 8: pages leaked only when the client closes the stream; --abort-fraction
+    """Pages leaked only when the client closes the stream; --abort-fraction
     finds it, the rounds record how many were streamed and aborted."""
     srv = server_factory(
         "kv-leaking",
@@ -144,7 +144,7 @@ def test_a_kv_leak_only_aborted_streams_cause_is_found(server_factory, tmp_path)
 def test_threads_growing_malloc_arenas_are_host_caching_not_a_leak(
     server_factory, tmp_path
 ) -> None:
-    """Issue 10 kind 1: a thread per request decoding PNGs grows RSS through new glibc arenas
+    """A thread per request decoding PNGs grows RSS through new glibc arenas
     (bounded by MALLOC_ARENA_MAX): never LEAK; the arenas are measured; with MALLOC_ARENA_MAX=2
     the server has at most two arenas."""
     srv = server_factory("arena")
@@ -173,7 +173,7 @@ def test_threads_growing_malloc_arenas_are_host_caching_not_a_leak(
 def test_a_helper_process_that_comes_and_goes_does_not_decide_the_verdict(
     server_factory, tmp_path
 ) -> None:
-    """Issue 10 kind 3: a worker appears in round 1, fails to bind the port and exits; it is
+    """A worker appears in round 1, fails to bind the port and exits; it is
     recorded (appeared, exited) and the caching server stays CACHING/STABLE."""
     srv = server_factory("worker-churn", "--churn-after", "3", "--churn-lifetime", "1.5")
     r = soak(srv.url, tmp_path, "--rounds", "4", "--max-rounds", "6", *FAST, "--json")
@@ -196,7 +196,7 @@ def test_a_helper_process_that_comes_and_goes_does_not_decide_the_verdict(
 
 
 def test_a_server_killed_mid_round_is_never_a_pass(server_factory, tmp_path) -> None:
-    """Issue 11 kind 3: the server dies during round 2: SERVER_DIED recorded, sending stops,
+    """The server dies during round 2: SERVER_DIED recorded, sending stops,
     exit 1 and the output says so."""
     srv = server_factory("plain")
     run = tmp_path / "run.jsonl"
@@ -259,7 +259,7 @@ def test_a_server_killed_mid_round_is_never_a_pass(server_factory, tmp_path) -> 
 def test_undecided_layers_get_more_rounds_and_no_adapt_keeps_the_count(
     server_factory, tmp_path
 ) -> None:
-    """Issue 10 item 4: two rounds cannot decide a layer that rose; soak adds rounds (an
+    """Two rounds cannot decide a layer that rose; soak adds rounds (an
     extra_round event says which layer and why) up to --max-rounds; --no-adapt runs exactly 2."""
     srv = server_factory("plain")
     r = soak(srv.url, tmp_path, "--rounds", "2", "--max-rounds", "5", *FAST, "--json")
@@ -280,7 +280,7 @@ def test_undecided_layers_get_more_rounds_and_no_adapt_keeps_the_count(
 def test_with_model_a_failing_model_list_is_a_note_without_it_the_error_names_model(
     server_factory, tmp_path
 ) -> None:
-    """Issue 10 kind 5: /v1/models answers 500 (transformers serve without an HF cache)."""
+    """/v1/models answers 500 (transformers serve without an HF cache)."""
     srv = server_factory("stable", "--models-status", "500")
     r = soak(
         srv.url,
@@ -319,7 +319,7 @@ def test_with_model_a_failing_model_list_is_a_note_without_it_the_error_names_mo
 
 
 def test_two_soaks_started_together_never_collide(server_factory, tmp_path) -> None:
-    """Issue 10 kind 4: default run-file names are unique per run (and created exclusively)."""
+    """Default run-file names are unique per run (and created exclusively)."""
     srv = server_factory("stable")
     cmd = [
         sys.executable,
@@ -364,7 +364,7 @@ def test_two_soaks_started_together_never_collide(server_factory, tmp_path) -> N
     ],
 )
 def test_values_that_cannot_run_are_one_line_and_exit_2(tmp_path, args, needle) -> None:
-    """Issue 11 kind 6: rejected before anything is sent or recorded."""
+    """Rejected before anything is sent or recorded."""
     r = subprocess.run(
         [sys.executable, "-m", "vramdoctor", "soak", "--url", "http://127.0.0.1:1", *args],
         capture_output=True,
@@ -380,7 +380,7 @@ def test_values_that_cannot_run_are_one_line_and_exit_2(tmp_path, args, needle) 
 
 
 def test_a_huge_request_count_is_planned_lazily(server_factory, tmp_path) -> None:
-    """Issue 11 kind 6: --requests 100000000 sends its first request at once (the plan is
+    """--requests 100000000 sends its first request at once (the plan is
     built request by request, not in memory first)."""
     srv = server_factory("stable")
     start = time.monotonic()
@@ -455,7 +455,7 @@ def _free_port() -> int:
 
 
 def test_a_new_process_owning_the_port_is_a_replaced_server(server_factory, tmp_path) -> None:
-    """Issue 10 item 1: the server restarts between rounds (a new pid on the same port): the
+    """The server restarts between rounds (a new pid on the same port): the
     run records SERVER_REPLACED with both pids, keeps measuring the new one, and never calls
     the death of the first life a pass."""
     port = str(_free_port())
@@ -506,7 +506,7 @@ def test_a_new_process_owning_the_port_is_a_replaced_server(server_factory, tmp_
 def test_the_servers_own_request_counter_in_the_baseline_is_the_production_rate(
     server_factory, tmp_path
 ) -> None:
-    """Issue 10 item 5: traffic the server already has (here 10 requests/s from another client)
+    """Traffic the server already has (here 10 requests/s from another client)
     is read from its request counter during the baseline, before soak sends anything, and
     becomes the rate hours to OOM are projected at."""
     import threading
