@@ -9,8 +9,10 @@
 A kind (`vramdoctor.servers.base.ServerKind`) is data: `kind.identity` (probes, /metrics
 prefixes, process titles, /dev/shm families), `kind.metrics` (metric names with units, KV
 pools, running/queued, request counters, bounded caches, sleep state), and the sections other
-parts add. Built-in kinds: `sglang`, `vllm`, and `openai` (any OpenAI-compatible server, e.g.
-`transformers serve`: the fallback, identified by /v1/models alone).
+parts add. Built-in kinds: `sglang`, `vllm`, `tgi`, `trtllm`, `llamacpp`, `ollama`, `lmdeploy`
+(the last five read by diagnose from their logs: process titles, `levers`, `log_marks`; no probe or
+/metrics vote yet), and `openai` (any OpenAI-compatible server, e.g. `transformers serve`: the
+fallback, identified by /v1/models alone).
 
 Lookups across kinds:
 
