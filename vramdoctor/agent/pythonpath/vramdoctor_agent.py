@@ -92,7 +92,7 @@ WANTS = ("inside", "snapshot")
 TRACE_TOP = 20
 # tracemalloc records this many frames of each allocation (innermost first when reported): enough
 # to reach the server's own line from inside a library (numpy's ones() called from the server).
-TRACE_FRAMES = 8
+TRACE_FRAMES = 4
 # tracemalloc keeps ~50 bytes per live trace (measured: 50-60 on CPython 3.11); beyond
 # TRACE_MAX_TRACES traces the per-line grouping (seconds with the GIL held) is skipped.
 TRACE_BYTES_PER_TRACE = 50
