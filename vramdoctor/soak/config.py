@@ -274,7 +274,7 @@ class SoakConfig:
         metadata=_opt(
             "--trace-python",
             "With the agent in the server: also trace Python allocations by line (tracemalloc "
-            "in the server while the soak runs; about 4 % more server CPU). See docs/attribute.md.",
+            "in the server while the soak runs; about 20 % more server CPU). See docs/attribute.md.",
         ),
     )
     # soak --vary / --cycle (vramdoctor.soak.vary, vramdoctor.soak.cycle; docs/soak.md)
