@@ -169,6 +169,7 @@ def drive(srv: Server, model: str, *, rounds: int = ROUNDS, n: int = REQUESTS, c
             ok_per_round.append(send_round(srv, model, n, concurrency, small))
             time.sleep(IDLE_S)
         files, missing = ctl.snapshot(rnd, timeout_s=15)
+        files = ctl.move(files, WORK / f"snaps-{srv.name}")  # out of the agent dir: kept after close
         nv = nvml_by_pid()
         if missing:
             log(f"{srv.name}: round {rnd}: no answer from {[a.label() for a in missing]}")
