@@ -223,6 +223,10 @@ class SeriesResult:
     bound_hi: float | None = None
     steps_to_decide: int | None = None
     scope: str = "server"  # "server" (the port owner's tree, --pid) or "tenant"
+    gpu_instance: int | None = None  # MIG: the GPU instance (slice) of GPU `gpu`
+    compute_instance: int | None = None
+    device: str | None = None  # "GPU 0", "GPU 0 MIG 3g.71gb GI 1"
+    username: str | None = None  # whose process, where the host could see it
     decided_by: str | None = None  # vramdoctor.verdicts.Evidence: what decided the verdict
     # Inside evidence: the kind of counter that decided ("cuda_allocated", "glibc_in_use",
     # "py_blocks", "py_traced"), for an outside series whose verdict came from inside.
@@ -267,6 +271,10 @@ class SeriesResult:
                 "bound_hi": self.bound_hi,
                 "steps_to_decide": self.steps_to_decide,
                 "scope": self.scope,
+                "gpu_instance": self.gpu_instance,
+                "compute_instance": self.compute_instance,
+                "device": self.device,
+                "username": self.username,
                 "decided_by": self.decided_by,
                 "evidence_kind": self.evidence_kind,
             }
@@ -283,8 +291,13 @@ class Culprit:
     gpu: int | None = None
     pool: str | None = None
     # What kind of leak: "allocator" (VRAM through the allocator, KV flat), "stray_context",
-    # "kv_pages", "host_ram", "pinned_host_memory", "dev_shm".
+    # "outside_allocator" (VRAM the caching allocator does not hold), "kv_pages", "host_ram",
+    # "pinned_host_memory", "dev_shm".
     cause: str | None = None
+    gpu_instance: int | None = None  # MIG: the slice (GPU instance) of GPU `gpu`
+    device: str | None = None  # "GPU 0 MIG 3g.71gb GI 1"
+    # Code that holds the growing memory, where attribution found it (HeldBy.to_dict()).
+    held_by: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -294,6 +307,9 @@ class Culprit:
             "gpu": self.gpu,
             "pool": self.pool,
             "cause": self.cause,
+            "gpu_instance": self.gpu_instance,
+            "device": self.device,
+            "held_by": list(self.held_by),
         }
 
 
@@ -403,6 +419,9 @@ class LayerResult:
     # Which evidence decided (vramdoctor.verdicts.Evidence): the agent's counters inside the
     # process, or the rounds / idle windows seen from outside.
     decided_by: str | None = None
+    # Other tenants' processes on the server's GPUs (or host): series keys; listed with their
+    # growth, never deciding, never the culprit.
+    tenants: list[str] = field(default_factory=list)
 
     @property
     def deciding(self) -> list[SeriesResult]:
@@ -430,6 +449,7 @@ class LayerResult:
                 "life": self.life,
                 "main_series": self.main_series,
                 "decided_by": self.decided_by,
+                "tenants": list(self.tenants),
                 "evidence": [s.key for s in self.series if s.decides],
                 "pools": [asdict(p) for p in self.kv_pools],
                 "processes": [asdict(p) for p in self.host_processes],

@@ -20,7 +20,6 @@ from typing import Any
 from vramdoctor.judge.results import (
     CACHING,
     INCONCLUSIVE,
-    LAYERS,
     LEAK,
     NOT_MEASURED,
     R_NO_REFERENCE,
@@ -39,8 +38,9 @@ from vramdoctor.samples import MetricsSample
 
 
 def overall_verdict(layers: dict[str, LayerResult], *, no_request_succeeded: bool = False) -> str:
-    """The documented rule above, over {"vram", "kv", "host"}."""
-    verdicts = [layers[name].verdict for name in LAYERS if name in layers]
+    """The documented rule above, over every layer judged (the registry's: vram, kv, host
+    and any added from outside)."""
+    verdicts = [lay.verdict for lay in layers.values()]
     if LEAK in verdicts:
         return LEAK
     measured = [v for v in verdicts if v != NOT_MEASURED]
@@ -55,9 +55,8 @@ def undecided(layers: dict[str, LayerResult], th: Thresholds) -> list[Undecided]
     """Measured layers that are INCONCLUSIVE, each with why (results.U_*): what more rounds
     of the same traffic could decide."""
     out: list[Undecided] = []
-    for name in LAYERS:
-        lay = layers.get(name)
-        if lay is None or lay.verdict != INCONCLUSIVE:
+    for name, lay in layers.items():
+        if lay.verdict != INCONCLUSIVE:
             continue
         top = next((s for s in lay.series if s.key == lay.main_series), None)
         reason = lay.reason

@@ -2,7 +2,9 @@
 
 One series per thing that can hold memory, keyed so the reports can name it:
 - VRAM: each GPU (`gpu0`, with each sample's per-process parts, so the processes that only
-  came and went can be taken out of it) and each process on each GPU (`gpu0/pid42`);
+  came and went, and other tenants' processes, can be taken out of it) and each process on each
+  GPU (`gpu0/pid42`); a MIG slice is a GPU of its own (`gpu0-gi1`, `gpu0-gi1/pid42`: GPU
+  instance 1 of GPU 0; its compute instances share its memory);
 - host RAM: each server process's RSS (`rss/pid42`) and its kinds (`rss_anon/`, `rss_file/`,
   `rss_shmem/`), its glibc malloc arenas (`arenas/`, a count; `arena_mib/`, reserved MiB;
   `arena_wmib/`, MiB the arena heaps have grown to), and `/dev/shm` (`dev_shm`);
@@ -59,6 +61,14 @@ class Series:
     idle_verified: bool = True  # KV: running/queued gauges were there to check idleness
     # Device series: MiB of each listed process in each sample (aligned with `points`).
     parts: list[dict[int, float]] | None = None
+    # Whose process ("server", "tenant"; None: not known, read as the server's, as before
+    # scopes were recorded) and, on a MIG slice, which one.
+    scope: str | None = None
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
+    device: str | None = None  # "GPU 0", "GPU 0 MIG 3g.71gb GI 1"
+    uid: int | None = None
+    username: str | None = None
 
     @property
     def levels_from(self) -> list[tuple[float, float]]:
@@ -116,6 +126,12 @@ def _kv_pools(r: MetricsSample) -> list[KvPoolSample]:
     return []
 
 
+def gpu_key(index: int, gpu_instance: int | None, compute_instance: int | None = None) -> str:
+    """The series key of a GPU or MIG slice: "gpu0", "gpu0-gi1" (compute instances share
+    their GPU instance's memory, so the key stops at the GPU instance)."""
+    return f"gpu{index}" if gpu_instance is None else f"gpu{index}-gi{gpu_instance}"
+
+
 def extract_series(records: list[Any]) -> dict[str, Series]:
     """Every memory series in the run (records in time order), keyed as the module says."""
     out: dict[str, Series] = {}
@@ -128,23 +144,32 @@ def extract_series(records: list[Any]) -> dict[str, Series]:
 
     for r in records:
         if isinstance(r, GpuSample):
-            per_gpu: dict[int, dict[int, float]] = defaultdict(dict)
+            per_gpu: dict[str, dict[int, float]] = defaultdict(dict)
             for p in r.processes:
                 if not _ok(p.used_mib):
                     continue
                 used = float(p.used_mib)  # type: ignore[arg-type]
-                per_gpu[p.gpu][p.pid] = per_gpu[p.gpu].get(p.pid, 0.0) + used
-                s = get(f"gpu{p.gpu}/pid{p.pid}", VRAM, "gpu_process", "MiB", pid=p.pid, gpu=p.gpu)
+                gi = getattr(p, "gpu_instance_id", None)
+                dev = gpu_key(p.gpu, gi)
+                per_gpu[dev][p.pid] = per_gpu[dev].get(p.pid, 0.0) + used
+                s = get(f"{dev}/pid{p.pid}", VRAM, "gpu_process", "MiB", pid=p.pid, gpu=p.gpu)
                 s.name = s.name or p.name
+                s.gpu_instance = gi
+                s.compute_instance = getattr(p, "compute_instance_id", None)
+                _scope(s, p)
                 s.points.append((r.t, used))
             for g in r.gpus:
                 if not _ok(g.used_mib):
                     continue
-                s = get(f"gpu{g.index}", VRAM, "gpu", "MiB", gpu=g.index, name=g.name)
+                gi = getattr(g, "gpu_instance_id", None)
+                dev = gpu_key(g.index, gi)
+                s = get(dev, VRAM, "gpu", "MiB", gpu=g.index, name=g.name)
+                s.gpu_instance = gi
+                s.device = getattr(g, "label", None) or f"GPU {g.index}"
                 s.points.append((r.t, float(g.used_mib)))
                 if s.parts is None:
                     s.parts = []
-                s.parts.append(per_gpu.get(g.index, {}))
+                s.parts.append(per_gpu.get(dev, {}))
         elif isinstance(r, HostSample):
             for hp in r.processes:
                 ids = {"pid": hp.pid, "name": hp.name, "role": hp.role}
@@ -165,6 +190,7 @@ def extract_series(records: list[Any]) -> dict[str, Series]:
                     if value is not None and _ok(value):
                         s = get(f"{prefix}/pid{hp.pid}", HOST, kind, unit, **ids)
                         s.name, s.role = s.name or hp.name, s.role or hp.role
+                        _scope(s, hp)
                         s.points.append((r.t, float(value)))
             if _ok(r.dev_shm_used_mib):
                 get("dev_shm", HOST, "dev_shm", "MiB").points.append(
@@ -209,6 +235,22 @@ def extract_series(records: list[Any]) -> dict[str, Series]:
     if "kv_usage" in out and any(k.startswith("kv/") for k in out):
         del out["kv_usage"]
     return out
+
+
+def _scope(s: Series, row: Any) -> None:
+    """Whose process the row says it is (the latest word wins: a scope known later)."""
+    scope = getattr(row, "scope", None)
+    if scope is not None:
+        s.scope = str(scope)
+    for attr in ("uid", "username"):
+        v = getattr(row, attr, None)
+        if v is not None:
+            setattr(s, attr, v)
+
+
+def tenant_pids(raw: dict[str, Series]) -> set[int]:
+    """Processes any sample called another tenant's (not the port owner's tree, not --pid)."""
+    return {s.pid for s in raw.values() if s.scope == "tenant" and s.pid is not None}
 
 
 def without(s: Series, pids: set[int]) -> Series:

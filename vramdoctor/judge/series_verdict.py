@@ -149,6 +149,8 @@ def judge(s: Series, windows: list[Window], lr: LifeRounds, th: Thresholds) -> S
     if s.kind in PROCESS_KINDS and present < 2:
         decides = False
         reason = R_TRANSIENT
+    if s.scope == "tenant":
+        decides = False  # another tenant's process: listed with its growth, never decides
     last = next((v for v in reversed(levels) if v is not None), None)
     return SeriesResult(
         key=s.key,
@@ -182,6 +184,11 @@ def judge(s: Series, windows: list[Window], lr: LifeRounds, th: Thresholds) -> S
         life=lr.life,
         first_t=s.points[0][0] if s.points else None,
         last_t=s.points[-1][0] if s.points else None,
+        scope=s.scope or "server",
+        gpu_instance=s.gpu_instance,
+        compute_instance=s.compute_instance,
+        device=s.device,
+        username=s.username,
         model=fit.model,
         ratio=fit.ratio,
         ratio_ci=fit.ratio_ci,

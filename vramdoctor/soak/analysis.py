@@ -11,34 +11,32 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from vramdoctor.judge.layers.host import host_layer
-from vramdoctor.judge.layers.kv import kv_layer
-from vramdoctor.judge.layers.vram import vram_layer
+from vramdoctor.judge import layers as judge_layers
+from vramdoctor.judge.inside import HeldBy, InsidePoints, inside_points, judge_inside
+from vramdoctor.judge.layers import LayerContext, RunFacts
 from vramdoctor.judge.results import (
-    HOST,
     INCONCLUSIVE,
-    KV,
-    LAYERS,
     LEAK,
     NOT_MEASURED,
     R_NO_TRAFFIC,
     R_RETENTION_OR_LEAK,
     R_SERVER_DIED,
-    VRAM,
     LayerResult,
     Life,
     ProcessChange,
+    RoundInfo,
     SeriesResult,
     SoakAnalysis,
     Thresholds,
     Window,
 )
 from vramdoctor.judge.run_verdict import baseline_request_rate, overall_verdict, undecided
-from vramdoctor.judge.series import Series, extract_series, kv_pool_mib, without
+from vramdoctor.judge.series import Series, extract_series, kv_pool_mib, tenant_pids, without
 from vramdoctor.judge.series_verdict import LifeRounds, judge
 from vramdoctor.judge.timeline import (
     lives_from_events,
@@ -86,6 +84,7 @@ def analyse_soak(
     status: str = "complete",
     th: Thresholds | None = None,
     cpu_count: int | None = None,
+    held_by: Mapping[int, Sequence[HeldBy]] | None = None,
 ) -> SoakAnalysis:
     """Analyse a soak run's records (GpuSample, HostSample, MetricsSample, Event, in any order).
 
@@ -98,7 +97,9 @@ def analyse_soak(
     """
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        return _analyse(records, header, production_rate_rps, raw_host, status, th, cpu_count)
+        return _analyse(
+            records, header, production_rate_rps, raw_host, status, th, cpu_count, held_by
+        )
 
 
 def _analyse(
@@ -109,6 +110,7 @@ def _analyse(
     status: str,
     th: Thresholds | None,
     cpu_count: int | None,
+    held_by: Mapping[int, Sequence[HeldBy]] | None,
 ) -> SoakAnalysis:
     th = th or Thresholds()
     recs = sorted((r for r in records if _t(r) != math.inf), key=_t)
@@ -119,46 +121,39 @@ def _analyse(
     changes = process_changes_from_events(events, windows)
     raw = extract_series(recs)
     run_rounds = [r.round for r in rounds]
-    pool_mib = kv_pool_mib(recs, header)
-    available = _host_available(raw_host or [])
-    cpus = cpu_count or _cpu_count(header)
 
+    facts = RunFacts(
+        available_mib=_host_available(raw_host or []),
+        cpu_count=cpu_count or _cpu_count(header),
+        arena_max=_arena_max(header),
+        pool_mib=kv_pool_mib(recs, header),
+    )
+    cpus = facts.cpu_count
+    for layer in judge_layers.all_layers():  # series a layer added from outside
+        for key, series in layer.extract(recs).items():
+            raw.setdefault(key, series)
+    points = inside_points(recs)
     all_series: list[SeriesResult] = []
     per_life: list[dict[str, LayerResult]] = []
     for life in lives:
         life_rounds = [r for r in rounds if r.life == life.index]
         if not life_rounds and life.index > 0:
             continue
-        cum, total = [], 0.0
-        for r in life_rounds:
-            total += r.reached
-            cum.append(total)
-        lr = LifeRounds(
-            life.index, run_rounds, [r.round for r in life_rounds], cum, life.index == 0
+        layers_of_life, judged = _judge_life(
+            life,
+            life_rounds,
+            lives,
+            run_rounds,
+            raw,
+            points,
+            windows,
+            recs,
+            header,
+            facts,
+            th,
+            held_by or {},
         )
-        keys = _series_of_life(raw, life.index, lives)
-        judged = [judge(raw[k], windows, lr, th) for k in keys if raw[k].kind != "gpu"]
-        # Devices are judged without the processes that exited: a worker that started and
-        # failed, or one whose own series already carries its verdict. One that appeared and
-        # is still there stays in: its memory is real and the next rounds tell what it does.
-        passing = {
-            s.pid
-            for s in judged
-            if s.kind == "gpu_process"
-            and s.pid is not None
-            and s.presence in ("exited", "transient")
-        }
-        judged += [
-            judge(without(raw[k], passing), windows, lr, th) for k in keys if raw[k].kind == "gpu"
-        ]
-        layers = {
-            VRAM: vram_layer(judged, recs, life.index),
-            KV: kv_layer(judged, raw, life.index, pool_mib, th),
-            HOST: host_layer(
-                judged, life.index, available, cpus, th, arena_max=_arena_max(header), records=recs
-            ),
-        }
-        per_life.append(layers)
+        per_life.append(layers_of_life)
         all_series += judged
     layers = _merge(per_life)
 
@@ -250,6 +245,69 @@ def _analyse(
     )
 
 
+def _judge_life(
+    life: Life,
+    life_rounds: list[RoundInfo],
+    lives: list[Life],
+    run_rounds: list[int],
+    raw: dict[str, Series],
+    points: dict[str, InsidePoints],
+    windows: list[Window],
+    recs: list[Any],
+    header: dict[str, Any] | None,
+    facts: RunFacts,
+    th: Thresholds,
+    held_by: Mapping[int, Sequence[HeldBy]],
+) -> tuple[dict[str, LayerResult], list[SeriesResult]]:
+    """One server life: its series judged over its rounds, the inside evidence, each layer."""
+    cum, total = [], 0.0
+    for r in life_rounds:
+        total += r.reached
+        cum.append(total)
+    lr = LifeRounds(life.index, run_rounds, [r.round for r in life_rounds], cum, life.index == 0)
+    keys = _series_of_life(raw, life.index, lives)
+    judged = [judge(raw[k], windows, lr, th) for k in keys if raw[k].kind != "gpu"]
+    # Devices are judged without the processes that exited (a worker that started and failed,
+    # or one whose own series already carries its verdict) and without other tenants'
+    # processes (their memory is theirs). One of the server's that appeared and is still there
+    # stays in: its memory is real and the next rounds tell what it does.
+    passing = {
+        s.pid
+        for s in judged
+        if s.kind == "gpu_process" and s.pid is not None and s.presence in ("exited", "transient")
+    } | tenant_pids(raw)
+    judged += [
+        judge(without(raw[k], passing), windows, lr, th) for k in keys if raw[k].kind == "gpu"
+    ]
+    inside = None
+    if points:
+        inside = judge_inside(
+            points,
+            lr.rounds,
+            lr.cum_requests,
+            with_baseline=lr.with_baseline,
+            run_rounds=run_rounds,
+            life=life.index,
+            th=th,
+            held_by=held_by,
+            nvml=[s for s in judged if s.kind == "gpu_process" and s.scope != "tenant"],
+        )
+    ctx = LayerContext(
+        life=life.index,
+        series=judged,
+        raw=raw,
+        records=recs,
+        th=th,
+        facts=facts,
+        header=header,
+        inside=inside,
+    )
+    layers = {layer.name: layer.judge(ctx) for layer in judge_layers.all_layers()}
+    if inside is not None:
+        judged += list(inside.series.values())
+    return layers, judged
+
+
 def _series_of_life(raw: dict[str, Series], life: int, lives: list[Life]) -> list[str]:
     """Series that have samples inside the life (all of them when the run has one life)."""
     if len(lives) == 1:
@@ -265,8 +323,8 @@ def _merge(per_life: list[dict[str, LayerResult]]) -> dict[str, LayerResult]:
     if len(per_life) == 1:
         return per_life[0]
     out: dict[str, LayerResult] = {}
-    for name in LAYERS:
-        cands = [lay[name] for lay in per_life]
+    for name in per_life[0]:
+        cands = [lay[name] for lay in per_life if name in lay]
         leak = [c for c in cands if c.verdict == LEAK]
         if leak:
             out[name] = leak[0]

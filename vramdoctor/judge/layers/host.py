@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vramdoctor.judge.layers.vram import time_driven_rate, worst
 from vramdoctor.judge.results import (
@@ -73,6 +73,11 @@ from vramdoctor.judge.results import (
 )
 from vramdoctor.samples import HostSample
 from vramdoctor.verdicts import Evidence
+
+if TYPE_CHECKING:
+    from vramdoctor.judge.layers import LayerContext
+    from vramdoctor.judge.series import Series
+
 
 # Undecided reasons of a series whose level is still going up (the arena and file rules may
 # explain that growth as well as a LEAK's).
@@ -323,7 +328,12 @@ def host_layer(
             by.get(f"arena_wmib/pid{pid}"),
             threads.get(pid) if pid is not None else None,
         )
-        decided_inside = inside is not None and inside.decide_host(p.rss, p.anon, th)
+        decided_inside = (
+            inside is not None
+            and rss.decides
+            and rss.scope != "tenant"
+            and inside.decide_host(p.rss, p.anon, p.shmem, th)
+        )
         if not decided_inside:
             _outside(p, th)
         if rss.decides:
@@ -332,7 +342,17 @@ def host_layer(
     deciding = [s for s in rss_series if s.decides] + [
         s for s in mine if s.kind == "dev_shm" and s.decides
     ]
-    return _layer(mine, deciding, procs, sorted(caveats), life, available_mib)
+    lay = _layer(mine, deciding, procs, sorted(caveats), life, available_mib)
+    lay.tenants = [
+        s.key
+        for s in sorted(rss_series, key=lambda s: (-(s.growth or 0.0), s.key))
+        if s.scope == "tenant"
+    ]
+    if lay.culprit is not None and inside is not None and lay.culprit.pid is not None:
+        lay.culprit.held_by = [
+            h.to_dict() for h in inside.held_by.get(lay.culprit.pid, ()) if h.memory != "cuda"
+        ]
+    return lay
 
 
 def _layer(
@@ -406,3 +426,30 @@ def _layer(
         )
         time_driven_rate(lay, top)
     return lay
+
+
+class HostLayer:
+    """The host RAM layer behind the registry's signature (`vramdoctor.judge.layers.Layer`)."""
+
+    name = HOST
+    unit = "MiB"
+
+    def extract(self, records: Sequence[Any]) -> dict[str, Series]:
+        """None of its own: host series come from `judge.series.extract_series`."""
+        return {}
+
+    def judge(self, ctx: LayerContext) -> LayerResult:
+        f = ctx.facts
+        return host_layer(
+            ctx.series,
+            ctx.life,
+            f.available_mib,
+            f.cpu_count,
+            ctx.th,
+            arena_max=f.arena_max,
+            records=ctx.records,
+            inside=ctx.inside,
+        )
+
+
+LAYER = HostLayer()

@@ -11,6 +11,9 @@ the server exposes (SGLang: full, SWA, mamba) is judged on its own, with a floor
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 from vramdoctor.judge.layers.vram import time_driven_rate, worst
 from vramdoctor.judge.results import (
     C_KV_RATIO_ONLY,
@@ -33,6 +36,9 @@ from vramdoctor.judge.results import (
 )
 from vramdoctor.judge.series import Series
 from vramdoctor.samples import MIB
+
+if TYPE_CHECKING:
+    from vramdoctor.judge.layers import LayerContext
 
 
 def _exact_creep(s: SeriesResult) -> None:
@@ -156,3 +162,20 @@ def kv_layer(
         )
         time_driven_rate(lay, top)
     return lay
+
+
+class KvLayer:
+    """The KV pool layer behind the registry's signature (`vramdoctor.judge.layers.Layer`)."""
+
+    name = KV
+    unit = "tokens"
+
+    def extract(self, records: Sequence[Any]) -> dict[str, Series]:
+        """None of its own: KV series come from `judge.series.extract_series`."""
+        return {}
+
+    def judge(self, ctx: LayerContext) -> LayerResult:
+        return kv_layer(ctx.series, dict(ctx.raw), ctx.life, ctx.facts.pool_mib, ctx.th)
+
+
+LAYER = KvLayer()

@@ -11,10 +11,13 @@ the memory of processes that exited is taken out of their GPU's total before it 
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from vramdoctor.census.analysis import CONTEXT_MIB
 from vramdoctor.judge.results import (
+    C_TENANTS_IN_DEVICE,
     INCONCLUSIVE,
     LEAK,
     NOT_MEASURED,
@@ -22,14 +25,22 @@ from vramdoctor.judge.results import (
     R_NO_LEVEL,
     R_TRANSIENT,
     RANK,
+    STABLE,
     VRAM,
     X_STRAY_CONTEXT,
     Culprit,
     LayerResult,
     Projection,
     SeriesResult,
+    Thresholds,
 )
 from vramdoctor.samples import GpuSample
+from vramdoctor.verdicts import Evidence
+
+if TYPE_CHECKING:
+    from vramdoctor.judge.inside import InsideEvidence
+    from vramdoctor.judge.layers import LayerContext
+    from vramdoctor.judge.series import Series
 
 
 def _main_gpus(series: list[SeriesResult]) -> dict[int | None, int | None]:
@@ -61,13 +72,23 @@ def stray_contexts(
     ]
 
 
-def last_free_mib(records: list[Any], gpu: int | None) -> float | None:
-    """The GPU's free MiB at its last sample (any GPU's when `gpu` is None)."""
+def last_free_mib(
+    records: list[Any], gpu: int | None, gpu_instance: int | None = None
+) -> float | None:
+    """The GPU's (or MIG slice's) free MiB at its last sample (any GPU's when `gpu` is None):
+    up to what the processes can reach (`GpuMemory.reachable_mib`: a cgroup's limit, the
+    driver's reserve taken out) where the source says it, else the free memory."""
     for r in reversed(records):
         if isinstance(r, GpuSample):
             for g in r.gpus:
-                if gpu is None or g.index == gpu:
-                    return g.free_mib
+                if gpu is not None and (
+                    g.index != gpu or getattr(g, "gpu_instance_id", None) != gpu_instance
+                ):
+                    continue
+                reach = getattr(g, "reachable_mib", None)
+                if isinstance(reach, (int, float)) and math.isfinite(reach) and reach > 0:
+                    return max(0.0, min(float(reach) - g.used_mib, g.free_mib))
+                return g.free_mib
     return None
 
 
@@ -110,14 +131,73 @@ def main_series(series: list[SeriesResult], verdict: str) -> SeriesResult | None
     return min(cands, key=lambda s: (pref.get(s.kind, 3), -size(s)))
 
 
-def vram_layer(series: list[SeriesResult], records: list[Any], life: int) -> LayerResult:
-    """The VRAM verdict of one life from its judged series (series of other layers ignored)."""
-    mine = [s for s in series if s.layer == VRAM]
+def _inside_decides(
+    mine: list[SeriesResult], inside: InsideEvidence | None, th: Thresholds
+) -> set[str]:
+    """Let the CUDA allocator's own counters decide each server process they cover (its main
+    GPU's series); the keys of the series they decided."""
+    if inside is None:
+        return set()
+    main = _main_gpus(mine)
+    decided: set[str] = set()
+    for s in mine:
+        if s.kind != "gpu_process" or not s.decides or s.scope == "tenant":
+            continue
+        if inside.decide_vram(s, th, main_gpu=main.get(s.pid) == s.gpu):
+            decided.add(s.key)
+    return decided
+
+
+def _explained_devices(mine: list[SeriesResult], decided: set[str], th: Thresholds) -> None:
+    """A device total whose every server process was decided from inside as not leaking, and
+    whose growth those processes' growth accounts for, is explained by them: evidence only.
+    (Workers that pile up are new processes the agent did not cover: the total still decides.)"""
+    for dev in (s for s in mine if s.kind == "gpu" and s.decides and s.verdict != STABLE):
+        procs = [
+            s
+            for s in mine
+            if s.kind == "gpu_process"
+            and s.gpu == dev.gpu
+            and s.gpu_instance == dev.gpu_instance
+            and s.decides
+            and s.scope != "tenant"
+        ]
+        if not procs or not all(p.key in decided and p.verdict != LEAK for p in procs):
+            continue
+        held = sum(p.growth or 0.0 for p in procs)
+        if (dev.growth or 0.0) <= held + th.min_growth_mib:
+            dev.decides = False
+            dev.explanation = procs[0].explanation
+
+
+def _tenants(mine: list[SeriesResult]) -> list[str]:
+    """Other tenants' process series on the server's GPUs, the fastest-growing first."""
+    ten = [s for s in mine if s.scope == "tenant" and s.kind == "gpu_process"]
+    return [s.key for s in sorted(ten, key=lambda s: (-(s.growth or 0.0), s.key))]
+
+
+def vram_layer(
+    series: list[SeriesResult],
+    records: list[Any],
+    life: int,
+    *,
+    inside: InsideEvidence | None = None,
+    th: Thresholds | None = None,
+) -> LayerResult:
+    """The VRAM verdict of one life from its judged series (series of other layers ignored).
+    `inside`: the agent's counters (decide the processes they cover); other tenants'
+    processes are listed (`LayerResult.tenants`) and never decide."""
+    th = th or Thresholds()
+    mine = [s for s in series if s.layer == VRAM and s.kind in ("gpu", "gpu_process")]
     if not mine:
         return LayerResult(VRAM, NOT_MEASURED, R_NO_LEVEL, "MiB", life=life)
+    decided = _inside_decides(mine, inside, th)
+    _explained_devices(mine, decided, th)
     deciding = [s for s in mine if s.decides]
-    strays = stray_contexts(mine)
+    strays = stray_contexts([s for s in mine if s.scope != "tenant"])
     verdict = worst(deciding)
+    tenants = _tenants(mine)
+    caveats = _device_caveats(mine)
     if verdict is None:
         mine.sort(key=_order)
         return LayerResult(
@@ -128,6 +208,8 @@ def vram_layer(series: list[SeriesResult], records: list[Any], life: int) -> Lay
             series=mine,
             life=life,
             stray_contexts=[s.key for s in strays],
+            tenants=tenants,
+            caveats=caveats,
         )
     top = main_series(deciding, verdict)
     assert top is not None
@@ -139,27 +221,86 @@ def vram_layer(series: list[SeriesResult], records: list[Any], life: int) -> Lay
         growth=top.growth,
         stray_contexts=[s.key for s in strays],
         life=life,
+        explanation=top.explanation,
+        decided_by=top.decided_by or Evidence.ROUNDS,
+        tenants=tenants,
+        caveats=caveats,
     )
     lay.main_series = top.key
     if verdict == LEAK:
-        cause = X_STRAY_CONTEXT if top in strays else "allocator"
-        lay.culprit = Culprit(top.key, pid=top.pid, name=top.name, gpu=top.gpu, cause=cause)
-        lay.rate_per_request = top.slope_per_request
-        lay.rate_ci = top.slope_ci
-        lay.rate_mib_per_request = top.slope_per_request
-        free = last_free_mib(records, top.gpu)
-        rate = top.slope_per_request
-        lay.projection = Projection(
-            capacity_left=free,
-            capacity_of="gpu_free",
-            requests=free / rate if free is not None and rate and rate > 0 else None,
-        )
-        time_driven_rate(lay, top)
+        _leak(lay, top, strays, records, inside)
     mine.sort(key=lambda s: (not s.decides, *_order(s)))
     lay.series = mine
     return lay
 
 
+def _device_caveats(mine: list[SeriesResult]) -> list[str]:
+    """A device total decides with no per-process rows to take other tenants out of it."""
+    devices = [s for s in mine if s.kind == "gpu" and s.decides]
+    procs = [s for s in mine if s.kind == "gpu_process"]
+    return [C_TENANTS_IN_DEVICE] if devices and not procs else []
+
+
+def _leak(
+    lay: LayerResult,
+    top: SeriesResult,
+    strays: list[SeriesResult],
+    records: list[Any],
+    inside: InsideEvidence | None,
+) -> None:
+    """The culprit, rate and projection of a VRAM leak."""
+    cause = (
+        X_STRAY_CONTEXT
+        if top in strays
+        else "outside_allocator"
+        if top.evidence_kind == "gpu_outside"
+        else "allocator"
+    )
+    held = (
+        [h.to_dict() for h in inside.held_by.get(top.pid, ()) if h.memory == "cuda"]
+        if (inside is not None and top.pid is not None)
+        else []
+    )
+    lay.culprit = Culprit(
+        top.key,
+        pid=top.pid,
+        name=top.name,
+        gpu=top.gpu,
+        cause=cause,
+        gpu_instance=top.gpu_instance,
+        device=top.device,
+        held_by=held,
+    )
+    lay.rate_per_request = top.slope_per_request
+    lay.rate_ci = top.slope_ci
+    lay.rate_mib_per_request = top.slope_per_request
+    free = last_free_mib(records, top.gpu, top.gpu_instance)
+    rate = top.slope_per_request
+    lay.projection = Projection(
+        capacity_left=free,
+        capacity_of="gpu_free",
+        requests=free / rate if free is not None and rate and rate > 0 else None,
+    )
+    time_driven_rate(lay, top)
+
+
 def _order(s: SeriesResult) -> tuple[int, float, str]:
     order = {"gpu": 0, "gpu_process": 1}
     return (order.get(s.kind, 3), -(s.growth or 0.0), s.key)
+
+
+class VramLayer:
+    """The VRAM layer behind the registry's signature (`vramdoctor.judge.layers.Layer`)."""
+
+    name = VRAM
+    unit = "MiB"
+
+    def extract(self, records: Sequence[Any]) -> dict[str, Series]:
+        """None of its own: GPU series come from `judge.series.extract_series`."""
+        return {}
+
+    def judge(self, ctx: LayerContext) -> LayerResult:
+        return vram_layer(ctx.series, list(ctx.records), ctx.life, inside=ctx.inside, th=ctx.th)
+
+
+LAYER = VramLayer()
