@@ -171,14 +171,27 @@ def test_census_report_replaces_a_planted_link(tmp_path: Path) -> None:
     assert "<html" in html and "vramdoctor " in html and "census report" in html
 
 
-@pytest.mark.xfail(strict=True, reason="H-D: soak/report/files.py to write through write_report")
-def test_soak_report_replaces_a_planted_link(tmp_path: Path) -> None:
+def test_soak_report_replaces_a_planted_link_and_says_what_made_it(tmp_path: Path) -> None:
     target = tmp_path / "precious"
     target.write_text("keep me")
     (tmp_path / "soak.html").symlink_to(target)
     r = vd("report", str(LEAKING), "--report", "soak.html", cwd=tmp_path, timeout=180)
     assert r.returncode == 1, r.stderr
     assert target.read_text() == "keep me"
+    page = (tmp_path / "soak.html").read_text()
+    assert f"run file: <code>{LEAKING}</code>" in page and "vramdoctor " in page
+    assert " UTC" in page and ">NOT_MEASURED<" not in page and ">NOT MEASURED<" in page
+
+
+def test_the_html_report_of_an_attribute_run_carries_the_attribution(tmp_path: Path) -> None:
+    run = FIX / "attribute" / "soak_run" / "run.jsonl"
+    r = vd("report", str(run), "--report", "a.html", cwd=tmp_path, timeout=180)
+    assert r.returncode in (0, 1), r.stderr
+    page = (tmp_path / "a.html").read_text()
+    assert "Which code holds it (attribution)" in page and "covers: pid" in page
+    plain = vd("report", str(LEAKING), "--report", "l.html", cwd=tmp_path, timeout=180)
+    assert plain.returncode == 1
+    assert "attribution" not in (tmp_path / "l.html").read_text().lower()
 
 
 def test_report_meta_names_tool_version_command_run_file_and_time() -> None:

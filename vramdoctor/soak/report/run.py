@@ -76,7 +76,13 @@ def report_run(
         result.notes.extend(n for n in extra if n not in result.notes)
     if report_file is not None:
         try:
-            write_report_file(result, report_file, target=run.header.get("target"))
+            write_report_file(
+                result,
+                report_file,
+                target=run.header.get("target"),
+                run_file=str(run_path or run.path),
+                attribution_text=_attribution_text(run),
+            )
         except InputError as exc:  # the measurement stands; only the extra file is missing
             console.error(str(exc))
             report_file = None
@@ -100,3 +106,17 @@ def report_run(
         if report_file is not None:
             console.note(f"report: {report_file}")
     return max(result.exit_code, variations_exit_code(run))
+
+
+def _attribution_text(run: Run) -> str | None:
+    """The attribution block as the terminal shows it (plain text), for the HTML report of a
+    `--attribute` run; None for a run without one."""
+    import io
+
+    from vramdoctor.attribution.report import render_run_attribution
+    from vramdoctor.render.console import make_console
+
+    rec = make_console(record=True, width=120, file=io.StringIO(), color_system=None)
+    render_run_attribution(run, rec)
+    text = rec.export_text()
+    return text if text.strip() else None
