@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
+from support.cli import vd as _vd
 from support.sources import dcgm_text, metrics_only, nvitop_text, serve
 
 from vramdoctor.census.analysis import census, role_of
@@ -221,14 +220,7 @@ PROCS = [
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "vramdoctor", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    return _vd(*args, env={"COLUMNS": "200"})
 
 
 def test_census_command_over_nvitop_exporter_json_and_exit_code() -> None:
