@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shlex
@@ -25,6 +26,12 @@ LINES = [
 
 def vramdoctor(*args: str) -> subprocess.CompletedProcess[str]:
     return run_cli(*args, cwd=ROOT, env={"COLUMNS": "200", "NO_COLOR": "1"})
+
+
+@functools.cache
+def help_of(command: str) -> subprocess.CompletedProcess[str]:
+    """`vramdoctor COMMAND --help`, once per command (the README names each many times)."""
+    return vramdoctor(command, "--help")
 
 
 def test_quick_start_diagnoses_the_shipped_real_log() -> None:
@@ -55,7 +62,7 @@ def test_every_vramdoctor_command_in_the_readme_parses() -> None:
             if arg.startswith(("examples/", "tests/fixtures/")):
                 assert (ROOT / arg).exists(), f"README names {arg}, which does not exist"
         # Every option must be one the command documents.
-        proc = vramdoctor(argv[0], "--help")
+        proc = help_of(argv[0])
         assert proc.returncode == 0, f"{line}: {proc.stderr or proc.stdout}"
         own = argv[1 : argv.index("--")] if "--" in argv else argv[1:]  # after --: the server's
         for option in (a for a in own if a.startswith("--")):
@@ -81,7 +88,7 @@ def _commands() -> list[str]:
 def test_help_pages_name_values_not_python_types() -> None:
     raw = re.compile(r"<(?:list\[|bool>|str>|int>|float>|path>|Path>)")
     for name in ["", *_commands()]:
-        proc = vramdoctor(*([name] if name else []), "--help")
+        proc = help_of(name) if name else vramdoctor("--help")
         assert proc.returncode == 0, f"{name} --help: {proc.stderr}"
         assert not raw.search(proc.stdout), (
             f"vramdoctor {name} --help shows a Python type: {raw.search(proc.stdout)}"
