@@ -18,6 +18,7 @@ sentence, charts).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping, Sequence
 
@@ -66,15 +67,13 @@ def run_fleet(
     max_answer_bytes: int = 64 * 1024 * 1024,
     strategy: str = "screen",
     parallel: int = 3,
-    kv_step_s: float = 60.0,
     max_candidates: int = 5000,
 ) -> FleetResult:
     """Read `since_s` (default `days` days) of history ending at `end` (default now) and rank
     every GPU, process and KV pool.
 
     `timeout_s` is each query's total deadline and `max_answer_bytes` each answer's size cap;
-    `step_s` the resolution of the `pull` strategy and of charts; `kv_step_s` how often KV is
-    looked at for idle moments. Raises InputError (bad range, nothing stored) and
+    `step_s` the resolution of the `pull` strategy and of charts. Raises InputError (bad range, nothing stored) and
     SourceUnavailable (the database unreachable, refusing, or answering malformed JSON)."""
     from vramdoctor.errors import InputError
     from vramdoctor.fleet.collect import Plan, collect
@@ -95,9 +94,10 @@ def run_fleet(
         matchers=tuple(check_matchers(list(matchers or []))),
         virtual_gpus=virtual_gpus,
         strategy=strategy,
-        kv_step_s=float(kv_step_s),
         max_candidates=int(max_candidates),
     )
+    # scipy.stats takes a second to import: on a thread of its own while the database works
+    threading.Thread(target=_warm_statistics, name="vramdoctor-import", daemon=True).start()
     t0 = time.perf_counter()
     with PrometheusClient(
         prometheus_url,
@@ -134,3 +134,12 @@ def run_fleet(
             "screened": float(got.screened),
         }
     return result
+
+
+def _warm_statistics() -> None:
+    """Import the statistics the analysis needs (scipy.stats: about a second) ahead of it."""
+    try:
+        import vramdoctor.stats.changepoint
+        import vramdoctor.stats.trend  # noqa: F401
+    except Exception:  # the analysis imports them again and says what is wrong
+        pass

@@ -71,6 +71,7 @@ REASONS: dict[str, str] = {
     # CACHING
     "rose_then_flat": "rose, then levelled off (an allocator or a cache filling up)",
     "grew_then_stopped": "grew, then stopped growing (a cache that filled)",
+    "stepped": "rose in a few steps, then levelled off (a cache stepping up)",
     # LEAK
     "grew_with_time": "grows steadily in time, to the last point",
     "grew_since_change": "flat, then growing steadily from a change point to the last point",
@@ -638,10 +639,78 @@ def _judge(t: np.ndarray, v: np.ndarray, unit: str, config: FleetConfig) -> dict
             "trend": None,
             "growth_per_hour": 0.0,
         }
+    t, v = _coarsen(t, v, config.max_points)
+    steps = _steps(t, v, floor_growth)
+    if steps is None:
+        return _judge_shape(t, v, unit, config)
+    # a cache stepping up: judge what is left when the steps are taken out
+    heights, at = steps
+    jumps = np.zeros(len(v))
+    jumps[at + 1] = heights
+    inner = _judge_shape(t, v - np.cumsum(jumps), unit, config)
+    total = float(heights.sum())
+    said = f"{len(heights)} step{'s' if len(heights) > 1 else ''} of {_fmt(unit, total, signed=True)} in all"
+    if inner["verdict"] == LEAK:
+        inner["why"] += f" (besides {said}: a cache stepping up)"
+        return inner
+    q = max(len(v) // 4, 2)
+    settled = float(np.median(v[-q:]))
+    return {
+        **inner,
+        "verdict": CACHING,
+        "reason": "stepped",
+        "why": (
+            f"rose in {said}, then levelled off at {_fmt(unit, settled)} (a cache stepping up); "
+            f"between the steps: {inner['why']}"
+        ),
+        "rise": total,
+        "settled_level": settled,
+        "growth_per_hour": inner.get("growth_per_hour"),
+        "growth_per_hour_ci": None,
+        "growing_since": None,
+    }
+
+
+MAX_STEPS = 4
+"""More jumps than this in a life is its way of growing, not a cache stepping up."""
+
+
+def _steps(
+    t: np.ndarray, v: np.ndarray, floor_growth: float
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The upward steps of a life's floors, (heights, index before each step), when its growth
+    is a few steps (1 to `MAX_STEPS`) and it never steps down; None otherwise.
+
+    A step is a rise between two floors (after a rolling median of three, so one busy block is
+    no step) beyond the typical rise by more than twice the floor of growth, 8 x the robust
+    spread of the rises and twice the typical rise itself: a cache
+    allocates a segment and keeps it. A leak grows every block (its rises are its median) and a
+    cache that gives memory back steps down too: neither is stepping. Rises are per block, so
+    growth across a gap (no floors for hours) is no step."""
+    n = len(v)
+    if n < 8:
+        return None
+    m = v.astype(float).copy()
+    m[1:-1] = np.median(np.stack([v[:-2], v[1:-1], v[2:]]), axis=0)
+    dt = np.diff(t)
+    block = float(np.median(dt))
+    d = np.diff(m) / np.maximum(dt / block, 1.0)
+    typical = float(np.median(d))
+    centred = d - typical
+    scale = 1.4826 * float(np.median(np.abs(centred)))
+    thr = max(2.0 * floor_growth, 8.0 * scale, 2.0 * abs(typical))
+    up = np.flatnonzero(centred > thr)
+    if len(up) == 0 or len(up) > MAX_STEPS or (centred < -thr).any():
+        return None
+    return centred[up], up
+
+
+def _judge_shape(t: np.ndarray, v: np.ndarray, unit: str, config: FleetConfig) -> dict[str, Any]:
+    """The trend and change-point verdict of floors that hold no steps."""
     from vramdoctor.stats.changepoint import fit_hinge, growth_since
     from vramdoctor.stats.trend import classify
 
-    t, v = _coarsen(t, v, config.max_points)
+    floor_growth = config.min_growth(unit)
     th = config.thresholds(unit)
     pts = list(zip(t.tolist(), v.tolist(), strict=True))
     base = classify(pts, x_unit="s", thresholds=th)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -98,6 +99,18 @@ class Collected:
     candidates: int = 0
     screened: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def count(self, *, candidates: int = 0, screened: int = 0) -> None:
+        """Add to the counts (the stages run on threads of their own)."""
+        with self._lock:
+            self.candidates += candidates
+            self.screened += screened
+
+    def note(self, text: str) -> None:
+        with self._lock:
+            if text not in self.notes:
+                self.notes.append(text)
 
 
 @dataclass(frozen=True)
@@ -111,7 +124,6 @@ class Plan:
     matchers: tuple[str, ...] = ()
     virtual_gpus: bool = False
     strategy: str = "screen"
-    kv_step_s: float = 60.0
     max_candidates: int = 5000
     batch_bytes: int = 8 * 1024 * 1024
 
@@ -192,7 +204,7 @@ def collect(client: PrometheusClient, plan: Plan) -> Collected:
     kvs = kv_sources(names)
     for f in fams:
         if f.inferred:
-            out.notes.append(
+            out.note(
                 f"{f.name} read as bytes: dcgm-exporter 4.9 renamed its GPU memory fields to "
                 "bytes, and no released source read here confirms this name"
             )
@@ -208,7 +220,7 @@ def collect(client: PrometheusClient, plan: Plan) -> Collected:
     kv_recorded = {s.used: promql.kv_rule_name(s) for s in kvs if promql.kv_rule_name(s) in names}
     use_rules = plan.block_s % promql.RULE_BLOCK_S == 0
     if (recorded or kv_recorded) and not use_rules:
-        out.notes.append(
+        out.note(
             f"recording rules hold 1-hour floors; --block {plan.block_s:g} s is not a multiple of "
             "an hour, so the raw samples are read"
         )
@@ -217,7 +229,7 @@ def collect(client: PrometheusClient, plan: Plan) -> Collected:
         covered = _rules_cover(client, plan, {**recorded, **kv_recorded})
         for name in list(recorded):
             if recorded[name] not in covered:
-                out.notes.append(
+                out.note(
                     f"recording rule {recorded[name]} does not reach back to the range start: {name} is read raw"
                 )
                 del recorded[name]
@@ -226,10 +238,35 @@ def collect(client: PrometheusClient, plan: Plan) -> Collected:
                 del kv_recorded[name]
     out.recorded = sorted({*recorded.values(), *kv_recorded.values()})
 
+    # every family, free memory, host names and every KV pool at once: the database works on
+    # them in parallel while this process parses what has come back
     t1 = time.perf_counter()
-    members = _memory(client, plan, memory, recorded, out)
-    out.seconds["memory"] = time.perf_counter() - t1
-    ip_names = _uname(client, plan, names)
+    seconds: dict[str, float] = {}
+
+    def timed(name: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            t = time.perf_counter()
+            try:
+                return fn()
+            finally:
+                seconds[name] = time.perf_counter() - t
+
+        return run
+
+    stages: list[Callable[[], Any]] = [
+        timed("memory", partial(_memory, client, plan, memory, recorded, out)),
+        timed("uname", partial(_uname, client, plan, names)),
+        timed("free", partial(_free_query, client, plan, frees)),
+        *(
+            timed(
+                f"kv {s.kind} {s.pool}", partial(_kv, client, plan, s, kv_recorded.get(s.used), out)
+            )
+            for s in kvs
+        ),
+    ]
+    members, ip_names, free_got, *kv_made = client.many(stages, at_once=len(stages))
+    out.seconds.update(seconds)
+    out.seconds["stages"] = time.perf_counter() - t1
     for m in members:
         host = next(
             (
@@ -242,17 +279,18 @@ def collect(client: PrometheusClient, plan: Plan) -> Collected:
         inst = m.labels.get("instance")
         if host and inst:
             ip_names.setdefault(instance_host(inst), host)
-    t2 = time.perf_counter()
-    _free(client, plan, frees, out, ip_names)
-    out.seconds["free"] = time.perf_counter() - t2
+    _free(free_got, out, ip_names)
     out.series.extend(_chains(members, plan, ip_names))
-    t3 = time.perf_counter()
-    for src in kvs:
-        _kv(client, plan, src, kv_recorded.get(src.used), out, ip_names)
-    out.seconds["kv"] = time.perf_counter() - t3
+    for made in kv_made:
+        for obj, labels in made:  # KV rows are named after the exporters on their address
+            obj.host = host_of(labels, ip_names)
+            if isinstance(obj, FleetSeries):
+                out.series.append(obj)
+            else:
+                out.rows.append(obj)
     for note in client.notes:
         if note not in out.notes:
-            out.notes.append(note)
+            out.note(note)
     return out
 
 
@@ -335,7 +373,7 @@ def _memory(
             key=lambda m: -(m.screen.sd if m.screen and m.screen.sd is not None else math.inf)
         )
         left = candidates[plan.max_candidates :]
-        out.notes.append(
+        out.note(
             f"{len(candidates):,} series moved enough to be analysed; the {plan.max_candidates:,} "
             f"that moved most were, {len(left):,} others were not (their rows are missing): "
             "narrow --match or raise --max-candidates"
@@ -343,8 +381,7 @@ def _memory(
         drop = {id(m) for m in left}
         members = [m for m in members if id(m) not in drop]
         candidates = candidates[: plan.max_candidates]
-    out.candidates += len(candidates)
-    out.screened += len(members) - len(candidates)
+    out.count(candidates=len(candidates), screened=len(members) - len(candidates))
     _pull_floors(client, plan, candidates, members, recorded)
     return members
 
@@ -622,21 +659,30 @@ def _series_of(chain: Sequence[_Member], plan: Plan, ip_names: dict[str, str]) -
     )
 
 
-def _free(
-    client: PrometheusClient,
-    plan: Plan,
-    frees: Sequence[Family],
-    out: Collected,
-    ip_names: dict[str, str],
-) -> None:
-    """Memory left now per GPU (the least free of the last block) and per host."""
+def _free_query(
+    client: PrometheusClient, plan: Plan, frees: Sequence[Family]
+) -> list[tuple[Family, list[InstantSample]]]:
+    """Memory left now per GPU and host: the least free of the last block."""
     block = promql.dur(plan.block_s)
     jobs = [
-        lambda f=f: (f, client.instant(f"min_over_time({_sel(f.name, plan)}[{block}])", plan.end))
+        partial(_tagged_free, client, f"min_over_time({_sel(f.name, plan)}[{block}])", plan, f)
         for f in frees
     ]
-    for f, got in client.many(jobs):
-        for s in got:
+    return list(client.many(jobs))
+
+
+def _tagged_free(
+    client: PrometheusClient, expr: str, plan: Plan, f: Family
+) -> tuple[Family, list[InstantSample]]:
+    return f, client.instant(expr, plan.end)
+
+
+def _free(
+    got: Sequence[tuple[Family, list[InstantSample]]], out: Collected, ip_names: dict[str, str]
+) -> None:
+    """Free memory by (host, gpu, mig), (host, uuid, mig) and (host, "", "") for a host."""
+    for f, samples in got:
+        for s in samples:
             host = host_of(s.labels, ip_names)
             if f.kind == "host_free":
                 key = (host, "", "")
@@ -657,72 +703,71 @@ def _free(
                 out.free[key] = min(value, out.free.get(key, math.inf))
             uuid = uuid_of(s.labels)
             if uuid and f.kind == "free":
-                alt = (host, uuid, mig_of(s.labels) or "")
-                out.free.setdefault(alt, value)
+                out.free.setdefault((host, uuid, mig_of(s.labels) or ""), value)
+
+
+Pending = list[tuple[Any, dict[str, str]]]
+"""KV rows and series made before the host names are known: (object, its labels)."""
 
 
 def _kv(
-    client: PrometheusClient,
-    plan: Plan,
-    src: KvSource,
-    rule: str | None,
-    out: Collected,
-    ip_names: dict[str, str],
-) -> None:
-    """Every server of one kind and pool: screened (0 held at idle), pulled, never idle."""
+    client: PrometheusClient, plan: Plan, src: KvSource, rule: str | None, out: Collected
+) -> Pending:
+    """Every server of one kind and pool: screened (0 held at idle), pulled, never idle.
+    Returns what it made with the labels its host is named from (named later)."""
     m = plan.matchers
-    idle = promql.kv_idle(src, m)
+    made: Pending = []
     group = ", ".join(promql.KV_GROUP)
     stale = promql.dur(plan.config.stale_s)
     head = promql.dur(3 * plan.block_s)
     used = promql.selector(src.used, m)
     at_start = min(plan.start + 3 * plan.block_s, plan.end)
     early = promql.selector(rule, m) if rule is not None else used  # raw may be gone there
-    recent, first = client.many(
+    floor_expr = promql.kv_floor(src, m, plan.block_s)
+    window = promql.dur(plan.window_s)
+    if rule is not None:
+        held_expr: str | None = f"max_over_time({promql.selector(rule, m)}[{window}])"
+    elif floor_expr is not None:
+        held_expr = f"max_over_time({floor_expr}[{window}:{promql.dur(plan.block_s)}])"
+    else:
+        held_expr = None
+    cap = promql.kv_capacity(src, m)
+    resets = promql.kv_resets(src, m, plan.window_s)
+
+    def ask(expr: str | None, at: float) -> Callable[[], list[InstantSample]]:
+        return (lambda: client.instant(expr, at)) if expr else (lambda: [])
+
+    recent, first, held, caps, rs = client.many(
         [
-            lambda: client.instant(
-                f"group by ({group}) (last_over_time({used}[{stale}]))", plan.end
-            ),
-            lambda: client.instant(
-                f"group by ({group}) (last_over_time({early}[{head}]))", at_start
-            ),
+            ask(f"group by ({group}) (last_over_time({used}[{stale}]))", plan.end),
+            ask(f"group by ({group}) (last_over_time({early}[{head}]))", at_start),
+            ask(held_expr, plan.end),
+            ask(cap, plan.end),
+            ask(resets, plan.end),
         ]
     )
     servers_seen = {_kv_key(s.labels): _clean(s.labels) for s in [*recent, *first]}
     live = {_kv_key(s.labels) for s in recent}
     from_start = {_kv_key(s.labels) for s in first}
-    if idle is None:
+    if held_expr is None:
         for labels in servers_seen.values():
-            out.rows.append(_kv_row(src, labels, ip_names, "idle_unknown", plan))
+            made.append((_kv_row(src, labels, "idle_unknown", plan), labels))
         if servers_seen:
-            out.notes.append(
+            out.note(
                 f"{src.used} is stored but not "
                 f"{' and '.join(src.running + src.queued) or 'the running/queued gauges'}: "
                 "idle moments cannot be told, so KV held at idle is not judged"
             )
-        return
-    kv_step = promql.dur(plan.kv_step_s)
-    if rule is not None:
-        held_expr = f"max_over_time({promql.selector(rule, m)}[{promql.dur(plan.window_s)}])"
-    else:
-        held_expr = f"max_over_time({idle}[{promql.dur(plan.window_s)}:{kv_step}])"
-    jobs: list[Callable[[], list[InstantSample]]] = [lambda: client.instant(held_expr, plan.end)]
-    cap = promql.kv_capacity(src, m)
-    resets = promql.kv_resets(src, m, plan.window_s)
-    jobs.append((lambda: client.instant(cap, plan.end)) if cap else (lambda: []))
-    jobs.append((lambda: client.instant(resets, plan.end)) if resets else (lambda: []))
-    held, caps, rs = client.many(jobs)
+        return made
     capacity = {_kv_key(s.labels): s.value for s in caps if math.isfinite(s.value) and s.value > 0}
     n_resets = {_kv_key(s.labels): int(s.value) for s in rs if math.isfinite(s.value)}
     held_by = {_kv_key(s.labels): s.value for s in held}
     for s in held:
         servers_seen.setdefault(_kv_key(s.labels), _clean(s.labels))
-    if not servers_seen:
-        return
     candidates = []
     for k, labels in servers_seen.items():
         if k not in held_by:
-            out.rows.append(_kv_row(src, labels, ip_names, "never_idle", plan, stale=k not in live))
+            made.append((_kv_row(src, labels, "never_idle", plan, stale=k not in live), labels))
             continue
         value = held_by[k]
         if (
@@ -732,17 +777,17 @@ def _kv(
             and k in live
             and k in from_start
         ):
-            series = _kv_series(src, labels, ip_names, np.empty(0), np.empty(0), capacity.get(k))
+            series = _kv_series(src, labels, np.empty(0), np.empty(0), capacity.get(k))
             series.screen = Screen(0.0, 0.0, 0.0, True, plan.late_s, restarts=n_resets.get(k, 0))
             series.last_seen = plan.end
-            out.series.append(series)
-            out.screened += 1
+            made.append((series, labels))
+            out.count(screened=1)
             continue
         candidates.append((k, labels))
-    out.candidates += len(candidates)
+    out.count(candidates=len(candidates))
     if not candidates:
-        return
-    jobs2 = []
+        return made
+    jobs: list[Callable[[], tuple[bool, list[RangeSeries]]]] = []
     size = max(
         1, min(200, plan.batch_bytes // (24 * max(1, round(plan.window_s / plan.block_s)) + 400))
     )
@@ -755,29 +800,20 @@ def _kv(
                 promql.selector(rule, extra), plan.block_s, recorded=True, ratio=src.unit == "ratio"
             )
         else:
-            sub = promql.kv_idle(src, extra)
+            sub = promql.kv_floor(src, extra, plan.block_s)
             assert sub is not None
-            expr = f"(min_over_time({sub}[{promql.dur(plan.block_s)}:{kv_step}]) >= 0)"
-        jobs2.append(
-            lambda expr=expr, batch=batch: (
-                batch,
-                client.range(expr, plan.floors_start, plan.end, plan.block_s),
-            )
-        )
+            expr = sub
+        jobs.append(partial(_flagged_range, client, expr, plan, False))
         if src.counter is not None:
-            rexpr = f"sum by ({group}) (resets({promql.selector(src.counter, extra)}[{promql.dur(plan.block_s)}])) > 0"
-            jobs2.append(
-                lambda rexpr=rexpr, batch=batch: (
-                    None,
-                    client.range(rexpr, plan.floors_start, plan.end, plan.block_s),
-                )
-            )
+            counter = promql.selector(src.counter, extra)
+            rexpr = f"sum by ({group}) (resets({counter}[{promql.dur(plan.block_s)}])) > 0"
+            jobs.append(partial(_flagged_range, client, rexpr, plan, True))
     floors: dict[tuple[str, str], RangeSeries] = {}
     cuts: dict[tuple[str, str], list[tuple[float, str]]] = {}
-    for batch, got in client.many(jobs2):
+    for is_resets, got in client.many(jobs):
         for r in got:
             k = _kv_key(r.labels)
-            if batch is None:
+            if is_resets:
                 cuts[k] = [(float(t) - plan.block_s / 2, "counter reset") for t in r.t]
             else:
                 floors[k] = r
@@ -785,10 +821,17 @@ def _kv(
         r = floors.get(k)
         t = r.t if r is not None else np.empty(0)
         v = r.v if r is not None else np.empty(0)
-        series = _kv_series(src, labels, ip_names, t, v, capacity.get(k))
+        series = _kv_series(src, labels, t, v, capacity.get(k))
         series.cuts = cuts.get(k, [])
         series.last_seen = plan.end if k in live else (float(t[-1]) if len(t) else None)
-        out.series.append(series)
+        made.append((series, labels))
+    return made
+
+
+def _flagged_range(
+    client: PrometheusClient, expr: str, plan: Plan, flag: bool
+) -> tuple[bool, list[RangeSeries]]:
+    return flag, client.range(expr, plan.floors_start, plan.end, plan.block_s)
 
 
 def _kv_key(labels: dict[str, str]) -> tuple[str, str]:
@@ -798,13 +841,12 @@ def _kv_key(labels: dict[str, str]) -> tuple[str, str]:
 def _kv_series(
     src: KvSource,
     labels: dict[str, str],
-    ip_names: dict[str, str],
     t: np.ndarray,
     v: np.ndarray,
     capacity: float | None,
 ) -> FleetSeries:
     return FleetSeries(
-        host=host_of(labels, ip_names),
+        host=host_of(labels),
         layer="kv",
         unit=src.unit,
         source=src.display,
@@ -820,7 +862,6 @@ def _kv_series(
 def _kv_row(
     src: KvSource,
     labels: dict[str, str],
-    ip_names: dict[str, str],
     reason: str,
     plan: Plan,
     *,
@@ -829,11 +870,11 @@ def _kv_row(
     why = REASONS[reason]
     if reason == "never_idle":
         why = (
-            f"never idle in {_span(plan.window_s)} (a request was running or waiting at every "
-            f"look, {promql.dur(plan.kv_step_s)} apart): KV held at idle cannot be measured; "
-            "fleet needs moments with 0 running and 0 waiting requests"
+            f"never idle in {_span(plan.window_s)} (no {_span(plan.block_s)} without a request "
+            "running or waiting): KV held at idle cannot be measured; fleet needs moments with "
+            "0 running and 0 waiting requests"
         )
-    s = _kv_series(src, labels, ip_names, np.empty(0), np.empty(0), None)
+    s = _kv_series(src, labels, np.empty(0), np.empty(0), None)
     return FleetRow(
         host=s.host,
         layer="kv",

@@ -12,11 +12,12 @@ Thanos and Mimir evaluate the same way. Durations are written in whole seconds (
   `deriv(FLOOR[L:B])` the slope of the floor over the late window (per second),
   `last_over_time(SEL[R])` the level now (absent: the series stopped reporting),
   `last_over_time(SEL[3B])` at the range start (absent: it started inside the range).
-- KV at idle (per server kind and pool, names from the server registry):
-  `sum by (job, instance) (max by (job, instance, dp_rank, engine) (USED))` at moments when
-  no request runs or waits: `... unless on (job, instance) ((sum(RUNNING) > 0) or
-  (sum(QUEUED) > 0))`; the TP copies of one replica are one (max), data-parallel replicas add
-  up (sum).
+- KV at idle (per server kind and pool, names from the server registry), `kv_floor`: the least
+  used tokens of each block that had an idle moment (the least running and the least waiting
+  requests both 0), `sum by (job, instance) (max by (job, instance, dp_rank, engine)
+  (min_over_time(USED[B])))`: the TP copies of one replica are one (max), data-parallel
+  replicas add up (sum). Held tokens are there at every moment, so this is what was held at
+  idle, with no subquery.
 - recording rules (`rules()`): the hourly floor of every family, and of KV at idle, named
   `level:metric:operation`; fleet reads them instead of the raw samples when they cover the
   range (docs/fleet.md, examples/monitoring/vramdoctor-fleet.rules.yml).
@@ -39,7 +40,7 @@ __all__ = [
     "check_matchers",
     "dur",
     "floor",
-    "kv_idle",
+    "kv_floor",
     "kv_rule_name",
     "rule_name",
     "rules",
@@ -145,24 +146,28 @@ def kv_used(src: KvSource, matchers: Sequence[str]) -> str:
     return f"sum by ({_by(KV_GROUP)}) (max by ({_by(_REPLICA)}) ({sel}))"
 
 
-def kv_busy(src: KvSource, matchers: Sequence[str]) -> str | None:
-    """Servers with a request running or waiting now; None without those gauges."""
-    parts = [
-        f"(sum by ({_by(KV_GROUP)}) ({selector(n, matchers)}) > 0)"
-        for n in (*src.running, *src.queued)
-    ]
-    if not parts or not src.running or not src.queued:
-        return None
-    return "(" + " or ".join(parts) + ")"
+def kv_floor(src: KvSource, matchers: Sequence[str], block_s: float) -> str | None:
+    """Tokens (or the usage ratio) each server held at the quietest moment of every block that
+    had an idle moment (0 running and 0 waiting requests), at the block's end; None when idle
+    moments cannot be told (no running/queued gauges).
 
-
-def kv_idle(src: KvSource, matchers: Sequence[str]) -> str | None:
-    """Used tokens per server at idle moments only (absent while busy); None when idle moments
-    cannot be told (no running/queued gauges)."""
-    busy = kv_busy(src, matchers)
-    if busy is None:
+    No subquery: held tokens are there at every moment and a request's tokens only add to
+    them, so the least used tokens of a block with an idle moment IS what was held at idle
+    (per replica, then TP copies folded by max and replicas summed). A block with no idle
+    moment has no floor: a server never idle has none at all."""
+    if not src.running or not src.queued:
         return None
-    return f"({kv_used(src, matchers)} unless on ({_by(KV_GROUP)}) {busy})"
+    b = dur(block_s)
+    used = selector(src.used, matchers)
+    if src.unit == "ratio":
+        floor_ = f"max by ({_by(KV_GROUP)}) (min_over_time({used}[{b}]))"
+        bound = " <= 1"
+    else:
+        floor_ = f"sum by ({_by(KV_GROUP)}) (max by ({_by(_REPLICA)}) (min_over_time({used}[{b}])))"
+        bound = ""
+    running = f"sum by ({_by(KV_GROUP)}) (min_over_time({selector(src.running[0], matchers)}[{b}]))"
+    queued = f"sum by ({_by(KV_GROUP)}) (min_over_time({selector(src.queued[0], matchers)}[{b}]))"
+    return f"((({floor_}) >= 0{bound}) and on ({_by(KV_GROUP)}) (({running} + {queued}) == 0))"
 
 
 def kv_capacity(src: KvSource, matchers: Sequence[str]) -> str | None:
@@ -198,10 +203,6 @@ def kv_rule_name(src: KvSource) -> str:
     return f"instance:{_safe(src.used)}_idle:min_over_time1h"
 
 
-KV_RULE_STEP_S = 60
-"""The resolution at which the KV rule looks for idle moments inside each hour."""
-
-
 def rules(kv: Sequence[KvSource] = ()) -> dict[str, Any]:
     """The recording rules fleet can use, as the YAML document's structure: one group,
     evaluated every hour, the hourly floor of every memory family and of each KV pool at idle.
@@ -231,15 +232,10 @@ def rules(kv: Sequence[KvSource] = ()) -> dict[str, Any]:
             }
         )
     for src in kv:
-        idle = kv_idle(src, ())
-        if idle is None:
+        expr = kv_floor(src, (), RULE_BLOCK_S)
+        if expr is None:
             continue
-        entries.append(
-            {
-                "record": kv_rule_name(src),
-                "expr": f"min_over_time({idle}[1h:{dur(KV_RULE_STEP_S)}])",
-            }
-        )
+        entries.append({"record": kv_rule_name(src), "expr": expr})
     return {"groups": [{"name": RULE_GROUP, "interval": "1h", "rules": entries}]}
 
 

@@ -145,6 +145,11 @@ def _short_why(row: FleetRow) -> str:
             f"after warm-up rose {format_value(row.unit, row.rise, signed=True)}, settled at "
             f"{format_value(row.unit, row.settled_level)}"
         )
+    elif r == "stepped":
+        text = (
+            f"rose {format_value(row.unit, row.rise, signed=True)} in steps, settled at "
+            f"{format_value(row.unit, row.settled_level)}"
+        )
     elif r == "grew_since_change" and row.growing_since is not None:
         text = "growing since " + time.strftime("%m-%d %H:%M UTC", time.gmtime(row.growing_since))
     elif r == "grew_with_time":

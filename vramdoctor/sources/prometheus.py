@@ -691,13 +691,16 @@ class PrometheusClient:
             call.chunks += 1
         return self._matrix(data, call)
 
-    def _map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+    def _map(
+        self, fn: Callable[[Any], Any], items: Sequence[Any], *, at_once: int | None = None
+    ) -> list[Any]:
         """fn over items, `parallel` at once, results in order; the first error is raised.
 
         The workers are daemon threads: on an error or Ctrl-C the caller goes on at once, and
         a call still in flight (it ends by its deadline) never holds the process at exit.
         """
-        if len(items) <= 1 or self.parallel == 1:
+        width = max(1, at_once if at_once is not None else self.parallel)
+        if len(items) <= 1 or width == 1:
             return [fn(x) for x in items]
         results: list[Any] = [None] * len(items)
         errors: list[BaseException] = []
@@ -724,13 +727,14 @@ class PrometheusClient:
                     if left[0] == 0:
                         done.set()
 
-        for _ in range(min(self.parallel, len(items))):
+        for _ in range(min(width, len(items))):
             threading.Thread(target=worker, name="vramdoctor-prometheus", daemon=True).start()
         done.wait()
         if errors:
             raise errors[0]
         return results
 
-    def many(self, jobs: Sequence[Callable[[], Any]]) -> list[Any]:
-        """Run independent calls (closures over `instant`/`range`), `parallel` at once."""
-        return self._map(lambda job: job(), jobs)
+    def many(self, jobs: Sequence[Callable[[], Any]], *, at_once: int | None = None) -> list[Any]:
+        """Run independent calls (closures over `instant`/`range`), `parallel` at once (or
+        `at_once`), results in order; the first error is raised."""
+        return self._map(lambda job: job(), jobs, at_once=at_once)
