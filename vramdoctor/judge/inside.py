@@ -30,10 +30,12 @@ Each is judged over the life's rounds by the same growth model as every series
 - live series flat (or converging: a bounded cache of live objects, `live_cache`) while the
   outside series grows: CACHING `live_flat`, named: `allocator_cache` (CUDA reserved grew),
   `fragmentation` (the split pieces grew most), `arena_retention` (glibc kept it),
-  `pinned_host_memory` (the pinned cache) -- as long as what the allocator holds explains the
-  outside growth. VRAM growth beyond the caching allocator's reserve (NCCL, CUDA graphs,
-  extensions) is judged on its own from outside (`outside the allocator`); host growth beyond
-  glibc's footprint with Python's objects flat or unread is INCONCLUSIVE `outside_malloc`.
+  `pinned_host_memory` (the pinned cache). VRAM growth beyond the caching allocator's
+  reserve (NCCL, CUDA graphs, extensions) is judged on its own from outside (`outside the
+  allocator`). On the host, retention needs glibc's bytes in use AND Python's allocated
+  blocks flat (pymalloc's arenas are mmap'd outside glibc's counters, so a leak of small
+  Python objects grows RssAnon with glibc's bytes in use flat); growth beyond glibc's
+  footprint with Python's blocks unread is INCONCLUSIVE `outside_malloc`.
 
 Pure: records in, judged series out. Byte counts are converted to MiB here.
 """
@@ -381,13 +383,17 @@ class InsideEvidence:
         footprint = self.of(rss.pid, "glibc_footprint")
         if in_use is None or footprint is None:
             # glibc's counters unread (jemalloc, musl): Python's objects alone cannot say
-            # where the rest went.
+            # whether malloc's live bytes grew.
             return False
         beyond = anon_growth - max(_growth_of(footprint), 0.0)
-        if beyond > max(th.min_growth_mib, rss.threshold):
+        if blocks is None and beyond > max(th.min_growth_mib, rss.threshold):
+            # Growth outside glibc's counters, and Python's objects (whose arenas are mmap'd
+            # outside them) were not read: they could be what grows.
             self._apply(rss, INCONCLUSIVE, R_OUTSIDE_MALLOC, evidence, kind)
-            rss.evidence_kind = blocks.kind if blocks is not None else kind
             return True
+        # Live bytes flat (malloc's, and Python's objects where read): what grew is kept, not
+        # held -- freed bytes in glibc's arenas, and beyond its counters thread stacks,
+        # Python's own arenas, libraries' mappings.
         self._apply(rss, CACHING, R_LIVE_FLAT, evidence, kind, explanation=X_ARENA_RETENTION)
         return True
 

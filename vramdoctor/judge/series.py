@@ -156,6 +156,7 @@ def extract_series(records: list[Any]) -> dict[str, Series]:
                 s.name = s.name or p.name
                 s.gpu_instance = gi
                 s.compute_instance = getattr(p, "compute_instance_id", None)
+                s.device = s.device or getattr(p, "label", None)
                 _scope(s, p)
                 s.points.append((r.t, used))
             for g in r.gpus:

@@ -303,7 +303,7 @@ def _judge_life(
         inside=inside,
     )
     layers = {layer.name: layer.judge(ctx) for layer in judge_layers.all_layers()}
-    if inside is not None:
+    if inside is not None:  # reported with the series (evidence, never deciding)
         judged += list(inside.series.values())
     return layers, judged
 

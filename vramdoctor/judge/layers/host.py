@@ -302,6 +302,8 @@ def host_layer(
     `records`: the run's records (thread counts); `inside`: the inside evidence of the
     life (`vramdoctor.judge.inside.InsideEvidence`), which decides where the agent ran."""
     mine = [s for s in series if s.layer == HOST]
+    if inside is not None:  # the agent's counters: evidence beside the outside series
+        mine += [s for s in inside.series.values() if s.layer == HOST]
     by = {s.key: s for s in mine}
     rss_series = [s for s in mine if s.kind == "rss"]
     if not rss_series:

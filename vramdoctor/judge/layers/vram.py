@@ -193,6 +193,8 @@ def vram_layer(
         return LayerResult(VRAM, NOT_MEASURED, R_NO_LEVEL, "MiB", life=life)
     decided = _inside_decides(mine, inside, th)
     _explained_devices(mine, decided, th)
+    if inside is not None:  # the agent's counters: evidence beside the outside series
+        mine += [s for s in inside.series.values() if s.layer == VRAM]
     deciding = [s for s in mine if s.decides]
     strays = stray_contexts([s for s in mine if s.scope != "tenant"])
     verdict = worst(deciding)

@@ -20,7 +20,8 @@ from types import MappingProxyType
 
 from vramdoctor.judge.results import LayerResult, SeriesResult, SoakAnalysis
 from vramdoctor.soak.report.series import label
-from vramdoctor.soak.report.text import rate
+from vramdoctor.soak.report.text import known, rate, value
+from vramdoctor.units import format_percent
 
 __all__ = [
     "LayerBlock",
@@ -28,6 +29,8 @@ __all__ = [
     "blocks",
     "caveat_text",
     "display_name",
+    "held_text",
+    "inside",
     "main_series",
     "register",
     "who",
@@ -59,8 +62,20 @@ class LayerBlock:
 
     def explained(self, lay: LayerResult, a: SoakAnalysis) -> str | None:
         """A STABLE or CACHING layer whose growth has a named explanation (malloc arenas,
-        pinned memory, KV held at idle): its sentence, or None."""
-        return None
+        pinned memory, KV held at idle): its sentence, or None. The base block words growth
+        the growth model found converging (each round adding a shrinking share, with the
+        projected bound); a layer's block calls it when it has nothing more special."""
+        s = main_series(lay)
+        if lay.verdict != "CACHING" or s is None or s.reason != "converging":
+            return None
+        share = f", {format_percent(s.ratio, 0)} of the round before" if known(s.ratio) else ""
+        bound = f" towards about {value(s.bound, s.unit)}" if known(s.bound) else ""
+        return (
+            f"{self.display}: CACHING: {label(s)} rose {value(s.growth, s.unit, signed=True)}, "
+            f"each round adding a shrinking share (increments "
+            f"{', '.join(value(d, s.unit, signed=True) for d in s.increments)}{share}): "
+            f"converging{bound}, a cache or an allocator filling up, not a leak."
+        )
 
     def stable(self, lay: LayerResult, a: SoakAnalysis) -> str | None:
         """The layer's own STABLE sentence, or None for the shared one."""
@@ -126,15 +141,40 @@ def main_series(lay: LayerResult) -> SeriesResult | None:
 
 
 def who(lay: LayerResult) -> str:
-    """Whose memory it is: the culprit process (pid, name, GPU), else the deciding series."""
+    """Whose memory it is: the culprit process (pid, name, GPU or MIG slice), else the
+    deciding series."""
     c = lay.culprit
     s = main_series(lay)
     if c is not None and c.pid is not None:
-        where = f" on GPU {c.gpu}" if c.gpu is not None else ""
+        where = f" on {c.device or f'GPU {c.gpu}'}" if c.gpu is not None else ""
         return f"pid {c.pid} ({c.name or '?'}){where}"
+    if c is not None and c.device and c.gpu_instance is not None:
+        return c.device
     if s is not None:
         return label(s)
     return display_name(lay.layer)
+
+
+def inside(lay: LayerResult, kind: str) -> SeriesResult | None:
+    """The layer's inside series of `kind` ("glibc_kept", "cuda_reserved", ...) for the process
+    that carries its verdict, or None."""
+    s = main_series(lay)
+    if s is None or s.pid is None:
+        return None
+    return next((x for x in lay.series if x.key == f"{kind}/pid{s.pid}"), None)
+
+
+def held_text(lay: LayerResult) -> str:
+    """ "; held by FILE:LINE (N per request)" for the code attribution found, else ""."""
+    c = lay.culprit
+    if c is None or not c.held_by:
+        return ""
+    parts = []
+    for h in c.held_by[:3]:
+        bpr = h.get("bytes_per_request")
+        per = f" ({rate(bpr / 2**20, 'MiB')} per request)" if isinstance(bpr, (int, float)) else ""
+        parts.append(f"{h.get('describe', '?')}{per}")
+    return "; held by " + "; ".join(parts)
 
 
 def caveat_text(layer: str, code: str) -> str:

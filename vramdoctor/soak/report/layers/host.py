@@ -20,7 +20,7 @@ from vramdoctor.judge.results import (
     LayerResult,
     SoakAnalysis,
 )
-from vramdoctor.soak.report.layers.base import LayerBlock, who
+from vramdoctor.soak.report.layers.base import LayerBlock, held_text, inside, main_series, who
 from vramdoctor.soak.report.text import count, rate, size
 
 __all__ = ["HostBlock", "arena_text"]
@@ -41,6 +41,41 @@ def arena_text(p: HostProcessResult, cpus: int | None) -> str:
         f"reserved) and keeps freed heap in them: host-allocator caching, bounded by {bound}, "
         "not a leak; to confirm, restart the server with MALLOC_ARENA_MAX=2 (or jemalloc): "
         "the growth should stop"
+    )
+
+
+_LIVE = {
+    "glibc_in_use": "bytes in use by malloc (glibc's own count, mallinfo2)",
+    "py_blocks": "Python objects (sys.getallocatedblocks: their arenas are outside glibc's count)",
+    "py_traced": "Python allocations traced by tracemalloc",
+    "pinned_in_use": "pinned host memory handed out",
+}
+
+
+def _retention_text(name: str, lay: LayerResult, proc: HostProcessResult) -> str:
+    """Growth with every live count flat, read inside: what glibc (or PyTorch's pinned
+    allocator) keeps, and how to confirm."""
+    who_ = f"pid {proc.pid} ({proc.name or '?'})"
+    if lay.explanation == X_PINNED:
+        return (
+            f"{name}: CACHING: RSS of {who_} grew {size(proc.shmem_growth_mib, signed=True)} in "
+            "RssShmem while the pinned host memory handed out stayed flat, read inside the "
+            "process: PyTorch's pinned host allocator keeps the freed blocks, not a leak."
+        )
+    kept = inside(lay, "glibc_kept")
+    in_use = inside(lay, "glibc_in_use")
+    blocks = inside(lay, "py_blocks")
+    flat = "malloc's bytes in use" + (" and Python's objects" if blocks is not None else "")
+    in_use_growth = f" ({size(in_use.growth, signed=True)})" if in_use is not None else ""
+    kept_text = (
+        f"; glibc's free lists grew {size(kept.growth, signed=True)}" if kept is not None else ""
+    )
+    return (
+        f"{name}: CACHING: RSS of {who_} grew {size(proc.rss_growth_mib, signed=True)} while "
+        f"{flat} stayed flat{in_use_growth}, read inside the process by vramdoctor's agent: the "
+        f"growth is memory kept for reuse, not held (glibc's arena retention{kept_text}; the "
+        "rest outside malloc's counters: thread stacks, Python's arenas, libraries' "
+        "mappings), not a leak; MALLOC_ARENA_MAX=2 (or malloc_trim) gives it back."
     )
 
 
@@ -65,6 +100,14 @@ class HostBlock(LayerBlock):
 
     def leak(self, lay: LayerResult, a: SoakAnalysis, *, ci: str, proj: str) -> str:
         name = self.display
+        s = main_series(lay)
+        if s is not None and s.reason == "live_grew":
+            what = _LIVE.get(s.evidence_kind or "", "live bytes")
+            return (
+                f"{name}: LEAK: {what} of {who(lay)} grow {rate(lay.rate_per_request, 'MiB')} per "
+                f"request{ci} in every round of identical traffic, read inside the process by "
+                f"vramdoctor's agent: memory held, not kept for reuse{held_text(lay)}{proj}."
+            )
         proc = _process(lay)
         kind = ""
         if proc is not None and proc.growth_kind == "shmem":
@@ -95,6 +138,9 @@ class HostBlock(LayerBlock):
     def explained(self, lay: LayerResult, a: SoakAnalysis) -> str | None:
         name = self.display
         proc = _process(lay)
+        s = main_series(lay)
+        if s is not None and s.reason == "live_flat" and proc is not None:
+            return _retention_text(name, lay, proc)
         if proc is not None and proc.explanation == X_MALLOC_ARENAS:
             return (
                 f"{name}: CACHING: RSS of pid {proc.pid} ({proc.name or '?'}) grew "
@@ -114,7 +160,7 @@ class HostBlock(LayerBlock):
                 "pinned host memory kept by PyTorch's host allocator (the host twin of VRAM "
                 "caching), not a leak."
             )
-        return None
+        return super().explained(lay, a)
 
     def caching_why(self, lay: LayerResult) -> str | None:
         proc = _process(lay)
