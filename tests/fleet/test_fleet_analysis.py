@@ -294,3 +294,22 @@ def test_fleet_speaks_the_shared_verdict_vocabulary() -> None:
         [s, _series(72, lambda h: 30_000.0, host="b")], start=0.0, end=72 * H, step_s=300.0
     ).rows
     assert {r.verdict for r in rows} <= {v.value for v in VERDICTS}
+
+
+def test_a_cache_that_steps_up_is_caching_and_a_leak_beside_a_step_keeps_its_rate() -> None:
+    # two steps mid-range, flat between and after: what a cache allocating segments looks like
+    steps = _series(168, lambda h: 60_000 + (700 if h >= 60 else 0) + (1200 if h >= 110 else 0))
+    (row,) = analyse([steps], start=0.0, end=168 * H, step_s=300.0).rows
+    assert row.verdict == "CACHING" and row.reason == "stepped"
+    assert row.rise == pytest.approx(1900, rel=0.05) and "2 steps" in row.why
+    # one step and a steady leak: the leak's rate is the slope beside the step
+    both = _series(168, lambda h: 60_000 + 25 * h + (1500 if h >= 80 else 0), seed=5)
+    (row,) = analyse([both], start=0.0, end=168 * H, step_s=300.0).rows
+    assert row.verdict == "LEAK" and "besides 1 step" in row.why
+    assert row.growth_per_hour == pytest.approx(25, rel=0.02)  # not 25 + 1500 / 168
+    # a steady leak across a six-hour gap has no step in it
+    gap = _series(168, lambda h: 60_000 + 40 * h, seed=6)
+    keep = ~((gap.t > 70 * H) & (gap.t < 76 * H))
+    gap.t, gap.v = gap.t[keep], gap.v[keep]
+    (row,) = analyse([gap], start=0.0, end=168 * H, step_s=300.0).rows
+    assert row.verdict == "LEAK" and "step" not in row.why and row.growing_since is None
