@@ -61,6 +61,7 @@ from vramdoctor.fleet.promql import rule_name  # noqa: E402
 HOUR = 3600.0
 DCGM_RULE = rule_name(family("DCGM_FI_DEV_FB_USED"))  # gpu:DCGM_FI_DEV_FB_USED:min_over_time1h
 KV_RULE = "instance:sglang_num_used_tokens_idle:min_over_time1h"
+RESETS_RULE = "instance:sglang_num_requests_total:resets1h"
 TOTAL_MIB = 81_559.0
 
 
@@ -192,6 +193,8 @@ def series(case: Case, end: float) -> Iterator[tuple[str, str, np.ndarray, np.nd
             ft, fv = _hourly_floor(t[idle], used[idle], end)
             kvl = f'{{instance="{host}:30000",job="sglang"}}'
             yield KV_RULE, kvl, ft, fv
+            hours = end - HOUR * np.arange(int(case.days * 24))[::-1]
+            yield RESETS_RULE, kvl, hours, np.zeros(len(hours))  # these servers never restart
             sl = tail
         else:
             sl = np.ones(n, dtype=bool)

@@ -699,8 +699,13 @@ def _steps(
     centred = d - typical
     scale = 1.4826 * float(np.median(np.abs(centred)))
     thr = max(2.0 * floor_growth, 8.0 * scale, 2.0 * abs(typical))
-    up = np.flatnonzero(centred > thr)
-    if len(up) == 0 or len(up) > MAX_STEPS or (centred < -thr).any():
+    # a rise next to a gap is no step: the first floor after an outage rests on few samples
+    regular = dt <= 1.5 * block
+    near = regular.copy()
+    near[1:] &= regular[:-1]
+    near[:-1] &= regular[1:]
+    up = np.flatnonzero((centred > thr) & near)
+    if len(up) == 0 or len(up) > MAX_STEPS or ((centred < -thr) & near).any():
         return None
     return centred[up], up
 

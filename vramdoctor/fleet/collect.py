@@ -22,6 +22,7 @@ the last block), a KV pool's size and its counter resets are joined to the rows.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import threading
@@ -126,6 +127,7 @@ class Plan:
     strategy: str = "screen"
     max_candidates: int = 5000
     batch_bytes: int = 8 * 1024 * 1024
+    names: frozenset[str] = frozenset()  # the metric names stored in the range (collect sets it)
 
     @property
     def window_s(self) -> float:
@@ -197,6 +199,7 @@ def collect(client: PrometheusClient, plan: Plan) -> Collected:
     out = Collected()
     t0 = time.perf_counter()
     names = client.metric_names(plan.start, plan.end)
+    plan = dataclasses.replace(plan, names=frozenset(names))
     out.seconds["names"] = time.perf_counter() - t0
     fams = [f for f in FAMILIES if f.name in names and not (f.alias_of and f.alias_of in names)]
     memory = [f for f in fams if f.kind == "memory"]
@@ -236,7 +239,12 @@ def collect(client: PrometheusClient, plan: Plan) -> Collected:
         for name in list(kv_recorded):
             if kv_recorded[name] not in covered:
                 del kv_recorded[name]
-    out.recorded = sorted({*recorded.values(), *kv_recorded.values()})
+    counted = {
+        promql.resets_rule_name(s.counter)
+        for s in kvs
+        if s.used in kv_recorded and s.counter and promql.resets_rule_name(s.counter) in names
+    }
+    out.recorded = sorted({*recorded.values(), *kv_recorded.values(), *counted})
 
     # every family, free memory, host names and every KV pool at once: the database works on
     # them in parallel while this process parses what has come back
@@ -732,7 +740,9 @@ def _kv(
     else:
         held_expr = None
     cap = promql.kv_capacity(src, m)
-    resets = promql.kv_resets(src, m, plan.window_s)
+    counted = promql.resets_rule_name(src.counter) if src.counter else None
+    recorded_resets = counted if rule is not None and counted in plan.names else None
+    resets = promql.kv_resets(src, m, plan.window_s, recorded=recorded_resets)
 
     def ask(expr: str | None, at: float) -> Callable[[], list[InstantSample]]:
         return (lambda: client.instant(expr, at)) if expr else (lambda: [])
@@ -805,8 +815,12 @@ def _kv(
             expr = sub
         jobs.append(partial(_flagged_range, client, expr, plan, False))
         if src.counter is not None:
-            counter = promql.selector(src.counter, extra)
-            rexpr = f"sum by ({group}) (resets({counter}[{promql.dur(plan.block_s)}])) > 0"
+            if recorded_resets is not None:
+                sel = promql.selector(recorded_resets, extra)
+                rexpr = f"sum by ({group}) (last_over_time({sel}[{promql.dur(plan.block_s)}])) > 0"
+            else:
+                counter = promql.selector(src.counter, extra)
+                rexpr = f"sum by ({group}) (resets({counter}[{promql.dur(plan.block_s)}])) > 0"
             jobs.append(partial(_flagged_range, client, rexpr, plan, True))
     floors: dict[tuple[str, str], RangeSeries] = {}
     cuts: dict[tuple[str, str], list[tuple[float, str]]] = {}

@@ -42,6 +42,7 @@ __all__ = [
     "floor",
     "kv_floor",
     "kv_rule_name",
+    "resets_rule_name",
     "rule_name",
     "rules",
     "select_exact",
@@ -177,11 +178,22 @@ def kv_capacity(src: KvSource, matchers: Sequence[str]) -> str | None:
     return f"sum by ({_by(KV_GROUP)}) (max by ({_by(_REPLICA)}) (last_over_time({sel}[1h])))"
 
 
-def kv_resets(src: KvSource, matchers: Sequence[str], window_s: float) -> str | None:
+def kv_resets(
+    src: KvSource, matchers: Sequence[str], window_s: float, *, recorded: str | None = None
+) -> str | None:
+    """Resets of the server's request counter over the window (restarts), per server; from the
+    hourly recording rule `recorded` when given (no raw pass over the window)."""
+    if recorded is not None:
+        return f"sum by ({_by(KV_GROUP)}) (sum_over_time({selector(recorded, matchers)}[{dur(window_s)}]))"
     if src.counter is None:
         return None
     sel = selector(src.counter, matchers)
     return f"sum by ({_by(KV_GROUP)}) (resets({sel}[{dur(window_s)}]))"
+
+
+def resets_rule_name(counter: str) -> str:
+    """e.g. `instance:sglang_num_requests_total:resets1h`: a request counter's resets an hour."""
+    return f"instance:{_safe(counter)}:resets1h"
 
 
 # --- recording rules ------------------------------------------------------------------------
@@ -216,7 +228,7 @@ def rules(kv: Sequence[KvSource] = ()) -> dict[str, Any]:
             m = kind.metrics
             for pool in m.kv_pools:
                 for name in (*pool.used, *pool.usage_ratio):
-                    present = {name, *m.running_requests, *m.queued_requests}
+                    present = {name, *m.running_requests, *m.queued_requests, *m.request_counters}
                     found += [
                         k for k in kv_sources(present) if k.kind == kind.name and k.used == name
                     ]
@@ -231,11 +243,21 @@ def rules(kv: Sequence[KvSource] = ()) -> dict[str, Any]:
                 "expr": f"min_over_time({fam.name}[1h])",
             }
         )
+    counters: list[str] = []
     for src in kv:
         expr = kv_floor(src, (), RULE_BLOCK_S)
         if expr is None:
             continue
         entries.append({"record": kv_rule_name(src), "expr": expr})
+        if src.counter and src.counter not in counters:
+            counters.append(src.counter)
+    for counter in counters:  # restarts, so a 30-day range never reads raw counters
+        entries.append(
+            {
+                "record": resets_rule_name(counter),
+                "expr": f"sum by ({_by(KV_GROUP)}) (resets({counter}[1h]))",
+            }
+        )
     return {"groups": [{"name": RULE_GROUP, "interval": "1h", "rules": entries}]}
 
 
