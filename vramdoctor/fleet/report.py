@@ -124,17 +124,22 @@ def compact_duration(seconds: float) -> str:
 
     if not math.isfinite(seconds) or seconds < 0:
         return "-"
+
+    def one(x: float) -> str:  # one decimal under 10, none above; never a trailing ".0"
+        text = f"{x:,.1f}" if x < 10 else f"{x:,.0f}"
+        return text[:-2] if text.endswith(".0") else text
+
     hours = seconds / 3600.0
     if hours < 1:
         return f"{max(1, round(seconds / 60))} minutes"
     if hours < 48:
-        return f"{_number(hours)} hours"
+        return f"{one(hours)} hours"
     days = hours / 24.0
     if days < 60:
-        return f"{_number(days)} days"
+        return f"{one(days)} days"
     if days < 730:
-        return f"{_number(days / 30.44)} months"
-    return f"{_number(days / 365.25)} years"
+        return f"{one(days / 30.44)} months"
+    return f"{one(days / 365.25)} years"
 
 
 def _short_why(row: FleetRow) -> str:
@@ -153,7 +158,7 @@ def _short_why(row: FleetRow) -> str:
     elif r == "grew_since_change" and row.growing_since is not None:
         text = "growing since " + time.strftime("%m-%d %H:%M UTC", time.gmtime(row.growing_since))
     elif r == "grew_with_time":
-        text = "steady growth, to the last point"
+        text = "steady, to the last point"
     elif r == "grew_late":
         text = "growing in the late half of its life"
     elif r == "rose_then_flat":
