@@ -17,14 +17,16 @@ __all__ = ["SERVER", "WATCH_SETTINGS", "WatchTrial", "watch_trial"]
 SERVER = "examples/reference_server/server.py"
 """The reference server, relative to the source tree."""
 
-# watch's settings for a trial: samples every half second, a verdict every 2 s, 2 s of warm-up.
+# watch's settings for a trial: samples every half second, a verdict every 2 s, 2 s of warm-up,
+# 2 s without a request in flight is an idle window (the trial's traffic pauses 4 s).
 # Its defaults (5 s samples, 30 minutes of warm-up, a 6-hour window) are for weeks of running.
 WATCH_SETTINGS = (
     "--interval", "0.5s", "--bucket", "1s", "--window", "10m", "--warmup", "2s",
-    "--analyse-every", "2s", "--no-exporter",
+    "--analyse-every", "2s", "--min-idle", "2s", "--no-exporter",
 )  # fmt: skip
 
 LEAK_KIB = 1024  # what the leaking server keeps per request: 1 MiB
+IDLE_S = 4.0  # seconds of no traffic between two bursts (watch's idle windows)
 
 
 @dataclass(frozen=True)
@@ -94,12 +96,12 @@ def watch_trial(
             "its caching twin" if trial.healthy else f"keeping {LEAK_KIB // 1024} MiB per request"
         )
         say(f"try watch: the reference server ({kind}, on the CPU) at {url},")
-        say("traffic in bursts of 20 requests with 2 s idle between, and this watch:")
+        say(f"traffic in bursts of 20 requests with {IDLE_S:g} s idle between, and this watch:")
         say("  vramdoctor " + " ".join(trial.watch_args(url)))
         say(trial.expectation())
         with launch(spec, run_dir=folder, stem="try-watch") as server:
             server.wait_ready(url)
-            traffic = Bursts(url).start()
+            traffic = Bursts(url, idle_s=IDLE_S).start()
             try:
                 code = run_child([sys.executable, "-m", "vramdoctor", *trial.watch_args(url)])
             finally:
