@@ -48,6 +48,7 @@ __all__ = [
     "ascii_fallback",
     "error",
     "interactive",
+    "interrupted",
     "make_console",
     "note",
     "print_json",
@@ -300,3 +301,9 @@ def error(message: str) -> None:
 def note(message: str) -> None:
     """A one-line note on stderr, dim (a newline inside the message is shown as `\\n`)."""
     stderr().print(one_line(message), markup=False, style="dim", soft_wrap=True)
+
+
+def interrupted(message: str = "interrupted") -> None:
+    """The one line of a Ctrl-C, in every command: `vramdoctor: interrupted` (or a message
+    that starts so and says what was kept)."""
+    stderr().print(f"vramdoctor: {one_line(message)}", markup=False, style="bold", soft_wrap=True)
