@@ -14,9 +14,9 @@ compared within blocks). A contrast between two shapes has the 90 % interval of 
 with the residual degrees of freedom (rounds - blocks - shapes + 1): the noise of every round
 pools into one estimate, so two blocks already give an interval. A contrast LEAKS when its
 interval excludes zero, it exceeds the floor (the smallest change that counts), and it did not
-fade (the last block's difference is at least half the estimate: a cache that fills only the
-first times a shape is seen fades); with three blocks or more the first block is left out as
-warm-up of every shape. Pure: no I/O.
+fade (the last block's difference is at least 0.6 of the earlier blocks' mean: a cache that
+fills the first times a shape is seen fades); with three blocks or more the first block is left
+out as warm-up of every shape. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -196,6 +196,24 @@ class BlockFit:
         return Estimate(value, value - half, value + half, self.df, per_block)
 
 
+def growth_estimate(
+    x: Sequence[float], y: Sequence[float], *, floor: float, step: float, noise: float = 0.0
+) -> tuple[Estimate, Any]:
+    """The growth model (`vramdoctor.stats.growth.fit_growth`) of levels `y` after work `x`,
+    as an Estimate of the steady rate per unit of x (decision: leak = steady growth, none =
+    flat/converging/caching, undecided otherwise) and the fit itself."""
+    from vramdoctor.stats.growth import fit_growth
+
+    fit = fit_growth(list(x), list(y), noise=noise, floor=floor, step=step)
+    lo, hi = fit.rate_ci if fit.rate_ci is not None else (None, None)
+    verdict = fit.verdict.value
+    decision = {"LEAK": "leak", "CACHING": "none", "STABLE": "none"}.get(verdict, "undecided")
+    est = Estimate(
+        float(fit.rate or 0.0), lo, hi, max(0, fit.n - 2), [], decision, fit.reason.value
+    )
+    return est, fit
+
+
 def fit_blocks(obs: Sequence[Observation]) -> BlockFit | None:
     """Least squares of y on shape (one column each) and block (all but the first block);
     None when there is nothing to fit."""
@@ -226,19 +244,62 @@ def fit_blocks(obs: Sequence[Observation]) -> BlockFit | None:
     return BlockFit(shapes, blocks, [float(c) for c in coef], cov, df, sigma, list(obs))
 
 
-def decide(est: Estimate, floor: float, *, fading_share: float = 0.5) -> Estimate:
-    """Set `est.decision` and `est.why` (see the module doc). `floor` in the estimate's unit."""
+def decide(
+    est: Estimate,
+    floor: float,
+    *,
+    fading_share: float = 0.6,
+    sigma: float | None = None,
+    trend: Any = None,
+) -> Estimate:
+    """Set `est.decision` and `est.why` (see the module doc). `floor` in the estimate's unit.
+
+    Fading: the last block's value is below `fading_share` of the mean of the blocks before
+    it, or below the block before by more than 4 x `sigma` (the noise of one block's value). A
+    leak leaves the same for the same traffic block after block; a cache that fills towards a
+    bound leaves a shrinking share. With three blocks or more, `trend` (a
+    `vramdoctor.stats.growth.GrowthFit` of the contrast's cumulative sum, block by block) must
+    call it steady: converging is caching, undecided stays undecided."""
     if est.lo is None or est.hi is None:
         est.decision, est.why = "undecided", "not enough rounds for an interval yet"
         return est
     if est.lo > 0 and est.value > floor:
         last = est.per_block[-1] if est.per_block else est.value
-        if len(est.per_block) >= 2 and last < fading_share * est.value:
+        earlier = est.per_block[:-1]
+        before = sum(earlier) / len(earlier) if earlier else last
+        if earlier and last < fading_share * before:
             est.decision = "undecided"
             est.why = (
-                f"it fades: the last block left {last:.3g} against {est.value:.3g} on average "
+                f"it fades: the last block left {last:.3g} against {before:.3g} before "
                 "(a cache filling the first times?); more blocks decide"
             )
+        elif earlier and sigma is not None and last < earlier[-1] - 4 * sigma:
+            est.decision = "undecided"
+            est.why = (
+                f"it declines: {earlier[-1]:.3g} then {last:.3g}, more than the rounds' noise "
+                "allows for a steady leak; more blocks decide"
+            )
+        elif trend is not None and len(est.per_block) >= 3:
+            if trend.verdict.value == "LEAK":
+                est.decision, est.why = (
+                    "leak",
+                    (
+                        "the interval excludes zero and block after block it grows steadily "
+                        f"(growth model: {trend.reason.value})"
+                    ),
+                )
+            elif trend.verdict.value == "CACHING":
+                est.decision, est.why = (
+                    "none",
+                    (f"it converges: the growth model calls it caching ({trend.reason.value})"),
+                )
+            else:
+                est.decision, est.why = (
+                    "undecided",
+                    (
+                        f"steady or converging, the growth model cannot tell yet ({trend.reason.value})"
+                    ),
+                )
         else:
             est.decision, est.why = "leak", "the interval excludes zero and it does not fade"
         return est

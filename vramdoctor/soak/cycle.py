@@ -25,6 +25,7 @@ is then 2. JSON (`soak --json` key `cycle`): {"operation", "display", "blocks", 
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Mapping
@@ -32,7 +33,14 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from vramdoctor.errors import InputError
-from vramdoctor.soak.contrast import Estimate, Observation, decide, fit_blocks, layer_rounds
+from vramdoctor.soak.contrast import (
+    Estimate,
+    Observation,
+    decide,
+    fit_blocks,
+    growth_estimate,
+    layer_rounds,
+)
 from vramdoctor.soak.session import SoakHook
 from vramdoctor.soak.vary import LAYER_NAMES, _fmt, _interval
 
@@ -173,6 +181,7 @@ class CycleHook(SoakHook):
 
     def __init__(self, plan: CyclePlan) -> None:
         self.plan = plan
+        self.swapped = False  # an adapter loaded at start: the cycle unloads, then loads
         self.op: CycleOperation | None = None
         self.params: dict[str, str] = {}
         self.display = ""
@@ -196,10 +205,14 @@ class CycleHook(SoakHook):
                 )
             )
         params = {"level": str(spec.level)}
+        self.swapped = False
         if spec.operation == "lora":
             name, path = spec.lora_name, spec.lora_path
+            found_name, found_path = find_lora(session, name)
+            if found_path is not None and (name is None or found_name == name):
+                # loaded already (vLLM --lora-modules, SGLang --lora-paths): unload, then load
+                self.swapped = True
             if not name or not path:
-                found_name, found_path = find_lora(session, name)
                 name, path = name or found_name, path or found_path
             if not name or not path:
                 raise InputError(
@@ -217,11 +230,20 @@ class CycleHook(SoakHook):
                 )
         self.op, self.params = op, params
         self.display = op.display.format(**params)
+        if self.swapped:
+            self.display = f"unload and load again the LoRA adapter {params['name']}"
         session.say(
             f"--cycle: {self.display} in the idle window of every other round (seeded order), "
             f"through {op.do.describe(**params)} then {op.undo.describe(**params)}"
         )
-        return {"cycle_plan": {**self.plan.to_dict(), "display": self.display, "source": op.source}}
+        return {
+            "cycle_plan": {
+                **self.plan.to_dict(),
+                "display": self.display,
+                "source": op.source,
+                "undo_first": self.swapped,
+            }
+        }
 
     def before_round(self, session: SoakSession, round_index: int) -> None:
         shape, block = self.plan.shape_of(round_index)
@@ -237,7 +259,8 @@ class CycleHook(SoakHook):
         timeout = max(30.0, session.config.timeout_s)
         hold = min(1.0, 0.15 * session.config.idle_s)
         try:
-            for step, endpoint, event in (("do", op.do, CYCLE_DO), ("undo", op.undo, CYCLE_UNDO)):
+            first, second = (op.undo, op.do) if self.swapped else (op.do, op.undo)
+            for step, endpoint, event in (("do", first, CYCLE_DO), ("undo", second, CYCLE_UNDO)):
                 status, answer, took = _call(session, endpoint, params, timeout)
                 ok = status in endpoint.ok and (
                     endpoint.success_key is None
@@ -483,7 +506,17 @@ def analyse_cycle(run: Run, *, min_growth_mib: float | None = None) -> CycleResu
         if fit is None or set(fit.shapes) != {"cycle", "none"}:
             continue
         floor = KV_FLOOR_TOKENS if lr.unit == "tokens" else floor_mib
-        residue = decide(fit.contrast({"cycle": 1.0, "none": -1.0}), floor)
+        est = fit.contrast({"cycle": 1.0, "none": -1.0})
+        block_sd = math.sqrt(2.0) * fit.sigma if fit.sigma is not None else None
+        trend = None
+        if len(est.per_block) >= 3:  # the residue's own trend, cycle after cycle
+            cum = [0.0]
+            for dv in est.per_block:
+                cum.append(cum[-1] + dv)
+            trend = growth_estimate(
+                list(range(len(cum))), cum, floor=floor, step=1.0, noise=block_sd or 0.0
+            )[1]
+        residue = decide(est, floor, sigma=block_sd, trend=trend)
         plain = fit.contrast({"none": 1.0}, absolute=True)
         base = lr.baseline
         after = [

@@ -2,7 +2,8 @@
 
 Rounds differ in ONE request feature at a time (`vramdoctor.soak.traffic.features`: each
 feature's variant shape and the shape it is compared with). The plan (`VaryPlan`) is one
-warm-up round of the control shape, then blocks: every shape once per block, in an order drawn
+warm-up round that sends every shape (request i has shape i mod S: each shape's first
+sighting, with what caches fill then, comes before any judged round), then blocks: every shape once per block, in an order drawn
 from the seed for that block (`random.Random(f"{seed}:vary:{block}")`), so warm-up and drift
 are spread over the shapes instead of passing for a feature's effect. The plan is recorded in
 the run header (`config.vary_plan`) and each round's shape in a `vary_round` event; `report`
@@ -19,17 +20,20 @@ are planned; while a layer is undecided another block runs, up to `--max-rounds`
 `VaryResult.to_dict()` is the `vary` object of `soak --json` (schema below); `render` prints
 the block of the text report. JSON: {"features": [...], "shapes": {name: {...}}, "seed",
 "blocks", "rounds_judged", "layers": {layer: {"unit", "per": "request", "control": Estimate,
-"features": {feature: Estimate + {"says"}}, "verdict": "LEAK"|"STABLE"|"INCONCLUSIVE",
+"features": {feature: Estimate + {"says"}}, "overall": Estimate (the growth model over every
+judged round: steady = every request leaks alike), "verdict": "LEAK"|"CACHING"|"STABLE"|
+"INCONCLUSIVE",
 "culprits": [...], "headline"}}, "verdict", "headline"}. Estimates are in the layer's unit per
 request (MiB or tokens).
 """
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from vramdoctor.errors import InputError
 from vramdoctor.soak.contrast import (
@@ -37,6 +41,7 @@ from vramdoctor.soak.contrast import (
     Observation,
     decide,
     fit_blocks,
+    growth_estimate,
     layer_rounds,
 )
 from vramdoctor.soak.session import SoakHook
@@ -48,6 +53,7 @@ from vramdoctor.soak.traffic.features import (
     parse_features,
     shapes_for,
 )
+from vramdoctor.soak.traffic.workload import PlannedRequest
 
 if TYPE_CHECKING:
     from vramdoctor.record import Run
@@ -187,6 +193,10 @@ class VaryHook(SoakHook):
 
     def before_round(self, session: SoakSession, round_index: int) -> None:
         shape, block = self.plan.shape_of(round_index)
+        if block == 0:  # the warm-up: every shape's first sighting, before any judged round
+            session.plan = MixedPlan([self.plans[n] for n in self.plan.shapes])
+            session.event(VARY_ROUND, {"round": round_index, "shape": "warm-up", "block": 0})
+            return
         session.plan = self.plans[shape]
         session.event(VARY_ROUND, {"round": round_index, "shape": shape, "block": block})
 
@@ -205,6 +215,31 @@ class VaryHook(SoakHook):
         if result is None:
             return []
         return [(layer, why) for layer, why in result.undecided()]
+
+
+class MixedPlan(Sequence[PlannedRequest]):
+    """The warm-up round: request i is request i of shape i mod S (every shape seen)."""
+
+    def __init__(self, plans: list[ShapePlan]) -> None:
+        self.plans = plans
+        self.n = len(plans[0]) if plans else 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    @overload
+    def __getitem__(self, i: int) -> PlannedRequest: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[PlannedRequest]: ...
+
+    def __getitem__(self, i: int | slice) -> PlannedRequest | list[PlannedRequest]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self.n))]
+        if i < 0:
+            i += self.n
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return self.plans[i % len(self.plans)][i]
 
 
 def find_adapter(session: SoakSession) -> str | None:
@@ -242,6 +277,8 @@ class VaryLayer:
     culprits: list[str]
     headline: str
     floor: float
+    overall: Estimate | None = None
+    overall_fit: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -249,6 +286,8 @@ class VaryLayer:
             "per": "request",
             "floor": self.floor,
             "control": self.control.to_dict(),
+            "overall": self.overall.to_dict() if self.overall is not None else None,
+            "overall_fit": self.overall_fit,
             "features": {
                 f: {**e.to_dict(), "says": FEATURES[f].says} for f, e in self.features.items()
             },
@@ -273,7 +312,7 @@ class VaryResult:
             return "LEAK"
         if "INCONCLUSIVE" in verdicts or not verdicts:
             return "INCONCLUSIVE"
-        return "STABLE"
+        return "CACHING" if "CACHING" in verdicts else "STABLE"
 
     @property
     def headline(self) -> str:
@@ -288,7 +327,9 @@ class VaryResult:
                 for k, v in self.layers.items()
                 if v.verdict == "INCONCLUSIVE"
             )
-        return "no varied feature leaks, and the control shape does not leak"
+        if self.verdict == "CACHING":
+            return "no varied feature leaks; the growth there is caching (it converges), not a leak"
+        return "no varied feature leaks, and requests as a whole do not"
 
     def undecided(self) -> list[tuple[str, str]]:
         return [(k, v.headline) for k, v in self.layers.items() if v.verdict == "INCONCLUSIVE"]
@@ -386,15 +427,45 @@ def analyse_vary(run: Run, *, min_growth_mib: float | None = None) -> VaryResult
         if fit is None or set(fit.shapes) != set(plan.shapes):
             continue
         floor = KV_FLOOR_TOKENS if lr.unit == "tokens" else floor_mib / max(1, per_round)
-        control = decide(fit.contrast({"control": 1.0}, absolute=True), floor)
+        control = fit.contrast({"control": 1.0}, absolute=True)
+        block_sd = math.sqrt(2.0) * fit.sigma if fit.sigma is not None else None
         feats: dict[str, Estimate] = {}
         for f in plan.features:
             feat = FEATURES[f]
             weights = (
                 {f: 1.0, feat.reference: -1.0} if feat.sign > 0 else {feat.reference: 1.0, f: -1.0}
             )
-            feats[f] = decide(fit.contrast(weights), floor)
-        result.layers[layer] = _layer_verdict(layer, lr.unit, control, feats, floor)
+            est = fit.contrast(weights)
+            trend = None
+            if len(est.per_block) >= 3:  # the excess's own trend, block by block (MiB/tokens)
+                cum = [0.0]
+                for d in est.per_block:
+                    cum.append(cum[-1] + d * per_round)
+                trend = growth_estimate(
+                    [k * per_round for k in range(len(cum))],
+                    cum,
+                    floor=floor * per_round,
+                    step=per_round,
+                    noise=(block_sd or 0.0) * per_round,
+                )[1]
+            feats[f] = decide(est, floor, sigma=block_sd, trend=trend)
+        # What requests WITHOUT the named culprits leave: the control, unless the control has a
+        # culprit itself (images: then the variant without it)
+        off = [f for f, e in feats.items() if e.decision == "leak" and FEATURES[f].sign < 0]
+        besides = decide(fit.contrast({off[0] if off else "control": 1.0}, absolute=True), floor)
+        # Every request alike: the growth model over every judged round's level (a cache that
+        # converges over these rounds is caching, however steady two blocks look)
+        xs, ys = [0.0], [0.0]
+        for r in judged:
+            d = lr.delta(r)
+            if d is None or marks.get(r, plan.shape_of(r))[1] == 0:
+                continue
+            xs.append(xs[-1] + reached[r])
+            ys.append(ys[-1] + d)
+        overall, gfit = growth_estimate(xs, ys, floor=floor * per_round, step=per_round)
+        layer_result = _layer_verdict(layer, lr.unit, control, feats, floor, besides, overall)
+        layer_result.overall_fit = gfit.to_dict() if hasattr(gfit, "to_dict") else None
+        result.layers[layer] = layer_result
     return result
 
 
@@ -416,8 +487,20 @@ def _interval(e: Estimate, unit: str) -> str:
 
 
 def _layer_verdict(
-    layer: str, unit: str, control: Estimate, feats: dict[str, Estimate], floor: float
+    layer: str,
+    unit: str,
+    control: Estimate,
+    feats: dict[str, Estimate],
+    floor: float,
+    besides: Estimate,
+    overall: Estimate,
 ) -> VaryLayer:
+    """The layer's verdict: the features named (and what every request leaks besides), or
+    every request alike (the growth model over all rounds says steady), or nothing."""
+
+    def out(verdict: str, culprits: list[str], headline: str) -> VaryLayer:
+        return VaryLayer(layer, unit, control, feats, verdict, culprits, headline, floor, overall)
+
     culprits = [f for f, e in feats.items() if e.decision == "leak"]
     undecided = [f for f, e in feats.items() if e.decision == "undecided"]
     if culprits:
@@ -425,40 +508,33 @@ def _layer_verdict(
             f"{FEATURES[f].says}: +{_fmt(feats[f].value, unit)} per request ({_interval(feats[f], unit)})"
             for f in culprits
         ]
-        if control.decision == "leak":
+        if besides.decision == "leak":
             parts.append(
-                f"and every request leaks {_fmt(control.value, unit)} besides ({_interval(control, unit)})"
+                f"and every request leaks {_fmt(besides.value, unit)} besides ({_interval(besides, unit)})"
             )
-        return VaryLayer(layer, unit, control, feats, "LEAK", culprits, "; ".join(parts), floor)
+        return out("LEAK", culprits, "; ".join(parts))
     if undecided:
-        why = "; ".join(f"{f}: {feats[f].why}" for f in undecided)
-        return VaryLayer(layer, unit, control, feats, "INCONCLUSIVE", [], why, floor)
-    if control.decision == "leak":
-        return VaryLayer(
-            layer,
-            unit,
-            control,
-            feats,
+        return out("INCONCLUSIVE", [], "; ".join(f"{f}: {feats[f].why}" for f in undecided))
+    if overall.decision == "leak":
+        return out(
             "LEAK",
             [],
-            f"every request leaks alike, {_fmt(control.value, unit)} per request "
-            f"({_interval(control, unit)}): no varied feature causes it",
-            floor,
+            f"every request leaks alike, {_fmt(overall.value, unit)} per request "
+            f"({_interval(overall, unit)}): no varied feature causes it",
         )
-    if control.decision == "undecided":
-        return VaryLayer(
-            layer, unit, control, feats, "INCONCLUSIVE", [], f"control: {control.why}", floor
+    if overall.decision == "undecided":
+        return out(
+            "INCONCLUSIVE",
+            [],
+            f"no varied feature leaks; whether every request does is undecided ({overall.why})",
         )
-    return VaryLayer(
-        layer,
-        unit,
-        control,
-        feats,
-        "STABLE",
-        [],
-        "no varied feature leaks; the control shape does not",
-        floor,
-    )
+    if overall.why in ("converging", "rose_then_flat", "fell_back", "bounded"):
+        return out(
+            "CACHING",
+            [],
+            f"no varied feature leaks; the rounds' growth is caching ({overall.why}), not a leak",
+        )
+    return out("STABLE", [], "no varied feature leaks, and requests as a whole do not")
 
 
 # --- the report block ---------------------------------------------------------------------

@@ -246,3 +246,97 @@ MODES = [
     NLeak,
     LoraLeak,
 ]
+
+
+class FeaturesLeak(FeatureLeakMode):
+    """leak-on-features: several features leak at once, each on its own layer:
+    `--leak-on FEATURE:LAYER[:SIZE],...` (FEATURE as soak --vary names it; LAYER host|vram|kv;
+    SIZE KiB for host/vram, tokens for kv; default --leak-kib / --kv-leak-tokens). The
+    predicates are the single-feature modes' own.
+
+    TRUTH: per layer, a LEAK of requests with that layer's feature at its size (GET
+    /reference/info "feature_requests_by" counts each feature's requests)."""
+
+    name = "leak-on-features"
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--leak-on",
+            default="",
+            metavar="FEATURE:LAYER[:SIZE],...",
+            help="leak-on-features: which feature leaks on which layer, and how much",
+        )
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__(args)
+        by_feature = {cls.feature: cls for cls in MODES if cls.feature}
+        self.parts: list[tuple[str, str, float, FeatureLeakMode]] = []
+        for spec in [p for p in str(args.leak_on).split(",") if p.strip()]:
+            bits = spec.strip().split(":")
+            feature, where = bits[0], bits[1] if len(bits) > 1 else "host"
+            if feature not in by_feature or where not in ("host", "vram", "kv"):
+                raise SystemExit(f"--leak-on {spec!r}: FEATURE:host|vram|kv[:SIZE]")
+            default = args.kv_leak_tokens if where == "kv" else args.leak_kib
+            size = float(bits[2]) if len(bits) > 2 else float(default)
+            self.parts.append((feature, where, size, by_feature[feature](args)))
+        if not self.parts:
+            raise SystemExit("--mode leak-on-features needs --leak-on FEATURE:LAYER[,...]")
+        self.counts = {f: 0 for f, *_ in self.parts}
+
+    def check(self, state: State) -> None:
+        for _f, _w, _s, part in self.parts:
+            part.check(state)
+
+    def request_end(self, state: State, req: Request) -> None:
+        for feature, where, size, part in self.parts:
+            if not part.has(req):
+                continue
+            with state.lock:
+                self.counts[feature] += 1
+            if where == "kv":
+                continue
+            nbytes = int(state.leak_bytes(size)) * part.copies(req)
+            if not nbytes:
+                continue
+            obj: Any = (
+                state.gpu_mem.alloc(nbytes) if where == "vram" else np.ones(nbytes, dtype=np.uint8)
+            )
+            with state.lock:
+                state.keep(obj, nbytes)
+                state.m_kept.set(state.kept_bytes)
+
+    def kv_tokens_kept(self, state: State, req: Request) -> int:
+        if state.release_buffers:
+            return 0
+        return sum(
+            int(size) * part.copies(req)
+            for _f, where, size, part in self.parts
+            if where == "kv" and part.has(req)
+        )
+
+    def leak_bytes_per_request(self, state: State) -> float | None:
+        return None
+
+    def info(self, state: State) -> dict[str, Any]:
+        return {"feature": None, "feature_requests_by": dict(self.counts)}
+
+    def truth(self, state: State) -> dict[str, Any]:
+        layers = {
+            "vram": layer("STABLE", "requests keep nothing on the device"),
+            "kv": layer("STABLE", "every request's KV tokens return to the pool"),
+            "host": layer("STABLE", "requests keep nothing on the host"),
+        }
+        for feature, where, size, part in self.parts:
+            unit = (
+                {"tokens_per_request": int(size)}
+                if where == "kv"
+                else {"bytes_per_request": size * 1024}
+            )
+            layers[where] = layer(
+                "LEAK", f"only requests where {part.when} leak", feature=feature, **unit
+            )
+        return {"summary": "several features, each leaking on its own layer", "layers": layers}
+
+
+MODES.append(FeaturesLeak)
