@@ -133,3 +133,30 @@ def test_calibration_no_leak_called_caching_and_no_cache_called_a_leak() -> None
                     false_leak += fit.verdict is Verdict.LEAK
     assert false_caching == 0 and false_leak == 0
     assert found[12] >= found[8] >= 0.9 * n * 3 and found[4] < found[6]
+
+
+def test_a_cache_that_steps_up_twice_and_stays_is_caching_with_its_level() -> None:
+    # Fleet's shape (H-F): hourly floors over 6 days, +1536 MiB at a third, +1024 MiB at 58 %,
+    # then flat for 60 hours. One nested family cannot hold two steps; the change point can.
+    rng = np.random.default_rng(0)
+    x = np.arange(144) * 3600.0
+    y = np.where(x >= 0.33 * x[-1], 1536.0, 0.0) + np.where(x >= 0.58 * x[-1], 1024.0, 0.0)
+    fit = fit_growth(x, y + rng.normal(0, 3, 144), floor=32.0, step=3600.0, x_unit="s")
+    assert fit.verdict is Verdict.CACHING and fit.reason is Reason.ROSE_THEN_FLAT
+    assert fit.bound == pytest.approx(2560.0, rel=0.05)
+    assert fit.change_at is not None and 0.55 * x[-1] <= fit.change_at <= 0.75 * x[-1]
+
+
+def test_a_leak_that_starts_late_is_a_leak_at_its_rate_since_then() -> None:
+    # Flat for two thirds of the window, then 191 MiB an hour: the rate is the recent one.
+    rng = np.random.default_rng(1)
+    x = np.arange(144) * 3600.0
+    start = 0.66 * x[-1]
+    y = np.where(x >= start, (x - start) * 191.0 / 3600.0, 0.0) + rng.normal(0, 3, 144)
+    fit = fit_growth(x, y, floor=32.0, step=3600.0, x_unit="s")
+    assert fit.verdict is Verdict.LEAK and fit.rate is not None
+    assert fit.rate * 3600.0 == pytest.approx(191.0, rel=0.05)
+    assert fit.change_at is not None and abs(fit.change_at - start) < 0.05 * x[-1]
+    # and a leak from the start has no change point
+    steady = fit_growth(x, x * 50.0 / 3600.0 + rng.normal(0, 20, 144), floor=32.0, step=3600.0)
+    assert steady.verdict is Verdict.LEAK and steady.change_at is None

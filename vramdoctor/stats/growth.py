@@ -48,6 +48,14 @@ Model selection (the rule; `GrowthFit.model`, in this order):
    `floor` (caches give memory back; a leak never does).
 8. BOUNDED (CACHING, `bounded`): five or more points moving within a band, no significant
    trend, no new high in the last two.
+Before 3, one change point inside the points is tried (a line that levels off at any point,
+flat after it for two points or more; a flat line that starts growing at any point, for three
+points or more), each against the straight line by an F test at 99 % confidence shared over
+the candidate places (Bonferroni). Levelled off: STEP (CACHING, `rose_then_flat`, `bound` the
+level it stopped at: a cache that filled to its cap, steps up that stopped). Started growing
+late: the growth since then is judged (STEADY at its rate since the change). `change_at` says
+where.
+
 9. UNDECIDED (INCONCLUSIVE): `steady_or_converging` when the growth is significant but its
    shape is not (with `steps_to_decide`: about how many more steps of the same traffic would
    decide, should the growth go on as it is), else `still_changing`.
@@ -148,6 +156,8 @@ class GrowthFit:
     floor: float = 0.0
     increments: list[float] = field(default_factory=list)
     steps_to_decide: int | None = None
+    change_at: float | None = None  # the x where growth levelled off or started (change point)
+    x0: float = 0.0  # the first point's x (the fit's x are relative to it)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: tuples as lists, non-finite floats as None."""
@@ -300,6 +310,7 @@ def fit_growth(
         return out
     xs = np.array([p[0] for p in pts]) - pts[0][0]
     ys = np.array([p[1] for p in pts])
+    out.x0 = pts[0][0]
     out.growth = float(ys[-1] - ys[0])
     if float(np.max(np.abs(ys - ys[0]))) <= floor:
         out.model, out.verdict = Model.FLAT, Verdict.STABLE
@@ -317,6 +328,49 @@ def fit_growth(
     ]
     with np.errstate(all="ignore"):
         return _select(out, xs, ys, noise, floor, step)
+
+
+def pts_x0(out: GrowthFit) -> float:
+    """The x the fit's points were made relative to (their first x)."""
+    return out.x0
+
+
+def _change_point(
+    xs: np.ndarray, ys: np.ndarray, noise: float, nu0: float, sse_line: float
+) -> tuple[str, int, float, float] | None:
+    """The one change point that explains the points clearly better than a line, if any:
+    ("levelled", i, a, b) for growth up to x[i] and flat after it (two points or more after),
+    ("started", i, a, b) for flat up to x[i] and growth after it (three points or more from
+    it). An F test against the line at 99 % confidence shared over the candidates (each has
+    one more parameter, the change's place is searched: Bonferroni)."""
+    m = len(xs)
+    cands: list[tuple[str, int]] = [("levelled", i) for i in range(1, m - 2)]
+    cands += [("started", i) for i in range(1, m - 2)]
+    if not cands:
+        return None
+    best: tuple[float, str, int, float, float] | None = None
+    for kind, i in cands:
+        c = float(xs[i])
+        g = np.minimum(xs, c) if kind == "levelled" else np.maximum(xs - c, 0.0)
+        gm = float(g.mean())
+        vg = float(((g - gm) ** 2).sum())
+        if vg <= 0:
+            continue
+        b = float(((g - gm) * (ys - ys.mean())).sum() / vg)
+        a = float(ys.mean() - b * gm)
+        r = ys - (a + b * g)
+        sse = float(r @ r)
+        if best is None or sse < best[0]:
+            best = (sse, kind, i, a, b)
+    if best is None:
+        return None
+    sse, kind, i, a, b = best
+    dof = max(nu0 + m - 3, 1.0)
+    s2 = max(noise**2, (nu0 * noise**2 + sse) / dof)
+    conf = 1.0 - 0.01 / len(cands)
+    if sse_line - sse <= _f_quantile(conf, dof) * s2:
+        return None
+    return kind, i, a, b
 
 
 def _select(
@@ -364,6 +418,34 @@ def _select(
     def done(model: Model, verdict: Verdict, reason: Reason) -> GrowthFit:
         out.model, out.verdict, out.reason = model, verdict, reason
         return out
+
+    # A change inside the points: growth that levelled off (a cache that filled at its cap, a
+    # few steps up and then flat) or growth that started late (a leak that began mid-way).
+    change = _change_point(xs, ys, noise, nu0, float(res @ res))
+    if change is not None and change[0] == "levelled":
+        _, i, a_h, b_h = change
+        top = a_h + b_h * float(xs[i])
+        if b_h > 0 and top - float(ys[0]) > floor:
+            out.bound = out.bound_hi = top
+            out.change_at = float(xs[i]) + float(pts_x0(out))
+            return done(Model.STEP, Verdict.CACHING, Reason.ROSE_THEN_FLAT)
+    if change is not None and change[0] == "started":
+        _, i, _, b_h = change
+        if b_h > 0 and b_h * float(xs[-1] - xs[i]) > floor:
+            after = fit_growth(
+                xs[i:].tolist(),
+                ys[i:].tolist(),
+                noise=noise,
+                floor=floor,
+                step=step,
+                x_unit=out.x_unit,
+            )
+            if after.model is Model.STEADY:
+                out.rate, out.rate_ci = after.rate, after.rate_ci
+                out.ratio, out.ratio_ci = after.ratio, after.ratio_ci
+                out.fitted_growth = after.fitted_growth
+                out.change_at = float(xs[i]) + float(pts_x0(out))
+                return done(Model.STEADY, Verdict.LEAK, Reason.GREW_EVERY_ROUND)
 
     steady_r = 1.0 - STEADY_DECAY
     if r_hi >= steady_r and r_lo >= halving_ratio(n_steps) and b - half > 0 and b * span > floor:
