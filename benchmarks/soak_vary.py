@@ -125,8 +125,8 @@ def part_sensitivity(args: argparse.Namespace, tmp: Path) -> list[dict]:
             }
         )
         print(
-            f"  {feature:<12} named {','.join(host['culprits']) or '-':<12} rounds {d['rounds']:>3} "
-            f"({d['rounds'] / len(SIX):.2f}/feature)  rate {got:.3f} MiB vs {truth:.3f}  {took:.0f} s",
+            f"  {feature:<12} named {','.join(host['culprits']) or '-':<12} rounds {len(d['rounds']):>3} "
+            f"({len(d['rounds']) / len(SIX):.2f}/feature)  rate {got:.3f} MiB vs {truth:.3f}  {took:.0f} s",
             flush=True,
         )
     return rows
@@ -156,7 +156,7 @@ def part_runs(
             }
         )
         print(
-            f"  run {k}: {host['verdict']:<12} named {','.join(host['culprits']) or '-':<14} rounds {d['rounds']}  {took:.0f} s",
+            f"  run {k}: {host['verdict']:<12} named {','.join(host['culprits']) or '-':<14} rounds {len(d['rounds'])}  {took:.0f} s",
             flush=True,
         )
     return rows
@@ -207,7 +207,7 @@ def part_cycle(args: argparse.Namespace, tmp: Path) -> dict:
                 }
             )
             print(
-                f"  {kind:<8} run {k}: {anon.get('verdict')}  residue {(anon.get('residue') or {}).get('value', 0):.2f} MiB/cycle vs {truth:.2f}  rounds {d['rounds']}  {took:.0f} s",
+                f"  {kind:<8} run {k}: {anon.get('verdict')}  residue {(anon.get('residue') or {}).get('value', 0):.2f} MiB/cycle vs {truth:.2f}  rounds {len(d['rounds'])}  {took:.0f} s",
                 flush=True,
             )
     return out
