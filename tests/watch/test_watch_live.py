@@ -22,14 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from vramdoctor.record import read_run
 from vramdoctor.sources.nvml import nvml_status
-from vramdoctor.watch import (
-    EXPORTED_METRICS,
-    LEAK,
-    TrendThresholds,
-    WatchConfig,
-    Watcher,
-    WatchOptions,
-)
+from vramdoctor.watch import EXPORTED_METRICS, WatchConfig, Watcher, WatchOptions
 
 SECRET = "sk-live-DO-NOT-EXPORT-4f2a"
 
@@ -104,7 +97,7 @@ def server(tmp_path: Path):
         p.wait(5)
 
 
-def _traffic(urls: list[str], seconds: float) -> int:
+def _traffic(urls: list[str], seconds: float, idle_s: float = 0.3) -> int:
     """Bursts of 5 requests, then an idle moment; returns requests sent per server."""
     sessions = [requests.Session() for _ in urls]
     sent = 0
@@ -114,18 +107,12 @@ def _traffic(urls: list[str], seconds: float) -> int:
             for s, u in zip(sessions, urls, strict=True):
                 s.get(u + "/generate", timeout=5)
             sent += 1
-        time.sleep(0.12)
+        time.sleep(idle_s)
     return sent
 
 
 def _config() -> WatchConfig:
-    return WatchConfig(
-        bucket_s=0.1,
-        max_buckets=400,
-        warmup_s=0.0,
-        memory=TrendThresholds(min_growth=4.0),
-        kv=TrendThresholds(min_growth=4.0),
-    )
+    return WatchConfig(bucket_s=0.1, max_buckets=400, warmup_s=0.0, min_idle_s=0.06)
 
 
 def test_watch_calls_a_per_request_host_leak_and_not_a_plateau_and_exports_it_without_secrets(
@@ -156,23 +143,20 @@ def test_watch_calls_a_per_request_host_leak_and_not_a_plateau_and_exports_it_wi
         w.open()
         threads.append(threading.Thread(target=w.run, args=(stop,), daemon=True))
         threads[-1].start()
-    time.sleep(0.3)
-    sent = _traffic([leak_url, cache_url], 3.5)
-    time.sleep(0.3)
+    time.sleep(0.5)
+    sent = _traffic([leak_url, cache_url], 5.0)
+    time.sleep(0.5)
     stop.set()
     for t in threads:
         t.join(10)
     try:
         leak_res, cache_res = (w.analyse() for w in watchers)
-        leak = next(s for s in leak_res.series if s.layer == "rss_anon" and s.pid == leak_proc.pid)
-        cache = next(
-            s for s in cache_res.series if s.layer == "rss_anon" and s.pid == cache_proc.pid
-        )
-        assert sent > 30
-        assert leak.verdict == LEAK, leak
-        assert leak.mode == "quiet"
-        assert leak.growth_per_request == pytest.approx(0.25, rel=0.35)  # 256 KiB a request
-        assert cache.verdict != LEAK, cache
+        host = leak_res.layers["host"]
+        assert sent > 30 and leak_res.mode == "rounds" and leak_res.idle_windows >= 5
+        assert host.verdict == "LEAK", (host, leak_res.notes)
+        assert host.main_series == f"rss/pid{leak_proc.pid}"
+        assert host.rate_per_request == pytest.approx(0.25, rel=0.35)  # 256 KiB a request
+        assert cache_res.verdict != "LEAK", cache_res.layers
         assert leak_res.requests_per_hour and leak_res.requests_per_hour > 1000
 
         text = requests.get(watchers[0].exporter.url, timeout=5).text
@@ -190,22 +174,32 @@ def test_watch_calls_a_per_request_host_leak_and_not_a_plateau_and_exports_it_wi
             "vramdoctor_sampler_samples_total",
             "vramdoctor_sampler_errors_total",
             "vramdoctor_events_total",
+            "vramdoctor_watch_records_dropped_total",
         }
         verdicts = [
             s
             for s in families["vramdoctor_process_memory_verdict"].samples
-            if s.labels["layer"] == "rss_anon"
+            if s.labels["layer"] == "rss"
             and s.labels["pid"] == str(leak_proc.pid)
             and s.value == 1.0
         ]
         assert [s.labels["verdict"] for s in verdicts] == ["LEAK"]
         assert verdicts[0].labels["process"].startswith("python")
+        assert verdicts[0].labels["scope"] == "server"
         growth = [
             s
             for s in families["vramdoctor_process_memory_growth_bytes_per_request"].samples
-            if s.labels["layer"] == "rss_anon" and s.labels["pid"] == str(leak_proc.pid)
+            if s.labels["layer"] == "rss" and s.labels["pid"] == str(leak_proc.pid)
         ]
-        assert growth[0].value == pytest.approx(0.25 * 2**20, rel=0.35)
+        assert growth[0].value == pytest.approx(host.rate_per_request * 2**20, rel=1e-9)
+        layer = {
+            s.labels["layer"]: s.labels["verdict"]
+            for s in families["vramdoctor_layer_verdict"].samples
+            if s.value == 1.0
+        }
+        assert layer["host"] == "LEAK"
+        recording = families["vramdoctor_watch_recording_up"].samples[0].value
+        assert recording == 1.0
         up = {s.labels["source"]: s.value for s in families["vramdoctor_sampler_up"].samples}
         assert up == {"server_metrics": 1.0, "host": 1.0}
         assert SECRET not in text and "--api-key" not in text
@@ -257,8 +251,9 @@ def test_watch_cli_runs_without_nvml_rotates_and_prints_json(server, tmp_path) -
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert done.returncode in (0, 1), done.stderr
     doc = json.loads(done.stdout)
-    assert doc["schema"] == "vramdoctor.watch/1"
+    assert doc["schema"] == "vramdoctor.watch/2"
     assert any(s["pid"] == proc.pid and s["layer"] == "rss" for s in doc["series"])
+    assert doc["exit_code"] == done.returncode and doc["interrupted"] is False
     assert "serving /metrics on http://127.0.0.1:" in done.stderr
     if not nvml_status()[0]:
         assert "GPU memory is not watched: NVML is not available here" in done.stderr
@@ -273,8 +268,28 @@ def test_watch_cli_runs_without_nvml_rotates_and_prints_json(server, tmp_path) -
     [
         (["--listen", "nonsense"], "--listen wants HOST:PORT"),
         (["--pid", "999999999"], "--pid 999999999: no such process"),
-        (["--window", "1s", "--bucket", "1m", "--pid", "1"], "--window at least two buckets"),
+        (
+            ["--window", "1s", "--bucket", "1m", "--pid", "1"],
+            "--window must hold at least two buckets",
+        ),
         (["--interval", "soon", "--pid", "1"], "--interval wants a duration"),
+        # every number bounded: not finite, absurdly large or small, a memory that cannot fit
+        (["--rotate-mib", "nan", "--pid", "1"], "--rotate-mib 'nan': give a finite size"),
+        (["--rotate-mib", "-3", "--pid", "1"], "--rotate-mib '-3': give a finite size"),
+        (["--window", "1e300", "--pid", "1"], "--window"),
+        (["--bucket", "1e-300", "--pid", "1"], "--bucket"),
+        (["--interval", "inf", "--pid", "1"], "--interval 'inf': give a finite duration"),
+        (["--duration", "nan", "--pid", "1"], "--duration 'nan': give a finite duration"),
+        (["--duration", "0", "--pid", "1"], "--duration 0 s: must be between"),
+        (["--warmup", "999d", "--pid", "1"], "--warmup"),
+        (["--min-idle", "-1", "--pid", "1"], "--min-idle"),
+        (["--keep", "0", "--pid", "1"], "--keep 0: keep between 1"),
+        (["--window", "90d", "--bucket", "1s", "--pid", "1"], "buckets per series: at most 20,000"),
+        (
+            ["--interval", "1m", "--bucket", "10s", "--pid", "1"],
+            "--bucket 10 s is shorter than --interval",
+        ),
+        (["--analyse-every", "0", "--pid", "1"], "--analyse-every"),
     ],
 )
 def test_watch_bad_input_is_one_line_and_exit_2(args, message) -> None:
@@ -284,9 +299,9 @@ def test_watch_bad_input_is_one_line_and_exit_2(args, message) -> None:
         text=True,
         timeout=60,
     )
-    assert done.returncode == 2
+    assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
 def test_ctrl_c_gives_the_report_and_keeps_the_data(server, tmp_path) -> None:
@@ -327,9 +342,15 @@ def test_ctrl_c_gives_the_report_and_keeps_the_data(server, tmp_path) -> None:
     time.sleep(1.0)
     cli.send_signal(signal.SIGINT)
     stdout, stderr = cli.communicate(timeout=30)
-    assert cli.returncode in (0, 1), stderr
-    assert "Traceback" not in stderr and "interrupted" in stderr
-    assert json.loads(stdout)["schema"] == "vramdoctor.watch/1"
+    # 130: interrupted before a leak was found (1 had one been found), as the README says
+    doc = json.loads(stdout)
+    assert cli.returncode == doc["exit_code"] and cli.returncode in (1, 130), stderr
+    assert doc["interrupted"] is True and (cli.returncode == 1) == (doc["verdict"] == "LEAK")
+    assert "Traceback" not in stderr
+    assert [ln for ln in stderr.splitlines() if ln.startswith("vramdoctor: ")] == [
+        "vramdoctor: interrupted; the report below covers what was sampled"
+    ]
+    assert doc["schema"] == "vramdoctor.watch/2"
     (part,) = out.glob("watch-*.jsonl")
     run = read_run(part)
     assert run.status == "interrupted" and len(run.records) > 10
@@ -367,7 +388,8 @@ def test_report_re_analyses_a_recorded_watch_part(tmp_path) -> None:
     )
     assert done.returncode == 1, done.stderr
     doc = json.loads(done.stdout)
-    assert doc["schema"] == "vramdoctor.watch/1" and doc["culprit"]["pid"] == 100
+    assert doc["schema"] == "vramdoctor.watch/2" and doc["culprit"]["pid"] == 100
+    assert doc["layers"]["vram"]["verdict"] == "LEAK"
 
 
 def test_watch_reads_gpu_processes_from_an_exporter_and_flags_a_stray_context() -> None:
@@ -423,7 +445,7 @@ def test_watch_reads_gpu_processes_from_an_exporter_and_flags_a_stray_context() 
         finally:
             w.close()
     vram = next(s for s in res.series if s.layer == "vram" and s.pid == 4242 and s.gpu == 0)
-    assert vram.verdict == LEAK and vram.mode == "time"
+    assert vram.verdict == "LEAK" and vram.mode == "time" and res.layers["vram"].verdict == "LEAK"
     assert vram.growth_per_hour and vram.growth_per_hour > 0
     assert vram.hours_to_oom is not None
     assert [(f["code"], f["pid"], f["gpu"]) for f in res.strays] == [("stray_context", 4242, 1)]
@@ -437,4 +459,4 @@ def test_watch_reads_gpu_processes_from_an_exporter_and_flags_a_stray_context() 
         ("1", "4242", "stray_context", 520 * 2**20)
     ]
     assert SECRET not in text and "sglang.launch_server" not in text
-    assert "no server /metrics read" in " ".join(res.notes)
+    assert "no server /metrics was read" in " ".join(res.notes)

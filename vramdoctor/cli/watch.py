@@ -1,113 +1,65 @@
-"""`vramdoctor watch`: passive and continuous; a rolling verdict per process and a /metrics exporter."""
+"""`vramdoctor watch`: passive and continuous; a rolling verdict per memory layer and a /metrics exporter.
+
+Thin: parses the options (every number bounded, `vramdoctor.watch.config`), builds
+`WatchOptions` in one call and hands them to `vramdoctor.watch.command.run_watch` (the run,
+the report, the exit code); `report_run` re-analyses a recorded part for `vramdoctor report`.
+The launch options are soak's own (`SoakConfig`'s flags and help).
+"""
 
 from __future__ import annotations
 
-import re
-import signal
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
 from vramdoctor.cli import app
+from vramdoctor.cli._config_options import config_command, param
 from vramdoctor.cli._options import GPU_HELP, parse_gpu_indices
-from vramdoctor.errors import ExitCode, InputError
-from vramdoctor.render import console
-from vramdoctor.samples import Event
+from vramdoctor.errors import InputError
+from vramdoctor.soak.config import SoakConfig, command_words
+from vramdoctor.watch.config import parse_duration
 
-if TYPE_CHECKING:  # imported where used: `vramdoctor --help` loads no numpy/scipy/psutil
+if TYPE_CHECKING:
     from vramdoctor.record import Run
-    from vramdoctor.watch.runner import WatchOptions
-    from vramdoctor.watch.state import WatchResult
 
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*([smhd]))+\s*$")
+__all__ = ["parse_duration", "report_run", "watch_cmd"]
 
-
-def parse_duration(text: str, what: str) -> float:
-    """'90', '90s', '30m', '6h', '7d', '1h30m' -> seconds. Bad input is an InputError naming `what`."""
-    value = text.strip().lower()
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    if not _DURATION.match(value):
-        raise InputError(f"{what} wants a duration like 90s, 30m, 6h or 7d, not {text!r}")
-    return sum(float(n) * _UNITS[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)\s*([smhd])", value))
-
-
-def _gpus(gpu: list[str], alias: str | None) -> list[int] | None:
-    return parse_gpu_indices([*gpu, *([alias] if alias else [])])
-
-
-def _event_line(ev: Event) -> str:
-    d = ev.data
-    if ev.name == "server_replaced":
-        return f"watch: {d.get('name') or 'process'} restarted: PID {d.get('old_pid')} -> {d.get('new_pid')}"
-    who = f"PID {d.get('pid')}" + (f" ({d['name']})" if d.get("name") else "")
-    return f"watch: {who} {ev.name.replace('process_', '')}"
+_OPTIONS = [
+    param("server", str | None, typer.Option(None, "--server", metavar="URL", help="The inference server's base URL (SGLang, vLLM, any OpenAI-compatible): its /metrics is read and, on this host, its process tree is the server.")),
+    param("metrics", str | None, typer.Option(None, "--metrics", metavar="URL", help="The server's /metrics URL, when not SERVER/metrics.")),
+    param("pid", list[int], typer.Option([], "--pid", help="Also the server's: this process (repeat).")),
+    param("gpu_metrics", list[str], typer.Option([], "--gpu-metrics", metavar="URL", help="Read GPUs from dcgm-exporter or nvitop-exporter instead of NVML here (repeat).")),
+    param("gpu", list[str], typer.Option([], "--gpu", metavar="N", help=GPU_HELP)),
+    param("gpus", str | None, typer.Option(None, "--gpus", hidden=True, help="Old spelling of --gpu.")),
+    param("interval", str, typer.Option("5s", "--interval", help="Time between samples.")),
+    param("window", str, typer.Option("6h", "--window", help="Length of the rolling analysis window.")),
+    param("bucket", str, typer.Option("1m", "--bucket", help="History resolution: one bucket (min, max, mean) per this long.")),
+    param("warmup", str, typer.Option("30m", "--warmup", help="Left out of the analysis after each server start.")),
+    param("min_idle", str, typer.Option("10s", "--min-idle", help="An idle stretch of the server (0 requests running or queued) this long is a comparable moment.")),
+    param("analyse_every", str, typer.Option("30s", "--analyse-every", help="How often the verdicts are recomputed.")),
+    param("listen", str, typer.Option("127.0.0.1:9840", "--listen", metavar="HOST:PORT", help="Serve /metrics here (0.0.0.0:PORT to reach it from other hosts).")),
+    param("no_exporter", bool, typer.Option(False, "--no-exporter", help="Do not serve /metrics.")),
+    param("out", Path | None, typer.Option(None, "--out", metavar="DIR", help="Record samples into rotating run files in DIR.")),
+    param("rotate_mib", str, typer.Option("64", "--rotate-mib", help="Start a new run file past this size (MiB).")),
+    param("keep", int, typer.Option(8, "--keep", help="Run files of DIR to keep, earlier runs' included (oldest deleted).")),
+    param("duration", str | None, typer.Option(None, "--duration", help="Stop after this long (default: until Ctrl-C or SIGTERM).")),
+    param("trace_python", bool, typer.Option(False, "--trace-python", help="With the agent in the server: also trace Python allocations by line.")),
+    param("json_out", bool, typer.Option(False, "--json", help="At the end, print the result as one JSON object.")),
+    param("command", list[str] | None, typer.Argument(None, metavar="CMD", help="-- CMD ARGS...: the server's command, as --launch.")),
+]  # fmt: skip
 
 
 @app.command("watch")
-def watch_cmd(
-    server: str | None = typer.Option(
-        None,
-        "--server",
-        metavar="URL",
-        help="The inference server (SGLang/vLLM) base URL: its /metrics is read and, on this host, its processes found.",
-    ),
-    metrics: str | None = typer.Option(
-        None, "--metrics", metavar="URL", help="The server's /metrics URL, when not SERVER/metrics."
-    ),
-    pid: list[int] = typer.Option(
-        [], "--pid", help="Also watch this process's host memory (repeat)."
-    ),
-    gpu_metrics: list[str] = typer.Option(
-        [],
-        "--gpu-metrics",
-        metavar="URL",
-        help="Read GPUs from dcgm-exporter or nvitop-exporter instead of NVML here (repeat).",
-    ),
-    gpu: list[str] = typer.Option([], "--gpu", metavar="N", help=GPU_HELP),
-    gpus: str | None = typer.Option(None, "--gpus", hidden=True, help="Old spelling of --gpu."),
-    interval: str = typer.Option("5s", "--interval", help="Time between samples."),
-    window: str = typer.Option("6h", "--window", help="Length of the rolling analysis window."),
-    bucket: str = typer.Option(
-        "1m", "--bucket", help="History resolution: one bucket (min, max, mean) per this long."
-    ),
-    warmup: str = typer.Option(
-        "30m", "--warmup", help="Left out of the analysis after each process start."
-    ),
-    analyse_every: str = typer.Option(
-        "30s", "--analyse-every", help="How often the verdicts are recomputed."
-    ),
-    listen: str = typer.Option(
-        "127.0.0.1:9840",
-        "--listen",
-        metavar="HOST:PORT",
-        help="Serve /metrics here (0.0.0.0:PORT to reach it from other hosts).",
-    ),
-    no_exporter: bool = typer.Option(False, "--no-exporter", help="Do not serve /metrics."),
-    out: Path | None = typer.Option(
-        None, "--out", metavar="DIR", help="Record samples into rotating run files in DIR."
-    ),
-    rotate_mib: float = typer.Option(
-        64.0, "--rotate-mib", help="Start a new run file past this size."
-    ),
-    keep: int = typer.Option(8, "--keep", help="Keep this many run files (oldest deleted)."),
-    duration: str | None = typer.Option(
-        None, "--duration", help="Stop after this long (default: until Ctrl-C or SIGTERM)."
-    ),
-    json_out: bool = typer.Option(
-        False, "--json", help="At the end, print the result as one JSON object."
-    ),
-) -> None:
-    """Watch one GPU host passively (no traffic): a rolling leak/caching verdict per process and layer, served as Prometheus /metrics.
+@config_command(
+    SoakConfig, only=("launch", "startup_timeout_s", "stop_grace_s", "agent"), extra=_OPTIONS
+)
+def watch_cmd(**o: Any) -> None:
+    """Watch one GPU host passively (no traffic): a rolling leak/caching verdict per memory layer, served as Prometheus /metrics.
 
-    Samples NVML per GPU and process (or --gpu-metrics exporters), host memory per process by kind, and the server's /metrics. Growth is compared only at moments of comparable work (the quietest quarter of the window, against the requests the server served), after each process's warm-up. See docs/watch.md.
+    The server's own idle moments are its rounds: the memory settled in each, against the requests its counter served, is judged by soak's judge (growth model, lives, other tenants, MIG slices, the agent's inside evidence). A server never idle is compared at its quietest moments; without a request counter, over time. See docs/watch.md.
 
-    Exit code (when it stops): 0 no leak, 1 a leak, 2 usage or input error.
+    Exit code (when it stops): 0 no leak, 1 a leak, 2 usage or input error, 130 interrupted (Ctrl-C, SIGTERM) before a leak was found.
 
     Examples:
 
@@ -116,117 +68,22 @@ def watch_cmd(
       vramdoctor watch --server http://127.0.0.1:8000 --out /var/lib/vramdoctor --listen 0.0.0.0:9840
 
       vramdoctor watch --gpu-metrics http://gpu-host:9400/metrics --duration 1h --json
+
+      vramdoctor watch --duration 2h -- vllm serve Qwen/Qwen2.5-VL-3B-Instruct --port 8000
     """
-    from vramdoctor.watch.exporter import parse_listen
-    from vramdoctor.watch.runner import WatchOptions
-    from vramdoctor.watch.state import WatchConfig
+    from vramdoctor.watch.command import run_watch, watch_options
 
-    parse_listen(listen)  # refuse a bad address before measuring anything
-    interval_s = parse_duration(interval, "--interval")
-    window_s = parse_duration(window, "--window")
-    bucket_s = parse_duration(bucket, "--bucket")
-    if interval_s <= 0 or bucket_s <= 0 or window_s < 2 * bucket_s:
-        raise InputError(
-            "--interval and --bucket must be positive and --window at least two buckets"
-        )
-    if rotate_mib <= 0 or keep < 1:
-        raise InputError("--rotate-mib must be positive and --keep at least 1")
-    config = WatchConfig(
-        bucket_s=bucket_s,
-        max_buckets=int(window_s // bucket_s),
-        warmup_s=parse_duration(warmup, "--warmup"),
+    if o["command"] and o["launch"]:
+        raise InputError("give the server's command once: --launch CMD or -- CMD ARGS...")
+    launch = command_words(o["launch"]) or (tuple(o["command"]) if o["command"] else None)
+    options, duration_s = watch_options(
+        o, launch=launch, gpus=parse_gpu_indices([*o["gpu"], *([o["gpus"]] if o["gpus"] else [])])
     )
-    options = WatchOptions(
-        interval_s=interval_s,
-        analyse_every_s=parse_duration(analyse_every, "--analyse-every"),
-        server_url=server,
-        metrics_url=metrics,
-        pids=list(pid),
-        gpu_metrics=list(gpu_metrics),
-        gpus=_gpus(gpu, gpus),
-        config=config,
-        out_dir=out,
-        rotate_bytes=int(rotate_mib * 1024 * 1024),
-        keep_files=keep,
-        listen=None if no_exporter else listen,
-    )
-    stop_s = parse_duration(duration, "--duration") if duration else None
-    raise typer.Exit(run_watch(options, stop_s, json_out=json_out))
-
-
-def run_watch(options: WatchOptions, duration_s: float | None, *, json_out: bool) -> int:
-    """Run until Ctrl-C, SIGTERM or `duration_s`; print the final report; return the exit code."""
-    from vramdoctor.watch.runner import Watcher
-
-    stop = threading.Event()
-    last_verdict: dict[str, Any] = {"v": None}
-
-    def on_result(res: WatchResult) -> None:
-        if res.verdict != last_verdict["v"]:
-            last_verdict["v"] = res.verdict
-            from vramdoctor.watch.report import sentence
-
-            console.note(f"watch: {res.verdict}: {sentence(res)}")
-
-    def on_event(ev: Event) -> None:
-        console.note(_event_line(ev))
-
-    watcher = Watcher(options, on_event=on_event)
-    previous = signal.getsignal(signal.SIGTERM)
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    status = "complete"
-    try:
-        watcher.open()
-        for note in watcher.notes:
-            console.note(f"watch: {note}")
-        if watcher.exporter is not None:
-            console.note(f"watch: serving /metrics on {watcher.exporter.url}")
-        if watcher.writer is not None:
-            console.note(f"watch: recording to {watcher.writer.path}")
-        try:
-            result = watcher.run(stop, duration_s, on_result=on_result)
-        except KeyboardInterrupt:
-            status = "interrupted"
-            console.note("watch: interrupted; the report below covers what was sampled")
-            result = watcher.analyse()
-    finally:
-        watcher.close(status)
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, previous)
-    if json_out:
-        console.print_json(result.to_dict())
-    else:
-        from vramdoctor.watch.report import render
-
-        render(result, console.stdout())
-    return int(ExitCode.PROBLEM if result.verdict == "LEAK" else ExitCode.OK)
+    raise typer.Exit(run_watch(options, duration_s, json_out=o["json_out"]))
 
 
 def report_run(run: Run, *, json_out: bool, report_file: Path | None) -> int:
     """Re-run the rolling analysis over a recorded watch run file (one rotated part at a time)."""
-    from vramdoctor.watch.state import WatchConfig, replay
+    from vramdoctor.watch.command import report_part
 
-    if report_file is not None:
-        raise InputError("watch reports have no file form: use --json, or the exporter's metrics")
-    config = run.header.get("config") or {}
-    try:
-        wc = WatchConfig(
-            bucket_s=float(config.get("bucket_s", 60.0)),
-            max_buckets=int(config.get("max_buckets", 360)),
-            warmup_s=float(config.get("warmup_s", 1800.0)),
-        )
-        if not (0 < wc.bucket_s < 1e9 and 2 <= wc.max_buckets <= 10**7 and wc.warmup_s >= 0):
-            raise ValueError("out of range")  # (bucket_s 0 divided by zero in the replay)
-    except (TypeError, ValueError, OverflowError):
-        raise InputError(f"{run.path}: damaged watch settings in the header") from None
-    if not run.records:
-        raise InputError(f"{run.path}: the watch run holds no sample ({run.status})")
-    result = replay(run.records, wc)
-    if json_out:
-        console.print_json(result.to_dict())
-    else:
-        from vramdoctor.watch.report import render
-
-        render(result, console.stdout())
-    return int(ExitCode.PROBLEM if result.verdict == "LEAK" else ExitCode.OK)
+    return report_part(run, json_out=json_out, report_file=report_file)

@@ -5,8 +5,14 @@ Library use::
     from vramdoctor.watch import Watcher, WatchOptions
     w = Watcher(WatchOptions(server_url="http://127.0.0.1:30000", listen="127.0.0.1:9840")).open()
     w.tick(); result = w.analyse(); w.close()
+    result.verdict, result.layers["host"].verdict, result.culprit
 
-The rolling analysis (`WatchState`, `classify`) is pure and replays recorded runs (`replay`).
+The server's own idle moments are watch's rounds (`rounds`), judged by soak's judge
+(`judging`: one analysis for soak and watch); `WatchState` is pure and replays recorded runs
+(`replay`). Modules: `config` (bounded settings), `rounds`, `quiet` (a server never idle),
+`judging`, `state`, `result` (the typed result, schema vramdoctor.watch/2), `runner` (the
+loop and its sources), `runfile` (rotating run files), `exporter` (/metrics), `report`
+(terminal), `command` (the command as a library call).
 """
 
 from __future__ import annotations
@@ -16,25 +22,14 @@ from typing import TYPE_CHECKING, Any
 from vramdoctor import _lazy
 
 if TYPE_CHECKING:  # the lazy names below, for type checkers
-    from vramdoctor.stats.trend import (
-        CACHING,
-        INCONCLUSIVE,
-        LEAK,
-        STABLE,
-        Trend,
-        TrendThresholds,
-        classify,
-    )
+    from vramdoctor.stats.trend import TrendThresholds
+    from vramdoctor.watch.config import WatchConfig, WatchOptions, parse_duration
     from vramdoctor.watch.exporter import EXPORTED_METRICS, SamplerHealth, WatchCollector, serve
-    from vramdoctor.watch.runner import Watcher, WatchOptions
-    from vramdoctor.watch.state import (
-        SCHEMA,
-        SeriesVerdict,
-        WatchConfig,
-        WatchResult,
-        WatchState,
-        replay,
-    )
+    from vramdoctor.watch.result import SCHEMA, LayerView, SeriesVerdict, WatchResult
+    from vramdoctor.watch.rounds import IdleWindow, PassiveRounds
+    from vramdoctor.watch.runfile import RotatingRunWriter
+    from vramdoctor.watch.runner import Watcher
+    from vramdoctor.watch.state import WatchState, replay
 
 # Public name -> the module that defines it (imported on first access).
 _LAZY = {
@@ -43,32 +38,30 @@ _LAZY = {
     "WatchCollector": ".exporter",
     "serve": ".exporter",
     "Watcher": ".runner",
-    "WatchOptions": ".runner",
-    "SCHEMA": ".state",
-    "SeriesVerdict": ".state",
-    "WatchConfig": ".state",
-    "WatchResult": ".state",
+    "WatchOptions": ".config",
+    "WatchConfig": ".config",
+    "parse_duration": ".config",
+    "SCHEMA": ".result",
+    "LayerView": ".result",
+    "SeriesVerdict": ".result",
+    "WatchResult": ".result",
+    "IdleWindow": ".rounds",
+    "PassiveRounds": ".rounds",
+    "RotatingRunWriter": ".runfile",
     "WatchState": ".state",
     "replay": ".state",
-    "CACHING": "..stats.trend",
-    "INCONCLUSIVE": "..stats.trend",
-    "LEAK": "..stats.trend",
-    "STABLE": "..stats.trend",
-    "Trend": "..stats.trend",
-    "TrendThresholds": "..stats.trend",
-    "classify": "..stats.trend",
+    "TrendThresholds": "..stats.trend",  # schema-1 spelling of WatchConfig(memory=, kv=)
 }
 
 __all__ = [
-    "CACHING",
     "EXPORTED_METRICS",
-    "INCONCLUSIVE",
-    "LEAK",
     "SCHEMA",
-    "STABLE",
+    "IdleWindow",
+    "LayerView",
+    "PassiveRounds",
+    "RotatingRunWriter",
     "SamplerHealth",
     "SeriesVerdict",
-    "Trend",
     "TrendThresholds",
     "WatchCollector",
     "WatchConfig",
@@ -76,7 +69,7 @@ __all__ = [
     "WatchResult",
     "WatchState",
     "Watcher",
-    "classify",
+    "parse_duration",
     "replay",
     "serve",
 ]

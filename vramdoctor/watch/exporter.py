@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import Any, TypeGuard
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -25,9 +25,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from vramdoctor.errors import InputError
-from vramdoctor.stats.trend import VERDICTS
+from vramdoctor.redact import one_line
 from vramdoctor.units import MIB
-from vramdoctor.watch.state import WatchResult
+from vramdoctor.verdicts import VERDICTS
+from vramdoctor.watch.result import WatchResult
 
 __all__ = [
     "EXPORTED_METRICS",
@@ -38,30 +39,36 @@ __all__ = [
     "serve",
 ]
 
-_SERIES_LABELS = ["gpu", "pid", "process", "layer"]
+_SERIES_LABELS = ["gpu", "gpu_instance", "pid", "process", "layer", "scope"]
 
 EXPORTED_METRICS: dict[str, str] = {
     "vramdoctor_process_memory_bytes": "Memory a process holds, by layer (vram per GPU, rss, rss_anon, rss_file, rss_shmem), latest sample.",
     "vramdoctor_process_memory_floor_bytes": "Lowest level of the latest bucket (what the process keeps between requests).",
-    "vramdoctor_process_memory_growth_bytes_per_hour": "Growth rate at comparable moments, at the request rate the server serves.",
+    "vramdoctor_process_memory_growth_bytes_per_hour": "Growth rate at comparable moments, at the request rate the server serves (or in time).",
     "vramdoctor_process_memory_growth_bytes_per_request": "Growth per served request at comparable moments (needs the server's request counter).",
-    "vramdoctor_process_memory_time_to_oom_seconds": "Time until the layer's free memory is used up at the current growth (LEAK only).",
+    "vramdoctor_process_memory_time_to_oom_seconds": "Time until the layer's free memory is used up at the current growth (the leaking layer's series only).",
     "vramdoctor_process_memory_verdict": "1 for the series' current verdict (LEAK, CACHING, STABLE, INCONCLUSIVE), 0 for the others.",
-    "vramdoctor_gpu_memory_used_bytes": "GPU memory used (device level).",
-    "vramdoctor_gpu_memory_free_bytes": "GPU memory free (device level).",
-    "vramdoctor_gpu_memory_total_bytes": "GPU memory total (device level).",
+    "vramdoctor_layer_verdict": "1 for the memory layer's current verdict (vram, kv, host: soak's judge), 0 for the others.",
+    "vramdoctor_layer_growth_bytes_per_hour": "The leaking layer's growth per hour (KV: tokens per hour).",
+    "vramdoctor_layer_time_to_oom_seconds": "Time until the leaking layer runs out (KV: the pool is full).",
+    "vramdoctor_gpu_memory_used_bytes": "GPU memory used (device level; a MIG slice by gpu_instance).",
+    "vramdoctor_gpu_memory_free_bytes": "GPU memory free (device level; a MIG slice by gpu_instance).",
+    "vramdoctor_gpu_memory_total_bytes": "GPU memory total (device level; a MIG slice by gpu_instance).",
     "vramdoctor_kv_idle_used_tokens": "KV pool tokens the server holds at its last idle moment (0 on a healthy server).",
     "vramdoctor_kv_growth_tokens_per_request": "Growth of idle KV usage per served request.",
     "vramdoctor_kv_verdict": "1 for the KV pool's current verdict, 0 for the others.",
     "vramdoctor_stray_context_bytes": "A context-sized footprint of a process on a GPU that is not its main one.",
     "vramdoctor_server_requests_per_hour": "Requests the server served per hour over the window (from its request counter).",
-    "vramdoctor_verdict": "1 for the worst verdict over live processes, 0 for the others.",
-    "vramdoctor_events_total": "Process life events seen (process_appeared, process_exited, server_replaced).",
+    "vramdoctor_watch_idle_windows": "The server's idle windows in the rolling window (watch's rounds are the traffic between them).",
+    "vramdoctor_verdict": "1 for the worst verdict over the server's layers, 0 for the others.",
+    "vramdoctor_events_total": "Process life events seen (process_appeared, process_exited, server_replaced, ...).",
     "vramdoctor_sampler_up": "1 when the source's last sample succeeded.",
     "vramdoctor_sampler_samples_total": "Samples taken from the source.",
     "vramdoctor_sampler_errors_total": "Failed samples of the source.",
     "vramdoctor_sampler_last_success_timestamp_seconds": "Wall-clock time of the source's last good sample.",
     "vramdoctor_sampler_duration_seconds": "How long the source's last sample took.",
+    "vramdoctor_watch_recording_up": "1 when the run file is being written, 0 while the disk refuses (--out only).",
+    "vramdoctor_watch_records_dropped_total": "Records the disk refused (dropped, never kept in memory; --out only).",
     "vramdoctor_watch_series": "Series the rolling analysis holds (bounded).",
     "vramdoctor_watch_window_seconds": "Length of the rolling analysis window.",
 }
@@ -82,34 +89,54 @@ class SamplerHealth:
 
 
 def _lbl(value: Any) -> str:
-    return "" if value is None else str(value)
+    return "" if value is None else one_line(str(value))
 
 
-def _ok(value: float | None) -> bool:
+def _ok(value: float | None) -> TypeGuard[float]:
     return value is not None and math.isfinite(value)
 
 
 class WatchCollector(Collector):
-    """A custom collector over `result()` (the latest WatchResult) and `health` (SamplerHealth)."""
+    """A custom collector over `result()` (the latest WatchResult) and `health` (SamplerHealth);
+    `recording()` gives (run file being written or None without --out, records dropped)."""
 
     def __init__(
         self,
         result: Callable[[], WatchResult | None],
         health: SamplerHealth,
         series_count: Callable[[], int] | None = None,
+        *,
+        recording: Callable[[], tuple[bool | None, int]] | None = None,
     ) -> None:
         self._result = result
         self._health = health
         self._series_count = series_count
+        self._recording = recording
 
-    def _g(self, name: str, labels: list[str], unit_doc: str = "") -> GaugeMetricFamily:
-        return GaugeMetricFamily(name, EXPORTED_METRICS[name] + unit_doc, labels=labels)
+    def _g(self, name: str, labels: list[str]) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, EXPORTED_METRICS[name], labels=labels)
 
     def collect(self) -> Iterator[Metric]:
         yield from self._health_metrics()
         res = self._result()
         if res is None:
             return
+        yield from self._series(res)
+        yield from self._layers(res)
+        yield from self._devices(res)
+        rph = self._g("vramdoctor_server_requests_per_hour", [])
+        if _ok(res.requests_per_hour):
+            rph.add_metric([], res.requests_per_hour)
+        idle = self._g("vramdoctor_watch_idle_windows", [])
+        idle.add_metric([], float(res.idle_windows))
+        overall = self._g("vramdoctor_verdict", ["verdict"])
+        for v in VERDICTS:
+            overall.add_metric([v], 1.0 if res.verdict == v else 0.0)
+        window = self._g("vramdoctor_watch_window_seconds", [])
+        window.add_metric([], res.window_s)
+        yield from (rph, idle, overall, window)
+
+    def _series(self, res: WatchResult) -> Iterator[Metric]:
         level = self._g("vramdoctor_process_memory_bytes", _SERIES_LABELS)
         floor = self._g("vramdoctor_process_memory_floor_bytes", _SERIES_LABELS)
         per_h = self._g("vramdoctor_process_memory_growth_bytes_per_hour", _SERIES_LABELS)
@@ -123,39 +150,61 @@ class WatchCollector(Collector):
             if s.layer == "kv":
                 pool = _lbl(s.pool)
                 if _ok(s.growth_per_request):
-                    kv_per_r.add_metric([pool], s.growth_per_request)  # type: ignore[arg-type]
+                    kv_per_r.add_metric([pool], s.growth_per_request)
                 for v in VERDICTS:
                     kv_verdict.add_metric([pool, v], 1.0 if s.verdict == v else 0.0)
                 continue
-            if not s.alive:
+            if not s.alive or s.layer == "device":
                 continue  # an exited process's series stays in the JSON, not in /metrics
-            labels = [_lbl(s.gpu), _lbl(s.pid), _lbl(s.process), s.layer]
+            labels = [
+                _lbl(s.gpu),
+                _lbl(s.gpu_instance),
+                _lbl(s.pid),
+                _lbl(s.process),
+                s.layer,
+                _lbl(s.scope),
+            ]
             if _ok(s.level):
-                level.add_metric(labels, s.level * MIB)  # type: ignore[operator]
+                level.add_metric(labels, s.level * MIB)
+            if _ok(s.floor_level):
+                floor.add_metric(labels, s.floor_level * MIB)
             if _ok(s.growth_per_hour):
-                per_h.add_metric(labels, s.growth_per_hour * MIB)  # type: ignore[operator]
+                per_h.add_metric(labels, s.growth_per_hour * MIB)
             if _ok(s.growth_per_request):
-                per_r.add_metric(labels, s.growth_per_request * MIB)  # type: ignore[operator]
+                per_r.add_metric(labels, s.growth_per_request * MIB)
             if _ok(s.hours_to_oom):
-                oom.add_metric(labels, s.hours_to_oom * 3600.0)  # type: ignore[operator]
+                oom.add_metric(labels, s.hours_to_oom * 3600.0)
             for v in VERDICTS:
                 verdict.add_metric([*labels, v], 1.0 if s.verdict == v else 0.0)
-            if s.floor_level is not None:
-                floor.add_metric(labels, s.floor_level * MIB)
         for pool, used in res.kv_idle_used_tokens.items():
-            kv_idle.add_metric([pool], used)
+            kv_idle.add_metric([_lbl(pool)], used)
         yield from (level, floor, per_h, per_r, oom, verdict, kv_idle, kv_per_r, kv_verdict)
 
-        used_g = self._g("vramdoctor_gpu_memory_used_bytes", ["gpu", "gpu_name"])
-        free = self._g("vramdoctor_gpu_memory_free_bytes", ["gpu", "gpu_name"])
-        total = self._g("vramdoctor_gpu_memory_total_bytes", ["gpu", "gpu_name"])
-        for g in res.gpus:
-            lab = [_lbl(g.get("index")), _lbl(g.get("name"))]
-            used_g.add_metric(lab, float(g["used_mib"]) * MIB)
-            free.add_metric(lab, float(g["free_mib"]) * MIB)
-            total.add_metric(lab, float(g["total_mib"]) * MIB)
-        yield from (used_g, free, total)
+    def _layers(self, res: WatchResult) -> Iterator[Metric]:
+        verdict = self._g("vramdoctor_layer_verdict", ["layer", "verdict"])
+        per_h = self._g("vramdoctor_layer_growth_bytes_per_hour", ["layer"])
+        oom = self._g("vramdoctor_layer_time_to_oom_seconds", ["layer"])
+        for name, lay in res.layers.items():
+            for v in VERDICTS:
+                verdict.add_metric([name, v], 1.0 if lay.verdict == v else 0.0)
+            if lay.verdict == "LEAK" and _ok(lay.rate_per_hour):
+                per_h.add_metric([name], lay.rate_per_hour * (MIB if lay.unit == "MiB" else 1.0))
+            if lay.verdict == "LEAK" and _ok(lay.hours_to_oom):
+                oom.add_metric([name], lay.hours_to_oom * 3600.0)
+        yield from (verdict, per_h, oom)
 
+    def _devices(self, res: WatchResult) -> Iterator[Metric]:
+        labels = ["gpu", "gpu_instance", "gpu_name"]
+        used_g = self._g("vramdoctor_gpu_memory_used_bytes", labels)
+        free = self._g("vramdoctor_gpu_memory_free_bytes", labels)
+        total = self._g("vramdoctor_gpu_memory_total_bytes", labels)
+        for g in res.gpus:
+            lab = [_lbl(g.get("index")), _lbl(g.get("gpu_instance")), _lbl(g.get("name"))]
+            for fam, key in ((used_g, "used_mib"), (free, "free_mib"), (total, "total_mib")):
+                value = g.get(key)
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    fam.add_metric(lab, float(value) * MIB)
+        yield from (used_g, free, total)
         stray = self._g("vramdoctor_stray_context_bytes", ["gpu", "pid", "process", "flag"])
         for f in res.strays:
             if f.get("mib") is not None:
@@ -169,17 +218,6 @@ class WatchCollector(Collector):
                     float(f["mib"]) * MIB,
                 )
         yield stray
-        rph = self._g("vramdoctor_server_requests_per_hour", [])
-        if _ok(res.requests_per_hour):
-            rph.add_metric([], res.requests_per_hour)  # type: ignore[arg-type]
-        yield rph
-        overall = self._g("vramdoctor_verdict", ["verdict"])
-        for v in VERDICTS:
-            overall.add_metric([v], 1.0 if res.verdict == v else 0.0)
-        yield overall
-        window = self._g("vramdoctor_watch_window_seconds", [])
-        window.add_metric([], res.window_s)
-        yield window
 
     def _health_metrics(self) -> Iterator[Metric]:
         h = self._health
@@ -210,6 +248,17 @@ class WatchCollector(Collector):
         for name, count in sorted(h.events.items()):
             events.add_metric([name], float(count))
         yield from (up, samples, errors, last, dur, events)
+        if self._recording is not None:
+            writing, dropped = self._recording()
+            if writing is not None:
+                rec = self._g("vramdoctor_watch_recording_up", [])
+                rec.add_metric([], 1.0 if writing else 0.0)
+                lost = CounterMetricFamily(
+                    "vramdoctor_watch_records_dropped",
+                    EXPORTED_METRICS["vramdoctor_watch_records_dropped_total"],
+                )
+                lost.add_metric([], float(dropped))
+                yield from (rec, lost)
         if self._series_count is not None:
             n = self._g("vramdoctor_watch_series", [])
             n.add_metric([], float(self._series_count()))
