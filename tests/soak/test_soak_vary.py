@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import vd
-from support.refserver import MIB, RefProc, Traffic
+from support.refserver import RefProc, Traffic
 from support.vgpu import VirtualGpu
 
 from vramdoctor.record import read_run
@@ -123,16 +123,34 @@ def test_vary_names_each_layers_culprit_and_its_rate(
     assert v["rounds_judged"] <= 1 + 4 * len(v["shapes"])
 
 
-def test_a_single_feature_server_without_an_exporter(tmp_path) -> None:
-    """The plain case: leak-on-large-images, host RAM only; the rate is the server's own."""
-    with RefProc("leak-on-large-images", "--leak-kib", "1024") as srv:
-        d = vary(srv.url, tmp_path, "image-size,stream")
-        info = srv.info()
+def test_vary_with_launch_on_a_single_feature_server_without_an_exporter(tmp_path) -> None:
+    """--launch starts leak-on-large-images (the agent in its environment), --vary names
+    image-size on host RAM at the server's own rate, and nothing of the launch outlives it."""
+    from support.procs import free_port, pid_alive, ref_cmd, wait_gone
+
+    port = free_port()
+    cmd = ref_cmd("leak-on-large-images", port, "--leak-kib", "1024")
+    r = vd(
+        "soak",
+        "--vary",
+        "image-size,stream",
+        *FAST,
+        "--out",
+        str(tmp_path / "run.jsonl"),
+        "--json",
+        "--",
+        *cmd,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert r.returncode == 1, r.stderr[-2000:]
+    d = json.loads(r.stdout)
     host = d["vary"]["layers"]["host"]
-    truth = info["kept_bytes"] / info["feature_requests"] / MIB
     assert host["culprits"] == ["image-size"]
-    assert host["features"]["image-size"]["value"] == pytest.approx(truth, rel=0.1)
+    assert host["features"]["image-size"]["value"] == pytest.approx(1.0, rel=0.1)
     assert host["features"]["stream"]["decision"] != "leak"
+    pid = d["launch"]["pid"]
+    assert wait_gone([pid]) == [] and not pid_alive(pid)
 
 
 def test_a_leak_of_every_request_names_no_feature(tmp_path) -> None:
