@@ -50,7 +50,6 @@ KNOWN_CUTS: dict[str, str] = {
     "soak report (churn)": "H-D (soak/report/terminal.py; layer sentences H-B)",
     "soak report (attribution)": "H-D (soak/report/terminal.py) and H-C (attribution/report.py)",
     "ab-test report": "H-D (abtest/report.py: a fixed 170-column console)",
-    "watch report": "H-G (watch/report.py: a rich table)",
 }
 
 _BORDER = "│┃║|─━═┏┓┗┛┡┩╇╋┳┻├┤┼╭╮╰╯┌┐└┘╷╵┬┴╴╶╸╺+"

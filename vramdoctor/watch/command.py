@@ -169,6 +169,9 @@ def run_watch(options: WatchOptions, duration_s: float | None, *, json_out: bool
                 signal.signal(signal.SIGTERM, previous)
     if result is None:
         raise Interrupted("interrupted before anything was sampled")
+    if not watcher.watched_anything():
+        why = next(iter(watcher.failing.values()), "no source answered")
+        raise InputError(f"nothing was watched in the whole run: {why}")
     result.interrupted = interrupted.is_set()
     _print(result, json_out)
     return result.exit_code

@@ -232,7 +232,10 @@ def render(result: WatchResult, console: Console, *, max_rows: int = 40) -> None
     shown = result.series[:max_rows]
     for s in shown:
         table.add_row(*_row_cells(s), style="dim" if not s.decides else None)
-    console.print(table)
+    if shown:
+        console.print(table)
+    else:
+        console.print(Text(f"{title}: no series measured yet", style="dim"))
     if len(result.series) > len(shown):
         console.print(Text(f"{len(result.series) - len(shown)} more series in --json", style="dim"))
     for f in result.strays:

@@ -173,13 +173,15 @@ class Watcher:
         self._gpu_note: str | None = None
 
     # -- saying things once ---------------------------------------------------------------
-    def say(self, message: str, *, kind: str | None = None) -> None:
-        """Say `message` once (per `kind`, default the message): a note and the notes list."""
+    def say(self, message: str, *, kind: str | None = None, keep: bool = True) -> None:
+        """Say `message` once (per `kind`, default the message): a note on stderr and, with
+        `keep`, in the result's notes."""
         key = kind or message
         if key in self._said:
             return
         self._said.add(key)
-        self.notes.append(message)
+        if keep:
+            self.notes.append(message)
         if self._on_note is not None:
             self._on_note(message)
 
@@ -439,7 +441,7 @@ class Watcher:
         kind = _kind(name, message)
         if kind in self._said:
             return
-        self.say(f"{name}: {message} (retried every sample; said once)", kind=kind)
+        self.say(f"{name}: {message} (retried every sample; said once)", kind=kind, keep=False)
         if self.writer is not None:
             self.writer.write(
                 Event(*now(), name=SOURCE_ERROR, data={"source": name, "error": message})
@@ -467,6 +469,7 @@ class Watcher:
             self.say(
                 f"{name}: answers again after {errors} failed samples",
                 kind=f"recovered:{name}:{errors // 1000}",
+                keep=False,
             )
             del self._failing[name]
         return record
@@ -610,6 +613,20 @@ class Watcher:
                 f"{name} {what} ({self.health.errors.get(name, 0)} failed samples): {message}"
             )
         return out
+
+    @property
+    def failing(self) -> dict[str, str]:
+        """source -> its last error, for the sources failing now."""
+        return dict(self._failing)
+
+    def watched_anything(self) -> bool:
+        """False when no source ever answered and no server process was seen: nothing of
+        the server was watched (a wrong URL, a server that never came up)."""
+        return (
+            any(self.health.samples.get(n, 0) for n in self._sources)
+            or bool(self.server is not None and self.server.local)
+            or bool(self.options.pids)
+        )
 
     def _source_table(self) -> dict[str, dict[str, Any]]:
         h = self.health
