@@ -38,6 +38,7 @@ import contextlib
 import json
 import math
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -453,27 +454,40 @@ def bench(case: Case, kinds: list[str], work: Path, repeat: int) -> None:
 
 
 def startup() -> None:
-    """Wall time of importing what `vramdoctor fleet` needs before its first query (median
-    of 5 fresh interpreters), against a bare interpreter."""
+    """What importing `vramdoctor fleet`'s modules costs before its first query: wall time and
+    CPU time (user + system, which other load on the machine disturbs less), median of 5
+    fresh interpreters each, against a bare interpreter."""
 
-    def wall(code: str) -> float:
-        runs = []
+    def cost(code: str) -> tuple[float, float]:
+        walls, cpus = [], []
         for _ in range(5):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
             subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
-            runs.append(time.perf_counter() - t0)
-        return sorted(runs)[2]
+            walls.append(time.perf_counter() - t0)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+        return sorted(walls)[2], sorted(cpus)[2]
 
-    bare = wall("pass")
-    fleet = wall(
-        "import vramdoctor.fleet, vramdoctor.fleet.collect, vramdoctor.fleet.report, vramdoctor.sources.prometheus"
-    )
-    cli = wall("import vramdoctor.cli")
-    scipy = wall("import scipy.stats")
+    bare = cost("pass")
+    rows = [
+        (
+            "fleet's modules",
+            "import vramdoctor.fleet, vramdoctor.fleet.collect, vramdoctor.fleet.report, vramdoctor.sources.prometheus",
+        ),
+        ("the whole CLI", "import vramdoctor.cli"),
+        (
+            "`vramdoctor fleet`'s imports",
+            "import vramdoctor.cli, vramdoctor.fleet, vramdoctor.fleet.collect, vramdoctor.fleet.report, vramdoctor.sources.prometheus",
+        ),
+        ("scipy.stats (on a thread, during the queries)", "import scipy.stats"),
+    ]
     print(
-        f"start-up (median of 5): bare python {bare:.3f} s; + fleet's modules {fleet - bare:.3f} s; "
-        f"+ the whole CLI {cli - bare:.3f} s; scipy.stats alone {scipy - bare:.3f} s (imported only when a candidate is judged)"
+        f"start-up, median of 5 (wall s / CPU s), over a bare interpreter ({bare[0]:.3f} / {bare[1]:.3f}):"
     )
+    for what, code in rows:
+        wall, cpu = cost(code)
+        print(f"  + {what}: {wall - bare[0]:.3f} / {cpu - bare[1]:.3f}")
     mods = subprocess.run(
         [
             sys.executable,
@@ -484,7 +498,7 @@ def startup() -> None:
         text=True,
         cwd=ROOT,
     ).stdout.split()
-    print(f"scipy imported by fleet's modules: {mods[0]}; scipy.stats: {mods[1]}")
+    print(f"  scipy imported by fleet's modules: {mods[0]}; scipy.stats: {mods[1]}")
 
 
 def main() -> None:

@@ -21,17 +21,21 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from vramdoctor.fleet.analysis import (
-    REASONS,
-    SCHEMA,
-    FleetConfig,
-    FleetResult,
-    FleetRow,
-    FleetSeries,
-    analyse,
-)
-from vramdoctor.fleet.families import FAMILIES, metric_names_used
+from vramdoctor import _lazy
+from vramdoctor.fleet.config import FleetConfig
+
+if TYPE_CHECKING:  # the lazy names below, for type checkers
+    from vramdoctor.fleet.analysis import (
+        REASONS,
+        SCHEMA,
+        FleetResult,
+        FleetRow,
+        FleetSeries,
+        analyse,
+    )
+    from vramdoctor.fleet.families import FAMILIES, metric_names_used
 
 __all__ = [
     "FAMILIES",
@@ -46,6 +50,28 @@ __all__ = [
     "metric_names_used",
     "run_fleet",
 ]
+
+# numpy-backed names load on first use: the command line builds its FleetConfig and sends its
+# first query while numpy and scipy load on a thread (see run_fleet)
+_LAZY = {
+    "REASONS": ".analysis",
+    "SCHEMA": ".analysis",
+    "FleetResult": ".analysis",
+    "FleetRow": ".analysis",
+    "FleetSeries": ".analysis",
+    "analyse": ".analysis",
+    "FAMILIES": ".families",
+    "metric_names_used": ".families",
+}
+
+
+def __getattr__(name: str) -> Any:
+    return _lazy.load(__name__, name, _LAZY)
+
+
+def __dir__() -> list[str]:
+    return _lazy.listing(globals(), _LAZY)
+
 
 STRATEGIES = ("screen", "pull")
 """`screen`: the database screens every series, candidates are pulled (the default);
@@ -73,10 +99,11 @@ def run_fleet(
     every GPU, process and KV pool.
 
     `timeout_s` is each query's total deadline and `max_answer_bytes` each answer's size cap;
-    `step_s` the resolution of the `pull` strategy and of charts. Raises InputError (bad range, nothing stored) and
-    SourceUnavailable (the database unreachable, refusing, or answering malformed JSON)."""
+    `step_s` the resolution of the `pull` strategy and of charts; `parallel` how many queries
+    are asked at once; `max_candidates` how many series are pulled after the screen at most.
+    Raises InputError (bad range, nothing stored) and SourceUnavailable (the database
+    unreachable, refusing, or answering malformed JSON)."""
     from vramdoctor.errors import InputError
-    from vramdoctor.fleet.collect import Plan, collect
     from vramdoctor.fleet.promql import check_matchers
     from vramdoctor.sources.prometheus import PrometheusClient
 
@@ -86,18 +113,10 @@ def run_fleet(
     end = time.time() if end is None else float(end)
     window = float(since_s) if since_s is not None else days * 86400.0
     start = end - window
-    plan = Plan(
-        start=start,
-        end=end,
-        step_s=float(step_s),
-        config=config,
-        matchers=tuple(check_matchers(list(matchers or []))),
-        virtual_gpus=virtual_gpus,
-        strategy=strategy,
-        max_candidates=int(max_candidates),
-    )
-    # scipy.stats takes a second to import: on a thread of its own while the database works
-    threading.Thread(target=_warm_statistics, name="vramdoctor-import", daemon=True).start()
+    matched = tuple(check_matchers(list(matchers or [])))
+    # numpy, the analysis and scipy.stats (about a second in all) load on a thread while the
+    # first queries are on their way and the database works on the screen
+    threading.Thread(target=_warm, name="vramdoctor-import", daemon=True).start()
     t0 = time.perf_counter()
     with PrometheusClient(
         prometheus_url,
@@ -107,6 +126,21 @@ def run_fleet(
         parallel=parallel,
     ) as client:
         try:
+            names = client.metric_names(start, end)  # needs no numpy: out at once
+            from vramdoctor.fleet.analysis import analyse
+            from vramdoctor.fleet.collect import Plan, collect
+
+            plan = Plan(
+                start=start,
+                end=end,
+                step_s=float(step_s),
+                config=config,
+                matchers=matched,
+                virtual_gpus=virtual_gpus,
+                strategy=strategy,
+                max_candidates=int(max_candidates),
+                names=frozenset(names),
+            )
             got = collect(client, plan)
         finally:
             calls = [c.to_dict() for c in client.calls]
@@ -136,9 +170,11 @@ def run_fleet(
     return result
 
 
-def _warm_statistics() -> None:
-    """Import the statistics the analysis needs (scipy.stats: about a second) ahead of it."""
+def _warm() -> None:
+    """Import what the analysis needs (numpy, scipy.stats: about a second) ahead of it."""
     try:
+        import vramdoctor.fleet.analysis
+        import vramdoctor.fleet.collect
         import vramdoctor.stats.changepoint
         import vramdoctor.stats.trend  # noqa: F401
     except Exception:  # the analysis imports them again and says what is wrong

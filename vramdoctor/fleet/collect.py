@@ -198,8 +198,9 @@ def collect(client: PrometheusClient, plan: Plan) -> Collected:
     metrics fleet reads."""
     out = Collected()
     t0 = time.perf_counter()
-    names = client.metric_names(plan.start, plan.end)
-    plan = dataclasses.replace(plan, names=frozenset(names))
+    if not plan.names:  # run_fleet asks for them before numpy is loaded
+        plan = dataclasses.replace(plan, names=frozenset(client.metric_names(plan.start, plan.end)))
+    names = set(plan.names)
     out.seconds["names"] = time.perf_counter() - t0
     fams = [f for f in FAMILIES if f.name in names and not (f.alias_of and f.alias_of in names)]
     memory = [f for f in fams if f.kind == "memory"]

@@ -52,14 +52,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
-import numpy as np
 import requests
 
 from vramdoctor.errors import InputError, SourceUnavailable
 from vramdoctor.redact import one_line, redact_text, redact_url, register_secret, secret_name
+
+if TYPE_CHECKING:  # numpy is imported where range answers are parsed (fleet loads it on a thread)
+    import numpy as np
 
 __all__ = [
     "MAX_POINTS_PER_SERIES",
@@ -591,6 +593,8 @@ class PrometheusClient:
         )
 
     def _matrix(self, data: Any, call: Call) -> list[tuple[dict[str, str], np.ndarray, np.ndarray]]:
+        import numpy as np
+
         if not isinstance(data, dict):
             raise self._malformed(call, "data is not an object")
         kind, result = data.get("resultType"), data.get("result")
@@ -640,6 +644,8 @@ class PrometheusClient:
         limit and the size cap (an answer over the cap is asked again in halves, at most
         `MAX_SPLITS` times). Series are joined across chunks by their label set, in time
         order; NaN values are kept (callers decide)."""
+        import numpy as np
+
         call = Call("range", query, start=start, end=end, step_s=step_s)
         try:
             bounds = chunk_bounds(start, end, step_s, self.max_points, max_steps=self.max_steps)
