@@ -168,7 +168,13 @@ def test_a_server_that_leaves_a_setsid_grandchild_behind_is_cleaned_up(tmp_path:
         assert r.returncode == 0, r.stderr
         assert wait_gone([grandchild], 5) == []  # SIGTERM ignored, out of the group: still killed
         stopped = _launch_record(tmp_path / "run.jsonl")["stopped"]
-        assert stopped["how"] == "sigkill" and grandchild in stopped["signalled"]
+        beats = Path(str(pidfile) + ".beat").read_text().splitlines()
+        assert not any(b.startswith("ended") for b in beats), beats[-3:]  # nothing else ended it
+        assert stopped["how"] == "sigkill" and grandchild in stopped["signalled"], (
+            json.dumps(stopped),
+            beats[-2:],
+            time.time(),
+        )
     finally:
         kill_all([grandchild])
 

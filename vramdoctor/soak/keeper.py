@@ -11,8 +11,12 @@ only, so it starts in milliseconds and never imports vramdoctor. It
   killed, the server's main process dies with it;
 - holds its stdin as the lifeline from vramdoctor: a line "stop" or end of file (vramdoctor
   exited, crashed or was killed with SIGKILL: the kernel closes the pipe) starts the stop;
+- remembers every process it sees below itself (scanned once a second: pid and start time), so
+  one that slipped out of the tree is still stopped (a pid later given to another process is
+  never signalled: the start time must match);
 - stops by SIGTERM to the server's process group and to every other descendant, waits up to
-  `--grace` seconds, then SIGKILLs whatever is left, reaps it and exits.
+  `--grace` seconds, then SIGKILLs whatever is left, reaps it and exits (the tree is read
+  twice empty before it is called empty: /proc is read one process at a time).
 
 It speaks one JSON object per line on stdout: {"event": "started", "pid", "pgid"} once the
 server runs, {"event": "exited", "returncode"} when the server's main process ends by itself,
@@ -55,8 +59,13 @@ def _say(**data: object) -> None:
 
 
 def _descendants(root: int) -> list[int]:
-    """Every live process below `root` (by parent pid, read from /proc), deepest last."""
+    """Every live process below `root` (by parent pid, read from /proc).
+
+    The walk goes THROUGH zombies (only the result leaves them out): /proc is read one process
+    at a time, so a child read before its parent died still names that parent, which is a
+    zombie by the time it is read; skipping the zombie would hide the child."""
     children: dict[int, list[int]] = {}
+    zombies: set[int] = set()
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -66,25 +75,60 @@ def _descendants(root: int) -> list[int]:
         except OSError:
             continue
         rest = stat[stat.rfind(")") + 2 :].split()
-        if len(rest) < 2 or rest[0] == "Z":
+        if len(rest) < 2:
             continue
+        if rest[0] in ("Z", "X"):
+            zombies.add(int(name))
         children.setdefault(int(rest[1]), []).append(int(name))
     out: list[int] = []
     todo = [root]
+    seen = {root}
     while todo:
         pid = todo.pop()
         for child in children.get(pid, []):
-            out.append(child)
+            if child in seen:
+                continue
+            seen.add(child)
+            if child not in zombies:
+                out.append(child)
             todo.append(child)
     return out
 
 
-def _signal_all(pgid: int, sig: int) -> list[int]:
-    """`sig` to the server's process group and to every descendant of the keeper."""
+def _start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot; /proc/PID/stat field 22), None when
+    it is gone or a zombie: with the pid, what tells it from a later process given that pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    rest = stat[stat.rfind(")") + 2 :].split()
+    if len(rest) < 20 or rest[0] in ("Z", "X"):
+        return None
+    return rest[19]
+
+
+def _remember(seen: dict[int, str], pids: list[int]) -> None:
+    for pid in pids:
+        if pid not in seen:
+            started = _start_time(pid)
+            if started is not None:
+                seen[pid] = started
+
+
+def _still_ours(seen: dict[int, str]) -> set[int]:
+    """The pids seen below the keeper that still run as the same process (never a pid reused)."""
+    return {pid for pid, started in seen.items() if _start_time(pid) == started}
+
+
+def _signal_all(pgid: int, sig: int, seen: dict[int, str]) -> list[int]:
+    """`sig` to the server's process group, every descendant of the keeper, and every process
+    seen below it before that still runs (one that slipped out of the tree is still ours)."""
     with contextlib.suppress(OSError):
         os.killpg(pgid, sig)
     hit = []
-    for pid in _descendants(os.getpid()):
+    for pid in sorted(set(_descendants(os.getpid())) | _still_ours(seen)):
         try:
             os.kill(pid, sig)
             hit.append(pid)
@@ -163,7 +207,13 @@ def main(argv: list[str]) -> int:
     _say(event="started", pid=proc.pid, pgid=pgid, subreaper=subreaper)
     returncode: int | None = None
     lifeline = sys.stdin.fileno()
+    seen: dict[int, str] = {}  # every process ever seen below the keeper: pid -> start time
+    _remember(seen, [proc.pid])
+    scanned = 0.0
     while not stop_asked[0]:
+        if time.monotonic() - scanned >= 1.0:  # the tree, once a second
+            _remember(seen, _descendants(os.getpid()))
+            scanned = time.monotonic()
         for pid, status in _reap().items():
             if pid == proc.pid and returncode is None:
                 returncode = _returncode(status)
@@ -181,27 +231,31 @@ def main(argv: list[str]) -> int:
                 break
     start = time.monotonic()
     how = "exited" if returncode is not None else "sigterm"
-    killed = _signal_all(pgid, signal.SIGTERM)
+    _remember(seen, _descendants(os.getpid()))
+    killed = _signal_all(pgid, signal.SIGTERM, seen)
     deadline = start + max(0.0, grace)
-    while True:
+
+    def remaining() -> list[int]:
         for pid, status in _reap().items():
-            if pid == proc.pid and returncode is None:
-                returncode = _returncode(status)
-        left = _descendants(os.getpid())
-        if not left:
-            break
+            if pid == proc.pid and returncode_box[0] is None:
+                returncode_box[0] = _returncode(status)
+        found = _descendants(os.getpid())
+        _remember(seen, found)
+        return sorted(set(found) | _still_ours(seen))
+
+    returncode_box = [returncode]
+    while True:
+        if not remaining():
+            time.sleep(0.05)
+            if not remaining():  # twice: a process between two reads of /proc is not missed
+                break
         if time.monotonic() >= deadline:
             if how == "sigterm":
                 how = "sigkill"
-            killed += _signal_all(pgid, signal.SIGKILL)
-            time.sleep(0.05)
-            for pid, status in _reap().items():
-                if pid == proc.pid and returncode is None:
-                    returncode = _returncode(status)
-            if not _descendants(os.getpid()):
-                break
+            killed += _signal_all(pgid, signal.SIGKILL, seen)
             deadline = time.monotonic() + 0.2  # SIGKILL again until nothing is left
         time.sleep(0.05)
+    returncode = returncode_box[0]
     if returncode is None:  # ended between the last reap and the scan: a zombie now
         try:
             _pid, status = os.waitpid(proc.pid, 0)
