@@ -117,6 +117,8 @@ def run_watch(options: WatchOptions, duration_s: float | None, *, json_out: bool
 
     try:
         with interrupts_held():  # numpy's and scipy's imports turn a Ctrl-C into ImportError
+            import scipy.stats  # noqa: F401  (seconds on a busy host: before sampling starts)
+
             from vramdoctor.soak import analysis as _analysis  # noqa: F401
             from vramdoctor.watch.report import change_line
             from vramdoctor.watch.runner import Watcher
