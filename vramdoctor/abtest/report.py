@@ -190,8 +190,14 @@ def render(result: dict[str, Any], header: dict[str, Any] | None = None) -> None
         )
     else:
         out.print(f"No recommendation: {rec['reason']}", markup=False)
+    from vramdoctor.abtest.model_run import EXIT_TARGETS
+
     for key, ok in result.get("targets", {}).items():
-        out.print(f"  target {key.replace('_', ' ')}: {'met' if ok else 'MISSED'}", markup=False)
+        decides = "decides the exit code" if key in EXIT_TARGETS else "reported only"
+        out.print(
+            f"  target {key.replace('_', ' ')}: {'met' if ok else 'MISSED'} ({decides})",
+            markup=False,
+        )
     table = ipc_table(result)
     if table is not None:
         out.print(table)

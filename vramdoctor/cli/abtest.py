@@ -82,7 +82,9 @@ def abtest_cmd(**o: Any) -> None:
     preprocessing, a GPU output escaping the pool with and without vramdoctor's guard.
     --server: your server is launched once per variant (baseline first and again last) and
     soaked with the same traffic; one table: verdict per memory layer, latency, throughput,
-    what each variant stops and costs. Exit 1 when a variant failed, or nothing fixes a leak.
+    what each variant stops and costs. Exit 1 when a variant failed; --model: or the scoped pool
+    missed a memory target (its latency target is reported only); --server: or the baseline
+    leaks and no variant stops it.
 
     Examples:
 
