@@ -63,7 +63,7 @@ def test_half_a_mib_of_jitter_does_not_draw_full_height() -> None:
 
 def test_terminal_report_says_the_verdict_per_layer_with_units() -> None:
     text = _text(analyse_soak(synth(leak(19.3))), width=250)
-    assert "LEAK: VRAM leaks 19.3 MiB per request (pid 4242 (python3) on GPU 0)" in text
+    assert "LEAK: VRAM leaks 19.3 MiB per request, in pid 4242 (python3) on GPU 0" in text
     assert "allocator memory that is never freed" in text
     assert "more requests at this rate" in text
     assert "KV pool" in text and "NOT MEASURED" in text

@@ -168,8 +168,8 @@ def _short(lay: LayerResult) -> str:
         if own is not None:
             return own
         if lay.rate_per_hour is not None:
-            return f"{name} leaks {rate(lay.rate_per_hour, lay.unit)} per hour with time, idle included ({who(lay)})"
-        return f"{name} leaks {rate(lay.rate_per_request, lay.unit)} per request ({who(lay)})"
+            return f"{name} leaks {rate(lay.rate_per_hour, lay.unit)} per hour with time, idle included, in {who(lay)}"
+        return f"{name} leaks {rate(lay.rate_per_request, lay.unit)} per request, in {who(lay)}"
     if lay.verdict == CACHING:
         growth = value(s.growth, s.unit, signed=True) if s is not None else ""
         own = blk.short_caching(lay, growth)
