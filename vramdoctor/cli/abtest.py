@@ -94,7 +94,7 @@ def abtest_cmd(**o: Any) -> None:
 
       vramdoctor ab-test --preset malloc-arena-max-2 -- vllm serve M --port 8000
 
-      vramdoctor ab-test --variant arena2=MALLOC_ARENA_MAX=2 --server 'python srv.py --port 8000'
+      vramdoctor ab-test --variant arena=MALLOC_ARENA_MAX=2 -- python srv.py --port 8000
     """
     if o["command"] and o["server"]:
         raise InputError("give the server's command once: --server CMD or -- CMD ARGS...")
