@@ -1,5 +1,7 @@
 """`vramdoctor report --json` on every recorded run under tests/fixtures, against its saved answer.
 
+Byte for byte, except that a float may differ in its last digits (see REL_TOL).
+
 The saved answers (tests/fixtures/report_golden/, one per run file, named after its path) are
 what the analysis says of each recorded run. A change of verdict or figure on a recorded run is a
 change of behaviour: it must be deliberate, regenerated with
@@ -11,9 +13,12 @@ and listed in the CHANGELOG with its reason.
 
 from __future__ import annotations
 
+import json
+import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,6 +45,44 @@ def _report_json(run: Path) -> str:
     return proc.stdout
 
 
+# Figures derived by least squares differ in their last digits between numpy/BLAS builds (the CI's
+# newest and lowest versions): a float is the same answer when it agrees to 1e-9 relative.
+REL_TOL = 1e-9
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal JSON values, floats compared to REL_TOL; every string, key and order exactly."""
+    if isinstance(a, float) or isinstance(b, float):
+        if not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+            return False
+        if isinstance(a, bool) or isinstance(b, bool):
+            return a is b
+        return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=1e-12)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
+
+
+def _matches(text: str, saved: str) -> bool:
+    if text == saved:
+        return True
+    try:
+        return _same(json.loads(text), json.loads(saved))
+    except ValueError:
+        return False
+
+
+def test_the_comparison_tells_a_changed_figure_from_float_noise() -> None:
+    saved = '{"rate": 0.28954161617749874, "verdict": "LEAK", "n": 3}'
+    assert _matches('{"rate": 0.2895416161733023, "verdict": "LEAK", "n": 3}', saved)
+    assert not _matches('{"rate": 0.2896, "verdict": "LEAK", "n": 3}', saved)
+    assert not _matches('{"rate": 0.28954161617749874, "verdict": "CACHING", "n": 3}', saved)
+    assert not _matches('{"rate": 0.28954161617749874, "verdict": "LEAK", "n": 3.0001}', saved)
+    assert not _matches('{"verdict": "LEAK", "rate": 0.28954161617749874, "n": 3}', saved)
+
+
 def test_every_recorded_run_has_a_saved_answer() -> None:
     assert len(RUNS) >= 25
     missing = [str(r) for r in RUNS if not _golden_path(r).exists()]
@@ -51,7 +94,7 @@ def test_report_json_is_byte_identical_to_the_saved_answer(run: Path) -> None:
     golden = _golden_path(run)
     if not golden.exists():
         pytest.skip("no saved answer (reported by the test above)")
-    assert _report_json(run) == golden.read_text(), (
+    assert _matches(_report_json(run), golden.read_text()), (
         f"`vramdoctor report {run.relative_to(ROOT)} --json` changed: if deliberate, regenerate "
         "with `python tests/core/test_report_golden.py --write` and list it in the CHANGELOG"
     )
@@ -59,6 +102,9 @@ def test_report_json_is_byte_identical_to_the_saved_answer(run: Path) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--write"]:
-        for r in RUNS:
-            _golden_path(r).write_text(_report_json(r))
-            print("wrote", _golden_path(r).relative_to(ROOT))
+        for r in RUNS:  # an answer that only moved in float noise is kept as it was
+            out, path = _report_json(r), _golden_path(r)
+            if path.exists() and _matches(out, path.read_text()):
+                continue
+            path.write_text(out)
+            print("wrote", path.relative_to(ROOT))

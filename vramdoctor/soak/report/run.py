@@ -16,7 +16,6 @@ from vramdoctor.soak.report.files import write_report_file
 from vramdoctor.soak.report.json_doc import soak_json
 from vramdoctor.soak.report.launch import launch_json, render_launch
 from vramdoctor.soak.report.terminal import render
-from vramdoctor.soak.report.text import known
 
 if TYPE_CHECKING:
     from vramdoctor.record import Run
@@ -50,22 +49,8 @@ def report_run(
         raise InputError(
             f"--report {report_file}: use a .html or .png file name"
         )  # before any work
-    cfg = run.header.get("config") or {}
-    min_growth = cfg.get("min_growth_mib", 2.0)
-    rate_cfg = cfg.get("production_rate_rps")
-    if (
-        production_rate_rps is None
-        and isinstance(rate_cfg, (int, float))
-        and known(rate_cfg)
-        and rate_cfg > 0
-    ):
-        production_rate_rps = float(rate_cfg)
-    if analysis is None:
-        result = analyse_run(
-            run,
-            production_rate_rps=production_rate_rps,
-            min_growth_mib=float(min_growth) if known(min_growth) else 2.0,
-        )
+    if analysis is None:  # the thresholds and the production rate the run recorded, unless given
+        result = analyse_run(run, production_rate_rps=production_rate_rps)
     else:  # soak's own analysis of this run: the run file's damage as read now, once each
         result = analysis
         extra = [*run.problems, *run.dropped()]
