@@ -27,6 +27,11 @@ from typing import Any, ClassVar
 
 MIB = 1024 * 1024
 
+# What one process's CUDA context alone holds on a GPU (MiB, low and high; driver, architecture
+# and lazy module loading move it): a process whose GPU memory stays inside this band holds a
+# context and nothing more. Census names such processes; the VRAM judge uses it for strays.
+CONTEXT_MIB = (300.0, 700.0)
+
 
 # Request outcomes (soak traffic) that mean the server received the request: it may hold memory
 # for failed requests too, so leak rates are per request that reached it, not per success.

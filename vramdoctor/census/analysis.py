@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vramdoctor import servers
-from vramdoctor.samples import MIB, GpuSample
+from vramdoctor.samples import CONTEXT_MIB, MIB, GpuSample
 from vramdoctor.units import format_mib
 
 if TYPE_CHECKING:
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 # The JSON of a census (`vramdoctor census --json`, the run file's result record).
 SCHEMA = "vramdoctor.census/1"
 
-CONTEXT_MIB = (300.0, 700.0)
 HELPER_MAX_MIB = 2048.0
 
 PROBLEM_FLAGS = frozenset(

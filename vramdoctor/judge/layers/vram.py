@@ -15,7 +15,6 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from vramdoctor.census.analysis import CONTEXT_MIB
 from vramdoctor.judge.results import (
     C_TENANTS_IN_DEVICE,
     INCONCLUSIVE,
@@ -34,7 +33,7 @@ from vramdoctor.judge.results import (
     SeriesResult,
     Thresholds,
 )
-from vramdoctor.samples import GpuSample
+from vramdoctor.samples import CONTEXT_MIB, GpuSample
 from vramdoctor.verdicts import Evidence
 
 if TYPE_CHECKING:
