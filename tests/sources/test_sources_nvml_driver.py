@@ -18,6 +18,13 @@ from support.fake_nvml import GIB, MIB, FakeDriver, FakeGpu, FakeMig, FakeProces
 from vramdoctor.samples import GpuSample
 from vramdoctor.sources.nvml import LIMIT_MAX, NvmlSource, cgroup_path, reachable
 
+# The memory-limits call arrived in nvidia-ml-py 13.615.71; the floor (12.535) lacks it, and
+# there vramdoctor falls back to memory info (test_an_older_binding_without_the_limits_call...).
+needs_limits_binding = pytest.mark.skipif(
+    not hasattr(pynvml, "nvmlDeviceGetMemoryLimits_v1"),
+    reason="nvidia-ml-py < 13.615.71 has no nvmlDeviceGetMemoryLimits_v1 (the fallback is tested)",
+)
+
 
 def sample(driver: FakeDriver, **kw: object) -> GpuSample:
     with installed(driver), NvmlSource(expect_gpu_open=False, **kw) as src:  # type: ignore[arg-type]
@@ -50,6 +57,7 @@ def test_driver_without_memory_info_v2_falls_back_once_to_v1() -> None:
         assert g.reachable_mib == 16 * 1024 and g.reachable_by == "NVML memory info: total"
 
 
+@needs_limits_binding
 def test_container_partition_hard_limit_is_what_the_processes_can_reach() -> None:
     gpu = FakeGpu(total=141 * GIB, used=20 * GIB, limits=(24 * GIB, 40 * GIB, 20 * GIB))
     s = sample(FakeDriver([gpu]))
@@ -88,6 +96,7 @@ def test_a_driver_without_the_limits_symbol_is_no_crash() -> None:
     assert g.reachable_mib == 80 * 1024 - 615
 
 
+@needs_limits_binding
 def test_limits_are_read_again_after_their_ttl() -> None:
     gpu = FakeGpu(total=80 * GIB, used=1 * GIB, limits=(0, 10 * GIB, 0))
     driver = FakeDriver([gpu])

@@ -20,7 +20,13 @@ _MS_THRESHOLD = 1e11  # unix seconds pass this in the year 5138; unix millisecon
 
 def _duration(text: str, what: str, lo: float, hi: float) -> float:
     """A duration option in seconds, finite and within [lo, hi] (InputError otherwise)."""
-    value = parse_duration(text, what)
+    try:
+        value = parse_duration(text, what)
+    except InputError as exc:  # 'nan', 'inf': said as the bounds, like any number outside
+        try:
+            value = float(text)
+        except ValueError:
+            raise exc from None
     if not math.isfinite(value) or not lo <= value <= hi:
         raise InputError(f"{what} must be between {_words(lo)} and {_words(hi)}, not {text!r}")
     return value
