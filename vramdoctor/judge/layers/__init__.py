@@ -43,17 +43,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from vramdoctor.judge.results import (
-    INCONCLUSIVE,
-    LEAK,
-    NOT_MEASURED,
-    R_NO_LEVEL,
-    R_TRANSIENT,
-    LayerResult,
-    SeriesResult,
-    Thresholds,
-)
-from vramdoctor.verdicts import worst
+from vramdoctor.judge import results as _results
+from vramdoctor.verdicts import worst as _worst
 
 if TYPE_CHECKING:
     from vramdoctor.judge.inside import InsideEvidence
@@ -63,6 +54,7 @@ __all__ = [
     "Layer",
     "LayerContext",
     "RunFacts",
+    "all",
     "all_layers",
     "get",
     "names",
@@ -95,10 +87,10 @@ class LayerContext:
     """
 
     life: int
-    series: list[SeriesResult]
+    series: list[_results.SeriesResult]
     raw: Mapping[str, Series]
     records: Sequence[Any]
-    th: Thresholds
+    th: _results.Thresholds
     facts: RunFacts = field(default_factory=RunFacts)
     header: Mapping[str, Any] | None = None
     inside: InsideEvidence | None = None
@@ -114,7 +106,7 @@ class Layer(Protocol):
 
     def extract(self, records: Sequence[Any]) -> dict[str, Series]: ...
 
-    def judge(self, ctx: LayerContext) -> LayerResult: ...
+    def judge(self, ctx: LayerContext) -> _results.LayerResult: ...
 
 
 _REGISTRY: dict[str, Layer] = {}
@@ -150,21 +142,29 @@ def names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
-def worst_layer(name: str, unit: str, series: list[SeriesResult], life: int) -> LayerResult:
+def worst_layer(
+    name: str, unit: str, series: list[_results.SeriesResult], life: int
+) -> _results.LayerResult:
     """A plain layer verdict: the most serious verdict of its deciding series, carried by the
     fastest-growing one (NOT_MEASURED without series). For layers with no physics of their
     own to add (a plugin's gauge); the built-in layers do more."""
     if not series:
-        return LayerResult(name, NOT_MEASURED, R_NO_LEVEL, unit, life=life)
+        return _results.LayerResult(
+            name, _results.NOT_MEASURED, _results.R_NO_LEVEL, unit, life=life
+        )
     deciding = [s for s in series if s.decides]
-    verdict = worst(s.verdict for s in deciding)
+    verdict = _worst(s.verdict for s in deciding)
     if verdict is None:
-        return LayerResult(name, INCONCLUSIVE, R_TRANSIENT, unit, series=series, life=life)
+        return _results.LayerResult(
+            name, _results.INCONCLUSIVE, _results.R_TRANSIENT, unit, series=series, life=life
+        )
     top = max(
         (s for s in deciding if s.verdict == verdict),
-        key=lambda s: (s.slope_per_request or 0.0) if verdict == LEAK else abs(s.growth or 0.0),
+        key=lambda s: (
+            (s.slope_per_request or 0.0) if verdict == _results.LEAK else abs(s.growth or 0.0)
+        ),
     )
-    lay = LayerResult(
+    lay = _results.LayerResult(
         name,
         verdict,
         top.reason,
@@ -175,7 +175,7 @@ def worst_layer(name: str, unit: str, series: list[SeriesResult], life: int) -> 
         main_series=top.key,
         decided_by=top.decided_by,
     )
-    if verdict == LEAK:
+    if verdict == _results.LEAK:
         lay.rate_per_request = top.slope_per_request
         lay.rate_ci = top.slope_ci
         if unit == "MiB":
