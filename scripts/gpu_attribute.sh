@@ -9,14 +9,15 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; export OUT; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  # once per machine: another lane may be importing from /tmp/site right now
+  [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site:$PWD
 else
   export PYTHONPATH=$PWD
 fi
 export PYTHONUNBUFFERED=1
 if ls .whl-serve/*.whl >/dev/null 2>&1; then  # transformers[serving] deps, only for `transformers serve`
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-serve .whl-serve/*.whl
+  [ -d /tmp/site-serve ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-serve .whl-serve/*.whl
   export ATTR_SERVE_SITE=/tmp/site-serve
 fi
 steps=${*:-fixtures accept bench}

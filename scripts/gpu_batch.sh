@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# One device call's worth of the GPU checks the open issues need (#21, #22, #24, #25), as run in
+# the session of 2026-12-01 (docs/gpu-results.md, "Third session"). Run from the repository root
+# on the GPU machine with .whl/ and .whl-serve/ carried; results as a few tarballs in $OUT.
+#
+#   bash scripts/gpu_batch.sh parallel     # checks that tolerate other processes on the GPU, in
+#                                          # 8 lanes at once (each server judged by its own pids)
+#   bash scripts/gpu_batch.sh abtest       # ab-test --server and soak --launch: alone on the GPU
+#                                          # (ab-test stops when a process it did not start appears)
+#   bash scripts/gpu_batch.sh alone        # showcase, NVML sources/census, ab-test GPU tests: alone
+#
+# Knobs: BUDGET_S (550: every lane is cut at this many seconds), W (/tmp/w: work folder).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+W=${W:-/tmp/w}; mkdir -p "$W"
+BUDGET_S=${BUDGET_S:-550}
+T0=$(date +%s)
+if ls .whl/*.whl >/dev/null 2>&1; then
+  [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+if ls .whl-serve/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site-serve ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-serve .whl-serve/*.whl
+fi
+export PYTHONUNBUFFERED=1 NO_COLOR=1 COLUMNS=160
+left() { echo $(( BUDGET_S - ($(date +%s) - T0) )); }
+
+{
+  date -u; uname -r; nproc
+  nvidia-smi --query-gpu=index,name,driver_version,memory.used,memory.total --format=csv
+  nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv
+  python3 -c 'import sys, torch, transformers; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.cuda.is_available(), "transformers", transformers.__version__)'
+  git log --oneline -1 2>/dev/null || true
+} >"$W/environment_$1.txt" 2>&1
+cat "$W/environment_$1.txt"
+
+lane() {  # lane NAME CMD...: one lane, cut at the budget, its log in $W/NAME.log
+  local name=$1; shift
+  ( s=$(date +%s); timeout "$(left)" "$@" >"$W/$name.log" 2>&1; rc=$?
+    echo "[lane $name] exit $rc after $(( $(date +%s) - s )) s" | tee -a "$W/$name.log" ) &
+}
+
+pack() {  # pack TAR DIR...: DIRs under $W into $OUT/TAR.tar.gz, without model weights
+  local tar=$1; shift
+  tar czf "$OUT/$tar.tar.gz" -C "$W" --exclude='tinyvlm*' --exclude='hf-cache' --exclude='*.safetensors' "$@" 2>/dev/null
+}
+
+case ${1:-} in
+parallel)
+  M21=scripts/gpu_soak_modes21.sh
+  lane vc1 env OUT="$W/vc1" RUNS="vary-vram vary-every cycle-sleep cycle-sleep-ok cycle-release" bash scripts/gpu_soak_vary_cycle.sh
+  lane vc2 env OUT="$W/vc2" RUNS="cycle-lora conv-vram bg-vram retention tenant" bash scripts/gpu_soak_vary_cycle.sh
+  lane m21a env OUT="$W/m21a" RUNS="retention:agent retention:noagent host-leak:agent host-leak:noagent conv-host:agent conv-host:noagent" bash $M21
+  lane m21b env OUT="$W/m21b" RUNS="conv-vram:agent conv-vram:noagent bg-host:agent bg-host:noagent bg-vram:agent bg-vram:noagent restart-sup:noagent" bash $M21
+  lane m21c env OUT="$W/m21c" RUNS="vram-leak:agent vram-leak:noagent tenant:agent tenant:noagent restart:agent restart:noagent restart-sup:agent" bash $M21
+  lane m21d env OUT="$W/m21d" RUNS="tserve:agent tserve:noagent tserve-leak:agent tserve-leak:noagent two-servers:agent two-servers:noagent" bash $M21
+  mkdir -p "$W/attr"
+  lane attr env OUT="$W/attr" ATTR_SERVE_SITE=/tmp/site-serve bash scripts/gpu_attribute.sh inside mempool torch214
+  mkdir -p "$W/pytest1"
+  lane pytest1 python3 -m pytest -p no:cacheprovider -m gpu -rA --junitxml="$W/pytest1/junit.xml" \
+      tests/fixes/test_fixes_gpu.py tests/abtest/test_abtest_gpu.py tests/abtest/test_abtest_ipc_gpu.py \
+      tests/agent/test_agent_gpu.py tests/soak/test_soak_vary_cycle_gpu.py
+  wait
+  cp "$W"/*.log "$W/environment_parallel.txt" "$W/pytest1/" 2>/dev/null
+  pack soaks vc1 vc2 m21a m21b m21c m21d
+  pack attr attr pytest1
+  for d in vc1 vc2; do echo "##### $d"; sed -n '/=== summary/,$p' "$W/$d.log"; done
+  for d in m21a m21b m21c m21d; do echo "##### $d"; cat "$W/$d/modes21_summary.txt" 2>/dev/null || tail -5 "$W/$d.log"; done
+  echo "##### attr"; tail -12 "$W/attr.log"
+  echo "##### pytest1"; grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$W/pytest1.log" | tail -30 ;;
+abtest)
+  mkdir -p "$W/ab"
+  ( timeout "$(left)" env OUT="$W/ab" ROUNDS=4 REQS=16 IDLE=2 bash scripts/gpu_abtest_server.sh ref-leak tserve launch ref-cache \
+      >"$W/ab.log" 2>&1; echo "[abtest] exit $?" >>"$W/ab.log" )
+  cp "$W/ab.log" "$W/environment_abtest.txt" "$W/ab/"
+  pack abtest ab
+  cp "$W/ab/abtest_gpu.md" "$OUT/" 2>/dev/null
+  grep -E "^=== |: exit |wall time|leftover|^\[abtest\]" "$W/ab.log" ;;
+alone)
+  mkdir -p "$W/alone/pytest2"
+  ( timeout 200 env OUT="$W/alone" bash scripts/gpu_attribute.sh showcase >"$W/showcase.log" 2>&1; echo "[showcase] exit $?" >>"$W/showcase.log" )
+  ( timeout 150 env OUT="$W/alone" bash benchmarks/sources_gpu_check.sh >"$W/sources.log" 2>&1; echo "[sources] exit $?" >>"$W/sources.log" )
+  ( timeout "$(left)" python3 -m pytest -p no:cacheprovider -m gpu -rA --junitxml="$W/alone/pytest2/junit.xml" \
+      tests/abtest/test_abtest_server_gpu.py >"$W/pytest2.log" 2>&1; echo "[pytest2] exit $?" >>"$W/pytest2.log" )
+  cp "$W"/*.log "$W/environment_alone.txt" "$W/alone/" 2>/dev/null
+  pack alone alone
+  tail -8 "$W/showcase.log"; tail -25 "$W/sources.log"; grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$W/pytest2.log" | tail ;;
+*) echo "usage: gpu_batch.sh parallel|abtest|alone"; exit 2 ;;
+esac
+echo "batch $1 done in $(( $(date +%s) - T0 )) s"; ls -la "$OUT"
