@@ -48,7 +48,9 @@ def _install(module_name: str, qualname: str, n_bytes: int) -> bool:
             import torch
 
             KEPT.append(
-                torch.empty(n_bytes, dtype=torch.uint8, device=f"cuda:{torch.cuda.current_device()}")
+                torch.empty(
+                    n_bytes, dtype=torch.uint8, device=f"cuda:{torch.cuda.current_device()}"
+                )
             )
         except Exception as exc:  # the server must keep working
             _say(f"leak failed: {type(exc).__name__}: {exc}")
