@@ -192,6 +192,7 @@ def report_part(run: Run, *, json_out: bool, report_file: Path | None) -> int:
             max_buckets=int(config.get("max_buckets", 360)),
             warmup_s=float(config.get("warmup_s", 1800.0)),
             min_idle_s=float(config.get("min_idle_s", 10.0)),
+            settle_s=float(config["settle_s"]) if config.get("settle_s") is not None else None,
             max_rounds=int(config.get("max_rounds", 24)),
         ).check()
     except (TypeError, ValueError, OverflowError, InputError):

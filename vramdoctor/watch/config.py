@@ -105,7 +105,9 @@ class WatchConfig:
     (0 requests running or queued, by the server's /metrics) this long is an idle window, a
     comparable moment. `max_rounds`: idle windows kept in the window (more are merged, the
     smallest round first). `window_samples`: samples of each kind kept per idle window
-    (decimated beyond). `quiet_quantile`: on a server that is never idle, the buckets at or
+    (decimated beyond). `settle_s` (default half of `min_idle_s`): samples of an idle
+    stretch's first seconds are left out (an exporter publishes late, a finished thread's RSS
+    counter lags). `quiet_quantile`: on a server that is never idle, the buckets at or
     below this quantile of the in-flight count are its quiet moments. `th`: the judge's
     thresholds (the same as soak's); `time_floor_mib`: the smallest growth that counts when
     only time is known (no request counter).
@@ -115,6 +117,7 @@ class WatchConfig:
     max_buckets: int = 360
     warmup_s: float = 1800.0
     min_idle_s: float = 10.0
+    settle_s: float | None = None  # default: half of min_idle_s
     max_rounds: int = 24
     window_samples: int = 24
     quiet_quantile: float = 0.25
@@ -131,6 +134,8 @@ class WatchConfig:
     kv: Any = None
 
     def __post_init__(self) -> None:
+        if self.settle_s is None:
+            object.__setattr__(self, "settle_s", float(self.min_idle_s) / 2.0)
         for old, new in (("memory", "time_floor_mib"), ("kv", "kv_time_floor_tokens")):
             given = getattr(self, old)
             if given is not None and getattr(given, "min_growth", None) is not None:
@@ -152,6 +157,7 @@ class WatchConfig:
         check_seconds("--window", self.window_s, 2 * self.bucket_s, MAX_WINDOW_S)
         check_seconds("--warmup", self.warmup_s, 0.0, 30 * 86400.0)
         check_seconds("--min-idle", self.min_idle_s, 0.0, 3600.0)
+        check_seconds("settle_s", float(self.settle_s or 0.0), 0.0, 3600.0)
         check_seconds("restart_window_s", self.restart_window_s, 0.0, 86400.0)
         check_seconds("inside_every_s", self.inside_every_s, 0.0, 86400.0)
         if not 0.0 <= self.quiet_quantile <= 1.0:

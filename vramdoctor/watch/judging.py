@@ -87,7 +87,7 @@ def protocol_records(windows: Sequence[IdleWindow], events: Sequence[Event]) -> 
         out.append(Event(t=t, wall=wall, name=name, data=data))
 
     first = windows[0]
-    mark("baseline_start", first.start_t, first.start_wall, round=0)
+    mark("baseline_start", *_start(first), round=0)
     _window_records(out, first, 0)
     mark("baseline_end", first.end_t, first.end_wall, round=0)
     for k in range(1, len(windows)):
@@ -103,12 +103,19 @@ def protocol_records(windows: Sequence[IdleWindow], events: Sequence[Event]) -> 
             outcomes={"ok": reached},
             complete=True,
         )
-        mark("idle_start", w.start_t, w.start_wall, round=k)
+        mark("idle_start", *_start(w), round=k)
         _window_records(out, w, k)
         mark("idle_end", w.end_t, w.end_wall, round=k)
     lo, hi = first.start_t, windows[-1].end_t
     out += [e for e in events if lo <= e.t <= hi]
     return out
+
+
+def _start(w: IdleWindow) -> tuple[float, float]:
+    """An idle window starts, for the judge, at its first settled sample."""
+    if w.settled_t is not None:
+        return w.settled_t - _TINY, w.settled_wall if w.settled_wall is not None else w.start_wall
+    return w.start_t, w.start_wall
 
 
 def _window_records(out: list[Any], w: IdleWindow, round_index: int) -> None:

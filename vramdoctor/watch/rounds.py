@@ -9,6 +9,12 @@ against the requests served up to it, is what soak's judge reads after each of i
 so watch hands these rounds to the same judge (`vramdoctor.soak.analysis.analyse_soak`:
 the same growth model, lives, scope rules and inside evidence; see `watch.judging`).
 
+A sample belongs to an idle window only when the server's /metrics said idle both before
+and after it (samples are held until the next metrics sample confirms the stretch went on:
+traffic that resumed between a metrics sample and a host sample must not count), and only
+from `settle_s` after the stretch began (exporters publish late, RSS counters of threads that
+just finished lag): the window's start is then its first settled moment.
+
 Bounded for weeks: each idle window keeps at most `window_samples` samples of each kind (GPU,
 host, metrics: decimated to every other one when full, so a long idle stretch stays
 represented end to end) and the agent's inside evidence (one record per process); at most
@@ -59,6 +65,8 @@ class IdleWindow:
     records: dict[str, list[Any]] = field(default_factory=dict)
     inside: dict[int, InsideSample] = field(default_factory=dict)
     inside_asked: bool = False
+    settled_t: float | None = None  # first sample kept (settle_s after the start)
+    settled_wall: float | None = None
 
     @property
     def duration_s(self) -> float:
@@ -89,8 +97,11 @@ class PassiveRounds:
         max_rounds: int,
         window_samples: int,
         window_s: float,
+        settle_s: float = 0.0,
     ) -> None:
         self.min_idle_s = float(min_idle_s)
+        self.settle_s = float(settle_s)
+        self._pending: list[tuple[str, Any]] = []
         self.max_rounds = int(max_rounds)
         self.cap = int(window_samples)
         self.window_s = float(window_s)
@@ -98,40 +109,56 @@ class PassiveRounds:
         self.open: IdleWindow | None = None
         self.merged = 0  # rounds merged into the next (bounded state)
         self.busy_since_wall: float | None = None  # a stretch of traffic without an idle window
+        self._samples_seen = False
         self.last_idle_wall: float | None = None
 
     # -- ingest --------------------------------------------------------------------------
     def metrics(self, s: MetricsSample, served: float | None) -> None:
         inflight = inflight_of(s)
+        pending, self._pending = self._pending, []
         if inflight is None or served is None:
             self._close()
             return
         if inflight == 0:
             self.last_idle_wall = s.wall
-            if self.open is None:
-                self.open = IdleWindow(s.t, s.wall, s.t, s.wall, served)
             w = self.open
-            if served != w.served:  # a request finished within the stretch: a new one starts
-                self._close()
+            if w is not None and served == w.served:
+                for kind, rec in pending:  # idle before and after them: they count
+                    self._keep(w, kind, rec)
+            else:
+                self._close()  # a request finished within the stretch: a new one starts
                 self.open = w = IdleWindow(s.t, s.wall, s.t, s.wall, served)
             w.end_t, w.end_wall = s.t, s.wall
-            w.add("metrics", s, self.cap)
+            self._keep(w, "metrics", s)
             self.busy_since_wall = None
         else:
             self._close()
             if self.busy_since_wall is None:
                 self.busy_since_wall = s.wall
 
+    def _keep(self, w: IdleWindow, kind: str, record: Any) -> None:
+        t = record.get("t") if isinstance(record, dict) else getattr(record, "t", None)
+        wall = record.get("wall") if isinstance(record, dict) else getattr(record, "wall", None)
+        if not isinstance(t, (int, float)) or t < w.start_t + self.settle_s:
+            return  # still settling
+        if w.settled_t is None:
+            w.settled_t = float(t)
+            w.settled_wall = float(wall) if isinstance(wall, (int, float)) else None
+        w.add(kind, record, 2 if kind == "host_memory" else self.cap)
+
     def sample(self, record: GpuSample | HostSample | dict[str, Any]) -> None:
-        w = self.open
-        if w is None:
+        """A GPU or host sample (or a host_memory record): held until the next metrics sample
+        says whether the server was still idle."""
+        if isinstance(record, (GpuSample, HostSample)):
+            self._samples_seen = True
+        if self.open is None:
             return
         if isinstance(record, GpuSample):
-            w.add("gpu", record, self.cap)
+            self._pending.append(("gpu", record))
         elif isinstance(record, HostSample):
-            w.add("host", record, self.cap)
+            self._pending.append(("host", record))
         elif isinstance(record, dict) and record.get("kind") == "host_memory":
-            w.add("host_memory", record, 2)
+            self._pending.append(("host_memory", record))
 
     def inside(self, record: InsideSample) -> bool:
         """Attach the agent's record to the idle window it was measured in (False when it was
@@ -146,6 +173,8 @@ class PassiveRounds:
         w, self.open = self.open, None
         if w is None or w.duration_s < self.min_idle_s or not w.records.get("metrics"):
             return
+        if not (w.records.get("gpu") or w.records.get("host")) and self._samples_seen:
+            return  # no memory sample settled in it
         prev = self.closed[-1] if self.closed else None
         if prev is not None and prev.served == w.served:
             self.closed[-1] = w  # no request finished in between: the later stretch stands
@@ -168,9 +197,12 @@ class PassiveRounds:
         self.closed = [w for w in self.closed if w.end_wall >= start]
 
     def current(self) -> IdleWindow | None:
-        """The open idle window once it lasts `min_idle_s` (the server idles now)."""
+        """The open idle window once it lasts `min_idle_s` and a sample settled in it (the
+        server idles now)."""
         w = self.open
-        return w if w is not None and w.duration_s >= self.min_idle_s else None
+        if w is None or w.duration_s < self.min_idle_s or w.settled_t is None:
+            return None
+        return w
 
     def windows(self, wall: float) -> list[IdleWindow]:
         """The idle windows of the rolling window ending at `wall`, oldest first."""

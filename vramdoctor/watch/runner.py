@@ -356,6 +356,7 @@ class Watcher:
                 "max_buckets": c.max_buckets,
                 "warmup_s": c.warmup_s,
                 "min_idle_s": c.min_idle_s,
+                "settle_s": c.settle_s,
                 "max_rounds": c.max_rounds,
                 "quiet_quantile": c.quiet_quantile,
                 "sources": [*sorted(self._sources), "host"],

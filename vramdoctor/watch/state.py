@@ -142,6 +142,7 @@ class WatchState:
             max_rounds=c.max_rounds,
             window_samples=c.window_samples,
             window_s=c.window_s,
+            settle_s=c.settle_s or 0.0,
         )
         self._events: deque[dict[str, Any]] = deque(maxlen=c.max_events)
         self._life: deque[Event] = deque(maxlen=max(c.max_events, 64))
