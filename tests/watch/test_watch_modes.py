@@ -7,13 +7,17 @@ labels, a real restart), states its own truth (GET /reference/info), and gets pr
 traffic: rounds of requests with idle gaps between, which watch only observes. The verdict must
 be the truth's, by the evidence the truth names; a short run may say INCONCLUSIVE only where
 the truth itself says the outside cannot tell (allocator retention without the agent).
+
+Each run is mostly waiting (idle windows are the point), so the runs of the selected tests go
+at once, `PARALLEL` at a time, in a pool the module's fixture `ran` starts: a test waits for its
+own run's facts (`ran(name)`) and asserts on them; `-k` runs only the selected tests' runs.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -97,32 +101,47 @@ def _analyse(w: Watcher) -> WatchResult:
     return w.analyse()
 
 
-def test_plain_caching_is_not_a_leak_and_exits_0() -> None:
-    with RefProc("plain", *VLLM) as srv, watching(server_url=srv.url) as w:
-        rounds(srv.url, 6, 8)
-        res = _analyse(w)
-    assert res.mode == "rounds" and res.idle_windows >= 5, res.notes
-    assert res.verdict != "LEAK" and res.exit_code == 0, res.layers
+Facts = dict[str, Any]
+_RUNS: dict[str, Callable[[Path], Facts]] = {}
+PARALLEL = 4  # runs at once: ~0.3 of a core each, mostly asleep in idle windows
 
 
-def test_leaking_with_the_agent_is_a_leak_decided_inside_at_its_rate(tmp_path: Path) -> None:
-    port = free_port()
-    cmd = ref_cmd("leaking", port, "--leak-kib", "512", *SGLANG)
-    with watching(launch=tuple(cmd), out_dir=tmp_path, startup_timeout_s=60) as w:
-        url = w.options.server_url
-        assert url is not None and w.launched is not None
-        rounds(url, 7, 8)
-        res = _analyse(w)
-        launched = w.launched.pid
-    host = res.layers["host"]
-    assert host.verdict == "LEAK", (host, res.notes)
-    assert host.decided_by in ("inside_glibc", "inside_python", "rounds")
-    assert host.rate_per_request == pytest.approx(0.5, rel=0.25)
-    assert res.culprit is not None and res.culprit.pid == launched
-    assert not pid_alive(launched)  # stopped with the watch
+def run(fn: Callable[[Path], Facts]) -> Callable[[Path], Facts]:
+    """Registers a run (`fn(tmp_dir) -> facts`) under its name, for `ran`."""
+    _RUNS[fn.__name__] = fn
+    return fn
 
 
-def test_retention_is_never_a_leak_and_with_the_agent_it_is_caching(tmp_path: Path) -> None:
+def uses(name: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Marks a test as asserting on the facts of run `name` (so `ran` starts it)."""
+
+    def mark(test: Callable[..., None]) -> Callable[..., None]:
+        setattr(test, "watch_run", name)  # noqa: B010
+        return test
+
+    return mark
+
+
+@pytest.fixture(scope="module")
+def ran(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[[str], Facts]]:
+    """Starts the runs of this module's selected tests at once; `ran(name)` waits for one."""
+    names: list[str] = []
+    for item in request.session.items:
+        name = getattr(getattr(item, "function", None), "watch_run", None)
+        if getattr(item, "module", None) is request.module and name and name not in names:
+            names.append(name)
+    with ThreadPoolExecutor(PARALLEL, thread_name_prefix="watch-run") as pool:
+        futures = {n: pool.submit(_RUNS[n], tmp_path_factory.mktemp(n)) for n in names}
+        yield lambda n: futures[n].result(timeout=900)
+        for f in futures.values():
+            f.cancel()
+
+
+# -- runs, the longest first -----------------------------------------------------------------
+@run
+def retention(tmp: Path) -> Facts:
     # thread per connection, PNGs of varying size, glibc defaults: RssAnon climbs, live flat.
     # Two of them at once: one watched from outside, one launched by watch with the agent.
     images = {"images": True, "warm": 48}
@@ -130,15 +149,138 @@ def test_retention_is_never_a_leak_and_with_the_agent_it_is_caching(tmp_path: Pa
         srv = stack.enter_context(RefProc("retention", *VLLM))
         w_out = stack.enter_context(watching(server_url=srv.url))
         cmd = ref_cmd("retention", free_port(), *VLLM)
-        w_in = stack.enter_context(watching(launch=tuple(cmd), out_dir=tmp_path))
+        w_in = stack.enter_context(watching(launch=tuple(cmd), out_dir=tmp))
         assert w_in.options.server_url is not None
         seen, _ = at_once((srv.url, 6, 16, images), (w_in.options.server_url, 6, 16, images))
-        outside, inside = _analyse(w_out), _analyse(w_in)
+        return {"seen": seen, "outside": _analyse(w_out), "inside": _analyse(w_in)}
+
+
+@run
+def host_leak(tmp: Path) -> Facts:
+    cmd = ref_cmd("host-leak", free_port(), "--leak-kib", "256", *SGLANG)
+    with watching(launch=tuple(cmd), out_dir=tmp) as w:
+        assert w.options.server_url is not None
+        seen = rounds(w.options.server_url, 6, 16, images=True, warm=48)
+        return {"seen": seen, "res": _analyse(w)}
+
+
+@run
+def converging(tmp: Path) -> Facts:
+    with (
+        RefProc("converging", "--admit-probability", "0.3", *VLLM) as srv,
+        watching(server_url=srv.url) as w,
+    ):
+        seen = rounds(srv.url, 7, 12, images=True)
+        return {"seen": seen, "res": _analyse(w)}
+
+
+@run
+def background(tmp: Path) -> Facts:
+    with (
+        RefProc("background", "--background-kib-per-s", "1024", *SGLANG) as srv,
+        watching(server_url=srv.url) as w,
+    ):
+        seen = rounds(srv.url, 6, 6, idle_s=2.5)
+        return {"seen": seen, "res": _analyse(w)}
+
+
+@run
+def leaking(tmp: Path) -> Facts:
+    cmd = ref_cmd("leaking", free_port(), "--leak-kib", "512", *SGLANG)
+    with watching(launch=tuple(cmd), out_dir=tmp, startup_timeout_s=60) as w:
+        url = w.options.server_url
+        assert url is not None and w.launched is not None
+        seen = rounds(url, 7, 8)
+        res, launched = _analyse(w), w.launched.pid
+    return {"seen": seen, "res": res, "pid": launched, "alive_after": pid_alive(launched)}
+
+
+@run
+def plain(tmp: Path) -> Facts:
+    with RefProc("plain", *VLLM) as srv, watching(server_url=srv.url) as w:
+        seen = rounds(srv.url, 6, 8)
+        return {"seen": seen, "res": _analyse(w)}
+
+
+@run
+def vram_leaking(tmp: Path) -> Facts:
+    with (
+        VirtualGpu(tmp / "vgpu") as gpu,
+        RefProc("vram-leaking", "--leak-kib", "1024", "--vgpu-dir", str(gpu.dir), *VLLM) as srv,
+        watching(server_url=srv.url, gpu_metrics=[gpu.metrics_url]) as w,
+    ):
+        seen = rounds(srv.url, 6, 8)
+        return {"seen": seen, "res": _analyse(w), "pid": srv.pid}
+
+
+@run
+def tenant(tmp: Path) -> Facts:
+    with (
+        VirtualGpu(tmp / "vgpu") as gpu,
+        RefProc("tenant", "--tenant-mib-per-s", "8", "--vgpu-dir", str(gpu.dir)) as srv,
+        watching(server_url=srv.url, gpu_metrics=[gpu.metrics_url]) as w,
+    ):
+        seen = rounds(srv.url, 6, 8)
+        return {"seen": seen, "res": _analyse(w)}
+
+
+@run
+def two_servers(tmp: Path) -> Facts:
+    with ExitStack() as stack:
+        gpu = stack.enter_context(VirtualGpu(tmp / "vgpu"))
+        leaky = stack.enter_context(
+            RefProc("vram-leaking", "--leak-kib", "1024", "--vgpu-dir", str(gpu.dir), *VLLM)
+        )
+        other = stack.enter_context(RefProc("plain", "--vgpu-dir", str(gpu.dir), *VLLM))
+        w_other = stack.enter_context(watching(server_url=other.url, gpu_metrics=[gpu.metrics_url]))
+        w_leaky = stack.enter_context(watching(server_url=leaky.url, gpu_metrics=[gpu.metrics_url]))
+        at_once((leaky.url, 6, 8, {}), (other.url, 6, 8, {}))
+        return {"other": _analyse(w_other), "leaky": _analyse(w_leaky), "leaky_pid": leaky.pid}
+
+
+@run
+def mig(tmp: Path) -> Facts:
+    common = ["--vgpu-dir", "", "--vgpu-index", "0", "--vgpu-profile", "1g.18gb"]
+    with ExitStack() as stack:
+        gpu = stack.enter_context(VirtualGpu(tmp / "vgpu", flavour="dcgm"))
+        common[1] = str(gpu.dir)
+        leaky = stack.enter_context(
+            RefProc("vram-leaking", "--leak-kib", "1024", "--vgpu-instance", "1", *common, *VLLM)
+        )
+        other = stack.enter_context(RefProc("plain", "--vgpu-instance", "2", *common, *SGLANG))
+        w = stack.enter_context(watching(server_url=leaky.url, gpu_metrics=[gpu.metrics_url]))
+        seen, _ = at_once((leaky.url, 6, 8, {}), (other.url, 6, 8, {}))
+        return {"seen": seen, "res": _analyse(w)}
+
+
+@run
+def restart(tmp: Path) -> Facts:
+    with (
+        RefProc("restart", "--restart-after", "24", "--restarts", "1", *VLLM) as srv,
+        watching(server_url=srv.url) as w,
+    ):
+        first = srv.pid
+        seen = rounds(srv.url, 7, 8)
+        return {"seen": seen, "res": _analyse(w), "first_pid": first}
+
+
+def _growth(seen: list[dict[str, Any]], *path: str) -> float:
+    """MiB a field of /reference/info grew from the baseline to the end."""
     first, last = seen
-    assert last["truth"]["layers"]["host"]["verdict"] == "CACHING"
-    in_use = (last["malloc"]["in_use_bytes"] - first["malloc"]["in_use_bytes"]) / MIB
-    anon = (last["proc"]["rss_anon_bytes"] - first["proc"]["rss_anon_bytes"]) / MIB
+    for key in path:
+        first, last = first[key], last[key]
+    return float(last - first) / MIB
+
+
+# -- tests ----------------------------------------------------------------------------------
+@uses("retention")
+def test_retention_is_never_a_leak_and_with_the_agent_it_is_caching(ran: Any) -> None:
+    f = ran("retention")
+    assert f["seen"][-1]["truth"]["layers"]["host"]["verdict"] == "CACHING"
+    in_use = _growth(f["seen"], "malloc", "in_use_bytes")
+    anon = _growth(f["seen"], "proc", "rss_anon_bytes")
     assert anon > 20.0 and abs(in_use) < 0.1 * anon, (in_use, anon)  # live flat, RSS grew
+    outside, inside = f["outside"], f["inside"]
     assert outside.layers["host"].verdict != "LEAK", outside.layers["host"]
     assert outside.exit_code == 0
     host = inside.layers["host"]
@@ -147,73 +289,76 @@ def test_retention_is_never_a_leak_and_with_the_agent_it_is_caching(tmp_path: Pa
     assert inside.exit_code == 0
 
 
-def test_host_leak_with_the_agent_is_found_through_glibcs_bytes_in_use(tmp_path: Path) -> None:
-    port = free_port()
-    with watching(
-        launch=tuple(ref_cmd("host-leak", port, "--leak-kib", "256", *SGLANG)), out_dir=tmp_path
-    ) as w:
-        assert w.options.server_url is not None
-        first, last = rounds(w.options.server_url, 6, 16, images=True, warm=48)
-        res = _analyse(w)
-    told = last["truth"]["layers"]["host"]
+@uses("host_leak")
+def test_host_leak_with_the_agent_is_found_through_glibcs_bytes_in_use(ran: Any) -> None:
+    f = ran("host_leak")
+    told = f["seen"][-1]["truth"]["layers"]["host"]
     per_request = told["bytes_per_request"] / MIB
-    in_use = (last["malloc"]["in_use_bytes"] - first["malloc"]["in_use_bytes"]) / MIB
+    in_use = _growth(f["seen"], "malloc", "in_use_bytes")
     assert told["verdict"] == "LEAK" and in_use > 0.8 * 6 * 16 * per_request, in_use
+    res = f["res"]
     host = res.layers["host"]
     assert host.verdict == "LEAK" and host.decided_by == "inside_glibc", (host, res.notes)
     assert host.rate_per_request == pytest.approx(per_request, rel=0.25)
     assert res.exit_code == 1
 
 
-def test_a_converging_cache_is_caching_never_a_leak() -> None:
-    with (
-        RefProc("converging", "--admit-probability", "0.3", *VLLM) as srv,
-        watching(server_url=srv.url) as w,
-    ):
-        rounds(srv.url, 7, 12, images=True)
-        res = _analyse(w)
+@uses("converging")
+def test_a_converging_cache_is_caching_never_a_leak(ran: Any) -> None:
+    f = ran("converging")
+    assert f["seen"][-1]["truth"]["layers"]["host"]["verdict"] == "CACHING"
+    res = f["res"]
     assert res.layers["host"].verdict != "LEAK", res.layers["host"]
     assert res.exit_code == 0
 
 
-def test_a_background_allocator_is_a_leak_in_time_at_its_hourly_rate() -> None:
-    kib_per_s = 1024
-    with (
-        RefProc("background", "--background-kib-per-s", str(kib_per_s), *SGLANG) as srv,
-        watching(server_url=srv.url) as w,
-    ):
-        rounds(srv.url, 6, 6, idle_s=2.5)
-        res = _analyse(w)
+@uses("background")
+def test_a_background_allocator_is_a_leak_in_time_at_its_hourly_rate(ran: Any) -> None:
+    f = ran("background")
+    told = f["seen"][-1]["truth"]["layers"]["host"]
+    assert told["verdict"] == "LEAK"
+    res = f["res"]
     host = res.layers["host"]
     assert host.verdict == "LEAK" and host.reason == "grew_with_time", (host, res.notes)
-    assert host.rate_per_hour == pytest.approx(kib_per_s / 1024 * 3600, rel=0.3)
+    assert host.rate_per_hour == pytest.approx(told["bytes_per_hour"] / MIB, rel=0.3)
     assert host.rate_per_request is None
 
 
-def test_a_vram_leak_on_the_exporter_page_is_found_per_request(tmp_path: Path) -> None:
-    with (
-        VirtualGpu(tmp_path / "vgpu") as gpu,
-        RefProc("vram-leaking", "--leak-kib", "1024", "--vgpu-dir", str(gpu.dir), *VLLM) as srv,
-        watching(server_url=srv.url, gpu_metrics=[gpu.metrics_url]) as w,
-    ):
-        rounds(srv.url, 6, 8)
-        res = _analyse(w)
-        told = truth(srv.url)["layers"]["vram"]
+@uses("leaking")
+def test_leaking_with_the_agent_is_a_leak_decided_inside_at_its_rate(ran: Any) -> None:
+    f = ran("leaking")
+    told = f["seen"][-1]["truth"]["layers"]["host"]
+    res = f["res"]
+    host = res.layers["host"]
+    assert host.verdict == "LEAK", (host, res.notes)
+    assert host.decided_by in ("inside_glibc", "inside_python", "rounds")
+    assert host.rate_per_request == pytest.approx(told["bytes_per_request"] / MIB, rel=0.25)
+    assert res.culprit is not None and res.culprit.pid == f["pid"]
+    assert not f["alive_after"]  # stopped with the watch
+
+
+@uses("plain")
+def test_plain_caching_is_not_a_leak_and_exits_0(ran: Any) -> None:
+    res = ran("plain")["res"]
+    assert res.mode == "rounds" and res.idle_windows >= 5, res.notes
+    assert res.verdict != "LEAK" and res.exit_code == 0, res.layers
+
+
+@uses("vram_leaking")
+def test_a_vram_leak_on_the_exporter_page_is_found_per_request(ran: Any) -> None:
+    f = ran("vram_leaking")
+    told = f["seen"][-1]["truth"]["layers"]["vram"]
     assert told["verdict"] == "LEAK"
-    vram = res.layers["vram"]
-    assert vram.verdict == "LEAK" and vram.main_series == f"gpu0/pid{srv.pid}", vram
+    vram = f["res"].layers["vram"]
+    assert vram.verdict == "LEAK" and vram.main_series == f"gpu0/pid{f['pid']}", vram
     assert vram.rate_per_request == pytest.approx(told["bytes_per_request"] / MIB, rel=0.1)
 
 
-def test_another_owners_process_on_the_gpu_is_a_tenant_never_the_culprit(tmp_path: Path) -> None:
-    with (
-        VirtualGpu(tmp_path / "vgpu") as gpu,
-        RefProc("tenant", "--tenant-mib-per-s", "8", "--vgpu-dir", str(gpu.dir)) as srv,
-        watching(server_url=srv.url, gpu_metrics=[gpu.metrics_url]) as w,
-    ):
-        tenant_pid = requests.get(srv.url + "/reference/info", timeout=10).json()["tenant"]["pid"]
-        rounds(srv.url, 6, 8)
-        res = _analyse(w)
+@uses("tenant")
+def test_another_owners_process_on_the_gpu_is_a_tenant_never_the_culprit(ran: Any) -> None:
+    f = ran("tenant")
+    tenant_pid = f["seen"][0]["tenant"]["pid"]
+    res = f["res"]
     vram = res.layers["vram"]
     assert vram.verdict != "LEAK" and res.culprit is None, vram
     assert f"gpu0/pid{tenant_pid}" in vram.tenants
@@ -221,47 +366,22 @@ def test_another_owners_process_on_the_gpu_is_a_tenant_never_the_culprit(tmp_pat
     assert row.scope == "tenant" and not row.decides
 
 
-def test_two_servers_on_one_gpu_each_watch_judges_its_own(tmp_path: Path) -> None:
-    with ExitStack() as stack:
-        gpu = stack.enter_context(VirtualGpu(tmp_path / "vgpu"))
-        leaky = stack.enter_context(
-            RefProc("vram-leaking", "--leak-kib", "1024", "--vgpu-dir", str(gpu.dir), *VLLM)
-        )
-        other = stack.enter_context(RefProc("plain", "--vgpu-dir", str(gpu.dir), *VLLM))
-        w_other = stack.enter_context(watching(server_url=other.url, gpu_metrics=[gpu.metrics_url]))
-        w_leaky = stack.enter_context(watching(server_url=leaky.url, gpu_metrics=[gpu.metrics_url]))
-        at_once((leaky.url, 6, 8, {}), (other.url, 6, 8, {}))
-        r_other, r_leaky = _analyse(w_other), _analyse(w_leaky)
+@uses("two_servers")
+def test_two_servers_on_one_gpu_each_watch_judges_its_own(ran: Any) -> None:
+    f = ran("two_servers")
+    r_other, r_leaky, leaky_pid = f["other"], f["leaky"], f["leaky_pid"]
     assert r_other.layers["vram"].verdict != "LEAK" and r_other.culprit is None
-    assert f"gpu0/pid{leaky.pid}" in r_other.layers["vram"].tenants
-    assert r_leaky.layers["vram"].verdict == "LEAK" and r_leaky.culprit.pid == leaky.pid
+    assert f"gpu0/pid{leaky_pid}" in r_other.layers["vram"].tenants
+    assert r_leaky.layers["vram"].verdict == "LEAK"
+    assert r_leaky.culprit is not None and r_leaky.culprit.pid == leaky_pid
 
 
-def test_mig_slices_on_dcgm_exporter_are_judged_apart(tmp_path: Path) -> None:
-    common = ["--vgpu-index", "0", "--vgpu-profile", "1g.18gb"]
-    with ExitStack() as stack:
-        gpu = stack.enter_context(VirtualGpu(tmp_path / "vgpu", flavour="dcgm"))
-        leaky = stack.enter_context(
-            RefProc(
-                "vram-leaking",
-                "--leak-kib",
-                "1024",
-                "--vgpu-dir",
-                str(gpu.dir),
-                "--vgpu-instance",
-                "1",
-                *common,
-                *VLLM,
-            )
-        )
-        other = stack.enter_context(
-            RefProc("plain", "--vgpu-dir", str(gpu.dir), "--vgpu-instance", "2", *common, *SGLANG)
-        )
-        w = stack.enter_context(watching(server_url=leaky.url, gpu_metrics=[gpu.metrics_url]))
-        at_once((leaky.url, 6, 8, {}), (other.url, 6, 8, {}))
-        res = _analyse(w)
-        told = truth(leaky.url)["layers"]["vram"]
+@uses("mig")
+def test_mig_slices_on_dcgm_exporter_are_judged_apart(ran: Any) -> None:
+    f = ran("mig")
+    told = f["seen"][-1]["truth"]["layers"]["vram"]
     assert told["verdict"] == "LEAK" and told["gpu_instance"] == 1
+    res = f["res"]
     vram = res.layers["vram"]
     assert vram.verdict == "LEAK" and vram.main_series == "gpu0-gi1", vram
     assert res.culprit is not None and res.culprit.gpu_instance == 1
@@ -270,14 +390,10 @@ def test_mig_slices_on_dcgm_exporter_are_judged_apart(tmp_path: Path) -> None:
     assert slice2.verdict != "LEAK"
 
 
-def test_a_restarted_server_is_a_new_life_never_a_leak() -> None:
-    with (
-        RefProc("restart", "--restart-after", "24", "--restarts", "1", *VLLM) as srv,
-        watching(server_url=srv.url) as w,
-    ):
-        first = srv.pid
-        rounds(srv.url, 7, 8)
-        res = _analyse(w)
+@uses("restart")
+def test_a_restarted_server_is_a_new_life_never_a_leak(ran: Any) -> None:
+    f = ran("restart")
+    res = f["res"]
     assert res.verdict != "LEAK", res.layers
     replaced = [e for e in res.events if e["event"] == "server_replaced"]
-    assert replaced and replaced[0]["old_pid"] == first, res.events
+    assert replaced and replaced[0]["old_pid"] == f["first_pid"], res.events
