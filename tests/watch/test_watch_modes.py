@@ -68,7 +68,7 @@ def watching(**options: Any) -> Iterator[Watcher]:
 
 
 def rounds(
-    url: str, n: int, per_round: int, *, idle_s: float = 1.8, images: bool = False, warm: int = 0
+    url: str, n: int, per_round: int, *, idle_s: float = 2.4, images: bool = False, warm: int = 0
 ) -> list[dict[str, Any]]:
     """`warm` requests first (a server that ran before watch came), then an idle window (the
     baseline), then `n` rounds of `per_round` requests each followed by `idle_s` of idle.
@@ -180,7 +180,7 @@ def background(tmp: Path) -> Facts:
         RefProc("background", "--background-kib-per-s", "1024", *SGLANG) as srv,
         watching(server_url=srv.url) as w,
     ):
-        seen = rounds(srv.url, 6, 6, idle_s=2.5)
+        seen = rounds(srv.url, 6, 6, idle_s=3.0)
         return {"seen": seen, "res": _analyse(w)}
 
 
@@ -217,7 +217,7 @@ def vram_leaking(tmp: Path) -> Facts:
 def tenant(tmp: Path) -> Facts:
     with (
         VirtualGpu(tmp / "vgpu") as gpu,
-        RefProc("tenant", "--tenant-mib-per-s", "8", "--vgpu-dir", str(gpu.dir)) as srv,
+        RefProc("tenant", "--tenant-mib-per-s", "8", "--vgpu-dir", str(gpu.dir), *VLLM) as srv,
         watching(server_url=srv.url, gpu_metrics=[gpu.metrics_url]) as w,
     ):
         seen = rounds(srv.url, 6, 8)

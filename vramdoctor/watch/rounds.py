@@ -13,7 +13,11 @@ A sample belongs to an idle window only when the server's /metrics said idle bot
 and after it (samples are held until the next metrics sample confirms the stretch went on:
 traffic that resumed between a metrics sample and a host sample must not count), and only
 from `settle_s` after the stretch began (exporters publish late, RSS counters of threads that
-just finished lag): the window's start is then its first settled moment.
+just finished lag): the window's start is then its first settled moment. The agent's inside
+evidence follows the same rule, by the moment the agent measured it (`InsideSample.wall`):
+within the window's settled span, confirmed idle by a later /metrics sample of the same
+stretch; a record measured after the stretch's last idle sample may hold the buffers of
+requests that had begun, and is left out (counted in `inside_dropped`).
 
 Bounded for weeks: each idle window keeps at most `window_samples` samples of each kind (GPU,
 host, metrics: decimated to every other one when full, so a long idle stretch stays
@@ -102,6 +106,8 @@ class PassiveRounds:
         self.min_idle_s = float(min_idle_s)
         self.settle_s = float(settle_s)
         self._pending: list[tuple[str, Any]] = []
+        self._pending_inside: list[InsideSample] = []
+        self.inside_dropped = 0  # inside records measured outside every settled idle span
         self.max_rounds = int(max_rounds)
         self.cap = int(window_samples)
         self.window_s = float(window_s)
@@ -116,7 +122,9 @@ class PassiveRounds:
     def metrics(self, s: MetricsSample, served: float | None) -> None:
         inflight = inflight_of(s)
         pending, self._pending = self._pending, []
+        inside, self._pending_inside = self._pending_inside, []
         if inflight is None or served is None:
+            self.inside_dropped += len(inside)
             self._close()
             return
         if inflight == 0:
@@ -125,13 +133,18 @@ class PassiveRounds:
             if w is not None and served == w.served:
                 for kind, rec in pending:  # idle before and after them: they count
                     self._keep(w, kind, rec)
+                for rec in inside:
+                    if not self._attach(w, rec, s.wall):
+                        self.inside_dropped += 1
             else:
+                self.inside_dropped += len(inside)
                 self._close()  # a request finished within the stretch: a new one starts
                 self.open = w = IdleWindow(s.t, s.wall, s.t, s.wall, served)
             w.end_t, w.end_wall = s.t, s.wall
             self._keep(w, "metrics", s)
             self.busy_since_wall = None
         else:
+            self.inside_dropped += len(inside)
             self._close()
             if self.busy_since_wall is None:
                 self.busy_since_wall = s.wall
@@ -161,12 +174,28 @@ class PassiveRounds:
             self._pending.append(("host_memory", record))
 
     def inside(self, record: InsideSample) -> bool:
-        """Attach the agent's record to the idle window it was measured in (False when it was
-        measured outside every idle window: traffic had resumed; it is then not comparable)."""
+        """Attach the agent's record to the idle window it was measured in: within that
+        window's settled span (held until the next /metrics sample when it was measured after
+        the open window's last one). False when it was measured outside every settled idle
+        span (traffic had resumed, or the stretch had not settled): not comparable, counted in
+        `inside_dropped`."""
+        w = self.open
+        if w is not None and w.settled_wall is not None and record.wall > w.end_wall:
+            self._pending_inside.append(record)  # the next /metrics sample decides
+            return True
         for w in ([self.open] if self.open is not None else []) + self.closed[-1:][::-1]:
-            if w.start_wall - 1.0 <= record.wall <= w.end_wall + 0.5:
-                w.inside[record.pid] = record
+            if self._attach(w, record, w.end_wall):
                 return True
+        self.inside_dropped += 1
+        return False
+
+    @staticmethod
+    def _attach(w: IdleWindow, record: InsideSample, idle_until: float) -> bool:
+        """Attach `record` to `w` when it was measured from the window's first settled
+        sample to `idle_until` (a /metrics sample that still said idle)."""
+        if w.settled_wall is not None and w.settled_wall <= record.wall <= idle_until:
+            w.inside[record.pid] = record
+            return True
         return False
 
     def _close(self) -> None:
@@ -203,6 +232,13 @@ class PassiveRounds:
         if w is None or w.duration_s < self.min_idle_s or w.settled_t is None:
             return None
         return w
+
+    def settled(self) -> IdleWindow | None:
+        """The open idle stretch once a sample settled in it (`settle_s` after it began),
+        whether or not it lasts `min_idle_s` yet: the moment to ask the agent, so that its
+        reply still falls inside the stretch."""
+        w = self.open
+        return w if w is not None and w.settled_t is not None else None
 
     def windows(self, wall: float) -> list[IdleWindow]:
         """The idle windows of the rolling window ending at `wall`, oldest first."""

@@ -572,12 +572,14 @@ class Watcher:
             self._record(rec)
 
     def _maybe_inside(self) -> None:
-        """Ask the agent for its counters once per idle window (the server idles now, for
-        at least --min-idle), at most every `inside_every_s`, in a thread of its own."""
+        """Ask the agent for its counters once per idle stretch, as soon as it settled (so
+        that the reply, measured up to a poll later, still falls inside it: a record measured
+        after traffic resumed is left out), at most every `inside_every_s`, in a thread of
+        its own."""
         hook = self._inside
         if hook is None or (self._inside_thread is not None and self._inside_thread.is_alive()):
             return
-        w = self.state.rounds.current()
+        w = self.state.rounds.settled()
         if w is None or w.inside_asked:
             return
         if time.monotonic() - self._inside_at < self.options.config.inside_every_s:

@@ -113,7 +113,6 @@ class _Health:
     metrics_with_gauges: int = 0
     flavour: str | None = None
     inside: int = 0
-    inside_outside_idle: int = 0
     kinds: set[str] = field(default_factory=set)
 
 
@@ -182,8 +181,7 @@ class WatchState:
             self._metrics(record)
         elif isinstance(record, InsideSample):
             self.seen.inside += 1
-            if not self.rounds.inside(record):
-                self.seen.inside_outside_idle += 1
+            self.rounds.inside(record)  # left out when measured outside idle: counted there
         elif isinstance(record, Event):
             self._event(record)
         elif isinstance(record, dict):
@@ -736,10 +734,11 @@ class WatchState:
                 f"{self.rounds.merged} smaller rounds were merged into the next "
                 f"(at most {self.config.max_rounds} rounds are kept)"
             )
-        if h.inside_outside_idle:
+        if self.rounds.inside_dropped:
             notes.append(
-                f"{h.inside_outside_idle} inside-evidence records were measured after traffic "
-                "resumed and were left out"
+                f"{self.rounds.inside_dropped} inside-evidence records were measured outside "
+                "the server's settled idle moments (traffic had resumed, or had just ended) and "
+                "were left out"
             )
         return notes
 
