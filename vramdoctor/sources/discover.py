@@ -9,6 +9,7 @@ and soak goes on with device-level memory.
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import threading
 import time
@@ -59,8 +60,102 @@ def url_port(url: str) -> int:
     return parts.port or (443 if parts.scheme == "https" else 80)
 
 
+def _listen_inodes(port: int) -> set[int] | None:
+    """Inodes of the TCP sockets listening on `port` in this network namespace
+    (/proc/net/tcp and tcp6: state 0A is LISTEN); None where /proc/net cannot be read."""
+    inodes: set[int] = set()
+    readable = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii", errors="replace") as fh:
+                lines = fh.read().splitlines()[1:]
+        except OSError:
+            continue
+        readable = True
+        for line in lines:
+            f = line.split()
+            if len(f) < 10 or f[3] != "0A":
+                continue
+            try:
+                if int(f[1].rsplit(":", 1)[1], 16) == port and int(f[9]) > 0:
+                    inodes.add(int(f[9]))
+            except (IndexError, ValueError):
+                continue
+    return inodes if readable else None
+
+
+def _socket_holders(inodes: set[int]) -> set[int]:
+    """Every process with a file descriptor on one of these socket inodes (/proc/PID/fd).
+
+    One listening socket can be held by many processes: a worker forked after bind() inherits
+    the descriptor (gunicorn, uWSGI, multiprocessing pools, SO_REUSEPORT aside). psutil's
+    system-wide connection list names only one of them (the last process that holds the
+    inode), so a fork that shares the socket would hide the process that opened it."""
+    links = {f"socket:[{i}]" for i in inodes}
+    out: set[int] = set()
+    for pid in psutil.pids():
+        try:
+            with os.scandir(f"/proc/{pid}/fd") as fds:
+                for fd in fds:
+                    try:
+                        if os.readlink(fd.path) in links:
+                            out.add(pid)
+                            break
+                    except OSError:
+                        continue
+        except OSError:
+            continue
+    return out
+
+
+def _by_age(pids: Iterable[int]) -> list[int]:
+    """The pids oldest first (the process that opened a shared socket before its forks)."""
+
+    def key(pid: int) -> tuple[float, int]:
+        try:
+            return psutil.Process(pid).create_time(), pid
+        except (psutil.Error, OSError):
+            return float("inf"), pid
+
+    return sorted(set(pids), key=key)
+
+
+def holds_listener(pid: int, port: int) -> bool:
+    """Whether process `pid` (alive) holds a TCP socket listening on `port`; True when its
+    sockets cannot be read (another user): a live process is not taken for gone."""
+    try:
+        conns = psutil.Process(pid).net_connections(kind="tcp")
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except (psutil.AccessDenied, OSError):
+        return _alive(pid)
+    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)
+
+
+def topmost(pids: Iterable[int]) -> list[int]:
+    """The pids that descend from none of the others, oldest first: of the processes that share
+    one listening socket, the ones the others were forked from (a gunicorn master, not its
+    workers; an HTTP front, not the helpers it forks after bind())."""
+    group = set(pids)
+    out: list[int] = []
+    for pid in group:
+        try:
+            ancestors = {p.pid for p in psutil.Process(pid).parents()}
+        except (psutil.Error, OSError):
+            ancestors = set()
+        if not ancestors & group:
+            out.append(pid)
+    return _by_age(out)
+
+
 def listening_pids(port: int) -> tuple[list[int], str | None]:
-    """PIDs with a TCP socket listening on `port` (any address); (pids, reason if none)."""
+    """PIDs with a TCP socket listening on `port` (any address), oldest first: every process
+    that holds the socket (forks that inherited it included); (pids, reason if none)."""
+    inodes = _listen_inodes(port)
+    if inodes:
+        holders = _socket_holders(inodes)
+        if holders:
+            return _by_age(holders), None
     pids: set[int] = set()
     denied = False
     try:
@@ -82,7 +177,7 @@ def listening_pids(port: int) -> tuple[list[int], str | None]:
             else:
                 pids.add(c.pid)
     if pids:
-        return sorted(pids), None
+        return _by_age(pids), None
     if denied:
         return (
             [],
@@ -136,6 +231,7 @@ def discover_server(url: str) -> ServerProcesses:
     roots, reason = listening_pids(port)
     if not roots:
         return ServerProcesses(reason=reason)
+    roots = topmost(roots) or roots  # forks that share the socket are in the roots' tree
     names = process_tree(roots)
     if all(names.get(pid, "?") in PORT_FORWARDERS for pid in roots):
         forwarder = names.get(roots[0], "?")
@@ -250,15 +346,23 @@ class ServerWatch:
             self._refused = self._refused + 1 if port_refuses(self.url) else 0
             return self._died("connection refused") if self._refused >= 2 else events
         owners, _ = listening_pids(self.port)
-        if owners and set(owners) != set(self.roots):
-            if not any(_alive(p) for p in self.roots) or any(p not in owners for p in self.roots):
+        top = topmost(owners) if owners else []
+        if top and set(top) != set(self.roots):
+            # A replacement is a new owner of the port once every previous owner is GONE (exited,
+            # or no longer holding the listening socket). A process that shares the socket while
+            # an owner still holds it (a worker forked after bind(), recycled gunicorn-style; a
+            # helper the socket was handed to) is part of the server, never a replacement.
+            kept = [p for p in self.roots if p in owners or holds_listener(p, self.port)]
+            if kept:
+                self.roots = kept + [p for p in top if p not in kept]
+            else:
                 events.append(
                     (
                         SERVER_REPLACED,
-                        {"old_pid": self.roots[0] if self.roots else None, "new_pid": owners[0]},
+                        {"old_pid": self.roots[0] if self.roots else None, "new_pid": top[0]},
                     )
                 )
-            self.roots = owners
+                self.roots = top
         if owners:
             self._gone_at = None
         tree = process_tree(self.roots) if owners else {}
