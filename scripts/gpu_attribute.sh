@@ -39,12 +39,14 @@ for step in $steps; do
     timeout 200 python3 benchmarks/agent_overhead.py --long --json "$OUT/agent_long.json" ;;
   micro)
     timeout 100 python3 benchmarks/agent_overhead.py --micro-only --json "$OUT/agent_micro.json" ;;
-  inside)
-    timeout 420 python3 scripts/gpu_attribute_inside.py inside ;;
+  inside)  # each step's JSON kept under its own name (the script rewrites attribute_inside.json)
+    timeout 420 python3 scripts/gpu_attribute_inside.py inside
+    cp "$OUT/attribute_inside.json" "$OUT/attribute_inside_$step.json" 2>/dev/null ;;
   tests)
     timeout 300 python3 -m pytest -q -m gpu tests/agent/test_agent_gpu.py 2>&1 | tail -20 | tee "$OUT/agent_gpu_tests.txt" ;;
   mempool|torch214|showcase)
-    timeout 240 python3 scripts/gpu_attribute_inside.py "$step" ;;
+    timeout 240 python3 scripts/gpu_attribute_inside.py "$step"
+    cp "$OUT/attribute_inside.json" "$OUT/attribute_inside_$step.json" 2>/dev/null ;;
   esac
 done
 mkdir -p /tmp/fixtures; cp -r "$OUT/ref-snapshots" /tmp/fixtures/ 2>/dev/null; rm -rf "$OUT/ref-snapshots"

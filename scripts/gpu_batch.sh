@@ -8,6 +8,8 @@
 #   bash scripts/gpu_batch.sh abtest       # ab-test --server and soak --launch: alone on the GPU
 #                                          # (ab-test stops when a process it did not start appears)
 #   bash scripts/gpu_batch.sh alone        # showcase, NVML sources/census, ab-test GPU tests: alone
+#   bash scripts/gpu_batch.sh final        # the reruns: transformers serve's ab-test alone, then
+#                                          # the soaks in parallel again (after the NVML-scope fix)
 #
 # Knobs: BUDGET_S (550: every lane is cut at this many seconds), W (/tmp/w: work folder).
 set -uo pipefail
@@ -89,6 +91,36 @@ alone)
   cp "$W"/*.log "$W/environment_alone.txt" "$W/alone/" 2>/dev/null
   pack alone alone
   tail -8 "$W/showcase.log"; tail -25 "$W/sources.log"; grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$W/pytest2.log" | tail ;;
-*) echo "usage: gpu_batch.sh parallel|abtest|alone"; exit 2 ;;
+final)  # the reruns after the first three calls: transformers serve's ab-test alone, then in
+        # parallel every soak that the missing NVML scope (fixed in soak/session.py) had spoiled
+  PYTHONPATH=/tmp/site-serve:$PYTHONPATH python3 -c "import fastapi, uvicorn, openai, transformers.cli.serving; print('serving extras import: ok')" \
+      >"$W/serve_check.txt" 2>&1; cat "$W/serve_check.txt" | tail -3
+  mkdir -p "$W/ab2"
+  if grep -q "import: ok" "$W/serve_check.txt"; then
+    ( timeout 250 env OUT="$W/ab2" ROUNDS=4 REQS=12 IDLE=2 bash scripts/gpu_abtest_server.sh tserve >"$W/ab2.log" 2>&1
+      echo "[abtest tserve] exit $?" >>"$W/ab2.log" )
+  fi
+  M21=scripts/gpu_soak_modes21.sh
+  K=(env REQS=12 IDLE=2.5)
+  lane vc1 env OUT="$W/vc1" REQS=8 RUNS="vary-vram vary-every cycle-sleep cycle-sleep-ok cycle-release" bash scripts/gpu_soak_vary_cycle.sh
+  lane vc2 env OUT="$W/vc2" REQS=8 RUNS="cycle-lora conv-vram bg-vram retention tenant" bash scripts/gpu_soak_vary_cycle.sh
+  lane m21a "${K[@]}" OUT="$W/m21a" RUNS="retention:agent retention:noagent host-leak:agent host-leak:noagent conv-host:agent conv-host:noagent" bash $M21
+  lane m21b "${K[@]}" OUT="$W/m21b" RUNS="conv-vram:agent conv-vram:noagent bg-host:agent bg-host:noagent bg-vram:agent bg-vram:noagent" bash $M21
+  lane m21c "${K[@]}" OUT="$W/m21c" RUNS="vram-leak:agent vram-leak:noagent tenant:agent tenant:noagent restart:agent restart:noagent" bash $M21
+  lane m21d "${K[@]}" OUT="$W/m21d" RUNS="tserve:agent tserve:noagent tserve-leak:agent tserve-leak:noagent" bash $M21
+  lane m21e "${K[@]}" OUT="$W/m21e" RUNS="two-servers:agent two-servers:noagent restart-sup:agent restart-sup:noagent" bash $M21
+  mkdir -p "$W/attr" "$W/pytest3"
+  lane attr env OUT="$W/attr" bash scripts/gpu_attribute.sh inside mempool
+  lane pytest3 python3 -m pytest -p no:cacheprovider -m gpu -rA --junitxml="$W/pytest3/junit.xml" \
+      tests/agent/test_agent_gpu.py tests/soak/test_soak_vary_cycle_gpu.py
+  wait
+  cp "$W"/*.log "$W"/*.txt "$W/pytest3/" 2>/dev/null
+  pack final-soaks vc1 vc2 m21a m21b m21c m21d m21e
+  pack final-rest ab2 attr pytest3
+  grep -E "^=== |: exit |wall time|leftover|^\[abtest" "$W/ab2.log" 2>/dev/null
+  for d in vc1 vc2; do echo "##### $d"; sed -n '/=== summary/,$p' "$W/$d.log" | cut -c1-400; done
+  for d in m21a m21b m21c m21d m21e; do echo "##### $d"; grep -v "note:" "$W/$d/modes21_summary.txt" 2>/dev/null | cut -c1-330 || tail -5 "$W/$d.log"; done
+  echo "##### pytest3"; grep -E "^(FAILED|ERROR)|passed|failed" "$W/pytest3.log" | tail ;;
+*) echo "usage: gpu_batch.sh parallel|abtest|alone|final"; exit 2 ;;
 esac
 echo "batch $1 done in $(( $(date +%s) - T0 )) s"; ls -la "$OUT"

@@ -248,11 +248,16 @@ class _Roles:
     """pid -> role for the host sampler: the watched server tree, GPU peers, --pid extras."""
 
     def __init__(
-        self, watch: ServerWatch, found: ServerProcesses, extra_pids: Iterable[int]
+        self,
+        watch: ServerWatch,
+        found: ServerProcesses,
+        extra_pids: Iterable[int],
+        launched: Callable[[], dict[int, str]] | None = None,
     ) -> None:
         self.watch = watch
         self.found = found
         self.extra = list(extra_pids)
+        self.launched = launched
         self.peers: dict[int, str] = {}
         self.last_gpu_sample: GpuSample | None = None
         self._lock = threading.Lock()
@@ -269,6 +274,12 @@ class _Roles:
                 # Not found (a container behind a port forwarder): every process on the GPUs.
                 self.peers = gpu_peers(self.last_gpu_sample, self.found.tree)
             out = roles(self.found, self.peers)
+        if self.launched is not None:
+            # --launch: every process seen below the keeper is the server's (a double-forked or
+            # setsid helper is re-parented to the keeper, a child subreaper, not to the tree).
+            for pid in self.launched():
+                if out.get(pid) in (None, "gpu-peer", "gpu-process"):
+                    out[pid] = "child"
         for pid in self.extra:
             out.setdefault(pid, "watched")
         return out
@@ -433,6 +444,8 @@ class SoakSession:
         self._hold = contextlib.ExitStack()
         self._baseline_traffic = _BaselineTraffic()
         self._first_round = _FirstRoundCheck(1, key_given=False)
+        self._below_keeper: dict[int, tuple[float, str]] = {}  # pid -> (start time, name)
+        self._keeper_lock = threading.Lock()
 
     # --- what hooks use ------------------------------------------------------------------------
 
@@ -455,10 +468,50 @@ class SoakSession:
         self.writer.write(Event(*now(), name=name, data=dict(data or {})))
 
     def server_pids(self) -> dict[int, str]:
-        """The server's processes now: pid -> name (the port owner's tree, as watched)."""
+        """The server's processes now: pid -> name (the port owner's tree, as watched; with
+        --launch also every process seen below the keeper that still runs)."""
         if self.watch is not None:
-            return dict(self.watch.tree)
-        return dict(self.found.tree) if self.found is not None else {}
+            out = dict(self.watch.tree)
+        else:
+            out = dict(self.found.tree) if self.found is not None else {}
+        for pid, name in self.launched_processes().items():
+            out.setdefault(pid, name)
+        return out
+
+    def launched_processes(self) -> dict[int, str]:
+        """With --launch: every process ever seen below the keeper that still runs as the same
+        process (pid and start time), pid -> name; {} without --launch. The keeper is a child
+        subreaper, so a helper that double-forks or calls setsid stays below it: it is the
+        server's, though the port owner's tree no longer holds it."""
+        launched = self.launched
+        keeper = getattr(launched, "keeper", None)
+        if launched is None or keeper is None:
+            return {}
+        import psutil
+
+        with self._keeper_lock:
+            try:
+                below = psutil.Process(keeper.pid).children(recursive=True)
+            except psutil.Error:
+                below = []
+            for proc in below:
+                if proc.pid in self._below_keeper:
+                    continue
+                try:
+                    self._below_keeper[proc.pid] = (proc.create_time(), proc.name())
+                except psutil.Error:
+                    continue
+            out: dict[int, str] = {}
+            for pid, (started, name) in list(self._below_keeper.items()):
+                try:
+                    same = psutil.Process(pid).create_time() == started
+                except psutil.Error:
+                    same = False
+                if same:
+                    out[pid] = name
+                else:
+                    del self._below_keeper[pid]
+            return out
 
     # --- the whole run ---------------------------------------------------------------------------
 
@@ -558,8 +611,18 @@ class SoakSession:
         assert self.info is not None
         self.found = found = discover_server(self.base)
         self.watch = ServerWatch(self.base, found)
-        self.roles = _Roles(self.watch, found, cfg.pids)
+        self.roles = _Roles(
+            self.watch,
+            found,
+            cfg.pids,
+            launched=self.launched_processes if self.launched is not None else None,
+        )
         gpu_src, gpu_note = _gpu_source(cfg, found.remote)
+        if gpu_src is not None and hasattr(gpu_src, "server_pids") and found.found:
+            # Whose process each NVML row is (#21.3): the server's tree as watched now (and
+            # --pid); every other process on its GPUs is another tenant, never deciding.
+            extra = {int(p) for p in cfg.pids or ()}
+            gpu_src.server_pids = lambda: {*self.server_pids(), *extra}
         self.notes = list(self.info.notes)
         if gpu_note:
             self.say(gpu_note)
