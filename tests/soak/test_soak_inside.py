@@ -164,6 +164,48 @@ def test_without_glibc_counters_the_outside_rule_stands() -> None:
     assert host.verdict != "LEAK" and host.decided_by == "rounds"
 
 
+HELPER = 5353  # a helper daemonised out of the port owner's tree (double fork + setsid)
+
+
+def _helper_run(helper_in_use: Callable[[int], float]) -> list[object]:
+    """The port owner (PID) flat from outside and inside; a helper the host sampler never saw
+    (outside the tree) reports through the run's agent directory: glibc's bytes in use as
+    `helper_in_use(round)` MiB (R1's s12: 128 KiB per request kept in the daemon)."""
+    recs = synth(
+        flat(),
+        rounds=4,
+        host_level=flat(60.0),
+        host_kinds={"anon": flat(20.0)},
+        arenas=lambda k, f: 1,
+    )
+    add_inside(recs, PID, lambda k: {"glibc": glibc(4.0, 0.5), "python": python(70_000)})
+    marks = len(recs)
+    add_inside(
+        recs, HELPER, lambda k: {"glibc": glibc(helper_in_use(k), 0.2), "python": python(65_000)}
+    )
+    for r in recs[marks:]:
+        if isinstance(r, InsideSample):
+            r.program = "helper_daemon.py"
+    return recs
+
+
+def test_a_helper_outside_the_tree_that_reports_inside_evidence_decides_the_host_layer() -> None:
+    # W3 of review R1: the agent measured the daemon's leak and the verdict was STABLE.
+    res = analyse_soak(_helper_run(lambda k: 3.2 + 0.125 * N * k))
+    host = res.layers["host"]
+    assert host.verdict == "LEAK" and host.reason == "live_grew"
+    assert host.decided_by == "inside_glibc" and res.exit_code == 1
+    assert host.rate_mib_per_request == pytest.approx(0.125, rel=0.02)
+    assert host.culprit is not None and host.culprit.pid == HELPER
+    assert host.culprit.name == "helper_daemon.py"
+    assert f"pid {HELPER} (helper_daemon.py)" in soak_json(res)["layers"]["host"]["summary"]
+
+
+def test_a_flat_helper_outside_the_tree_leaves_the_host_layer_as_it_was() -> None:
+    res = analyse_soak(_helper_run(lambda k: 3.2))
+    assert res.layers["host"].verdict == "STABLE" and res.exit_code == 0
+
+
 # --- VRAM -------------------------------------------------------------------------------------
 
 SETTLING = [0.0, 74.0, 144.0, 172.0, 186.0, 193.0]  # reserved growth: fragmentation settling

@@ -119,6 +119,7 @@ class InsidePoints:
     kind: str
     pid: int
     by_round: dict[int, float] = field(default_factory=dict)
+    name: str | None = None  # the program, as the agent's status file names it
 
     @property
     def layer(self) -> str:
@@ -203,7 +204,10 @@ def inside_points(records: Sequence[Any]) -> dict[str, InsidePoints]:
             key = f"{kind}/pid{r.pid}"
             pts = out.get(key)
             if pts is None:
-                pts = out[key] = InsidePoints(key, kind, r.pid)
+                program = getattr(r, "program", None)
+                pts = out[key] = InsidePoints(
+                    key, kind, r.pid, name=program if isinstance(program, str) else None
+                )
             pts.by_round[r.round] = v  # the last record of a round wins (a retry)
     return out
 
@@ -232,6 +236,7 @@ class InsideEvidence:
 
     series: dict[str, SeriesResult]
     held_by: Mapping[int, Sequence[HeldBy]] = field(default_factory=dict)
+    names: Mapping[int, str] = field(default_factory=dict)  # pid -> program (agent's status)
 
     @property
     def pids(self) -> set[int]:
@@ -322,6 +327,32 @@ class InsideEvidence:
             explanation=explanation,
         )
         return True
+
+    def decide_unsampled(self, pid: int) -> SeriesResult | None:
+        """The series that decides the host layer for a server process whose RSS was never
+        sampled (a helper the agent reports from through the run's agent directory, outside
+        the port owner's tree): its live bytes in MiB (glibc's bytes in use, tracemalloc's
+        traced bytes, pinned host memory handed out), marked as deciding: a LEAK at the live
+        series' rate (`live_grew`), INCONCLUSIVE while it grows with a shape the rounds cannot
+        name, else as judged (STABLE, CACHING). None when the process has no such series (a
+        count of Python blocks alone has no size to give the layer)."""
+        live = [s for s in self._live(pid, HOST) if s.unit == "MiB"]
+        if not live:
+            return None
+        leaking = [s for s in live if s.verdict == LEAK]
+        growing = [s for s in live if _growing(s)]
+        if leaking:
+            top = max(leaking, key=lambda s: s.slope_per_request or 0.0)
+            top.reason = R_LIVE_GREW
+        elif growing:
+            top = growing[0]
+        else:
+            top = next((s for s in live if s.kind == "glibc_in_use"), live[0])
+        top.decides = True
+        top.name = top.name or self.names.get(pid)
+        top.decided_by = _EVIDENCE.get(top.kind, Evidence.INSIDE_GLIBC)
+        top.evidence_kind = top.kind
+        return top
 
     def decide_host(
         self,
@@ -488,7 +519,8 @@ def judge_inside(
             steps_to_decide=fit.steps_to_decide,
             decided_by=Evidence.INSIDE_CUDA if pts.layer == VRAM else Evidence.INSIDE_GLIBC,
         )
-    return InsideEvidence(out, held_by or {})
+    names = {pts.pid: pts.name for pts in points.values() if pts.name}
+    return InsideEvidence(out, held_by or {}, names)
 
 
 __all__ += ["judge_inside"]

@@ -344,6 +344,16 @@ def host_layer(
     deciding = [s for s in rss_series if s.decides] + [
         s for s in mine if s.kind == "dev_shm" and s.decides
     ]
+    if inside is not None:
+        # A process that reports inside evidence through the run's agent directory is a server
+        # process (the agent writes only there), sampled from outside or not: a helper
+        # daemonised out of the port owner's tree is one. Its live bytes decide for it.
+        sampled = {s.pid for s in rss_series}
+        tenants = {s.pid for s in series if s.scope == "tenant"}
+        for pid in sorted(inside.pids - sampled - tenants):
+            top = inside.decide_unsampled(pid)
+            if top is not None:
+                deciding.append(top)
     lay = _layer(mine, deciding, procs, sorted(caveats), life, available_mib)
     lay.tenants = [
         s.key
