@@ -152,7 +152,7 @@ def fleet_cmd(
 
     Credentials: user and password in the URL (Basic auth), VRAMDOCTOR_PROMETHEUS_TOKEN (a bearer token) or --header; all are masked in every output.
 
-    Exit code: 0 no live leak, 1 a live leak, 2 usage or input error (database unreachable, refusing, or answering malformed data).
+    Exit code: 0 no live leak, 1 a live leak, 2 usage or input error (database unreachable, refusing, or answering malformed data; no series to judge, e.g. a --match that matches nothing).
 
     Examples:
 
@@ -195,6 +195,19 @@ def fleet_cmd(
         strategy=strategy,
         max_candidates=max_candidates,
     )
+    if not result.rows:  # nothing to judge is not healthy: a typo in --match must not read as 0
+        from vramdoctor.fleet.report import span_words
+
+        scope = (
+            "no series matches " + " ".join(f"--match {m!r}" for m in match)
+            if match
+            else "no GPU, process or KV series of a known exporter"
+        )
+        raise InputError(
+            f"fleet: {scope} in the {span_words(result)} up to "
+            f"{datetime.fromtimestamp(result.end, timezone.utc):%Y-%m-%d %H:%M} UTC: nothing to judge"
+            + ("; check the label's name and value" if match else "")
+        )
     written: list[str] = []
     chart_error: str | None = None
     if charts is not None:

@@ -24,7 +24,7 @@ from vramdoctor.redact import one_line
 from vramdoctor.render.table import Table
 from vramdoctor.units import format_duration
 
-__all__ = ["chart", "format_value", "render", "sentence", "where"]
+__all__ = ["chart", "data_span", "format_value", "render", "sentence", "span_words", "where"]
 
 _STYLE = {"LEAK": "bold red", "CACHING": "yellow", "STABLE": "green", "INCONCLUSIVE": "dim"}
 
@@ -185,10 +185,35 @@ def _short_why(row: FleetRow) -> str:
     return one_line(text)
 
 
+def data_span(result: FleetResult) -> float:
+    """Seconds of history the rows' floors cover: from the first floor's block (a floor is
+    stamped at its block's end, so one block before it) to the last floor or sample seen,
+    within the window asked for. The window itself when no row holds a floor (nothing read)."""
+    firsts = [float(r.lives[0]["began_at"]) for r in result.rows if r.lives]
+    lasts = [float(x["ended_at"]) for r in result.rows for x in r.lives[-1:]]
+    lasts += [float(r.last_seen) for r in result.rows if r.last_seen is not None]
+    if not firsts or not lasts:
+        return result.end - result.start
+    first = max(result.start, min(firsts) - result.config.block_s)
+    last = min(result.end, max(lasts))
+    return max(last - first, 0.0)
+
+
+def span_words(result: FleetResult) -> str:
+    """'3 days', or '3 days of data (7 days asked)' when the history is shorter than the window
+    by more than a block: a header never claims more history than was found."""
+    window = result.end - result.start
+    covered = data_span(result)
+    if window - covered > 1.5 * result.config.block_s:
+        return f"{format_duration(covered)} of data ({format_duration(window)} asked)"
+    return format_duration(window)
+
+
 def sentence(result: FleetResult) -> str:
     """What the table says, in one sentence: the soonest leak, or why nothing leaks, or why
-    nothing could be judged. Never "no leak" on rows that could not be judged."""
-    span = format_duration(result.end - result.start)
+    nothing could be judged. Never "no leak" on rows that could not be judged. The span named
+    is the one the data cover (`data_span`), never a longer window that was asked for."""
+    span = format_duration(data_span(result))
     rows = result.rows
     leaks = result.leaks
     if leaks:
@@ -253,9 +278,11 @@ def _growth_plain(r: FleetRow) -> str:
 
 
 def table(result: FleetResult, *, top: int | None = None) -> Table:
-    """The ranked table (the first `top` rows; None: all)."""
-    span = format_duration(result.end - result.start)
-    t = Table(title=f"fleet: {span}, floors of {format_duration(result.config.block_s)}")
+    """The ranked table (the first `top` rows; None: all). Its title names the span the data
+    cover, and the window asked for when that is longer (`data_span`)."""
+    t = Table(
+        title=f"fleet: {span_words(result)}, floors of {format_duration(result.config.block_s)}"
+    )
     t.add_column("#", justify="right", priority=4)
     t.add_column("where")
     t.add_column("layer", priority=2)
