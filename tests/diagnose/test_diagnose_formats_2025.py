@@ -676,6 +676,24 @@ EVENTS: list[tuple[str, str | None, dict]] = [
     ),
     ("ipc_transport_failed", None, {"runtime": "HIP", "error": "invalid device pointer"}),
     ("gpu_memory_fault", None, {"node": 2, "reason": "Unknown"}),
+    ("memory_error_unread", None, {"matched": "out of memory"}),
+    ("host_oom", None, {"killer": "ollama memory check", "requested": "5.5 GiB"}),
+    (
+        "cuda_oom",
+        "kv_cache_alloc",
+        {"trt_executor": True, "component": "KV cache", "free_mib": 1024.0, "total_mib": 8192.0},
+    ),
+    (
+        "cuda_oom",
+        "compute_buffer",
+        {
+            "requested_mib": 100.0,
+            "retried": "r",
+            "retried_line": 2,
+            "recovered": "ok",
+            "recovered_line": 3,
+        },
+    ),
     ("cli_error", None, {"program": "vllm serve", "error": "argument --limit-mm-per-prompt: x"}),
     ("trtllm_kv_default_fraction", None, {"kv_share": 0.9}),
     (

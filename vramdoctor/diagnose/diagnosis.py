@@ -25,6 +25,7 @@ from vramdoctor.diagnose.findings import (
     Evidence,
     Facts,
     FileSummary,
+    LogEvent,
 )
 from vramdoctor.diagnose.normalize import clean
 from vramdoctor.diagnose.reader import ReadStats, display_name, scan
@@ -43,7 +44,37 @@ def extract_file(path: str | Path) -> tuple[FileExtractor, ReadStats]:
         ex.feed(hit)
     _sniff(ex, stats.head)
     tail.read(ex, stats.tail, stats.lines)
+    if not ex.events:
+        _unread_memory_line(ex, stats.head)
     return ex, stats
+
+
+def _unread_memory_line(ex: FileExtractor, head: bytes) -> None:
+    """The safety net (R2 review): a log whose lines gave no event but hold a memory failure in a
+    wording diagnose does not read ("out of memory", "insufficient memory", ...) gets one
+    `memory_error_unread` event quoting that line, so it is never refused as "not a server log" nor
+    reported healthy. Request echoes (user text) are left out. Only the first MiB is searched."""
+    text = P.without_echo_lines(head)
+    m = P.ANY_MEMORY_FAILURE.search(text)
+    if m is None:
+        return
+    start = text.rfind(b"\n", 0, m.start()) + 1
+    end = text.find(b"\n", m.end())
+    line = text[start : end if end >= 0 else len(text)].decode("utf-8", "replace")
+    # the line number in the file: head is the file's first MiB, less any request-echo lines
+    lineno = (
+        head.count(b"\n", 0, head.find(line.encode("utf-8", "replace")[:200]) if line else 0) + 1
+    )
+    ex.add_event(
+        LogEvent(
+            "memory_error_unread",
+            ex.name,
+            lineno,
+            ex.cut(clean(line).text.strip()),
+            None,
+            {"matched": m.group(0).decode("utf-8", "replace")},
+        )
+    )
 
 
 OTHER_KINDS = KINDS  # marks.py's marks (SGLang's and vLLM's add to their own sniff below)

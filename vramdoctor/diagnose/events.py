@@ -42,6 +42,10 @@ MEMORY_KEYS = (
     "retract requests",
     "defaultcpuallocator",
     "memoryerror",
+    # R2 review: TensorRT-LLM's executor creation, Ray's memory monitor
+    "insufficient gpu memory",
+    "memory usage threshold",
+    "ray killed this worker",
 )
 WRAP_COLUMNS = 80  # a row this wide may be a terminal's wrap (joined without a space)
 FRAME_GAP_LINES = (
@@ -87,6 +91,23 @@ def memory_plan(t: str) -> tuple[Any, ...] | None:
     text = clean(t).text
     if P.CUDA_OOM.search(text) or P.VLLM_NOT_ENOUGH_LOAD.search(text):
         return ("oom", text)
+    if "nsufficient GPU memory" in text and P.TRT_EXECUTOR_OOM.search(text):
+        return ("trt_executor", text)  # TensorRT-LLM's PyTorch executor: the figures follow
+    if ("Ray killed" in text or "usage threshold" in text) and (m := P.RAY_KILLED.search(text)):
+        # Ray's memory monitor killed a worker (host RAM): the node's figures, the task it killed
+        data_r: dict[str, Any] = {"killer": "ray memory monitor"}
+        if m.group(1):
+            data_r.update(
+                node_used_gb=float(m.group(1)),
+                node_total_gb=float(m.group(2)),
+                node_fraction=float(m.group(3)),
+                threshold=float(m.group(4)),
+            )
+        if t_ := P.RAY_TASK_NAME.search(text):
+            data_r.update(
+                task=t_.group(1), task_pid=int(t_.group(2)), task_used_gb=float(t_.group(3))
+            )
+        return ("host", data_r, text)
     if ("ry to lower" in text or "never happen" in text) and (
         m := P.SGL_KV_ALLOC_FAIL.search(text)
     ):
@@ -356,6 +377,31 @@ def _phase_from_lines(hit: Hit, msg: str) -> str | None:
     for line in after[:2]:
         if m := P.TGI_METHOD.search(line):
             return {"Warmup": "warmup", "Prefill": "prefill", "Decode": "decode"}.get(m.group(1))
+    if any(P.TGI_SHARD_START.search(line) for line in after):
+        return "weight_load"  # TGI's shard died before it was ready: while loading the model
+    return None
+
+
+def _lcpp_retry(hit: Hit) -> dict[str, Any] | None:
+    """llama.cpp's retry after a compute buffer failed with pipeline parallelism: {"retried": the
+    retry line, "recovered": the line showing the context was then created, or None}; None when the
+    lines after the OOM show no retry."""
+    after = hit.after(12)
+    for i, raw in enumerate(after):
+        if P.LCPP_RETRY_NO_PP.search(raw):
+            out: dict[str, Any] = {
+                "retried": clean(raw).text.strip()[:200],
+                "retried_line": hit.lineno + i + 1,
+            }
+            for j, nxt in enumerate(hit.after(i + 40)[i + 1 :]):
+                x = clean(nxt).text
+                if "failed to" in x or "error" in x.lower() or "cudaMalloc failed" in x:
+                    break  # the retry failed too
+                if P.LCPP_CONTEXT_READY.search(x):
+                    out["recovered"] = x.strip()[:200]
+                    out["recovered_line"] = hit.lineno + i + j + 2
+                    break
+            return out
     return None
 
 
@@ -853,7 +899,11 @@ class EventsMixin:
         elif what == "kv_alloc":
             self._kv_alloc(hit, plan[1], plan[2])
         elif what == "host":
+            if str(plan[1].get("task", "")).startswith("RayWorkerVllm"):
+                self.votes["vllm"] += 3  # vLLM's Ray worker, by its actor's name
             self._host_oom(hit, plan[1], plan[2])
+        elif what == "trt_executor":
+            self._trt_executor(hit, plan[1])
         elif what == "facts":
             for name, value in plan[1]:
                 self.put(name, value, RUNTIME, hit)
@@ -885,6 +935,57 @@ class EventsMixin:
                 )
             )
 
+    def _trt_executor(self, hit: Hit, text: str) -> None:
+        """TensorRT-LLM's "Executor creation failed due to insufficient GPU memory." and the lines
+        its memory monitor prints after it: the component that could not be created, the device's
+        total, the free memory before the attempt, and each component created before (free before /
+        after, GiB). A cuda_oom event whose phase is the component's."""
+        self.votes["trtllm"] += 5  # its own message (py_executor_creator.py)
+        if self.event_counts.get("cuda_oom", 0) >= MAX_EVENTS_PER_KIND:
+            self.event_counts["cuda_oom"] += 1
+            return
+        data: dict[str, Any] = {"trt_executor": True}
+        created: list[dict[str, Any]] = []
+        lines = [text]
+        for raw in hit.after(16):
+            line = clean(raw).text.strip()
+            if not line:
+                continue
+            if m := P.TRT_COMPONENT.search(line):
+                data["component"] = m.group(1)
+            elif m := P.TRT_TOTAL.match(line):
+                data["total_mib"] = round(float(m.group(1)) * GIB, 1)
+                data.setdefault("shown", {})["total"] = f"{m.group(1)} GiB"
+            elif m := P.TRT_FREE_BEFORE.match(line):
+                data["free_mib"] = round(float(m.group(1)) * GIB, 1)
+                data.setdefault("shown", {})["free"] = f"{m.group(1)} GiB"
+            elif m := P.TRT_CREATED.match(line):
+                created.append(
+                    {
+                        "component": m.group(1),
+                        "free_before_gib": float(m.group(2)),
+                        "free_after_gib": float(m.group(3)),
+                    }
+                )
+            elif not line.startswith("Previously created"):
+                break
+            lines.append(line)
+        if created:
+            data["created"] = created
+        component = str(data.get("component", ""))
+        phase = (
+            "kv_cache_alloc"
+            if component.startswith(("KV cache", "Initial KV cache"))
+            else "weight_load"
+            if component.startswith(("Model", "Draft model"))
+            else "startup"
+        )
+        if data.get("total_mib") is not None:
+            self.put("total_gpu_mib", data["total_mib"], INFERRED, self.ev(hit))
+        self.add_event(
+            LogEvent("cuda_oom", self.name, hit.lineno, self.cut(" ".join(lines)), phase, data)
+        )
+
     def _oom(self, hit: Hit, text: str) -> None:
         if self.event_counts.get("cuda_oom", 0) >= MAX_EVENTS_PER_KIND:
             self.event_counts["cuda_oom"] += 1  # counted; the first ones carry the detail
@@ -895,6 +996,8 @@ class EventsMixin:
             above = hit.before(4096).rstrip("\n").rsplit("\n", 1)[-1]
             if "CUDA runtime error" in above:
                 text = clean(above).text + text
+        if "        " in text and (sq := P.SQUASHED_RECORD.search(text)):
+            text = text[: sq.start()]  # the next records squashed onto the error's line (R2 review)
         msg = self._message(hit, text)
         alt = ""  # the same rows joined with spaces: a soft wrap as wide as a terminal looks hard
         if ("Tried to allocate" in msg or "out of memory." in msg) and (
@@ -973,6 +1076,8 @@ class EventsMixin:
             phase = _phase_from_lines(
                 hit, msg
             )  # llama.cpp, TGI, TensorRT-LLM say it in their lines
+        if "cudaMalloc failed" in msg and phase == "compute_buffer" and (r := _lcpp_retry(hit)):
+            data.update(r)  # llama.cpp retried without pipeline parallelism (and went on, or not)
         if "torchair" in region:
             data["torchair"] = True  # vllm-ascend's torchair graph mode ran the failing step
         if P.VLLM_NOT_ENOUGH_LOAD.search(text):

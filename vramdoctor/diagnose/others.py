@@ -244,6 +244,47 @@ class OthersMixin:
             )
             self.add_event(LogEvent("go_crash", self.name, hit.lineno, self.ev(hit).text, None, {}))
 
+    def _ollama_memory(self, hit: Hit, t: str) -> None:
+        """Ollama's scheduler refusing a model for system memory (R2 review): "model request too
+        large for system" requested= available= (a WARN) and the load error "model requires more
+        system memory (X) than is available (Y)": host RAM, one event per figure asked."""
+        s = clean(t).text
+        m = P.OLLAMA_SYSTEM_MEMORY.search(s) or P.OLLAMA_TOO_LARGE.search(s)
+        if m is None:
+            return
+        self.votes["ollama"] += 5
+        requested, available = m.group(1), m.group(2)
+        for e in self.events_so_far("host_oom"):
+            if (
+                e.data.get("killer") == "ollama memory check"
+                and e.data.get("requested") == requested
+            ):
+                if available and not e.data.get("available"):
+                    e.data["available"] = available  # the load error completes a cut WARN line
+                return
+        data: dict[str, Any] = {"killer": "ollama memory check", "requested": requested}
+        if available:
+            data["available"] = available
+        self._event(hit, "host_oom", data)
+
+    def _lcpp_pipeline(self, hit: Hit, t: str) -> None:
+        """llama.cpp's "pipeline parallelism enabled (n_copies=N)": the compute buffers are N copies."""
+        if m := P.LCPP_PP_COPIES.search(t):
+            self.put("pipeline_copies", int(m.group(1)), RUNTIME, hit)
+
+    def _env_export(self, hit: Hit, t: str) -> None:
+        """An environment assignment on its own line ("export VLLM_DP_SIZE=2",
+        "export ASCEND_RT_VISIBLE_DEVICES=0,1"): the devices visible and vLLM's DP size."""
+        m = P.ENV_EXPORT.match(clean(t).text)
+        if m is None:
+            return
+        name, value = m.group(1), m.group(2).strip("'\"")
+        if name.endswith("VISIBLE_DEVICES"):
+            n = len([x for x in value.split(",") if x.strip()])
+            self.put("visible_devices", n, RUNTIME, hit)
+        elif name == "VLLM_DP_SIZE" and value.isdigit():
+            self.put("dp_env_size", int(value), RUNTIME, hit)
+
     # -- vLLM 0.18+: CUDA-graph estimate, hints, profiling skipped, platform, argparse ---------------
     def _vllm_graphs(self, hit: Hit, t: str) -> None:
         s = clean(t).text

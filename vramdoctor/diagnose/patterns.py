@@ -139,8 +139,17 @@ OLD_SGL = re.compile(r"^(?:\[gpu=\d+\] |Rank \d+: )")
 # A line that starts a new record (anything else after an error line may be its wrapped tail).
 RECORD_START = re.compile(
     r"^(?:\[\d{4}-|\[rank\d|\(\w+ pid=|\((?:VllmWorker|EngineCore)|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b"
-    r"|\d{4}-\d\d-\d\d[ T]|Traceback|\s+File \"|\s{2,}|[A-Z][a-z]{2} [ \d]\d \d\d:)"
+    r"|\d{4}-\d\d-\d\d[ T]|Traceback|\s+File \"|\s{2,}|[A-Z][a-z]{2} [ \d]\d \d\d:"
+    # the other servers' records (R2 review: an error's evidence ran into the next line): a C/C++
+    # function's tag (llama.cpp/ggml "alloc_tensor_range: ...", "ggml_gallocr_reserve_n: ..."), the
+    # llama.cpp server's "1.06.520.086 E " timestamps, Go's log "2024/01/05 10:38:07 ", ggml's
+    # "current device: 0" and GGML_ASSERT, Rust's panic "note: run with `RUST_BACKTRACE=1`"
+    r"|[a-z][a-z0-9]*_\w*: |\d+\.\d\d\.\d{3}\.\d{3} [DIWE] |\d{4}/\d\d/\d\d \d\d:"
+    r"|current device: |GGML_ASSERT|note: run with)"
 )
+# rows a container's log squashed onto one line: a run of spaces, then the next record's level and
+# time ("...environment-variables)                                ERROR 07-04 14:53:23 [engine.py:458]")
+SQUASHED_RECORD = re.compile(r" {8,}(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:")
 
 # --- arguments dumps ------------------------------------------------------------------
 # SGLang up to 0.5.18: server_args=ServerArgs(model_path='...', ...)  (dataclass repr)
@@ -574,7 +583,7 @@ PHASE_MARKERS: tuple[tuple[str, Any], ...] = (
     (
         "weight_load",
         _fast(
-            r"\bload_model\b|load_weights|create_weights|_create_weight\b|_initialize_model|\binitialize_model\b|weight_loader|[Ll]oad weight begin"
+            r"\bload_model\b|load_weights|load_single_module|create_weights|_create_weight\b|_initialize_model|\binitialize_model\b|weight_loader|[Ll]oad weight begin"
         ),
     ),
     ("warmup", _fast(r"compile_or_warm_up_model|_warmup|warm_up|kernel_warmup")),
@@ -907,3 +916,58 @@ KERNEL_IMAGE_INVALID = re.compile(
 # a traceback frame of torch.compile (inductor, dynamo) or of the Triton JIT / autotuner
 INDUCTOR_FRAME = re.compile(r"torch/_inductor/|torch/_dynamo/|InductorError|BackendCompilerFailed")
 TRITON_JIT_FRAME = re.compile(r"triton/runtime/(?:jit|autotuner)\.py")
+
+# --- R2 review (2026-12-01): lines a fresh reviewer found missed ---------------------------------
+# Ray's memory monitor (ray/_private/memory_monitor, raylet): "Memory on the node (IP: ...) where the
+# task (actor ID: ..., name=RayWorkerVllm.__init__, pid=308, memory used=11.15GB) was running was
+# 12.49GB / 13.15GB (0.950003), which exceeds the memory usage threshold of 0.95. Ray killed this worker"
+RAY_KILLED = re.compile(
+    r"was ([\d.]+)GB / ([\d.]+)GB \(([\d.]+)\), which exceeds the memory usage threshold of (\d+(?:\.\d+)?)"
+    r"|Ray killed this worker"
+)
+RAY_TASK_NAME = re.compile(r"\bname=([\w.]+), pid=(\d+), memory used=([\d.]+)GB")
+# TensorRT-LLM's PyTorch executor (_torch/pyexecutor/py_executor_creator.py, _ExecutorMemoryMonitor):
+# "Executor creation failed due to insufficient GPU memory." then, one per line, "The following
+# component could not be created: <stage>", "Total GPU memory (GiB): 140.06", "Free GPU memory before
+# component creation attempt (GiB): 108.86" and the components created before ("Model: 139.55 / 110.70")
+TRT_EXECUTOR_OOM = re.compile(
+    r"Executor creation failed (?:due to insufficient GPU memory|with an error which might indicate insufficient GPU memory)"
+)
+TRT_COMPONENT = re.compile(r"The following component could not be created: (.+?)\s*$")
+TRT_TOTAL = re.compile(r"^Total GPU memory \(GiB\): ([\d.]+)")
+TRT_FREE_BEFORE = re.compile(
+    r"^Free GPU memory before component creation attempt \(GiB\): ([\d.]+)"
+)
+TRT_CREATED = re.compile(
+    r"^(Model|Sampler|Drafter|Initial KV cache[^:]*|KV cache|Additional executor resources[^:]*|Draft model[^:]*): ([\d.]+) / ([\d.]+)\s*$"
+)
+# Ollama's scheduler refusing a model before it loads (server.go / sched.go): msg="model request too
+# large for system" requested="5.5 GiB" available="3.4 GiB" total= free= swap=, and the load error
+# error="model requires more system memory (5.5 GiB) than is available (3.4 GiB)"
+OLLAMA_TOO_LARGE = re.compile(
+    r'model request too large for system"?(?: requested="([\d.]+ [KMGT]?i?B)")?(?: available="([\d.]+ [KMGT]?i?B)")?'
+)
+OLLAMA_SYSTEM_MEMORY = re.compile(
+    r"model requires more system memory \(([\d.]+ [KMGT]?i?B)\) than is available \(([\d.]+ [KMGT]?i?B)\)"
+)
+# llama.cpp (PR #16748, 2025-10): a compute buffer that failed with pipeline parallelism is retried
+# without it: "<func>: compute buffer allocation failed, retrying without pipeline parallelism"
+LCPP_RETRY_NO_PP = re.compile(
+    r"compute buffer allocation failed, retrying without pipeline parallelism"
+)
+# what a llama.cpp start-up prints once the context exists (the retry worked)
+LCPP_CONTEXT_READY = re.compile(
+    r"compute buffer size =|load_model: initializing|server is listening|model loaded|n_slots = \d"
+)
+LCPP_PP_COPIES = re.compile(r"pipeline parallelism enabled \(n_copies=(\d+)\)")
+# TGI's launcher when a shard dies while loading the model ("Error: ShardCannotStart", "Shard 0 failed to start")
+TGI_SHARD_START = re.compile(r"ShardCannotStart|Shard \d+ failed to start")
+# an environment assignment on its own line ("export VLLM_DP_SIZE=2", "CUDA_VISIBLE_DEVICES=0,1")
+ENV_EXPORT = re.compile(
+    r"^\s*(?:export\s+)?([A-Z][A-Z0-9_]*(?:VISIBLE_DEVICES|_DP_SIZE))=(\S+)\s*$"
+)
+# a generic memory failure line (the safety net: a log never refused while it holds one)
+ANY_MEMORY_FAILURE = re.compile(
+    rb"(?i)out of memory|outofmemoryerror|insufficient (?:gpu )?memory|more system memory"
+    rb"|too large for system|exceeds the memory usage threshold|cannot allocate memory"
+)

@@ -376,8 +376,12 @@ def _emit(
                 e = end
             q = e + 1  # step past the newline that ends this line
             raw = buf[s:e]
-            if b'File "' in raw and mm_frame(raw) is None:
-                continue  # a traceback frame: read through lookback when an error needs it
+            f = raw.find(b'File "')
+            if 0 <= f < a - s and mm_frame(raw) is None:
+                # a traceback frame (read through lookback when an error needs it); a line whose
+                # first anchor comes before the frame holds more than the frame: rows a container's
+                # log squashed onto one line ("HIP out of memory. ...  ERROR ... File ...")
+                continue
             if skip is not None and skip(raw):
                 n += 1
                 continue  # the caller applied this line's known effect (no decode, no Hit)

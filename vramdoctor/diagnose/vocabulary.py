@@ -173,6 +173,15 @@ GATES: tuple[Gate, ...] = (
         ),  # ("(version X)" holds the "ersion" anchor)
     ),
     Gate("_vllm_graphs", ("CUDA graph memory",)),
+    # R2 review: Ollama refusing a model for system memory, llama.cpp's retry without pipeline
+    # parallelism, environment assignments on their own lines (device lists, vLLM's DP size)
+    Gate(
+        "_ollama_memory",
+        ("too large for system", "more system memory"),
+        anchors=("too large for system",),  # ("system memory" holds the "emory" anchor)
+    ),
+    Gate("_lcpp_pipeline", ("pipeline parallelism",), anchors=("pipeline parallelism",)),
+    Gate("_env_export", ("VISIBLE_DEVICES=", "_DP_SIZE="), regex=P.ENV_EXPORT),
     Gate("_vllm_skipped_profiling", ("skipped memory profiling",), anchors=()),  # holds "emory"
     Gate("_platform_line", ("detected platform",)),
     Gate(

@@ -12,8 +12,9 @@ told about it.
 from __future__ import annotations
 
 import re
+from typing import Any
 
-from vramdoctor.diagnose.findings import Diagnosis, Facts, Finding, LogEvent
+from vramdoctor.diagnose.findings import Diagnosis, Evidence, Facts, Finding, LogEvent
 from vramdoctor.diagnose.levers import Vocab, platform_tool
 from vramdoctor.diagnose.rules import Rule
 from vramdoctor.diagnose.rules._common import first_evidence, mib, words
@@ -140,13 +141,35 @@ def _fix_kv_cache_alloc(v: Vocab, d: Diagnosis) -> str:
 
 
 def _fix_compute_buffer(v: Vocab, d: Diagnosis) -> str:
+    f = d.facts
+    copies = ""
+    if f.pipeline_copies and f.pipeline_copies > 1:
+        # llama.cpp's "pipeline parallelism enabled (n_copies=N)": N copies of the compute buffers
+        copies = (
+            v.say(
+                f" Pipeline parallelism keeps {f.pipeline_copies} copies of the compute buffers (the log's "
+                "n_copies): a smaller {compute_batch} shrinks each, and a build with GGML_SCHED_MAX_COPIES=1 "
+                "turns the copies off."
+            )
+            or ""
+        )
+    if f.context_length is not None and f.context_length <= 4096:
+        # the context is already short (R2 review): the weights fill the GPU, the layers are the lever
+        return (
+            v.first(
+                f"The context is already short ({f.context_length} tokens): the weights leave the compute "
+                "buffer no room. Put fewer layers on the GPU ({gpu_layers}) first, or use a smaller "
+                "quantization; a smaller {compute_batch} helps a little."
+            )
+            or "Put fewer layers on the GPU."
+        ) + copies
     return (
         v.first(
             "The compute buffer grows with the context and the batch: lower {context_length} to what you serve "
             "and {compute_batch}; or put fewer layers on the GPU ({gpu_layers}) to make room."
         )
         or "Lower the context length and the batch size."
-    )
+    ) + copies
 
 
 def _fix_startup(v: Vocab, d: Diagnosis) -> str:
@@ -412,16 +435,16 @@ def _other_process(e: LogEvent) -> str | None:
     gpu = d.get("gpu")
     if procs and d.get("this_process_mib") is not None:
         return (
-            f"GPU {gpu} also holds memory of process(es) {', '.join(str(p['pid']) for p in procs[:6])} "
+            f"{_gw(e)} {gpu} also holds memory of process(es) {', '.join(str(p['pid']) for p in procs[:6])} "
             f"next to the failing process ({mib(d['this_process_mib'])})"
         )
     if len(procs) > 1:
-        return f"{len(procs)} processes hold memory on GPU {gpu}; at most one of them is the failing process"
+        return f"{len(procs)} processes hold memory on {_gw(e)} {gpu}; at most one of them is the failing process"
     if len(procs) == 1 and d.get("allocated_mib") is not None:
         own = d["allocated_mib"] + (d.get("reserved_unallocated_mib") or 0.0)
         if procs[0]["mib"] < own * 0.98 - 64:
             return (
-                f"process {procs[0]['pid']} holds {mib(procs[0]['mib'])} on GPU {gpu}, less than PyTorch "
+                f"process {procs[0]['pid']} holds {mib(procs[0]['mib'])} on {_gw(e)} {gpu}, less than PyTorch "
                 f"alone reserved in the failing process ({mib(own)}): it is another process"
             )
     return None
@@ -454,6 +477,11 @@ def _budget(f: Facts, server: str | None) -> str:
     return ", ".join(parts) if parts else "not shown in the log"
 
 
+def _gw(e: LogEvent) -> str:
+    """What the OOM message calls the device: "NPU" on Ascend (torch_npu), else "GPU"."""
+    return "NPU" if e.data.get("device") == "NPU" else "GPU"
+
+
 def _shown(e: LogEvent, name: str) -> str:
     """A figure as the log printed it ("12.95 GiB", "4480.00 MiB"), else formatted from MiB."""
     text = (e.data.get("shown") or {}).get(name)
@@ -466,9 +494,10 @@ def _figures(e: LogEvent) -> str:
     if "requested_mib" in d:
         bits.append(f"asked for {_shown(e, 'requested')}")
     if "free_mib" in d:
-        bits.append(f"{_shown(e, 'free')} free of {_shown(e, 'total')} on GPU {d.get('gpu')}")
+        on = f" on {_gw(e)} {d['gpu']}" if d.get("gpu") is not None else ""
+        bits.append(f"{_shown(e, 'free')} free of {_shown(e, 'total')}{on}")
     elif "gpu" in d and "requested_mib" in d:
-        bits.append(f"on GPU {d['gpu']}")
+        bits.append(f"on {_gw(e)} {d['gpu']}")
     if d.get("allocator") == "cudaMallocAsync" and "allocated_mib" in d:
         bits.append(f"PyTorch had {mib(d['allocated_mib'])} allocated (cudaMallocAsync backend)")
     if "allowed_mib" in d:
@@ -508,7 +537,7 @@ def _own_processes(e: LogEvent) -> str:
     )
     return (
         f" Process{'es' if many else ''} {listed} {'are' if many else 'is'} the server's own ({how}): another "
-        f"rank's CUDA context on GPU {e.data.get('gpu')} (NCCL, custom all-reduce, CUDA IPC), not another program."
+        f"rank's context on {_gw(e)} {e.data.get('gpu')} (NCCL, custom all-reduce, CUDA IPC), not another program."
     )
 
 
@@ -581,8 +610,10 @@ def _below_free(e: LogEvent, d: Diagnosis, phase: str | None) -> tuple[str, str,
     source = "the message reports"
     if free is None and phase == "weight_load" and d.facts.free_before_load_mib is not None:
         free, source = d.facts.free_before_load_mib, "the server saw on the device at load"
-    if requested is None or free is None or requested >= free or e.data.get("allowed_mib"):
+    if requested is None or free is None or e.data.get("allowed_mib"):
         return None
+    if requested >= free - max(64.0, 0.05 * requested):
+        return None  # (R2 review) free only by a hair: the device is full, not fragmented
     asked = _shown(e, "requested")
     free_text = _shown(e, "free") if e.data.get("free_mib") is not None else mib(free)
     math = f"{asked} asked < {free_text} free ({source})"
@@ -629,6 +660,186 @@ def _outsized(e: LogEvent, phase: str | None) -> tuple[str, str] | None:
     return expl, f"{mib(requested)} / {mib(total)} = {share:.0%} of the device in one allocation"
 
 
+def _neighbours(procs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The largest set of processes whose pids lie within 64 of each other (ranks started together
+    by one launcher get neighbouring pids)."""
+    ps = sorted(procs, key=lambda p: p["pid"])
+    best: list[dict[str, Any]] = []
+    for i in range(len(ps)):
+        j = i
+        while j + 1 < len(ps) and ps[j + 1]["pid"] - ps[i]["pid"] <= 64:
+            j += 1
+        if j - i + 1 > len(best):
+            best = ps[i : j + 1]
+    return best
+
+
+def _crowded(e: LogEvent, d: Diagnosis, group: list[LogEvent]) -> tuple[str, str, str, str] | None:
+    """The device was full of OTHER processes' memory (R2 review): the message lists this process
+    and others, and the others hold at least half the device and more than this one. Either several
+    ranks of one job on one GPU (three or more others with neighbouring pids) or another program.
+    (explanation, fix, title, arithmetic), or None."""
+    fd = e.data
+    total, this = fd.get("total_mib"), fd.get("this_process_mib")
+    procs = [
+        p
+        for p in fd.get("processes", [])
+        if p.get("mib") is not None and not p.get("server_process")
+    ]
+    if not total or this is None or not procs:
+        return None
+    others = sum(p["mib"] for p in procs)
+    if others < 0.5 * total or this >= others:
+        return None
+    gw, gpu = _gw(e), fd.get("gpu")
+    math = f"{mib(others)} held by {len(procs)} other process(es) >= half of {mib(total)}; this process {mib(this)}"
+    smi = platform_tool(d.facts.platform, "smi")
+    near = _neighbours(procs)
+    if len(near) >= 3:
+        pids = f"{near[0]['pid']}-{near[-1]['pid']}"
+        same = [
+            x
+            for x in group
+            if x.data.get("gpu") == gpu and x.data.get("free_mib") == fd.get("free_mib")
+        ]
+        also = (
+            f" {len(same)} OOM lines name {gw} {gpu} with the same free figure ({_shown(e, 'free')}): the "
+            "failing ranks share one device."
+            if len(same) > 1
+            else ""
+        )
+        expl = (
+            f" {len(near)} processes with neighbouring pids ({pids}) hold "
+            f"{mib(sum(p['mib'] for p in near))} of the {mib(total)} {gw} {gpu}, next to the failing process "
+            f"({mib(this)}): ranks of one job landed on the same {gw}, each with its own copy of what a rank "
+            f"loads.{also} No memory setting helps while they share it."
+        )
+        fix = (
+            f"Check the rank-to-device mapping: every rank must get its own {gw} (the launcher's device "
+            "assignment, CUDA_VISIBLE_DEVICES / the local rank with MPI or Slurm, the container's visible "
+            f"devices); `{smi}` or `vramdoctor census` during start-up shows which processes sit on {gw} {gpu}. "
+            "If the launcher is right, the server version may map ranks wrongly: try another version."
+        )
+        return expl, fix, f"several ranks on one {gw} (device mapping)", math
+    big = max(procs, key=lambda p: p["mib"])
+    expl = (
+        f" Another process holds the {gw}: process {big['pid']} has {mib(big['mib'])}"
+        + (f" (other processes {mib(others - big['mib'])} more)" if len(procs) > 1 else "")
+        + f" of the {mib(total)} device, the failing process {mib(this)} (the message lists them). The "
+        f"{gw} was full before this process asked; its own memory settings are not the cause."
+    )
+    fix = (
+        f"Find process {big['pid']} (`{smi}` or `vramdoctor census`): stop it, cap its memory (if it is an "
+        f"inference server: its own memory share), or run this one on another {gw} (its visible devices). "
+        "Lowering this process's memory share does not free the other's."
+    )
+    return expl, fix, f"another process holds the {gw}", math
+
+
+# vLLM applies 0.9 when --gpu-memory-utilization is not given (every version)
+_VLLM_DEFAULT_UTILIZATION = 0.9
+
+
+def _above_share(e: LogEvent, d: Diagnosis, phase: str | None) -> tuple[str, str, str, str] | None:
+    """The failing process already held more than the memory share the log sets (R2 review: util
+    0.6 but 58.92 of 60.97 GiB allocated; a 40 GB GPU full at the default 0.9): lowering the share
+    cannot help. Then the weights (no tensor parallelism) or the parallel layout are the suspects."""
+    fd, f = e.data, d.facts
+    total = fd.get("total_mib")
+    held = fd.get("this_process_mib") or fd.get("allocated_mib")
+    if not total or not held or phase in ("preprocessing", "distributed_init"):
+        return None
+    share, source = f.mem_fraction_static or f.gpu_memory_utilization, "set in the log"
+    if share is None and d.server == "vllm" and f.evidence.get("model") is not None:
+        share, source = (
+            _VLLM_DEFAULT_UTILIZATION,
+            "vLLM's default; the settings shown do not set it",
+        )
+    if share is None or held <= share * total + max(1024.0, 0.05 * total):
+        return None
+    v = words(d)
+    math = f"{mib(held)} held > {share} x {mib(total)} = {mib(share * total)} (the share)"
+    expl = (
+        f" The failing process held {mib(held)} ({held / total:.0%} of the {mib(total)} device), more than "
+        f"the {share} share ({mib(share * total)}, {source}): what ran out is not bounded by the share, "
+        "so lowering it does not help."
+    )
+    tp = f.tp_size
+    if tp in (None, 1):
+        expl += (
+            " No tensor parallelism is set"
+            + (" (tp=1)" if tp == 1 else "")
+            + ": the weights alone may not fit one device."
+        )
+    layout = ""
+    if f.dp_env_size and tp and f.visible_devices and f.dp_env_size * tp > f.visible_devices:
+        expl += (
+            f" The environment sets VLLM_DP_SIZE={f.dp_env_size} next to tensor parallel {tp}: "
+            f"{f.dp_env_size * tp} ranks on the {f.visible_devices} visible devices, so ranks share devices."
+        )
+        layout = (
+            f" Unset VLLM_DP_SIZE (it is meant for offline data parallelism), or give each of the "
+            f"{f.dp_env_size * tp} ranks its own device."
+        )
+        math += f"; {f.dp_env_size} x {tp} ranks > {f.visible_devices} devices"
+    fix = (
+        v.first(
+            "Fit the model to the devices: shard it over more GPUs ({tensor_parallel}) or load quantized "
+            "weights ({quantize}); the memory share is not the lever (the process already held more than it).",
+            "Fit the model to the devices: shard it over more GPUs ({tensor_parallel}); the memory share "
+            "is not the lever (the process already held more than it).",
+        )
+        or "Fit the model to the devices: more GPUs or quantized weights; the memory share is not the lever."
+    ) + layout
+    return expl, fix, "the process held more than its memory share", math
+
+
+def _trt_executor(e: LogEvent, d: Diagnosis) -> tuple[str, str, str] | None:
+    """TensorRT-LLM's executor could not create one component (its own memory monitor's message):
+    (explanation, fix in the knob its message names for that component, title), or None."""
+    fd = e.data
+    if not fd.get("trt_executor") or d.server != "trtllm":
+        return None
+    comp = str(fd.get("component") or "a component")
+    created = fd.get("created") or []
+    model = next((c for c in created if c["component"] == "Model"), None)
+    expl = (
+        f" TensorRT-LLM's executor could not create its {comp}: {_shown(e, 'free')} was free of "
+        f"{_shown(e, 'total')} before the attempt."
+    )
+    if model:
+        expl += (
+            f" The model took {model['free_before_gib'] - model['free_after_gib']:.2f} GiB "
+            f"({model['free_before_gib']} -> {model['free_after_gib']} GiB free)."
+        )
+    # the knob TensorRT-LLM's own message names for each component (py_executor_creator.py tuning_knobs)
+    if comp == "KV cache":
+        knob = (
+            "Lower the KV cache's share of the free memory (kv_cache_config.free_gpu_memory_fraction in the "
+            "--extra_llm_api_options YAML; trtllm-serve --kv_cache_free_gpu_memory_fraction), or cap it "
+            "(kv_cache_config.max_tokens): the rest of the executor needs the memory it leaves."
+        )
+    elif comp.startswith(("Additional executor resources", "Initial KV cache", "Model resources")):
+        knob = (
+            "Lower max_num_tokens (the batch the executor's buffers are sized for), as TensorRT-LLM's message "
+            "says; a lower kv_cache_config.free_gpu_memory_fraction leaves these buffers more room."
+        )
+    elif comp.startswith(("Model", "Draft model")):
+        knob = (
+            "The weights do not fit: shard them over more GPUs (tensor/pipeline parallelism, trtllm-serve "
+            "--tp_size / --pp_size) or lower max_num_tokens, as TensorRT-LLM's message says."
+        )
+    elif comp in ("Sampler", "Drafter"):
+        knob = (
+            "Lower max_seq_len"
+            + (" and max_draft_len" if comp == "Drafter" else "")
+            + ", as TensorRT-LLM's message says."
+        )
+    else:
+        knob = "Follow the options TensorRT-LLM's message lists after the figures."
+    return expl, knob, f"TensorRT-LLM could not create its {comp}"
+
+
 def _ranks(group: list[LogEvent]) -> str:
     """Which ranks/GPUs failed, first one first ("GPU 5 first"; "GPUs 7, 0, 2"), or ""."""
     gpus: list[int] = []
@@ -653,7 +864,10 @@ def _finding(d: Diagnosis, phase: str | None, group: list[LogEvent], total: int)
     fd = first.data
     reserved = fd.get("reserved_unallocated_mib")
     requested = fd.get("requested_mib")
-    below = _below_free(first, d, phase)
+    trt = _trt_executor(first, d)
+    crowded = None if phase in ("distributed_init", "preprocessing") else _crowded(first, d, group)
+    cause = crowded or _above_share(first, d, phase) if trt is None else None
+    below = None if cause or trt else _below_free(first, d, phase)
     # fragmentation only when the reserved-but-unallocated blocks plus the free memory would have
     # held the request: then only their split into pieces kept it from fitting
     if (
@@ -678,7 +892,12 @@ def _finding(d: Diagnosis, phase: str | None, group: list[LogEvent], total: int)
     if below is not None:
         expl += below[0]
         derived.append(below[2])
-    outsized = None if whole or below else _outsized(first, phase)
+    outsized = None if whole or below or cause or trt else _outsized(first, phase)
+    if cause is not None:
+        expl += cause[0]
+        derived.append(cause[3])
+    if trt is not None:
+        expl += trt[0]
     if outsized is not None:
         expl += outsized[0]
         derived.append(outsized[1])
@@ -697,7 +916,8 @@ def _finding(d: Diagnosis, phase: str | None, group: list[LogEvent], total: int)
     limit_expl, limit_fix, limit_alone = _limit(first)
     expl += limit_expl
     expl += _own_processes(first)
-    expl += _process_notes(d, phase, first, other)
+    if cause is None or "share" in cause[2]:  # (a crowded device: its own words say what they are)
+        expl += _process_notes(d, phase, first, other)
     if phase == "distributed_init":
         expl += (
             " At this point the server has allocated nothing but its CUDA context and NCCL's "
@@ -710,6 +930,10 @@ def _finding(d: Diagnosis, phase: str | None, group: list[LogEvent], total: int)
     fix, title = _fix_and_title(
         d, phase, first, where, device, below, outsized, whole, limit_fix, limit_alone
     )
+    if trt is not None:
+        fix, title = trt[1], f"{device} out of memory: {trt[2]}"
+    elif cause is not None and not limit_alone:
+        fix, title = cause[1], f"{device} out of memory {where}: {cause[2]}"
     return Finding(
         id=RULE.id,
         severity="critical",
@@ -717,7 +941,7 @@ def _finding(d: Diagnosis, phase: str | None, group: list[LogEvent], total: int)
         evidence=first_evidence(group),
         explanation=expl,
         fix=fix + _CENSUS,
-        basis="derived" if (below or outsized or whole) else None,
+        basis="derived" if (below or outsized or whole or cause) else None,
         derived=derived,
     )
 
@@ -731,7 +955,7 @@ def _process_notes(d: Diagnosis, phase: str | None, first: LogEvent, other: str 
     if len(procs) > 1 and small:
         listed = ", ".join(f"{p['pid']} ({mib(p['mib'])})" for p in small[:6])
         out += (
-            f" {len(procs)} processes hold memory on GPU {fd.get('gpu')}; the small ones "
+            f" {len(procs)} processes hold memory on {_gw(first)} {fd.get('gpu')}; the small ones "
             f"({listed}) are extra CUDA contexts or side work on this GPU: other TP ranks opening "
             "CUDA IPC handles here, the tokenizer process running a GPU image processor, or another "
             "program. They shrink what the server budgeted for."
@@ -885,7 +1109,48 @@ def check(d: Diagnosis) -> list[Finding]:
         # vLLM's EngineCore re-raises a worker's OOM from execute_model: the worker's frames say more
         by_phase.pop("serving")
     total = d.event_counts.get("cuda_oom", len(evs))
-    return [_finding(d, phase, group, total) for phase, group in by_phase.items()]
+    out = []
+    for phase, group in by_phase.items():
+        failed = [e for e in group if not e.data.get("recovered")]
+        if failed:
+            out.append(_finding(d, phase, failed, total))
+        elif group:
+            out.append(_recovered(d, group))
+    return out
+
+
+def _recovered(d: Diagnosis, group: list[LogEvent]) -> Finding:
+    """llama.cpp retried a compute buffer without pipeline parallelism and the start-up went on (R2
+    review): a warning that says so, not a failure."""
+    e = group[0]
+    v = words(d)
+    return Finding(
+        id=RULE.id,
+        severity="warning",
+        title=(
+            f"{_device(e, d)} out of memory allocating compute buffers: llama.cpp retried without pipeline "
+            "parallelism and went on"
+        ),
+        evidence=[
+            e.evidence,
+            Evidence(e.file, int(e.data["retried_line"]), str(e.data["retried"])),
+            Evidence(e.file, int(e.data["recovered_line"]), str(e.data["recovered"])),
+        ],
+        explanation=(
+            f"{_device(e, d)} out of memory allocating compute buffers; {_figures(e)}. llama.cpp then retried "
+            f"without pipeline parallelism (line {e.data['retried_line']}) and the start-up continued (line "
+            f"{e.data['recovered_line']}): the server runs, with one copy of the compute buffers instead of "
+            "several, so prompt processing over several GPUs overlaps less."
+        ),
+        fix=(
+            v.first(
+                "Nothing is down. To keep pipeline parallelism, make the compute buffers smaller: a smaller "
+                "{compute_batch}, a shorter {context_length}, or fewer layers on the tight GPU ({tensor_split})."
+            )
+            or "Nothing is down; a smaller batch or context keeps pipeline parallelism."
+        ),
+        basis="read",
+    )
 
 
 RULE = Rule(

@@ -42,7 +42,27 @@ def _what(e: LogEvent) -> str:
     """What killed it, in words, from one strong event."""
     k = e.data.get("killer")
     if k == "ray memory monitor":
-        return "Ray's memory monitor killed a worker"
+        d = e.data
+        task = (
+            f" ({d['task']}, pid {d['task_pid']}, {d['task_used_gb']} GB)" if d.get("task") else ""
+        )
+        node = (
+            f": the node used {d['node_used_gb']} GB of {d['node_total_gb']} GB RAM "
+            f"({d['node_fraction']:.0%}), above its kill threshold {d['threshold']}"
+            if d.get("node_total_gb")
+            else ""
+        )
+        return f"Ray's memory monitor killed a worker{task}{node}"
+    if k == "ollama memory check":
+        avail = e.data.get("available")
+        return (
+            f"Ollama refused to load the model: it needs {e.data.get('requested')} of system memory"
+            + (
+                f", {avail} is available"
+                if avail
+                else " (the figure available is cut off in the log)"
+            )
+        )
     if k == "torch DefaultCPUAllocator":
         n = e.data.get("requested_bytes")
         size = format_bytes(n) if n else "memory"
@@ -73,6 +93,8 @@ def _strong(d: Diagnosis, evs: list[LogEvent]) -> Finding:
         if phase == "weight_load"
         else ""
     )
+    if e.data.get("killer") == "ollama memory check":
+        return _ollama(d, evs, what)
     return Finding(
         RULE.id,
         "critical",
@@ -87,6 +109,31 @@ def _strong(d: Diagnosis, evs: list[LogEvent]) -> Finding:
             "Lower {swap} (vLLM V0 pins it per GPU) and {cpu_offload}, " + _MORE_RAM + _SOAK,
         )
         or _MORE_RAM[0].upper() + _MORE_RAM[1:] + _SOAK,
+        evidence=first_evidence(evs),
+    )
+
+
+def _ollama(d: Diagnosis, evs: list[LogEvent], what: str) -> Finding:
+    """Ollama's scheduler refused a model before loading it: the system RAM (plus swap) it found
+    free is less than its estimate for the part of the model and its context kept in RAM."""
+    v = words(d)
+    return Finding(
+        RULE.id,
+        "critical",
+        f"Host RAM: {what}",
+        explanation=(
+            f"`{evs[0].text[:200]}`: {what}. Ollama checks, before it starts a runner, that the layers "
+            "it keeps on the CPU plus the context fit the system memory free (and swap); this is the "
+            "machine's RAM, not GPU memory, and nothing was loaded."
+        ),
+        fix=(
+            v.first(
+                "Ask for less: a smaller context ({context_length}) and fewer parallel requests "
+                "({parallel}) shrink the estimate; or a smaller model or quantization; or free RAM / "
+                "add swap on the host."
+            )
+            or "A smaller context, fewer parallel requests, a smaller model, or more free RAM/swap."
+        ),
         evidence=first_evidence(evs),
     )
 
