@@ -354,3 +354,54 @@ def test_the_library_launch_puts_the_agent_in_the_servers_environment(tmp_path: 
     assert outcome.analysis.verdict == "STABLE"
     assert outcome.launched is not None and outcome.launched["stopped"]["how"] == "sigterm"
     assert not pid_alive(outcome.launched["pid"])
+
+
+def test_a_launched_servers_setsid_helper_out_of_its_tree_is_sampled_and_its_leak_found(
+    tmp_path: Path,
+) -> None:
+    """W3 of review R1 (s12): the server double-forks a helper daemon (setsid: its parent is no
+    longer the server; the keeper, a child subreaper, still holds it) that keeps 256 KiB per
+    request. Under --launch every process below the keeper is the server's: the helper's RSS
+    is sampled as a server process and the agent's counters from inside it decide: LEAK in
+    the helper's pid. The port owner itself (the reference server, stable) keeps nothing."""
+    port = free_port()
+    pidfile = tmp_path / "helper.pid"
+    cmd = [
+        sys.executable,
+        str(TARGETS / "helper_daemon.py"),
+        "256",
+        str(pidfile),
+        "--",
+        *ref_cmd("stable", port)[1:],
+    ]
+    cfg = SoakConfig(
+        launch=tuple(cmd),
+        rounds=4,
+        adapt=False,
+        requests=12,
+        idle_s=1.5,
+        interval_s=0.1,
+        text_only=True,
+        stop_grace_s=5,
+        startup_timeout_s=60,
+        out=tmp_path / "run.jsonl",
+    )
+    outcome = SoakSession(cfg).run()
+    helper = int(pidfile.read_text())
+    try:
+        assert outcome.launched is not None and helper in outcome.launched["stopped"]["signalled"]
+        from vramdoctor.samples import HostSample
+
+        records = read_run(tmp_path / "run.jsonl").records
+        rows = [
+            p for r in records if isinstance(r, HostSample) for p in r.processes if p.pid == helper
+        ]
+        assert rows, "the helper below the keeper was never sampled"
+        assert {p.scope for p in rows} == {"server"}
+        host = outcome.analysis.layers["host"]
+        assert host.verdict == "LEAK", host
+        assert host.culprit is not None and host.culprit.pid == helper
+        assert host.rate_mib_per_request == pytest.approx(0.25, rel=0.15)
+    finally:
+        kill_all([helper])
+        wait_gone([helper])

@@ -491,13 +491,17 @@ class SoakSession:
 
         with self._keeper_lock:
             try:
-                below = psutil.Process(keeper.pid).children(recursive=True)
+                kept_by = psutil.Process(keeper.pid)
+                uid = kept_by.uids().real
+                below = kept_by.children(recursive=True)
             except psutil.Error:
-                below = []
+                uid, below = None, []
             for proc in below:
                 if proc.pid in self._below_keeper:
                     continue
                 try:
+                    if uid is not None and proc.uids().real != uid:
+                        continue  # it made itself another user: another owner's process
                     self._below_keeper[proc.pid] = (proc.create_time(), proc.name())
                 except psutil.Error:
                     continue
