@@ -30,7 +30,7 @@ SHOW: dict[str, tuple[tuple[str, ...], str]] = {
     "converging": (("res",), "host"),
     "background": (("res",), "host"),
     "leaking": (("res",), "host"),
-    "plain": (("res",), "vram"),
+    "plain": (("res",), "host"),
     "vram_leaking": (("res",), "vram"),
     "tenant": (("res",), "vram"),
     "two_servers": (("leaky", "other"), "vram"),
@@ -80,6 +80,12 @@ def main(names: list[str]) -> int:
             res: WatchResult = facts[n][key]
             v = res.layers.get(layer)
             culprit = res.culprit.key if res.culprit is not None else "-"
+            tenants = ", ".join(v.tenants) if v is not None and v.tenants else ""
+            replaced = [e for e in res.events if e.get("event") == "server_replaced"]
+            if tenants:
+                culprit += f"; tenants {tenants}"
+            if replaced:
+                culprit += f"; server_replaced {replaced[0].get('old_pid')} -> {replaced[0].get('new_pid')}"
             print(
                 f"| {n}" + (f" ({key})" if len(keys) > 1 else "") + f" | {_truth(facts[n], layer)}"
                 f" | {res.verdict} ({res.mode}, {res.rounds} rounds)"
