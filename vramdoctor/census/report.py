@@ -28,6 +28,8 @@ def _bytes(value: int | None) -> str:
     if value is None:
         return "?"
     mib = value / MIB
+    if 0 < value < MIB:  # a 4 KiB semaphore is not "0.0 MiB"
+        return f"{value / 1024:,.1f} KiB"
     return f"{mib:,.1f} MiB" if mib < 10 else f"{mib:,.0f} MiB"
 
 
@@ -155,10 +157,15 @@ def render_leftovers(lo: Leftovers, console: Console) -> None:
 
 
 def render(c: Census, console: Console) -> None:
-    """The human report. Plain when piped or NO_COLOR (the console decides)."""
-    console.print(
-        f"GPU memory census: source {c.source}, {_when(c.wall)}", markup=False, style="bold"
-    )
+    """The human report. Plain when piped or NO_COLOR (the console decides). Without a GPU
+    source (`--only-leftovers`) it says what it looked at, and its verdict speaks only of that."""
+    gpu_looked = c.source != "none" or bool(c.gpus)
+    if gpu_looked:
+        head = f"GPU memory census: source {c.source}, {_when(c.wall)}"
+    else:
+        where = c.leftovers.shm_dir if c.leftovers is not None else "nothing"
+        head = f"Census of what crashes left: {where} only, no GPU looked at, {_when(c.wall)}"
+    console.print(head, markup=False, style="bold")
     if c.gpus or c.source != "none":
         console.print(gpu_table(c))
     if c.processes:
@@ -185,7 +192,7 @@ def render(c: Census, console: Console) -> None:
                 style="bold yellow",
             )
         )
-    else:
+    elif gpu_looked:
         console.print(
             Text(
                 "OK: no process shows a stray-context or multi-GPU pattern"
@@ -193,3 +200,13 @@ def render(c: Census, console: Console) -> None:
                 style="bold green",
             )
         )
+    elif c.leftovers is not None:
+        console.print(
+            Text(
+                f"OK: nothing orphaned is left by crashes in {c.leftovers.shm_dir} "
+                "(no GPU was looked at)",
+                style="bold green",
+            )
+        )
+    else:
+        console.print(Text("Nothing was looked at.", style="bold"))

@@ -115,7 +115,7 @@ def census_cmd(
 
       vramdoctor census
 
-      vramdoctor census --json | jq '.flags'
+      vramdoctor census --json | jq -e '.flags'
 
       vramdoctor census --gpu-metrics http://gpu-host:9400/metrics
 

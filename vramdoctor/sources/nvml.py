@@ -45,8 +45,8 @@ from vramdoctor.samples import (
 from vramdoctor.sources.procinfo import ProcInfoCache
 
 REMOTE_HINT = (
-    "watch a GPU host remotely with --gpu-metrics http://HOST:9400/metrics (dcgm-exporter) "
-    "or http://HOST:8000/metrics (nvitop-exporter)"
+    "for a GPU host elsewhere, read its exporter: --gpu-metrics "
+    "http://HOST:9400/metrics (dcgm-exporter) or http://HOST:8000/metrics (nvitop-exporter)"
 )
 
 _PROCESS_CALLS = {
