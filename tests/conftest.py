@@ -1,7 +1,11 @@
-"""Shared test plumbing: `gpu`-marked tests skip cleanly where there is no NVIDIA GPU."""
+"""Shared test plumbing: `gpu`-marked tests skip cleanly where there is no NVIDIA GPU; the
+suite runs on every usable CPU (pytest-xdist, `-n auto` in pyproject), with the tests that
+share a module- or session-scoped fixture kept on one worker (`--dist loadgroup`)."""
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +32,49 @@ def _nvidia_gpu_present() -> bool:
         return False
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: the CPUs this process may use (its affinity, and a cgroup CPU quota where one
+    is set), not psutil's count of the host's cores (a 2-CPU container on a 64-core host)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus or 1, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cpus or 1)
+
+
+def _fixturedefs(item: pytest.Item) -> Iterator[Any]:
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in getattr(info, "name2fixturedefs", {}).values():
+        yield from defs
+
+
+def _group_shared_fixtures(items: list[pytest.Item]) -> None:
+    """Tests that share a fixture made once for several tests run on one worker (an
+    `xdist_group` for `--dist loadgroup`). A conftest that makes a session fixture (fleet's
+    Prometheus and VictoriaMetrics, loaded with days of history) groups every test using one
+    of that conftest's fixtures (its `engine` asks for them while it runs), so the databases
+    are loaded once per run, not once per worker; a module fixture (watch's runs, started at
+    once for the module's selected tests) groups the module's tests that use it."""
+    session_homes = {
+        d.baseid for item in items for d in _fixturedefs(item) if d.scope == "session" and d.baseid
+    }
+    for item in items:
+        groups: set[str] = set()
+        for d in _fixturedefs(item):
+            if d.baseid in session_homes:
+                groups.add(f"session:{d.baseid}")
+            elif d.scope in ("module", "package", "class"):
+                groups.add(f"module:{item.nodeid.split('::')[0]}")
+        if groups:
+            item.add_marker(pytest.mark.xdist_group("+".join(sorted(groups))))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its own hook, same name)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _group_shared_fixtures(items)
     if any("gpu" in item.keywords for item in items) and not _nvidia_gpu_present():
         skip = pytest.mark.skip(
             reason="needs an NVIDIA GPU (run on the GPU machine: pytest -m gpu)"
