@@ -456,14 +456,21 @@ def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
         )
         server = _server(ex.votes) if recognised else None
         notes = list(st.notes)
-        if recognised and not (
-            any(k not in CONTEXT_FACTS for k in ex.facts)
-            or ex.version
-            or any(e.kind not in ("server_crash", "traceback_cut") for e in ex.events)
+        # what the excerpt lacks, said only where it is so (R2 review: the note claimed a missing error
+        # message on logs that had one, and on a healthy log): the error message only when a crash or a
+        # cut traceback shows one was due; the settings only when no setting was read (nor a command)
+        failure_lines = any(e.kind not in ("server_crash", "traceback_cut") for e in ex.events)
+        crashed = [e for e in ex.events if e.kind in ("server_crash", "traceback_cut")]
+        lacks = []
+        if recognised and not failure_lines and crashed and not any(e.data.get("error") for e in crashed):
+            lacks.append("the error message after the traceback")
+        if (
+            recognised
+            and not failure_lines
+            and not (any(k not in CONTEXT_FACTS for k in ex.facts) or ex.version or ex.cmd_args)
         ):
-            lacks = ["the start-up lines with settings and memory figures"]
-            if not any(e.data.get("error") for e in ex.events):
-                lacks.insert(0, "the error message after the traceback")
+            lacks.append("the start-up lines with settings and memory figures")
+        if lacks:
             notes.append(
                 "an excerpt recognised by the server's own marks (traceback paths, crash lines, argument "
                 "names, rank prefixes); it lacks the lines a diagnosis needs: " + ", ".join(lacks)
