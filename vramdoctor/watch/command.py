@@ -114,7 +114,9 @@ def _print(result: WatchResult, json_out: bool) -> None:
 def run_watch(options: WatchOptions, duration_s: float | None, *, json_out: bool) -> int:
     """Run until Ctrl-C, SIGTERM or `duration_s`; print the final report; return the exit code."""
     from vramdoctor.record import interrupts_held
+    from vramdoctor.watch.config import check_pids
 
+    check_pids(options.pids)  # bad input is refused before seconds of imports
     try:
         with interrupts_held():  # numpy's and scipy's imports turn a Ctrl-C into ImportError
             import scipy.stats  # noqa: F401  (seconds on a busy host: before sampling starts)

@@ -231,6 +231,16 @@ class WatchOptions:
         return self
 
 
+def check_pids(pids: list[int]) -> None:
+    """InputError for a --pid that names no process on this host (read from /proc: cheap, so
+    the command refuses it before the analysis' imports load)."""
+    import psutil
+
+    for pid in pids:
+        if not psutil.pid_exists(pid):
+            raise InputError(f"--pid {pid}: no such process on this host")
+
+
 def rotate_bytes_of(mib: float) -> int:
     """--rotate-mib MiB -> bytes; InputError for a value that is not a finite positive size."""
     try:
@@ -259,4 +269,4 @@ def max_buckets_of(window_s: float, bucket_s: float) -> int:
     return int(n)
 
 
-__all__ += ["max_buckets_of", "rotate_bytes_of"]
+__all__ += ["check_pids", "max_buckets_of", "rotate_bytes_of"]

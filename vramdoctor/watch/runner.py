@@ -45,7 +45,7 @@ from vramdoctor.samples import (
     InsideSample,
     now,
 )
-from vramdoctor.watch.config import WatchConfig, WatchOptions
+from vramdoctor.watch.config import WatchConfig, WatchOptions, check_pids
 from vramdoctor.watch.exporter import ExporterServer, SamplerHealth, WatchCollector, serve
 from vramdoctor.watch.result import WatchResult
 from vramdoctor.watch.runfile import RotatingRunWriter
@@ -190,9 +190,12 @@ class Watcher:
         """Launch (with `launch`), find the server, open every source, the run files and the
         exporter. InputError / SourceUnavailable (LaunchFailed) when nothing can be watched."""
         o = self.options
-        for pid in o.pids:
-            if not psutil.pid_exists(pid):
-                raise InputError(f"--pid {pid}: no such process on this host")
+        from vramdoctor.sources.http import metrics_url
+
+        for url in (o.server_url, *o.gpu_metrics):  # a URL that cannot be right: one line, first
+            if url:
+                metrics_url(url)
+        check_pids(o.pids)
         if o.listen:
             from vramdoctor.watch.exporter import parse_listen
 
