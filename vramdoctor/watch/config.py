@@ -107,7 +107,9 @@ class WatchConfig:
     smallest round first). `window_samples`: samples of each kind kept per idle window
     (decimated beyond). `settle_s` (default half of `min_idle_s`): samples of an idle
     stretch's first seconds are left out (an exporter publishes late, a finished thread's RSS
-    counter lags). `quiet_quantile`: on a server that is never idle, the buckets at or
+    counter lags). `inside_every_s`: the agent (where the server has it) is asked for its
+    counters once per idle stretch, as soon as it settled, and at most this often (60 s: its
+    cost bound for weeks). `quiet_quantile`: on a server that is never idle, the buckets at or
     below this quantile of the in-flight count are its quiet moments. `th`: the judge's
     thresholds (the same as soak's); `time_floor_mib`: the smallest growth that counts when
     only time is known (no request counter).
