@@ -43,20 +43,13 @@ WIDTHS = (60, 80, 120)
 REFERENCE_WIDTH = 10_000
 
 # scenario -> owner: these still cut at some width (tell the owner; remove when fixed)
-KNOWN_CUTS: dict[str, str] = {
-    "soak report (leak)": "H-D (soak/report/terminal.py; layer sentences H-B)",
-    "soak report (caching)": "H-D (soak/report/terminal.py; layer sentences H-B)",
-    "soak report (KV leak)": "H-D (soak/report/terminal.py; layer sentences H-B)",
-    "soak report (churn)": "H-D (soak/report/terminal.py; layer sentences H-B)",
-    "soak report (attribution)": "H-D (soak/report/terminal.py) and H-C (attribution/report.py)",
-    "ab-test report": "H-D (abtest/report.py: a fixed 170-column console)",
-}
+KNOWN_CUTS: dict[str, str] = {}
 
 _BORDER = "│┃║|─━═┏┓┗┛┡┩╇╋┳┻├┤┼╭╮╰╯┌┐└┘╷╵┬┴╴╶╸╺+"
 _STRIP = _BORDER + "()[]{},;:.\"'`"
 # soak's time chart: its sparkline and its round axis (b baseline, 1..N rounds, . idle) are
 # drawn to the width they are given; a chart of another width is not a cut.
-_CHART = re.compile(r"^[▁▂▃▄▅▆▇█_=#-]+$|^b*[\d.]*\.\.[b\d.]*$|^b{2,}[\d.]*$")
+_CHART = re.compile(r"^[▁▂▃▄▅▆▇█_=#-]+$|^b*[\d. ]*\.\.[b\d. ]*$|^b{2,}[\d. ]*$")
 # A wall-clock time or date in the output (census's header: the measurement's own time) differs
 # between the reference run and the narrow one by the second it ran in: compared as one word.
 _CLOCK = re.compile(r"\b\d{2}:\d{2}(?::\d{2})?\b|\b\d{4}-\d{2}-\d{2}\b")
@@ -73,6 +66,8 @@ def words(text: str) -> list[str]:
         if in_note:
             in_note = not line.rstrip().endswith(")")
             continue
+        if _CHART.match(line.strip()):
+            continue  # a sparkline or a round axis, drawn to its width: not words
         for start, end in unit_words(line):
             word = line[start:end].strip(_STRIP)
             if word and not all(c in _BORDER for c in word) and not _CHART.match(word):

@@ -6,12 +6,13 @@ import io
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
+from rich.text import Text
 
 from vramdoctor._optional import require
 from vramdoctor.abtest.analysis import above_context_mib
 from vramdoctor.render import console
 from vramdoctor.render.files import write_report
+from vramdoctor.render.table import Table
 from vramdoctor.units import format_count, format_mib
 
 
@@ -35,19 +36,21 @@ def variants_table(result: dict[str, Any]) -> Table:
     table = Table(
         title="Image-processor memory per variant (MiB; NVML is above the process's CUDA context)"
     )
-    for col, justify in (
-        ("variant", "left"),
-        ("PyTorch reserved per round", "right"),
-        ("NVML per round", "right"),
-        ("growth/round", "right"),
-        ("held after idle", "right"),
-        ("escaped", "right"),
-        ("p50 ms", "right"),
-        ("p99 ms", "right"),
-        ("vs baseline", "right"),
-        ("verdict", "left"),
+    # (header, justify, priority): when narrow, the highest priority is left out first (and
+    # named under the table); the variant, its growth, its cost and its verdict always show.
+    for col, justify, priority in (
+        ("variant", "left", 0),
+        ("PyTorch reserved per round", "right", 2),
+        ("NVML per round", "right", 3),
+        ("growth/round", "right", 0),
+        ("held after idle", "right", 1),
+        ("escaped", "right", 1),
+        ("p50 ms", "right", 0),
+        ("p99 ms", "right", 2),
+        ("vs baseline", "right", 0),
+        ("verdict", "left", 0),
     ):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+        table.add_column(col, justify=justify, priority=priority)  # type: ignore[arg-type]
     for v in result["variants"]:
         verdict = (
             v["verdict"] if v["status"] == "ok" else f"{v['status']}: {v.get('message') or ''}"
@@ -63,7 +66,7 @@ def variants_table(result: dict[str, Any]) -> Table:
             _f(v["p50_ms"], "{:.2f}"),
             _f(v["p99_ms"], "{:.2f}"),
             _f(v["overhead_pct"], "{:+.1f}%"),
-            f"[{style}]{verdict}[/{style}]",
+            Text(verdict, style=style),
         )
     return table
 
@@ -85,7 +88,7 @@ def ipc_table(result: dict[str, Any]) -> Table | None:
         "consumer MiB on own GPU",
         "data correct",
     ):
-        table.add_column(col)
+        table.add_column(col)  # every column counts: narrow terminals get stacked rows
     for arm in rows:
         if arm.get("error") and not arm["consumers"]:
             table.add_row(
@@ -151,8 +154,6 @@ def render(result: dict[str, Any], header: dict[str, Any] | None = None) -> None
                 f"GPU: {g.get('name')} ({len(gpus)} visible), driver {g.get('driver')}",
                 markup=False,
             )
-    if not out.is_terminal:  # piped or saved: do not squeeze the table into 80 columns
-        out.width = max(out.width, 170)
     out.print(variants_table(result))
     ctx = [v for v in result["variants"] if v.get("context_mib")]
     fallback = [
@@ -205,15 +206,14 @@ def render(result: dict[str, Any], header: dict[str, Any] | None = None) -> None
             extra = ipc_extra_line(arm)
             if extra is not None:
                 good = sum(1 for c in arm["consumers"] if c["correct"])
-                out.print(f"  {extra}", markup=False, soft_wrap=True)
+                out.print(f"  {extra}", markup=False)
                 out.print(
                     f"  {arm['mode']}: data read back {'correct' if arm['all_correct'] else 'WRONG'} on {good} "
                     f"of {format_count(len(arm['consumers']), 'consumer(s)')}",
                     markup=False,
-                    soft_wrap=True,
                 )
             if arm.get("error") and arm["consumers"]:
-                out.print(f"  {arm['mode']}: error: {arm['error']}", markup=False, soft_wrap=True)
+                out.print(f"  {arm['mode']}: error: {arm['error']}", markup=False)
             for g in arm.get("census", []):
                 procs = (
                     ", ".join(

@@ -48,12 +48,16 @@ from rich.text import Text
 from vramdoctor.redact import one_line
 from vramdoctor.render.wrap import unit_words, wrap
 
-__all__ = ["GAP", "Column", "Table", "rows_of"]
+__all__ = ["GAP", "SHORT", "Column", "Table", "rows_of"]
 
 GAP = 2
 """Spaces between two columns."""
 
 Justify = Literal["left", "right"]
+
+SHORT = 18
+"""A column whose longest cell is at most this wide (a status, a verdict, a size) is given its
+whole width first when the table must wrap: its words are never split over lines if room allows."""
 
 
 def _cell_text(value: str | Text | None) -> Text:
@@ -181,30 +185,48 @@ class Table:
         natural = [self._natural(i) for i in range(n)]
         if width is None or self._needed(range(n), natural) <= width:
             return _Layout(list(range(n)), [natural[i] for i in range(n)], [], False)
-        mins = [self._min(i) for i in range(n)]
-        shown = list(range(n))
-        left_out: list[int] = []
         by_drop = sorted(
             (i for i in range(n) if self.columns[i].priority > 0),
             key=lambda i: (-self.columns[i].priority, -i),
         )
-        for i in by_drop:
-            if self._needed(shown, mins) <= width:
-                break
-            shown.remove(i)
-            left_out.append(i)
+
+        def fit(mins: list[int]) -> tuple[list[int], list[int]]:
+            shown, left_out = list(range(n)), []
+            for i in by_drop:
+                if self._needed(shown, mins) <= width:
+                    break
+                shown.remove(i)
+                left_out.append(i)
+            return shown, left_out
+
+        # Short columns (a status, a verdict, a size) whole, leaving out low-priority columns
+        # for them if need be; only when that cannot fit do their words wrap.
+        mins = [natural[i] if natural[i] <= SHORT else self._min(i) for i in range(n)]
+        shown, left_out = fit(mins)
+        if self._needed(shown, mins) > width:
+            mins = [self._min(i) for i in range(n)]
+            shown, left_out = fit(mins)
         if self._needed(shown, mins) > width:  # even the columns always shown do not fit
             return _Layout(list(range(n)), [], [], True)
         widths = {i: mins[i] for i in shown}
         spare = width - self._needed(shown, mins)
         if self._needed(shown, natural) <= width:
             widths = {i: natural[i] for i in shown}
-        else:  # share the spare width in proportion to what each column still wants
+        else:  # share the spare width fairly: a column that wants little gets all of it (a
+            # verdict, a layer name stays whole), the rest is split evenly among the others
             want = {i: natural[i] - mins[i] for i in shown}
-            total = sum(want.values())
-            for i in shown:
-                add = spare * want[i] // total if total else 0
+            waiting = sorted(shown, key=lambda i: want[i])
+            for i in list(waiting):  # short cells first, whole (a status, a verdict, a size)
+                if natural[i] <= SHORT and want[i] <= spare:
+                    widths[i] += want[i]
+                    spare -= want[i]
+                    waiting.remove(i)
+            while waiting and spare > 0:
+                fair = spare // len(waiting)
+                i = waiting.pop(0)
+                add = min(want[i], fair)
                 widths[i] += add
+                spare -= add
             rest = width - self._needed(shown, [widths.get(i, 0) for i in range(n)])
             for i in sorted(shown, key=lambda i: -(natural[i] - widths[i])):
                 if rest <= 0:

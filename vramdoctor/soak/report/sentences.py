@@ -152,8 +152,12 @@ def _leak_sentence(lay: LayerResult, a: SoakAnalysis) -> str:
         )
     ci = ""
     if lay.rate_ci is not None:
+        lo, hi = rate(lay.rate_ci[0], lay.unit), rate(lay.rate_ci[1], lay.unit)
+        # An interval too narrow to print as two figures is said as its half-width.
         ci = (
-            f" (90 % interval {rate(lay.rate_ci[0], lay.unit)} to {rate(lay.rate_ci[1], lay.unit)})"
+            f" (90 % interval {lo} to {hi})"
+            if lo != hi
+            else f" (90 % interval: within {rate((lay.rate_ci[1] - lay.rate_ci[0]) / 2, lay.unit)})"
         )
     return block(lay.layer).leak(lay, a, ci=ci, proj=proj)
 

@@ -1,15 +1,15 @@
 """The terminal report: headline panel, verdict per layer, key figures, settled levels after
 each round, the time chart in sparklines, notes and what to run to decide.
 
-Nothing is cut at 80 columns or when piped: cells wrap (overflow "fold"), the verdict column
-never shrinks, sparklines sit on their own line with their range printed.
+Nothing is cut at 80 columns or when piped: every table is `vramdoctor.render.table.Table`
+(cells wrap at spaces, a number stays with its unit, full content width when piped), and
+sparklines sit on their own line with their range printed.
 """
 
 from __future__ import annotations
 
 from rich.console import Console
 from rich.panel import Panel
-from rich.table import Table
 from rich.text import Text
 
 from vramdoctor.judge.results import (
@@ -22,6 +22,9 @@ from vramdoctor.judge.results import (
     SeriesResult,
     SoakAnalysis,
 )
+from vramdoctor.render.console import unbounded
+from vramdoctor.render.table import Table
+from vramdoctor.render.wrap import Paragraph
 from vramdoctor.soak.report.layers import display_name
 from vramdoctor.soak.report.sentences import (
     figures,
@@ -71,13 +74,15 @@ def shown_series(lay: LayerResult, limit: int) -> list[SeriesResult]:
 def render(a: SoakAnalysis, console: Console) -> None:
     """The terminal report: headline, layers, figures, settled levels, time chart, notes."""
     style = VERDICT_STYLE.get(a.verdict, "bold")
-    console.print(Panel(Text(headline(a), style=style), title="vramdoctor soak", expand=False))
-    lt = Table(
-        title="verdict per memory layer", title_justify="left", show_lines=True, expand=False
-    )
-    lt.add_column("layer", no_wrap=True)
-    lt.add_column("verdict", no_wrap=True, min_width=len("INCONCLUSIVE"))
-    lt.add_column("why", overflow="fold", ratio=1)
+    text = Text(headline(a), style=style)  # wrapped at spaces, a number kept with its unit
+    if unbounded(console):  # piped: the headline whole on one line, no box to wrap it
+        console.print(Text("vramdoctor soak: ").append_text(text))
+    else:
+        console.print(Panel(Paragraph(text), title="vramdoctor soak", expand=False))
+    lt = Table(title="verdict per memory layer")
+    lt.add_column("layer")
+    lt.add_column("verdict")
+    lt.add_column("why")
     for name in layer_order(a):
         lay = a.layers[name]
         sentence = layer_sentence(lay, a)
@@ -87,22 +92,20 @@ def render(a: SoakAnalysis, console: Console) -> None:
             Text(sentence.split(": ", 2)[-1] if lay.verdict != NOT_MEASURED else sentence),
         )
     console.print(lt)
-    fig = Table(box=None, show_header=False, pad_edge=False)
-    fig.add_column(style="dim", no_wrap=True)
-    fig.add_column(overflow="fold")
+    fig = Table(show_header=False)
+    fig.add_column("figure", style="dim")
+    fig.add_column("value")
     for k, v in figures(a):
         fig.add_row(k, v)
     console.print(fig)
     if a.rounds:
         t = Table(
-            title="settled level after each round (baseline -> rounds 1..N; late idle window median)",
-            title_justify="left",
-            show_lines=False,
+            title="settled level after each round (baseline -> rounds 1..N; late idle window median)"
         )
-        t.add_column("series", overflow="fold", ratio=2)
-        t.add_column("verdict", no_wrap=True, min_width=len("INCONCLUSIVE"))
-        t.add_column("levels", overflow="fold", ratio=3)
-        t.add_column("rate/request", overflow="fold", ratio=1)
+        t.add_column("series")
+        t.add_column("verdict")
+        t.add_column("levels")
+        t.add_column("rate/request", justify="right")
         for name in layer_order(a):
             for s in shown_series(a.layers[name], 6):
                 verdict = s.verdict if s.decides else "(evidence)"
