@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vramdoctor.census.analysis import CONTEXT_MIB, Census, census
+from vramdoctor.census.analysis import Census, census
 from vramdoctor.errors import InputError
 from vramdoctor.record import Run, RunWriter, make_header
-from vramdoctor.samples import GpuSample, now
+from vramdoctor.samples import CONTEXT_MIB, GpuSample, now
 from vramdoctor.sources.leftovers import Leftovers
 
 __all__ = ["reanalyse", "record", "take_leftovers", "take_sample"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from vramdoctor.census.analysis import CONTEXT_MIB, Census, census
+from vramdoctor.census.analysis import Census, census
 from vramdoctor.census.collect import reanalyse, record, take_leftovers, take_sample
 from vramdoctor.census.report import render
 from vramdoctor.cli import app
@@ -16,6 +16,7 @@ from vramdoctor.errors import ExitCode, InputError
 from vramdoctor.record import Run
 from vramdoctor.render import console
 from vramdoctor.render.files import ReportMeta, write_report
+from vramdoctor.samples import CONTEXT_MIB
 
 
 def _parse_range(text: str) -> tuple[float, float]:
