@@ -5,13 +5,15 @@ Server /metrics and GPU exporters are all plain GETs of Prometheus text. Failure
 that cannot be right) with the URL's credentials removed, so no secret reaches a message.
 
 Every scrape is bounded in time and size: `timeout` is a TOTAL deadline for the whole
-answer (connect, headers and body; a body that trickles in a byte at a time is cut off when
-it passes), and a body over `max_bytes` (after decompression) is refused without being kept.
+answer (connect, status line, headers and body: `vramdoctor.sources.guarded.Deadline` shuts
+the socket down when it passes, so headers or a body that trickle in a byte at a time are cut
+off), a body over `max_bytes` (after decompression) is refused without being kept, and a
+redirect is never followed (one line naming its target: its body is never read, and no header
+goes to another host).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -20,6 +22,7 @@ import urllib3
 
 from vramdoctor.errors import InputError, SourceUnavailable
 from vramdoctor.redact import redact_url
+from vramdoctor.sources.guarded import Deadline, guarded_session, is_redirect, redirect_error
 
 __all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_TIMEOUT_S", "Scraper", "metrics_url", "parse_exposition"]
 
@@ -76,7 +79,7 @@ class Scraper:
         self.what = what
         self.timeout = timeout
         self.max_bytes = max_bytes
-        self._session = requests.Session()
+        self._session = guarded_session()
         if headers:
             self._session.headers.update(headers)
 
@@ -93,14 +96,26 @@ class Scraper:
         )
 
     def get_text(self) -> str:
-        deadline = time.monotonic() + self.timeout
+        with Deadline(self.timeout) as deadline:
+            return self._get_text(deadline)
+
+    def _get_text(self, deadline: Deadline) -> str:
         try:
-            resp = self._session.get(self.url, timeout=self.timeout, stream=True)
+            resp = self._session.get(
+                self.url, timeout=(deadline.remaining(), deadline.remaining()), stream=True
+            )
         except requests.exceptions.InvalidURL as exc:
             raise InputError(f"not a valid URL: {self.shown_url} ({type(exc).__name__})") from None
         except requests.exceptions.Timeout:
             raise self._too_slow(0) from None
-        except requests.exceptions.ConnectionError:
+        except requests.exceptions.ConnectionError as exc:
+            if deadline.expired():
+                raise self._too_slow(0) from None
+            if deadline.connected:  # it connected, then closed or broke before answering
+                raise SourceUnavailable(
+                    f"{self.what} at {self.shown_url} connected but closed the connection "
+                    f"before its answer ({type(exc).__name__})"
+                ) from None
             raise SourceUnavailable(
                 f"cannot connect to {self.what} at {self.shown_url}: is it running, and is the port right?"
             ) from None
@@ -109,6 +124,8 @@ class Scraper:
                 f"{self.what} at {self.shown_url} failed: {type(exc).__name__}"
             ) from None
         with resp:
+            if is_redirect(resp):
+                raise redirect_error(resp, self.what, self.shown_url)
             if resp.status_code == 404:
                 raise SourceUnavailable(
                     f"{self.what} at {self.shown_url} answered 404: wrong path, or metrics not enabled"
@@ -134,7 +151,7 @@ class Scraper:
         except LookupError:  # a charset Python does not know
             return body.decode("utf-8", errors="replace")
 
-    def _read_body(self, resp: requests.Response, deadline: float) -> bytes:
+    def _read_body(self, resp: requests.Response, deadline: Deadline) -> bytes:
         """The body, read in chunks against the total deadline and the size cap."""
         declared = resp.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_bytes:
@@ -145,12 +162,11 @@ class Scraper:
         chunks: list[bytes] = []
         size = 0
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if deadline.expired():
                 raise self._too_slow(size)
             if sock is not None:
                 try:  # each read waits at most until the deadline, however the bytes trickle
-                    sock.settimeout(remaining)
+                    sock.settimeout(deadline.remaining())
                 except OSError:
                     sock = None
             try:
@@ -158,10 +174,14 @@ class Scraper:
             except (urllib3.exceptions.ReadTimeoutError, TimeoutError):
                 raise self._too_slow(size) from None
             except (urllib3.exceptions.HTTPError, OSError) as exc:
+                if deadline.expired():  # the deadline's timer cut the socket off
+                    raise self._too_slow(size) from None
                 raise SourceUnavailable(
                     f"{self.what} at {self.shown_url} broke off its answer ({type(exc).__name__})"
                 ) from None
-            if not data:  # end of the body
+            if not data:  # end of the body (or the deadline's timer shut the socket)
+                if deadline.fired:
+                    raise self._too_slow(size)
                 break
             size += len(data)
             if size > self.max_bytes:

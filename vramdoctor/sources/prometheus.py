@@ -16,8 +16,12 @@ VictoriaMetrics, Thanos Querier and Mimir (which serves it under `/prometheus`):
 
 What this client guarantees (each one a fault seen in a review, issue #27 items 10-15):
 
-- **A total deadline per call** (`deadline_s`, connect + wait + every byte of the answer): a
-  server or proxy that trickles its answer is cut off at the deadline, not at each read.
+- **A total deadline per call** (`deadline_s`, connect + wait + status line + headers + every
+  byte of the answer; `vramdoctor.sources.guarded.Deadline` shuts the socket down when it
+  passes, and the body is read with `read1`, so nothing waits for a full chunk): a server or
+  proxy that trickles its answer or its headers is cut off at the deadline, not at each read.
+- **No redirect followed**: a 3xx answer is one line naming its (redacted) target; its body is
+  never read and the headers and credentials are never sent to another host.
 - **A size cap per answer** (`max_answer_bytes`, counted after decompression, refused at once
   when `Content-Length` says so): a range query over the cap is split in time (at most
   `MAX_SPLITS` halvings), then refused with a note that names `--match` and `--step`.
@@ -50,15 +54,17 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 import requests
+import urllib3
 
 from vramdoctor.errors import InputError, SourceUnavailable
 from vramdoctor.redact import one_line, redact_text, redact_url, register_secret, secret_name
+from vramdoctor.sources.guarded import Deadline, guarded_session, is_redirect, redirect_error
 
 if TYPE_CHECKING:  # numpy is imported where range answers are parsed (fleet loads it on a thread)
     import numpy as np
@@ -302,7 +308,7 @@ class PrometheusClient:
     def _session(self) -> requests.Session:
         session: requests.Session | None = getattr(self._local, "session", None)
         if session is None:
-            session = requests.Session()
+            session = guarded_session()
             session.headers.update(self.headers)
             if self._endpoint.auth is not None:
                 session.auth = self._endpoint.auth
@@ -341,26 +347,55 @@ class PrometheusClient:
     def _exchange(
         self, method: str, api_path: str, params: Sequence[tuple[str, str]], call: Call
     ) -> Any:
-        """One HTTP call under the deadline and size cap; returns the parsed JSON `data`."""
-        deadline = time.monotonic() + self.deadline_s
+        """One HTTP call under the deadline and size cap; returns the parsed JSON `data`.
+
+        The deadline is total (`guarded.Deadline`: connect, status line, headers and body; the
+        socket is shut down when it passes); a redirect is refused, never followed."""
+        with Deadline(self.deadline_s) as deadline:
+            status, body = self._call(method, api_path, params, call, deadline)
+        return self._data(status, body, api_path, call)
+
+    def _slow(self, call: Call, got: int | None = None) -> SourceUnavailable:
+        call.status = "timeout"
+        if got is None:
+            return SourceUnavailable(
+                f"{self._what()} did not answer within the {self.deadline_s:g} s deadline "
+                "(--query-timeout)"
+            )
+        return SourceUnavailable(
+            f"{self._what()} did not finish its answer within the {self.deadline_s:g} s "
+            f"deadline ({got:,} bytes read; --query-timeout)"
+        )
+
+    def _call(
+        self,
+        method: str,
+        api_path: str,
+        params: Sequence[tuple[str, str]],
+        call: Call,
+        deadline: Deadline,
+    ) -> tuple[int, bytes]:
         url = self._endpoint.url(api_path)
-        kwargs: dict[str, Any] = {"stream": True}
+        kwargs: dict[str, Any] = {"stream": True, "allow_redirects": False}
         if method == "GET":
             kwargs["params"] = list(params)
         else:
             kwargs["data"] = list(params)
-        kwargs["timeout"] = (min(_CONNECT_S, self.deadline_s), self.deadline_s)
+        kwargs["timeout"] = (min(_CONNECT_S, deadline.remaining()), deadline.remaining())
         t0 = time.perf_counter()
         try:
             resp = self._session.request(method, url, **kwargs)
         except requests.exceptions.Timeout:
-            call.status = "timeout"
-            raise SourceUnavailable(
-                f"{self._what()} did not answer within the {self.deadline_s:g} s deadline "
-                "(--query-timeout)"
-            ) from None
-        except requests.exceptions.ConnectionError:
+            raise self._slow(call) from None
+        except requests.exceptions.ConnectionError as exc:
+            if deadline.expired():
+                raise self._slow(call) from None
             call.status = "unreachable"
+            if deadline.connected:
+                raise SourceUnavailable(
+                    f"{self._what()} connected but closed the connection before its answer "
+                    f"({type(exc).__name__})"
+                ) from None
             raise SourceUnavailable(
                 f"cannot connect to {self._what()}: is it running, and is the port right?"
             ) from None
@@ -368,13 +403,18 @@ class PrometheusClient:
             call.status = "unreachable"
             raise SourceUnavailable(f"{self._what()} failed: {type(exc).__name__}") from None
         try:
+            if is_redirect(resp):
+                call.status = "refused"
+                raise redirect_error(resp, "Prometheus", self.shown_url)
             body = self._read(resp, deadline, call)
         finally:
             resp.close()
             call.seconds += time.perf_counter() - t0
-        return self._data(resp.status_code, body, api_path, call)
+        return resp.status_code, body
 
-    def _read(self, resp: requests.Response, deadline: float, call: Call) -> bytes:
+    def _read(self, resp: requests.Response, deadline: Deadline, call: Call) -> bytes:
+        """The body, in `read1` pieces (whatever one recv brought, never a wait for a full
+        chunk), the total deadline checked between pieces, the size cap after decoding."""
         cap = self.max_answer_bytes
         length = resp.headers.get("Content-Length", "")
         if (
@@ -389,37 +429,27 @@ class PrometheusClient:
             call.status = "too_large"
             raise AnswerTooLarge(self._too_large(int(length)))
         sock = _socket(resp)
+        raw = resp.raw
         buf = bytearray()
-        chunks: Iterator[bytes] = resp.iter_content(_READ_CHUNK)
         try:
             while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise requests.exceptions.Timeout()
+                if deadline.expired():
+                    raise self._slow(call, len(buf))
                 if sock is not None:
                     with contextlib.suppress(OSError):
-                        sock.settimeout(max(left, 0.01))
-                try:
-                    chunk = next(chunks)
-                except StopIteration:
+                        sock.settimeout(deadline.remaining())
+                chunk = raw.read1(_READ_CHUNK, decode_content=True)
+                if not chunk:
+                    if deadline.fired:  # the deadline's timer shut the socket: not the end
+                        raise self._slow(call, len(buf))
                     break
                 buf += chunk
                 if len(buf) > cap:
                     call.status = "too_large"
                     raise AnswerTooLarge(self._too_large(len(buf), at_least=True))
-        except requests.exceptions.Timeout:
-            call.status = "timeout"
-            raise SourceUnavailable(
-                f"{self._what()} did not finish its answer within the {self.deadline_s:g} s "
-                f"deadline ({len(buf):,} bytes read; --query-timeout)"
-            ) from None
-        except (requests.exceptions.RequestException, OSError) as exc:
-            if time.monotonic() >= deadline or "timed out" in str(exc):
-                call.status = "timeout"
-                raise SourceUnavailable(
-                    f"{self._what()} did not finish its answer within the {self.deadline_s:g} s "
-                    f"deadline ({len(buf):,} bytes read; --query-timeout)"
-                ) from None
+        except (urllib3.exceptions.HTTPError, requests.exceptions.RequestException, OSError) as exc:
+            if deadline.expired() or "timed out" in str(exc):
+                raise self._slow(call, len(buf)) from None
             call.status = "unreachable"
             raise SourceUnavailable(
                 f"{self._what()} broke off its answer after {len(buf):,} bytes ({type(exc).__name__})"
@@ -438,7 +468,7 @@ class PrometheusClient:
     def _data(self, status: int, raw: bytes, api_path: str, call: Call) -> Any:
         try:
             body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: [[[[... deep
             body = None
         if not isinstance(body, dict):
             call.status = "malformed"
