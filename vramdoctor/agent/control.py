@@ -55,6 +55,8 @@ SNAPSHOT_MAX_BYTES = 1024 * 1024 * 1024
 # A status file older than this (seconds) belongs to a process that is gone (heartbeat 30 s).
 STALE_STATUS_S = 3 * runtime.HEARTBEAT_S
 _REPLY_NAME = re.compile(r"^(\d{1,7})-([A-Za-z0-9._-]{1,64})-(\d{1,10})\.json$")
+# Status files read per listing (live processes' first: `_live_first`).
+MAX_STATUS_FILES = 10_000
 _STATUS_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}-\d{1,10}\.json$")
 _O_READ = (
     os.O_RDONLY
@@ -400,12 +402,27 @@ def _open_quietly(path: Path) -> AgentDir | None:
         return None
 
 
+def _live_first(names: Iterable[str]) -> list[str]:
+    """Status file names, those of a process of this host that runs now first (then by name),
+    at most MAX_STATUS_FILES: stale files of processes that died without a normal exit
+    (os._exit, SIGKILL) can pile up, and must never hide a live agent (review R3 #7). A name
+    is `HOST-PID.json`; what the file says is checked afterwards, this is only the order."""
+    here = runtime.safe_host() + "-"
+    ranked = []
+    for name in names:
+        if not _STATUS_NAME.fullmatch(name):
+            continue
+        pid = name[: -len(".json")].rsplit("-", 1)[1]
+        live = name.startswith(here) and os.path.isdir(f"/proc/{int(pid)}")
+        ranked.append((not live, name))
+    ranked.sort()
+    return [name for _, name in ranked[:MAX_STATUS_FILES]]
+
+
 def _agents_in(folder: AgentDir) -> list[AgentInfo]:
     out: list[AgentInfo] = []
     ns: dict[tuple[int, int], int] | None = None
-    for name in sorted(folder.listdir(runtime.AGENTS_DIR))[:10_000]:
-        if not _STATUS_NAME.fullmatch(name):
-            continue
+    for name in _live_first(folder.listdir(runtime.AGENTS_DIR)):
         d = folder.read_json(runtime.AGENTS_DIR, name, limit=STATUS_MAX_BYTES)
         if d is None:
             continue

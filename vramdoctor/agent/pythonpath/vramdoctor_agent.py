@@ -106,6 +106,8 @@ MALLINFO2_MAX_MS = 1000.0
 ENV_MALLINFO2_MAX_MS = "VRAMDOCTOR_AGENT_MALLINFO2_MAX_MS"
 # The status file is rewritten this often (seconds): soak takes an older one for a dead process.
 HEARTBEAT_S = 30.0
+# Status files looked at, per agent start, for ones whose process died without a normal exit.
+STALE_SCAN = 2000
 
 _lock = threading.Lock()
 _started_pid: int | None = None
@@ -217,15 +219,78 @@ def _check_dir_stat(st: os.stat_result, what: str) -> None:
         )
 
 
+def check_parents(path: str) -> None:
+    """Refuse (raise _StandDown) a path whose ancestors another user could change (R3 #6).
+
+    Every existing component of the absolute path is looked at with lstat: a link must belong
+    to root or to this process's uid (a link another user planted in a shared directory, as in
+    `/tmp/shared/vd -> /root/x`, would make the agent create and write where that user chose;
+    `/var/run -> /run` is root's and accepted). Every existing ancestor directory of where the
+    path leads must belong to root or to this uid, and must not be writable by group or others
+    unless it has the sticky bit (in `/tmp`, mode 1777, nobody can rename or replace another's
+    entry). Components not created yet are checked by `open_agent_dir` as they are made.
+    At most 40 links are followed (ELOOP's limit)."""
+    euid = os.geteuid()
+    trusted = (0, euid)
+    pending = [c for c in os.path.abspath(path).split(os.sep) if c]
+    done = "/"
+    hops = 0
+    while pending:
+        part = pending.pop(0)
+        if part == "..":
+            done = os.path.dirname(done.rstrip("/")) or "/"
+            continue
+        nxt = os.path.join(done, part)
+        try:
+            st = os.lstat(nxt)
+        except FileNotFoundError:
+            return  # the rest is created by the agent (0700, its own)
+        except OSError as exc:
+            raise _StandDown(f"cannot check {nxt}: {exc.strerror or exc}") from None
+        if stat.S_ISLNK(st.st_mode):
+            if st.st_uid not in trusted:
+                raise _StandDown(
+                    f"{nxt} on the way to the agent directory is a link that belongs to uid "
+                    f"{st.st_uid}: another user chose where it leads; give a directory of your "
+                    "own (not under a link others made)"
+                )
+            hops += 1
+            if hops > 40:
+                raise _StandDown(f"too many links on the way to the agent directory {path}")
+            target = os.readlink(nxt)
+            rest = [c for c in target.split(os.sep) if c]
+            pending[:0] = rest
+            if target.startswith(os.sep):
+                done = "/"
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            return  # open_agent_dir says "not a directory"
+        if pending:  # an ancestor: who could swap what lies below it
+            if st.st_uid not in trusted:
+                raise _StandDown(
+                    f"{nxt}, above the agent directory, belongs to uid {st.st_uid}: that user "
+                    "could replace what lies below it"
+                )
+            if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+                raise _StandDown(
+                    f"{nxt}, above the agent directory, is writable by group or others "
+                    f"without the sticky bit (mode {stat.S_IMODE(st.st_mode):o}): another "
+                    "user could replace what lies below it"
+                )
+        done = nxt
+
+
 def open_agent_dir(path: str, *, create: bool = True) -> int | None:
     """An fd of the agent directory after the checks above (raises _StandDown with the reason);
     None when it does not exist and `create` is false.
 
-    The directory itself must not be a link (components above it may be: /var/run -> /run)."""
+    The directory itself must not be a link; links above it must be root's or this uid's, and
+    no ancestor may be replaceable by another user (`check_parents`)."""
     if not (_O_NOFOLLOW and os.open in os.supports_dir_fd):
         raise _StandDown(
             "this platform lacks O_NOFOLLOW/dir_fd: the agent cannot use a directory safely"
         )
+    check_parents(path)
     if create:
         try:
             os.makedirs(path, mode=0o700, exist_ok=True)
@@ -763,6 +828,7 @@ class Agent:
         self.pid = os.getpid()
         self.host = safe_host()
         self.ticks = start_ticks()
+        self.pid_ns = pid_namespace()
         self.torch: Any = None
         self.armed = False
         self.history: dict[str, Any] = {}
@@ -879,6 +945,7 @@ class Agent:
             "ppid": os.getppid(),
             "host": self.host,
             "start_ticks": self.ticks,
+            "pid_ns": self.pid_ns,
             "uid": os.geteuid(),
             "program": os.path.basename(argv0) or "python",
             "python": sys.version.split()[0],
@@ -913,6 +980,54 @@ class Agent:
                 f"cannot write to the agent directory {self.dir}: {exc.strerror or exc}"
             ) from None
         atexit.register(self._at_exit)
+        with contextlib.suppress(Exception):  # tidying is best effort: never a stand-down
+            self._prune_stale()
+
+    def _prune_stale(self) -> int:
+        """Remove the status files of agents of this host and PID namespace whose process is
+        gone (it died without a normal exit: os._exit, SIGKILL, a crash), so they do not pile
+        up with worker churn. Returns how many were removed.
+
+        Only what an agent like this one wrote is ever removed: a name of the status shape
+        for this host, a regular file (never a link) of this uid, at most 64 KiB of JSON whose
+        host, pid and pid_ns are the name's and ours, and whose pid is not running here with
+        that start time. A file from another PID namespace, or from before pid_ns was written,
+        is left alone (its process cannot be seen from here). At most STALE_SCAN names are
+        looked at per start."""
+        agents = self.fds.get(AGENTS_DIR)
+        if agents is None or self.pid_ns is None or self.ticks is None:
+            return 0
+        prefix, mine = f"{self.host}-", self._status_name()
+        removed = 0
+        for name in os.listdir(agents)[:STALE_SCAN]:
+            if name == mine or not name.startswith(prefix) or not name.endswith(".json"):
+                continue
+            digits = name[len(prefix) : -len(".json")]
+            if not digits.isdigit() or len(digits) > 10:
+                continue
+            try:
+                raw = read_small(agents, name, limit=65536)
+                d = json.loads(raw) if raw is not None else None
+            except (_Refused, OSError, ValueError, RecursionError):
+                continue
+            if not isinstance(d, dict) or d.get("pid") != int(digits):
+                continue
+            if d.get("host") != self.host or d.get("pid_ns") != self.pid_ns:
+                continue
+            ticks = d.get("start_ticks")
+            if not isinstance(ticks, int) or isinstance(ticks, bool):
+                continue
+            if start_ticks(int(digits)) == ticks:
+                continue  # alive
+            try:
+                st = os.stat(name, dir_fd=agents, follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                    continue
+                os.unlink(name, dir_fd=agents)
+                removed += 1
+            except OSError:
+                continue
+        return removed
 
     def _at_exit(self) -> None:
         """A process that exits normally removes its status file (the directory stays tidy)."""
