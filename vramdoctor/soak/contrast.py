@@ -70,7 +70,15 @@ def _server_series(all_series: Mapping[str, Series], layer: str) -> list[Series]
     kind = LAYERS[layer][0]
     if layer == "vram":
         vram = [s for s in all_series.values() if s.layer == "vram"]
-        mine = [s for s in vram if s.pid is not None and (s.role in SERVER_ROLES)]
+        # the server's processes: by their host role, or (NVML rows without one) by the scope the
+        # GPU source gave them; another tenant's process never counts (#21.3)
+        mine = [
+            s
+            for s in vram
+            if s.pid is not None
+            and s.scope != "tenant"
+            and (s.role in SERVER_ROLES or (s.role is None and s.scope == "server"))
+        ]
         if mine:
             return mine
         # no per-process view: the device series (tenants included; the report says so)
