@@ -335,6 +335,11 @@ class SoakConfig:
         """Raise InputError (one line naming the option) for anything that cannot be run.
         With `launch` and no `url`, `url` is set from the command's --port/--host."""
         self._check_launch()
+        from vramdoctor.sources.http import metrics_url
+
+        for url in (self.url, self.gpu_metrics):  # `http://[::1`, port 99999: one line (R3 #10)
+            if url:
+                metrics_url(url)
         _int_range("--rounds", self.rounds, 1, MAX_ROUNDS)
         _int_range("--requests", self.requests, 1, MAX_REQUESTS_PER_ROUND)
         _int_range("--concurrency", self.concurrency, 1, 1024)

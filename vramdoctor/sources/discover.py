@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import psutil
 
@@ -37,9 +37,23 @@ class ServerProcesses:
         return bool(self.root_pids)
 
 
+def _split(url: str) -> SplitResult:
+    """urlsplit with the port checked; InputError (one line) for a URL that cannot be right
+    (`http://[::1`, port 99999) instead of ValueError (review R3 finding 10)."""
+    try:
+        parts = urlsplit(url if "://" in url else "http://" + url)
+        parts.port  # noqa: B018  (raises ValueError on a bad port)
+    except ValueError as exc:
+        from vramdoctor.errors import InputError
+        from vramdoctor.redact import one_line, redact_url
+
+        raise InputError(f"not a valid URL: {redact_url(one_line(url))} ({exc})") from None
+    return parts
+
+
 def is_local(url: str) -> bool:
     """Whether URL's host is this machine (loopback, or one of this host's addresses)."""
-    host = urlsplit(url if "://" in url else "http://" + url).hostname or ""
+    host = _split(url).hostname or ""
     if host in ("localhost", "0.0.0.0", "::", socket.gethostname()):
         return True
     try:
@@ -56,7 +70,7 @@ def is_local(url: str) -> bool:
 
 
 def url_port(url: str) -> int:
-    parts = urlsplit(url if "://" in url else "http://" + url)
+    parts = _split(url)
     return parts.port or (443 if parts.scheme == "https" else 80)
 
 
@@ -281,7 +295,7 @@ def _alive(pid: int) -> bool:
 def port_refuses(url: str, timeout: float = 1.0) -> bool:
     """True when a TCP connect to the URL's port is refused (nobody listens there any more);
     False when it connects or the answer is anything else (a timeout proves nothing)."""
-    parts = urlsplit(url if "://" in url else "http://" + url)
+    parts = _split(url)
     try:
         with socket.create_connection(
             (parts.hostname or "127.0.0.1", url_port(url)), timeout=timeout

@@ -25,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from vramdoctor.errors import InputError
-from vramdoctor.redact import one_line
+from vramdoctor.redact import escape_control, one_line
 from vramdoctor.units import MIB
 from vramdoctor.verdicts import VERDICTS
 from vramdoctor.watch.result import WatchResult
@@ -92,6 +92,10 @@ def _lbl(value: Any) -> str:
     return "" if value is None else one_line(str(value))
 
 
+def _clean_label(value: str) -> str:
+    return escape_control(one_line(value))
+
+
 def _ok(value: float | None) -> TypeGuard[float]:
     return value is not None and math.isfinite(value)
 
@@ -117,6 +121,20 @@ class WatchCollector(Collector):
         return GaugeMetricFamily(name, EXPORTED_METRICS[name], labels=labels)
 
     def collect(self) -> Iterator[Metric]:
+        """Every family, each label value cleaned (the one choke point, review R3 finding 8):
+        a line break shown as `\\n`, other control characters (ESC, BEL, C1, bidi
+        overrides) as `\\x1b`..., so a process name cannot drive the terminal of whoever
+        curls this page."""
+        for metric in self._collect():
+            metric.samples = [
+                s._replace(labels={k: _clean_label(v) for k, v in s.labels.items()})
+                if any(_clean_label(v) != v for v in s.labels.values())
+                else s
+                for s in metric.samples
+            ]
+            yield metric
+
+    def _collect(self) -> Iterator[Metric]:
         yield from self._health_metrics()
         res = self._result()
         if res is None:
