@@ -725,6 +725,8 @@ def _diagnosis(
             112.6,
             22722.6,
         )  # TensorRT-LLM's tiny-KV figures
+    if server == "lmdeploy":
+        facts.kv_share = 0.99  # (R2 review) --cache-max-entry-count 0.99
     return Diagnosis([], server, None, facts, events, {kind: n})
 
 

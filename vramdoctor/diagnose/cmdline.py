@@ -17,7 +17,8 @@ from vramdoctor.redact import secret_name
 
 # Launch commands of both servers, every generation.
 LAUNCH = re.compile(
-    r"(?:sglang\.launch_server|sglang serve|vllm serve|vllm\.entrypoints\.openai\.api_server|vllm\.entrypoints\.api_server)\b"
+    r"(?:sglang\.launch_server|sglang serve|vllm serve|vllm\.entrypoints\.openai\.api_server|vllm\.entrypoints\.api_server"
+    r"|lmdeploy serve api_server|text-generation-launcher)\b"
 )
 # NAME=value in front of the command; after shlex a quoted value keeps its spaces (HF_TOKEN="a b")
 _ENV = re.compile(r"^([A-Z][A-Z0-9_]*)=(.*)$", re.DOTALL)
@@ -60,6 +61,10 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--image-processor-backend": ("image_processor_backend", str),
     "--mm-feature-transport": ("mm_feature_transport", str),
     "--limit-mm-per-prompt": ("limit_mm_per_prompt", str),  # vLLM, 'image=4' or '{"image": 4}'
+    # LMDeploy (`lmdeploy serve api_server MODEL`) and TGI (`text-generation-launcher`), R2 review
+    "--cache-max-entry-count": ("kv_share", float),
+    "--session-len": ("context_length", int),
+    "--num-shard": ("tp_size", int),
 }
 SWITCHES = {
     "--disable-fast-image-processor",
@@ -94,6 +99,13 @@ def parse_command(line: str) -> tuple[dict[str, Any], dict[str, str], list[str]]
             and not words[j + 2].startswith("-")
         ):
             facts["model"] = words[j + 2]  # vllm serve MODEL
+            break
+        if (
+            words[j] == "serve"
+            and words[j + 1] == "api_server"
+            and not words[j + 2].startswith("-")
+        ):
+            facts["model"] = words[j + 2]  # lmdeploy serve api_server MODEL
             break
     i = 0
     while i < len(words):

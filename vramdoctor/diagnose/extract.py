@@ -535,7 +535,15 @@ class FileExtractor(EventsMixin, OthersMixin):
         self.secrets.update(secrets)
         if not flags and not env:
             return
-        self.votes["sglang" if "sglang" in t else "vllm"] += 5
+        self.votes[
+            "sglang"
+            if "sglang" in t
+            else "lmdeploy"
+            if "lmdeploy serve" in t
+            else "tgi"
+            if "text-generation-launcher" in t
+            else "vllm"
+        ] += 5
         self.cmd_args.update(flags)
         for fact in (
             "model",
@@ -552,6 +560,7 @@ class FileExtractor(EventsMixin, OthersMixin):
             "max_total_tokens",
             "context_length",
             "max_model_len",
+            "kv_share",
         ):
             if fact in flags:
                 self.put(fact, flags[fact], CMDLINE, hit)

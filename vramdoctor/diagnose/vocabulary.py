@@ -59,7 +59,11 @@ GATES: tuple[Gate, ...] = (
     # SGLang server_args=ServerArgs(...) / server_args={...}; vLLM "non-default args: {...}", "args: Namespace(...)"
     Gate("_args", ("_args=", "args: ")),
     # a pasted launch command: "python -m sglang.launch_server ...", "vllm serve MODEL", "... entrypoints.openai..."
-    Gate("_command", ("launch_server", " serve ", "entrypoints."), regex=LAUNCH),
+    Gate(
+        "_command",
+        ("launch_server", " serve ", "entrypoints.", "text-generation-launcher "),
+        regex=LAUNCH,
+    ),
     Gate(
         "_vllm_engine", ("LLM engine",)
     ),  # vLLM "Initializing an LLM engine (v0.6.5) with config: ..."
