@@ -176,6 +176,11 @@ def fleet_trial(
             args = trial.fleet_args(url, end)
             say("then this fleet:")
             say("  vramdoctor " + " ".join(args))
+            if not trial.keep:  # the printed URL dies with the trial: say so where it is printed
+                say(
+                    "  (this Prometheus stops when the trial ends, so the command above works only "
+                    "meanwhile: vramdoctor try fleet --keep keeps it running until Ctrl-C)"
+                )
             code = run_child([sys.executable, "-m", "vramdoctor", *args])
             if trial.keep and code in (0, 1):
                 say(f"try fleet: Prometheus stays at {url} until Ctrl-C; try, for example:")

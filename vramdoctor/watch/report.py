@@ -216,9 +216,14 @@ def render(result: WatchResult, console: Console, *, max_rows: int = 40) -> None
     """The sentence, the table (deciding series first; evidence rows after, at most
     `max_rows` in all: the JSON has every one), stray contexts, the last events, the notes."""
     console.print(Text(sentence(result), style=_STYLE.get(result.verdict, "")))
-    title = f"watch: {format_duration(result.window_s)} window, {result.mode}"
+    # the window is the most watch keeps, not how long it ran (a 45 s run has a 10-minute
+    # window); rounds are the steps between idle windows, so 4 idle windows give 3 rounds
+    title = f"watch: the last {format_duration(result.window_s)} at most, {result.mode}"
     if result.mode == "rounds":
-        title += f" ({format_count(result.idle_windows, 'idle windows')})"
+        title += (
+            f" ({format_count(result.rounds, 'round' if result.rounds == 1 else 'rounds')} "
+            f"between {format_count(result.idle_windows, 'idle windows')})"
+        )
     table = Table(title=title)
     table.add_column("where")
     table.add_column("layer", priority=1)
