@@ -28,6 +28,13 @@ __all__ = [
 ]
 
 
+def _size(n_bytes: float | None, *, signed: bool = False) -> str:
+    """`format_bytes`, but nothing is "0 Bytes" beside MiB figures: zero is "0 MiB"."""
+    if n_bytes == 0:
+        return "0 MiB"
+    return format_bytes(n_bytes, signed=signed)
+
+
 def _line(out: Console, markup: str) -> None:
     """One sentence (rich markup; outside text escaped by the caller), wrapped between words
     with its indent kept on every line (`vramdoctor.render.wrap`), never cut."""
@@ -38,13 +45,13 @@ def _pinned_split_lines(split: NvmlSplit) -> list[str]:
     """The split of pinned host memory: what the host allocator holds is live or cached."""
     span = f"between snapshots {split.from_snapshot + 1} and {split.to_snapshot + 1}"
     rate = split.growth_per_request_bytes
-    per = f" ({format_bytes(rate, signed=True)} per request)" if rate is not None else ""
+    per = f" ({_size(rate, signed=True)} per request)" if rate is not None else ""
     return [
         f"pinned memory held by PyTorch's host allocator "
-        f"{format_bytes(split.reserved_growth_bytes, signed=True)}{per} {span}:",
-        f"  live blocks of the growing stacks    {format_bytes(split.growing_stacks_bytes, signed=True)}",
-        f"  other live blocks                    {format_bytes(split.other_live_bytes, signed=True)}",
-        f"  cached free blocks                   {format_bytes(split.slack_default_bytes, signed=True)}"
+        f"{_size(split.reserved_growth_bytes, signed=True)}{per} {span}:",
+        f"  live blocks of the growing stacks    {_size(split.growing_stacks_bytes, signed=True)}",
+        f"  other live blocks                    {_size(split.other_live_bytes, signed=True)}",
+        f"  cached free blocks                   {_size(split.slack_default_bytes, signed=True)}"
         "  (the host allocator keeps freed pinned memory for reuse)",
     ]
 
@@ -54,12 +61,12 @@ def _split_lines(split: NvmlSplit) -> list[str]:
     whole = split.nvml_growth_bytes
     lines = []
     rate = split.growth_per_request_bytes
-    per = f" ({format_bytes(rate, signed=True)} per request)" if rate is not None else ""
+    per = f" ({_size(rate, signed=True)} per request)" if rate is not None else ""
     if whole is not None:
-        lines.append(f"NVML growth {format_bytes(whole, signed=True)}{per} {span}:")
+        lines.append(f"NVML growth {_size(whole, signed=True)}{per} {span}:")
     else:
         lines.append(
-            f"PyTorch reserved growth {format_bytes(split.reserved_growth_bytes, signed=True)}{per} {span} "
+            f"PyTorch reserved growth {_size(split.reserved_growth_bytes, signed=True)}{per} {span} "
             "(no NVML figures: memory outside the allocator not measured):"
         )
 
@@ -68,22 +75,22 @@ def _split_lines(split: NvmlSplit) -> list[str]:
         return f" ({format_percent(n / base)})" if base and base > 0 else ""
 
     lines.append(
-        f"  live tensors of the growing stacks   {format_bytes(split.growing_stacks_bytes, signed=True)}"
+        f"  live tensors of the growing stacks   {_size(split.growing_stacks_bytes, signed=True)}"
         f"{share(split.growing_stacks_bytes)}"
     )
     lines.append(
-        f"  other live tensors                   {format_bytes(split.other_live_bytes, signed=True)}"
+        f"  other live tensors                   {_size(split.other_live_bytes, signed=True)}"
     )
     lines.append(
-        f"  allocator slack, default pool        {format_bytes(split.slack_default_bytes, signed=True)}"
+        f"  allocator slack, default pool        {_size(split.slack_default_bytes, signed=True)}"
     )
     lines.append(
-        f"  allocator slack, private pools       {format_bytes(split.slack_private_pool_bytes, signed=True)}"
+        f"  allocator slack, private pools       {_size(split.slack_private_pool_bytes, signed=True)}"
         "  (dead request-scoped MemPools, CUDA graph pools)"
     )
     if split.outside_allocator_bytes is not None:
         lines.append(
-            f"  outside the PyTorch allocator        {format_bytes(split.outside_allocator_bytes, signed=True)}"
+            f"  outside the PyTorch allocator        {_size(split.outside_allocator_bytes, signed=True)}"
             "  (NVML growth - reserved growth: NCCL, CUDA graphs, extensions)"
         )
     return lines
@@ -98,18 +105,18 @@ def _process(p: ProcessAttribution, out: Console) -> None:
         _line(out, f"[bold red]{escape(p.label)}: {what} held by a stack that grows every round[/]")
         for s in p.growing:
             rate = (
-                f"{format_bytes(s.bytes_per_request)} per request"
+                f"{_size(s.bytes_per_request)} per request"
                 if s.bytes_per_request is not None
-                else f"{format_bytes(s.growth_bytes, signed=True)} over {len(s.live_bytes) - 1} intervals"
+                else f"{_size(s.growth_bytes, signed=True)} over {len(s.live_bytes) - 1} intervals"
             )
             _line(
                 out,
-                f"  {rate}, {format_bytes(s.live_bytes[-1])} live in {s.blocks[-1]} blocks now; allocated at:",
+                f"  {rate}, {_size(s.live_bytes[-1])} live in {s.blocks[-1]} blocks now; allocated at:",
             )
             for i, fr in enumerate(s.stack.frames):
                 _line(out, f"    {'' if i == 0 else 'called from '}{escape(str(fr))}")
     else:
-        reserved = [format_bytes(s.reserved_bytes) for s in p.summaries]
+        reserved = [_size(s.reserved_bytes) for s in p.summaries]
         held = "pinned host memory held by PyTorch" if p.memory == "pinned" else "PyTorch reserved"
         _line(
             out,
@@ -133,15 +140,15 @@ def _python_lines(p: PythonLines, out: Console) -> None:
         )
         for s in p.growing[:5]:
             rate = (
-                f"{format_bytes(s.bytes_per_request)} per request"
+                f"{_size(s.bytes_per_request)} per request"
                 if s.bytes_per_request is not None
-                else f"{format_bytes(s.growth_bytes, signed=True)} in all"
+                else f"{_size(s.growth_bytes, signed=True)} in all"
             )
             now = s.bytes[-1]
-            held = f", {format_bytes(now)} held now" if now is not None else ""
+            held = f", {_size(now)} held now" if now is not None else ""
             _line(out, f"  {rate}{held}, allocated at {escape(s.describe())}")
         return
-    traced = [format_bytes(t) if t is not None else "?" for t in p.traced_bytes]
+    traced = [_size(t) if t is not None else "?" for t in p.traced_bytes]
     _line(
         out,
         f"{escape(p.label)}: no Python line grows every round (traced at each record: "
@@ -149,9 +156,11 @@ def _python_lines(p: PythonLines, out: Console) -> None:
     )
 
 
-def render_attribution(report: AttributionReport, out: Console) -> None:
-    """Print the attribution section (terminal or piped text)."""
-    out.print()
+def render_attribution(report: AttributionReport, out: Console, *, gap: bool = True) -> None:
+    """Print the attribution section (terminal or piped text); `gap`: a blank line first, to
+    part it from the report above it (`vramdoctor attribute` prints it alone: no gap)."""
+    if gap:
+        out.print()
     if not report.processes and report.python:
         _line(out, "[bold]Attribution[/] (Python allocations by line, tracemalloc in the server)")
         for lines in report.python:

@@ -62,5 +62,5 @@ def attribute_cmd(
     if json_out:
         console.print_json(report.to_dict())
     else:
-        render_attribution(report, console.stdout())
+        render_attribution(report, console.stdout(), gap=False)
     raise typer.Exit(int(ExitCode.PROBLEM) if report.growing else int(ExitCode.OK))
