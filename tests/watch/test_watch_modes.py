@@ -68,28 +68,57 @@ def watching(**options: Any) -> Iterator[Watcher]:
 
 
 def rounds(
-    url: str, n: int, per_round: int, *, idle_s: float = 2.4, images: bool = False, warm: int = 0
+    url: str,
+    n: int,
+    per_round: int,
+    *,
+    idle_s: float = 2.4,
+    images: bool = False,
+    warm: int = 0,
+    watcher: Watcher | None = None,
 ) -> list[dict[str, Any]]:
     """`warm` requests first (a server that ran before watch came), then an idle window (the
     baseline), then `n` rounds of `per_round` requests each followed by `idle_s` of idle.
-    Returns the server's own GET /reference/info at the baseline and at the end."""
+    With `watcher`, each idle gap lasts until that watch holds it too (`seen_idle`: on a
+    loaded machine its samples come late). Returns the server's own GET /reference/info at
+    the baseline and at the end."""
     traffic = Traffic(url, concurrency=2) if images else Traffic(url, sizes=(), concurrency=2)
+    before = watcher.state.rounds.open if watcher is not None else None
     if warm:
         assert set(traffic.round(warm)) == {200}
     time.sleep(idle_s / 2)
     seen = [requests.get(url + "/reference/info", timeout=30).json()]
     time.sleep(idle_s / 2)
+    seen_idle(watcher, before if warm else None)
     for _ in range(n):
+        before = watcher.state.rounds.open if watcher is not None else None
         assert set(traffic.round(per_round)) == {200}
         time.sleep(idle_s)
+        seen_idle(watcher, before)
     return [*seen, requests.get(url + "/reference/info", timeout=30).json()]
+
+
+def seen_idle(w: Watcher | None, before: Any, cap_s: float = 20.0) -> None:
+    """Wait (at most `cap_s`) until `w` holds an idle window of --min-idle other than `before`
+    (the one open before the round: traffic always closes it) with a settled sample, and,
+    where watch launched the server with the agent, the agent's record in it. Unloaded this
+    returns at once after the idle gap; it only lengthens gaps the sampling could not see."""
+    if w is None:
+        return
+    agent = w.launched is not None and w.options.agent
+    deadline = time.monotonic() + cap_s
+    while time.monotonic() < deadline:
+        cur = w.state.rounds.current()
+        if cur is not None and cur is not before and (not agent or cur.inside):
+            return
+        time.sleep(0.1)
 
 
 def at_once(*runs: tuple[str, int, int, dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """`rounds(url, n, per_round, **kw)` for each server at the same time (one thread each)."""
     with ThreadPoolExecutor(len(runs)) as pool:
         futures = [pool.submit(rounds, u, n, k, **kw) for u, n, k, kw in runs]
-        return [f.result(timeout=300) for f in futures]
+        return [f.result(timeout=600) for f in futures]
 
 
 def truth(url: str) -> dict[str, Any]:
@@ -151,7 +180,10 @@ def retention(tmp: Path) -> Facts:
         cmd = ref_cmd("retention", free_port(), *VLLM)
         w_in = stack.enter_context(watching(launch=tuple(cmd), out_dir=tmp))
         assert w_in.options.server_url is not None
-        seen, _ = at_once((srv.url, 6, 16, images), (w_in.options.server_url, 6, 16, images))
+        seen, _ = at_once(
+            (srv.url, 6, 16, {**images, "watcher": w_out}),
+            (w_in.options.server_url, 6, 16, {**images, "watcher": w_in}),
+        )
         return {"seen": seen, "outside": _analyse(w_out), "inside": _analyse(w_in)}
 
 
@@ -160,7 +192,7 @@ def host_leak(tmp: Path) -> Facts:
     cmd = ref_cmd("host-leak", free_port(), "--leak-kib", "256", *SGLANG)
     with watching(launch=tuple(cmd), out_dir=tmp) as w:
         assert w.options.server_url is not None
-        seen = rounds(w.options.server_url, 6, 16, images=True, warm=48)
+        seen = rounds(w.options.server_url, 6, 16, images=True, warm=48, watcher=w)
         return {"seen": seen, "res": _analyse(w)}
 
 
@@ -170,7 +202,7 @@ def converging(tmp: Path) -> Facts:
         RefProc("converging", "--admit-probability", "0.3", *VLLM) as srv,
         watching(server_url=srv.url) as w,
     ):
-        seen = rounds(srv.url, 7, 12, images=True)
+        seen = rounds(srv.url, 7, 12, images=True, watcher=w)
         return {"seen": seen, "res": _analyse(w)}
 
 
@@ -180,7 +212,7 @@ def background(tmp: Path) -> Facts:
         RefProc("background", "--background-kib-per-s", "1024", *SGLANG) as srv,
         watching(server_url=srv.url) as w,
     ):
-        seen = rounds(srv.url, 6, 6, idle_s=3.0)
+        seen = rounds(srv.url, 6, 6, idle_s=3.0, watcher=w)
         return {"seen": seen, "res": _analyse(w)}
 
 
@@ -190,7 +222,7 @@ def leaking(tmp: Path) -> Facts:
     with watching(launch=tuple(cmd), out_dir=tmp, startup_timeout_s=60) as w:
         url = w.options.server_url
         assert url is not None and w.launched is not None
-        seen = rounds(url, 7, 8)
+        seen = rounds(url, 7, 8, watcher=w)
         res, launched = _analyse(w), w.launched.pid
     return {"seen": seen, "res": res, "pid": launched, "alive_after": pid_alive(launched)}
 
@@ -198,7 +230,7 @@ def leaking(tmp: Path) -> Facts:
 @run
 def plain(tmp: Path) -> Facts:
     with RefProc("plain", *VLLM) as srv, watching(server_url=srv.url) as w:
-        seen = rounds(srv.url, 6, 8)
+        seen = rounds(srv.url, 6, 8, watcher=w)
         return {"seen": seen, "res": _analyse(w)}
 
 
@@ -209,7 +241,7 @@ def vram_leaking(tmp: Path) -> Facts:
         RefProc("vram-leaking", "--leak-kib", "1024", "--vgpu-dir", str(gpu.dir), *VLLM) as srv,
         watching(server_url=srv.url, gpu_metrics=[gpu.metrics_url]) as w,
     ):
-        seen = rounds(srv.url, 6, 8)
+        seen = rounds(srv.url, 6, 8, watcher=w)
         return {"seen": seen, "res": _analyse(w), "pid": srv.pid}
 
 
@@ -220,7 +252,7 @@ def tenant(tmp: Path) -> Facts:
         RefProc("tenant", "--tenant-mib-per-s", "8", "--vgpu-dir", str(gpu.dir), *VLLM) as srv,
         watching(server_url=srv.url, gpu_metrics=[gpu.metrics_url]) as w,
     ):
-        seen = rounds(srv.url, 6, 8)
+        seen = rounds(srv.url, 6, 8, watcher=w)
         return {"seen": seen, "res": _analyse(w)}
 
 
@@ -234,7 +266,7 @@ def two_servers(tmp: Path) -> Facts:
         other = stack.enter_context(RefProc("plain", "--vgpu-dir", str(gpu.dir), *VLLM))
         w_other = stack.enter_context(watching(server_url=other.url, gpu_metrics=[gpu.metrics_url]))
         w_leaky = stack.enter_context(watching(server_url=leaky.url, gpu_metrics=[gpu.metrics_url]))
-        at_once((leaky.url, 6, 8, {}), (other.url, 6, 8, {}))
+        at_once((leaky.url, 6, 8, {"watcher": w_leaky}), (other.url, 6, 8, {"watcher": w_other}))
         return {"other": _analyse(w_other), "leaky": _analyse(w_leaky), "leaky_pid": leaky.pid}
 
 
@@ -249,7 +281,7 @@ def mig(tmp: Path) -> Facts:
         )
         other = stack.enter_context(RefProc("plain", "--vgpu-instance", "2", *common, *SGLANG))
         w = stack.enter_context(watching(server_url=leaky.url, gpu_metrics=[gpu.metrics_url]))
-        seen, _ = at_once((leaky.url, 6, 8, {}), (other.url, 6, 8, {}))
+        seen, _ = at_once((leaky.url, 6, 8, {"watcher": w}), (other.url, 6, 8, {}))
         return {"seen": seen, "res": _analyse(w)}
 
 
@@ -260,7 +292,7 @@ def restart(tmp: Path) -> Facts:
         watching(server_url=srv.url) as w,
     ):
         first = srv.pid
-        seen = rounds(srv.url, 7, 8)
+        seen = rounds(srv.url, 7, 8, watcher=w)
         return {"seen": seen, "res": _analyse(w), "first_pid": first}
 
 
