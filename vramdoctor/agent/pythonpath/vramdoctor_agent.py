@@ -26,7 +26,9 @@ VRAMDOCTOR_AGENT_POLL_S seconds (default 0.5):
 
 The directory is hostile until proven otherwise (docs/threat-model.md, "The agent"): the agent
 refuses a directory that is a link, that it does not own (its effective uid), or that group or
-others can write; it opens everything relative to the directory it checked (no path is looked
+others can write, and one whose path another user could redirect (a link of another user on the
+way, an ancestor of another user or writable by others without the sticky bit: `check_parents`);
+it removes at start the status files its host's dead processes left (`_prune_stale`); it opens everything relative to the directory it checked (no path is looked
 up twice), never follows a link (`O_NOFOLLOW`, regular files only), reads at most
 TRIGGER_MAX_BYTES of a trigger or session file, accepts only the token of a session whose soak is
 still alive (when that process is visible), handles each sequence number once and in increasing
@@ -579,18 +581,21 @@ class Glibc:
 
         libc = ctypes.CDLL("libc.so.6")
         process = ctypes.CDLL(None)
+        fn = libc.mallinfo2
+        fn.restype = Mallinfo2
+        fn.argtypes = []
         own = ctypes.cast(libc.malloc, ctypes.c_void_p).value
         used = ctypes.cast(process.malloc, ctypes.c_void_p).value
-        if own != used:
+        # Different addresses do not prove a replacement: in a non-PIE executable the process's
+        # `malloc` symbol is its own PLT stub, which calls libc's. What decides is behaviour:
+        # the malloc the process calls hands out memory that glibc's counters see.
+        if own != used and not _glibc_counts(process, fn):
             where = _mapping_of(used) or "another library"
             self.why = (
                 f"malloc is replaced by {where} (LD_PRELOAD or linked in): glibc's counters "
                 "do not see the memory it hands out"
             )
             return
-        fn = libc.mallinfo2
-        fn.restype = Mallinfo2
-        fn.argtypes = []
         self._fn = fn
 
     def read(self) -> dict[str, Any] | None:
@@ -620,6 +625,29 @@ class Glibc:
             "call_ms": round(took, 4),
             "glibc": self.version,
         }
+
+
+_PROBE_BYTES = 64 * 1024  # under glibc's mmap threshold (128 KiB): counted in uordblks
+
+
+def _glibc_counts(process: Any, mallinfo2: Any) -> bool:
+    """Whether the process's own `malloc` is glibc's: three 64 KiB allocations through it, each
+    seen in glibc's in-use bytes (another thread's work can move the count: two of three
+    decide). Freed at once; nothing else is touched."""
+    import ctypes
+
+    malloc, free = process.malloc, process.free
+    malloc.restype, malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    free.restype, free.argtypes = None, [ctypes.c_void_p]
+    seen = 0
+    for _ in range(3):
+        before = int(mallinfo2().uordblks)
+        ptr = malloc(_PROBE_BYTES)
+        after = int(mallinfo2().uordblks)
+        if ptr:
+            free(ptr)
+        seen += after - before >= _PROBE_BYTES
+    return seen >= 2
 
 
 def _mapping_of(address: int | None) -> str | None:
