@@ -26,8 +26,7 @@ from pathlib import Path
 import pytest
 from support.agent import agent_env, agent_server
 
-from vramdoctor.agent import list_agents
-from vramdoctor.agent import control
+from vramdoctor.agent import control, list_agents
 from vramdoctor.agent.pythonpath import vramdoctor_agent as runtime
 
 
