@@ -80,3 +80,24 @@ def test_an_inside_record_held_for_the_next_scrape_counts_when_the_stretch_goes_
     r.metrics(metrics(2.0, 1, 10), 10)
     (w,) = r.windows(1002.0)
     assert w.inside[7].glibc == {"in_use_bytes": 42.0 * MIB} and r.inside_dropped == 0
+
+
+def test_a_kept_idle_sample_carries_the_most_threads_the_round_saw() -> None:
+    # A thread-per-connection server has 2 threads at idle and many while it serves: the
+    # judge's host rule reads the most threads any sample saw, so the idle samples watch hands
+    # it carry the round's (from /proc, while the round ran).
+    r = rounds()
+    r.metrics(metrics(0.0, 0, 10), 10)
+    r.sample(host(0.6, 500.0))
+    r.metrics(metrics(1.2, 0, 10), 10)
+    r.metrics(metrics(1.5, 3, 10), 10)  # the round
+    busy = HostSample(t=1.7, wall=1001.7, processes=[HostProcessMemory(7, 540.0, threads=9)])
+    r.sample(busy)
+    r.metrics(metrics(2.0, 3, 12), 12)
+    r.metrics(metrics(2.5, 0, 14), 14)  # idle again
+    r.sample(HostSample(t=3.1, wall=1003.1, processes=[HostProcessMemory(7, 520.0, threads=2)]))
+    r.metrics(metrics(3.6, 0, 14), 14)
+    first, second = r.windows(1004.0)
+    assert first.records["host"][0].processes[0].threads is None  # nothing seen before it
+    kept = second.records["host"][0].processes[0]
+    assert kept.threads == 9 and kept.rss_mib == 520.0

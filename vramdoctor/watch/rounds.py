@@ -30,7 +30,7 @@ forgotten (the oldest kept one becomes the baseline).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vramdoctor.samples import GpuSample, HostSample, InsideSample, MetricsSample
@@ -116,6 +116,11 @@ class PassiveRounds:
         self.merged = 0  # rounds merged into the next (bounded state)
         self.busy_since_wall: float | None = None  # a stretch of traffic without an idle window
         self._samples_seen = False
+        # pid -> the most threads a host sample saw since the last idle window closed (the
+        # round's traffic included): a kept idle sample carries it, so that the judge's host
+        # rule sees a thread-per-connection server's threads (it reads the most threads any
+        # sample saw; idle samples alone show the threads left when the connections closed)
+        self._threads: dict[int, int] = {}
         self.last_idle_wall: float | None = None
 
     # -- ingest --------------------------------------------------------------------------
@@ -146,6 +151,9 @@ class PassiveRounds:
         else:
             self.inside_dropped += len(inside)
             self._close()
+            for kind, rec in pending:  # taken while the round ran: its threads count
+                if kind == "host":
+                    self._count_threads(rec)
             if self.busy_since_wall is None:
                 self.busy_since_wall = s.wall
 
@@ -157,6 +165,14 @@ class PassiveRounds:
         if w.settled_t is None:
             w.settled_t = float(t)
             w.settled_wall = float(wall) if isinstance(wall, (int, float)) else None
+        if isinstance(record, HostSample) and self._threads:
+            record = replace(
+                record,
+                processes=[
+                    replace(p, threads=max(p.threads or 0, self._threads.get(p.pid, 0)) or None)
+                    for p in record.processes
+                ],
+            )
         w.add(kind, record, 2 if kind == "host_memory" else self.cap)
 
     def sample(self, record: GpuSample | HostSample | dict[str, Any]) -> None:
@@ -164,6 +180,8 @@ class PassiveRounds:
         says whether the server was still idle."""
         if isinstance(record, (GpuSample, HostSample)):
             self._samples_seen = True
+        if isinstance(record, HostSample):
+            self._count_threads(record)
         if self.open is None:
             return
         if isinstance(record, GpuSample):
@@ -172,6 +190,11 @@ class PassiveRounds:
             self._pending.append(("host", record))
         elif isinstance(record, dict) and record.get("kind") == "host_memory":
             self._pending.append(("host_memory", record))
+
+    def _count_threads(self, record: HostSample) -> None:
+        for p in record.processes:
+            if isinstance(p.threads, int) and p.threads > self._threads.get(p.pid, 0):
+                self._threads[p.pid] = p.threads
 
     def inside(self, record: InsideSample) -> bool:
         """Attach the agent's record to the idle window it was measured in: within that
@@ -200,6 +223,8 @@ class PassiveRounds:
 
     def _close(self) -> None:
         w, self.open = self.open, None
+        if w is not None:
+            self._threads = {}  # a round begins: its threads are counted afresh
         if w is None or w.duration_s < self.min_idle_s or not w.records.get("metrics"):
             return
         if not (w.records.get("gpu") or w.records.get("host")) and self._samples_seen:
