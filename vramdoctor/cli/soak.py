@@ -95,6 +95,12 @@ def soak_cmd(**o: Any) -> None:
                 run_path=outcome.run_path,
                 analysis=outcome.analysis,
             )
+            if code == 0 and cfg.fail_on_inconclusive and _undecided(outcome.analysis):
+                console.note(
+                    "exit 1: --fail-on-inconclusive, and the verdict is INCONCLUSIVE (an "
+                    "undecided layer is not a pass)"
+                )
+                code = 1
         except KeyboardInterrupt:
             raise Interrupted(
                 f"interrupted while reporting; the run file is kept: {outcome.run_path} (re-analyse: vramdoctor report {outcome.run_path})"
@@ -103,6 +109,11 @@ def soak_cmd(**o: Any) -> None:
         if previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)
     raise typer.Exit(code)  # fmt: skip
+
+
+def _undecided(analysis: Any) -> bool:
+    """Whether the run's verdict is INCONCLUSIVE (for --fail-on-inconclusive)."""
+    return str(getattr(analysis, "verdict", "")) == "INCONCLUSIVE"
 
 
 def term_as_interrupt() -> Any:

@@ -199,6 +199,15 @@ class SoakConfig:
         default=MIN_GROWTH_MIB,
         metadata=_opt("--min-growth-mib", "Smallest change (MiB) that counts as growth."),
     )
+    fail_on_inconclusive: bool = field(
+        default=False,
+        metadata=_opt(
+            "--fail-on-inconclusive",
+            "Exit 1 when the verdict is INCONCLUSIVE (a layer still undecided after the rounds, "
+            "e.g. host growth that retention or a leak could explain): a CI gate then never "
+            "passes an undecided run.",
+        ),
+    )
     gpu_metrics: str | None = field(
         default=None,
         metadata=_opt(

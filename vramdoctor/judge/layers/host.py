@@ -54,10 +54,12 @@ from vramdoctor.judge.results import (
     INCONCLUSIVE,
     LEAK,
     NOT_MEASURED,
+    R_CONVERGING,
     R_GREW_WITH_TIME,
     R_NO_LEVEL,
     R_NOISY,
     R_RETENTION_OR_LEAK,
+    R_ROSE_THEN_FLAT,
     R_STEADY_OR_CONVERGING,
     R_STILL_CHANGING,
     R_TRANSIENT,
@@ -167,6 +169,27 @@ class _Proc:
         return levels[-1] < 1 and (self.threads_max is None or self.threads_max > 2)
 
 
+def _arena_fits(p: _Proc) -> bool:
+    """The arena count rose and the (anonymous) growth fits in what the arenas' heaps grew by
+    (writable, where /proc/PID/maps showed it; else what the new arenas reserve): only then
+    may glibc's arenas be named as what holds the growth (a 60 MiB object loaded once while
+    the arenas' heaps grew 3 MiB is not theirs)."""
+    if p.arenas is None:
+        return False
+    grow = p.anon if p.anon is not None and p.anon.settled_rounds >= 2 else p.rss
+    g = [v for v in _pairs(grow) if v is not None]
+    a = [v for v in _pairs(p.arenas) if v is not None]
+    if len(g) < 2 or len(a) < 2 or a[-1] <= a[0]:
+        return False
+    h = grow.threshold or p.rss.threshold
+    growth = max(g) - g[0]
+    w = [v for v in _pairs(p.writable) if v is not None]
+    if len(w) >= 2:
+        return growth <= (max(w) - w[0]) + h
+    r = [v for v in _pairs(p.reserved) if v is not None]
+    return len(r) >= 2 and growth <= (max(r) - r[0]) + h
+
+
 def _arena_explains(p: _Proc) -> bool:
     """Growth that new malloc arenas explain: the arena count rose, the (anonymous) growth is
     above the floor and fits in what the arenas hold (what their heaps have grown to, where
@@ -207,6 +230,19 @@ def _arena_explains(p: _Proc) -> bool:
     return g1 - g0 <= (r1 - r0) + h
 
 
+def _still_rising(p: _Proc) -> bool:
+    """The RSS grew beyond its threshold in the last round and the arena count rose in the
+    last two rounds: the arenas' growth has not stopped, so neither has what they explain."""
+    rss = p.rss
+    if not rss.increments or rss.increments[-1] <= rss.threshold:
+        return False
+    a = [v for v in _pairs(p.arenas) if v is not None]
+    if len(a) < 2:
+        return False
+    before = a[-3] if len(a) >= 3 else a[0]  # the count before the last two rounds
+    return max(a[-2:]) > before
+
+
 def _growing(rss: SeriesResult) -> bool:
     """The RSS goes up in a way the arena and file rules may explain (not growth in time)."""
     return (
@@ -228,7 +264,13 @@ def _outside(p: _Proc, th: Thresholds) -> None:
         and _arena_explains(p)
     ):
         explanation = X_MALLOC_ARENAS
-        rss.verdict = CACHING
+        if _still_rising(p):
+            # glibc was still adding arenas and the RSS still grew in the last round: the new
+            # arenas can hold the growth so far, and so can a leak beside them; undecided, so
+            # adaptive rounds run until the count stops (then growth that goes on is not theirs).
+            rss.verdict, rss.reason = INCONCLUSIVE, R_STILL_CHANGING
+        else:
+            rss.verdict = CACHING
     elif (
         _growing(rss)
         and kind == "file"
@@ -244,6 +286,14 @@ def _outside(p: _Proc, th: Thresholds) -> None:
         if p.could_retain():
             # From outside, an allocator's retention and a leak look the same (rule 4).
             rss.verdict, rss.reason = INCONCLUSIVE, R_RETENTION_OR_LEAK
+    elif (
+        rss.verdict == CACHING
+        and rss.reason in (R_ROSE_THEN_FLAT, R_CONVERGING)
+        and kind in (None, "anon")
+        and _arena_fits(p)
+    ):
+        # It rose and stopped (or converges) while new arenas' heaps grew by at least as much.
+        explanation = X_MALLOC_ARENAS
     elif rss.verdict == CACHING and kind == "shmem":
         explanation = X_PINNED
     rss.explanation = explanation

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from vramdoctor.judge.results import LayerResult, SeriesResult, SoakAnalysis
-from vramdoctor.soak.report.text import known, rate, value
+from vramdoctor.soak.report.text import count, known, rate, value
 from vramdoctor.units import format_count, format_percent
 
 __all__ = [
@@ -131,14 +131,32 @@ def suggestion_for(reasons: Iterable[str]) -> str | None:
     return None
 
 
-def inconclusive_extra(lay: LayerResult, a: SoakAnalysis) -> str:
-    """What an undecided layer's sentence adds: the growth per aborted request when every
-    round abandoned some streams (the growth is measured; which requests cause it is not)."""
-    if lay.rate_per_aborted_request is None:
+def _arenas_still_coming(lay: LayerResult) -> str:
+    """For host growth that new malloc arenas could hold while glibc was still adding them:
+    why it is undecided and what decides."""
+    if lay.layer != "host" or lay.explanation != "malloc_arenas":
         return ""
+    proc = next((p for p in lay.host_processes if p.series == lay.main_series), None)
+    counts = ""
+    if proc is not None and proc.arenas_first is not None and proc.arenas_last is not None:
+        counts = f" ({count(proc.arenas_first, 'arena')} -> {count(proc.arenas_last, 'arena')})"
+    return (
+        f"; glibc was still adding malloc arenas{counts} while it grew: the new arenas could "
+        "keep that much freed heap, and a leak beside them would look the same until the "
+        f"count stops, so more rounds tell; {DECIDE_HOST}"
+    )
+
+
+def inconclusive_extra(lay: LayerResult, a: SoakAnalysis) -> str:
+    """What an undecided layer's sentence adds: why host growth that new arenas could hold is
+    undecided, and the growth per aborted request when every round abandoned some streams
+    (the growth is measured; which requests cause it is not)."""
+    arenas = _arenas_still_coming(lay) if lay.verdict == "INCONCLUSIVE" else ""
+    if lay.rate_per_aborted_request is None:
+        return arenas
     share = sum(r.aborted or 0 for r in a.rounds if r.life >= 0 and r.reached)
     reached = sum(r.reached for r in a.rounds if r.life >= 0 and r.reached)
-    return (
+    return arenas + (
         f"; {rate(lay.rate_per_aborted_request, lay.unit)} per aborted request, should only "
         f"the {format_count(share, 'streams')} of {format_count(reached, 'requests')} the client "
         "abandoned cause it (soak again with --abort-fraction 0 to tell)"

@@ -21,6 +21,7 @@ from vramdoctor.judge.results import (
     STABLE,
     VRAM,
     LayerResult,
+    SeriesResult,
     SoakAnalysis,
     Undecided,
 )
@@ -104,13 +105,36 @@ def layer_sentence(lay: LayerResult, a: SoakAnalysis) -> str:
             return own
         thr = value(s.threshold, s.unit) if s is not None else "the noise"
         return f"{name}: STABLE: no series moved beyond {thr} across {_rounds_text(a)} of identical traffic."
-    growth = value(s.growth, s.unit, signed=True) if s is not None else "-"
     where = label(s) if s is not None else name
     why = blk.caching_why(lay) or "memory kept for reuse, not a leak"
-    return (
-        f"{name}: CACHING: {where} rose {growth} and then stayed flat across {_rounds_text(a)} of "
-        f"identical traffic: {why}."
-    )
+    return f"{name}: CACHING: {where} {_caching_shape(s, a)}: {why}."
+
+
+def _caching_shape(s: SeriesResult | None, a: SoakAnalysis) -> str:
+    """How a CACHING series moved, in its own terms: a rise that then stayed (for how many of
+    the last rounds), a rise that fell back, or levels that swung within a band; never "flat"
+    for levels that swung."""
+    rounds = _rounds_text(a)
+    if s is None:
+        return f"stopped growing across {rounds} of identical traffic"
+    u = s.unit
+    growth = value(s.growth, u, signed=True)
+    levels = [v for v in s.settled if v is not None]
+    if s.reason in ("fell_back", "bounded") and levels:
+        return (
+            f"moved between {value(min(levels), u)} and {value(max(levels), u)} across {rounds} "
+            f"of identical traffic, with no trend (last level {value(levels[-1], u)})"
+        )
+    incs = s.increments
+    if s.reason == "rose_then_flat" and incs:
+        grew = [i for i, d in enumerate(incs) if d > s.threshold]
+        flat_for = len(incs) - (grew[-1] + 1) if grew else len(incs)
+        if grew and flat_for < len(incs):
+            return (
+                f"rose {growth} and then stayed within {value(s.threshold, u)} for the last "
+                f"{count(flat_for, 'round')} of {rounds} of identical traffic"
+            )
+    return f"rose {growth} and then stayed flat across {rounds} of identical traffic"
 
 
 def _time_leak_sentence(lay: LayerResult) -> str:

@@ -163,9 +163,12 @@ class HostBlock(LayerBlock):
         return super().explained(lay, a)
 
     def caching_why(self, lay: LayerResult) -> str | None:
+        # Arenas are named only where the judge found their heaps grew enough to hold the
+        # growth (explanation malloc_arenas), never because the count rose beside it.
         proc = _process(lay)
         if (
             proc is not None
+            and X_MALLOC_ARENAS in (lay.explanation, proc.explanation)
             and proc.arenas_first is not None
             and proc.arenas_last is not None
             and proc.arenas_last > proc.arenas_first
