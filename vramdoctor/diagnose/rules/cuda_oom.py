@@ -736,6 +736,34 @@ def _crowded(e: LogEvent, d: Diagnosis, group: list[LogEvent]) -> tuple[str, str
     return expl, fix, f"another process holds the {gw}", math
 
 
+def _unattributed(e: LogEvent) -> tuple[str, str] | None:
+    """(R2 review) The device's used memory (total - free) far above what PyTorch holds in the
+    failing process, while the message lists no other process: (explanation, arithmetic), or None."""
+    fd = e.data
+    total, free, alloc = fd.get("total_mib"), fd.get("free_mib"), fd.get("allocated_mib")
+    if total is None or free is None or alloc is None or fd.get("processes"):
+        return None
+    own = alloc + (fd.get("reserved_unallocated_mib") or 0.0) + (fd.get("private_pools_mib") or 0.0)
+    gap = total - free - own
+    if gap < max(4096.0, 0.2 * total):
+        return None
+    zero = (
+        " (the message's 'this process has 0 bytes' means the driver did not attribute memory to it, "
+        "as in a container)"
+        if fd.get("this_process_mib") == 0
+        else ""
+    )
+    expl = (
+        f" {mib(total - free)} of the device was in use, but PyTorch in the failing process held {mib(own)}: "
+        f"{mib(gap)} is outside its allocator{zero}: other processes on the device, or memory the "
+        "server allocates outside PyTorch. `vramdoctor census` shows whose it is."
+    )
+    return (
+        expl,
+        f"{mib(total)} total - {mib(free)} free - {mib(own)} PyTorch = {mib(gap)} not PyTorch's",
+    )
+
+
 # vLLM applies 0.9 when --gpu-memory-utilization is not given (every version)
 _VLLM_DEFAULT_UTILIZATION = 0.9
 
@@ -896,6 +924,9 @@ def _finding(d: Diagnosis, phase: str | None, group: list[LogEvent], total: int)
     if cause is not None:
         expl += cause[0]
         derived.append(cause[3])
+    elif (gap := _unattributed(first)) is not None:
+        expl += gap[0]
+        derived.append(gap[1])
     if trt is not None:
         expl += trt[0]
     if outsized is not None:
