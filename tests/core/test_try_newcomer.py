@@ -30,8 +30,10 @@ def test_try_fleet_says_its_printed_command_needs_keep(tmp_path: Path) -> None:
     assert r.returncode == 1, (r.stdout, r.stderr)
     lines = r.stderr.splitlines()
     i = next(i for i, line in enumerate(lines) if line.strip().startswith("vramdoctor fleet "))
-    note = lines[i + 1]
+    note = " ".join(line.strip() for line in lines[i + 1 : i + 3])  # the note under it
     assert "stops when the trial ends" in note and "vramdoctor try fleet --keep" in note, note
+    own = [line for j, line in enumerate(lines[: i + 3]) if j != i]  # the command: one line
+    assert max(len(line) for line in own) <= 80, own  # its own lines fit 80 columns
     printed = shlex.split(lines[i].strip())
     after = subprocess.run(
         [sys.executable, "-m", "vramdoctor", *printed[1:]],

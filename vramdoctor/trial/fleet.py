@@ -101,11 +101,10 @@ def local_prometheus(
     with history.open("w", encoding="utf-8") as f:
         f.writelines(backfill.openmetrics(series))
     if say is not None:
-        say(
-            f"try fleet: {days:g} days of exporter history ({len(series)} series: "
-            "dcgm-exporter, nvitop-exporter, nvidia_gpu_exporter, SGLang KV) written and "
-            "backfilled into a local Prometheus with promtool. What it holds:"
-        )
+        # lines under 80 columns: stderr notes are not wrapped
+        say(f"try fleet: {days:g} days of exporter history, {len(series)} series of")
+        say("dcgm-exporter, nvitop-exporter, nvidia_gpu_exporter and SGLang KV, backfilled")
+        say("with promtool into a local Prometheus. What it holds:")
         for line in truth_lines(truth):
             say(line)
     data = folder / "data"
@@ -177,10 +176,8 @@ def fleet_trial(
             say("then this fleet:")
             say("  vramdoctor " + " ".join(args))
             if not trial.keep:  # the printed URL dies with the trial: say so where it is printed
-                say(
-                    "  (this Prometheus stops when the trial ends, so the command above works only "
-                    "meanwhile: vramdoctor try fleet --keep keeps it running until Ctrl-C)"
-                )
+                say("  (this Prometheus stops when the trial ends: the command works only")
+                say("  meanwhile; vramdoctor try fleet --keep keeps it running until Ctrl-C)")
             code = run_child([sys.executable, "-m", "vramdoctor", *args])
             if trial.keep and code in (0, 1):
                 say(f"try fleet: Prometheus stays at {url} until Ctrl-C; try, for example:")
