@@ -100,7 +100,7 @@ def rounds(
 
 def seen_idle(w: Watcher | None, before: Any, cap_s: float = 20.0) -> None:
     """Wait (at most `cap_s`) until `w` holds an idle window of --min-idle other than `before`
-    (the one open before the round: traffic always closes it) with a settled sample, and,
+    (the one open before the round: traffic always closes it) with a settled memory sample, and,
     where watch launched the server with the agent, the agent's record in it. Unloaded this
     returns at once after the idle gap; it only lengthens gaps the sampling could not see."""
     if w is None:
@@ -109,7 +109,8 @@ def seen_idle(w: Watcher | None, before: Any, cap_s: float = 20.0) -> None:
     deadline = time.monotonic() + cap_s
     while time.monotonic() < deadline:
         cur = w.state.rounds.current()
-        if cur is not None and cur is not before and (not agent or cur.inside):
+        held = cur is not None and bool(cur.records.get("host") or cur.records.get("gpu"))
+        if cur is not None and held and cur is not before and (not agent or cur.inside):
             return
         time.sleep(0.1)
 
