@@ -208,7 +208,42 @@ def test_pinned_memory_of_torch_2_14_is_counted_and_attributed_to_its_stack(tmp_
         srv.stop()
 
 
-_PRELOAD_C = r"""
+# A malloc of its own (a bump allocator on one mmap'd region, never returned: glibc's counters
+# never see what it hands out), as jemalloc or tcmalloc through LD_PRELOAD would be.
+_BUMP_C = r"""
+#include <stddef.h>
+#include <string.h>
+#include <sys/mman.h>
+static char *base;
+static size_t off;
+static void *bump(size_t n, size_t align) {
+    if (!base) base = mmap(0, 1UL << 32, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (align < 16) align = 16;
+    n = (n + 15) & ~15UL;
+    size_t at = __atomic_fetch_add(&off, n + 16 + align, __ATOMIC_RELAXED);
+    char *p = base + ((at + 16 + align - 1) & ~(align - 1));
+    ((size_t *)p)[-1] = n;
+    return p;
+}
+void *malloc(size_t n) { return bump(n, 16); }
+void free(void *p) { (void)p; }
+void *calloc(size_t a, size_t b) { return bump(a * b, 16); }
+void *realloc(void *p, size_t n) {
+    void *q = bump(n, 16);
+    if (p) { size_t old = ((size_t *)p)[-1]; memcpy(q, p, old < n ? old : n); }
+    return q;
+}
+void *memalign(size_t a, size_t n) { return bump(n, a); }
+void *aligned_alloc(size_t a, size_t n) { return bump(n, a); }
+int posix_memalign(void **r, size_t a, size_t n) { *r = bump(n, a); return 0; }
+void *valloc(size_t n) { return bump(n, 4096); }
+size_t malloc_usable_size(void *p) { return p ? ((size_t *)p)[-1] : 0; }
+"""
+
+# A malloc symbol of its own that hands every call to glibc's (what a non-PIE executable's PLT
+# stub or a thin wrapper is): its address differs from libc's, but glibc counts its memory.
+_FORWARD_C = r"""
 #include <stddef.h>
 extern void *__libc_malloc(size_t);
 extern void __libc_free(void *);
@@ -221,16 +256,22 @@ void *realloc(void *p, size_t n) { return __libc_realloc(p, n); }
 """
 
 
+def _preload(tmp_path: Path, source: str) -> Path:
+    src = tmp_path / "vdmalloc.c"
+    src.write_text(source)
+    lib = tmp_path / "libvdmalloc.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(lib), str(src)], check=True)
+    return lib
+
+
 @pytest.mark.skipif(
     shutil.which("cc") is None, reason="needs a C compiler for an LD_PRELOAD malloc"
 )
 def test_a_replaced_malloc_is_said_not_read_as_glibc(tmp_path: Path) -> None:
     """jemalloc/tcmalloc through LD_PRELOAD: glibc's counters would see nothing and call a leak
-    flat. The agent finds malloc resolved outside libc and says so instead of reading them."""
-    src = tmp_path / "vdmalloc.c"
-    src.write_text(_PRELOAD_C)
-    lib = tmp_path / "libvdmalloc.so"
-    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(lib), str(src)], check=True)
+    flat. The agent finds that the process's malloc hands out memory glibc does not count, and
+    says so instead of reading them."""
+    lib = _preload(tmp_path, _BUMP_C)
     agent_dir = tmp_path / "agent"
     srv = agent_server(tmp_path, agent_dir, "--no-torch", LD_PRELOAD=str(lib))
     try:
@@ -238,6 +279,27 @@ def test_a_replaced_malloc_is_said_not_read_as_glibc(tmp_path: Path) -> None:
         (reply,), _ = Controller(agent_dir).collect(0, want=["inside"], timeout_s=15)
         assert reply.inside is not None and reply.inside["glibc"] is None
         assert "malloc is replaced by libvdmalloc.so" in (reply.inside["error"] or "")
+    finally:
+        srv.stop()
+
+
+@pytest.mark.skipif(
+    shutil.which("cc") is None, reason="needs a C compiler for an LD_PRELOAD malloc"
+)
+def test_a_malloc_symbol_that_is_glibcs_underneath_is_read(tmp_path: Path) -> None:
+    """A malloc symbol at another address that hands every call to glibc (a non-PIE Python's
+    PLT stub: measured on the GPU machine's python3.12, where the agent said "replaced" and
+    read nothing): glibc's counters see its memory, so they are read."""
+    lib = _preload(tmp_path, _FORWARD_C)
+    agent_dir = tmp_path / "agent"
+    srv = agent_server(tmp_path, agent_dir, "--no-torch", LD_PRELOAD=str(lib))
+    try:
+        post(srv.port)
+        (reply,), _ = Controller(agent_dir).collect(0, want=["inside"], timeout_s=15)
+        assert reply.inside is not None, reply
+        glibc = reply.inside["glibc"]
+        assert glibc is not None, reply.inside["error"]
+        assert glibc["in_use_bytes"] > 0
     finally:
         srv.stop()
 
