@@ -87,9 +87,22 @@ def selector(name: str, matchers: Sequence[str] = (), extra: Sequence[str] = ())
     return "{" + inner + "}"
 
 
+_LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def label_name(name: str) -> str:
+    """A label name as PromQL writes it: bare when it is a classic name, quoted otherwise.
+
+    Prometheus 3.x stores UTF-8 label names (`k8s.pod`, or a name a hostile exporter chose:
+    `a="b"} or vector(1) or {c`); put into a selector bare, such a name would be PromQL of the
+    exporter's choosing. Quoted (`{"k8s.pod"="x"}`, Prometheus 3.0+ syntax) it is one name; a
+    server without UTF-8 names never returns one (review R3, "not tried")."""
+    return name if _LABEL_NAME.fullmatch(name) else quote(name)
+
+
 def select_exact(name: str, labels: Mapping[str, str]) -> str:
-    """A selector for exactly one series (all its labels)."""
-    items = [f"{k}={quote(v)}" for k, v in sorted(labels.items()) if k != "__name__"]
+    """A selector for exactly one series (all its labels; names quoted when not classic)."""
+    items = [f"{label_name(k)}={quote(v)}" for k, v in sorted(labels.items()) if k != "__name__"]
     return selector(name, items)
 
 
