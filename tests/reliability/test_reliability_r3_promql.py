@@ -3,7 +3,7 @@
 Prometheus 3.x stores UTF-8 label names; an exporter that names a label
 `a="b"} or vector(1) or {c` would have had fleet's per-series selector
 (`vramdoctor.fleet.promql.select_exact`) carry PromQL of its choosing. A name that is not a
-classic one is now quoted (Prometheus 3.0 syntax), so it stays one name.
+classic (or dotted) one is now quoted (Prometheus 3.0 syntax), so it stays one name.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ def test_a_hostile_label_name_stays_inside_one_quoted_name() -> None:
 
 def test_classic_and_utf8_names() -> None:
     assert label_name("instance") == "instance"
-    assert label_name("k8s.pod") == '"k8s.pod"'
+    assert label_name("k8s.pod") == "k8s.pod"  # VictoriaMetrics parses it bare, not quoted
+    assert label_name("a b") == '"a b"'
+    assert label_name('x"}') == '"x\\"}"'
     assert label_name("_x9") == "_x9"
     assert label_name("9x") == '"9x"'

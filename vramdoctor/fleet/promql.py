@@ -87,16 +87,20 @@ def selector(name: str, matchers: Sequence[str] = (), extra: Sequence[str] = ())
     return "{" + inner + "}"
 
 
-_LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Bare in a selector: classic names, and dotted ones (VictoriaMetrics stores `k8s.pod` and
+# parses it bare, but refuses a quoted label name: measured with the VictoriaMetrics here).
+_LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 
 
 def label_name(name: str) -> str:
-    """A label name as PromQL writes it: bare when it is a classic name, quoted otherwise.
+    """A label name as a selector writes it: bare when it is made of letters, digits, `_` and
+    `.`, quoted otherwise.
 
-    Prometheus 3.x stores UTF-8 label names (`k8s.pod`, or a name a hostile exporter chose:
-    `a="b"} or vector(1) or {c`); put into a selector bare, such a name would be PromQL of the
-    exporter's choosing. Quoted (`{"k8s.pod"="x"}`, Prometheus 3.0+ syntax) it is one name; a
-    server without UTF-8 names never returns one (review R3, "not tried")."""
+    Prometheus 3.x stores UTF-8 label names, so the database can hand back a name a hostile
+    exporter chose (`a="b"} or vector(1) or {c`); put into a selector bare, it would be PromQL
+    of the exporter's choosing. Quoted (Prometheus 3.0+ syntax) it is one name; a server that
+    cannot parse a quoted name refuses that one query (one line), never runs the exporter's
+    PromQL (review R3, "not tried")."""
     return name if _LABEL_NAME.fullmatch(name) else quote(name)
 
 
