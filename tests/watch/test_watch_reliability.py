@@ -207,3 +207,26 @@ def test_ctrl_c_in_watch_launch_stops_the_server_too(tmp_path: Path) -> None:
     time.sleep(0.5)
     assert not pid_alive(pid)
     assert "vramdoctor: interrupted" in err
+
+
+def test_sigterm_with_nothing_watched_is_one_line_and_exit_130() -> None:
+    # A watch of a port where nothing listens, stopped by SIGTERM: nothing was watched, so no
+    # report follows: one line that says so, exit 130 (interrupted), never "the report below".
+    port = free_port()
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "vramdoctor", "watch", *FAST, "--no-exporter",
+         "--server", f"http://127.0.0.1:{port}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
+    )  # fmt: skip
+    seen = ""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "watch:" not in seen:
+        seen += cli.stderr.readline()  # the source's failure, said once
+    assert "watch:" in seen, seen
+    time.sleep(1.0)
+    cli.send_signal(signal.SIGTERM)
+    out, err = cli.communicate(timeout=60)
+    err = seen + err
+    assert cli.returncode == 130, err
+    assert "vramdoctor: interrupted; nothing was watched" in err, err
+    assert "report below" not in err and not out.strip(), err

@@ -163,7 +163,6 @@ def run_watch(options: WatchOptions, duration_s: float | None, *, json_out: bool
             interrupted.set()
         if interrupted.is_set():
             status = "interrupted"
-            console.interrupted("interrupted; the report below covers what was sampled")
             result = watcher.analyse() if watcher.state.samples else result
     finally:
         try:
@@ -175,7 +174,11 @@ def run_watch(options: WatchOptions, duration_s: float | None, *, json_out: bool
         raise Interrupted("interrupted before anything was sampled")
     if not watcher.watched_anything():
         why = next(iter(watcher.failing.values()), "no source answered")
+        if interrupted.is_set():  # one line, exit 130: no report follows
+            raise Interrupted(f"interrupted; nothing was watched: {why}")
         raise InputError(f"nothing was watched in the whole run: {why}")
+    if interrupted.is_set():
+        console.interrupted("interrupted; the report below covers what was sampled")
     result.interrupted = interrupted.is_set()
     _print(result, json_out)
     return result.exit_code
