@@ -177,11 +177,16 @@ def _arena_fits(p: _Proc) -> bool:
     if p.arenas is None:
         return False
     grow = p.anon if p.anon is not None and p.anon.settled_rounds >= 2 else p.rss
-    g = [v for v in _pairs(grow) if v is not None]
-    a = [v for v in _pairs(p.arenas) if v is not None]
-    if len(g) < 2 or len(a) < 2 or a[-1] <= a[0]:
+    pairs = [(gv, av) for gv, av in zip(_pairs(grow), _pairs(p.arenas), strict=False)]
+    rows = [(gv, av) for gv, av in pairs if gv is not None and av is not None]
+    g = [gv for gv, _ in rows]
+    a = [av for _, av in rows]
+    if len(rows) < 2 or a[-1] <= a[0]:
         return False
     h = grow.threshold or p.rss.threshold
+    last_rise = max(i for i in range(1, len(a)) if a[i] > a[i - 1])
+    if sum(1 for i in range(last_rise + 1, len(g)) if g[i] - g[i - 1] > h) >= 2:
+        return False  # it went on growing after glibc stopped adding arenas: not theirs
     growth = max(g) - g[0]
     w = [v for v in _pairs(p.writable) if v is not None]
     if len(w) >= 2:

@@ -107,7 +107,15 @@ def layer_sentence(lay: LayerResult, a: SoakAnalysis) -> str:
         return f"{name}: STABLE: no series moved beyond {thr} across {_rounds_text(a)} of identical traffic."
     where = label(s) if s is not None else name
     why = blk.caching_why(lay) or "memory kept for reuse, not a leak"
-    return f"{name}: CACHING: {where} {_caching_shape(s, a)}: {why}."
+    creep = ""
+    if s is not None and known(s.creep_floor_per_request):
+        if blk.caching_why(lay) is None:
+            why = "its last rounds grew by less than the floor"
+        creep = (
+            f"; a leak under {rate(s.creep_floor_per_request, s.unit)} per request cannot be "
+            "ruled out at this load (more requests per round tell)"
+        )
+    return f"{name}: CACHING: {where} {_caching_shape(s, a)}: {why}{creep}."
 
 
 def _caching_shape(s: SeriesResult | None, a: SoakAnalysis) -> str:
