@@ -54,12 +54,17 @@ def _unread_memory_line(ex: FileExtractor, head: bytes) -> None:
     wording diagnose does not read ("out of memory", "insufficient memory", ...) gets one
     `memory_error_unread` event quoting that line, so it is never refused as "not a server log" nor
     reported healthy. Request echoes (user text) are left out. Only the first MiB is searched."""
+    low = head.lower()
+    if not any(k in low for k in P.ANY_MEMORY_FAILURE):
+        return  # (the common case; request echoes are only stripped when it matters)
     text = P.without_echo_lines(head)
-    m = P.ANY_MEMORY_FAILURE.search(text)
-    if m is None:
+    low = text.lower()  # (ASCII lowering keeps every byte offset)
+    hits = [(i, k) for k in P.ANY_MEMORY_FAILURE if (i := low.find(k)) >= 0]
+    if not hits:
         return
-    start = text.rfind(b"\n", 0, m.start()) + 1
-    end = text.find(b"\n", m.end())
+    pos, key = min(hits)
+    start = text.rfind(b"\n", 0, pos) + 1
+    end = text.find(b"\n", pos + len(key))
     line = text[start : end if end >= 0 else len(text)].decode("utf-8", "replace")
     # the line number in the file: head is the file's first MiB, less any request-echo lines
     lineno = (
@@ -72,7 +77,7 @@ def _unread_memory_line(ex: FileExtractor, head: bytes) -> None:
             lineno,
             ex.cut(clean(line).text.strip()),
             None,
-            {"matched": m.group(0).decode("utf-8", "replace")},
+            {"matched": text[pos : pos + len(key)].decode("utf-8", "replace")},
         )
     )
 
@@ -462,7 +467,12 @@ def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
         failure_lines = any(e.kind not in ("server_crash", "traceback_cut") for e in ex.events)
         crashed = [e for e in ex.events if e.kind in ("server_crash", "traceback_cut")]
         lacks = []
-        if recognised and not failure_lines and crashed and not any(e.data.get("error") for e in crashed):
+        if (
+            recognised
+            and not failure_lines
+            and crashed
+            and not any(e.data.get("error") for e in crashed)
+        ):
             lacks.append("the error message after the traceback")
         if (
             recognised

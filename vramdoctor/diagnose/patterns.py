@@ -966,8 +966,15 @@ TGI_SHARD_START = re.compile(r"ShardCannotStart|Shard \d+ failed to start")
 ENV_EXPORT = re.compile(
     r"^\s*(?:export\s+)?([A-Z][A-Z0-9_]*(?:VISIBLE_DEVICES|_DP_SIZE))=(\S+)\s*$"
 )
-# a generic memory failure line (the safety net: a log never refused while it holds one)
-ANY_MEMORY_FAILURE = re.compile(
-    rb"(?i)out of memory|outofmemoryerror|insufficient (?:gpu )?memory|more system memory"
-    rb"|too large for system|exceeds the memory usage threshold|cannot allocate memory"
+# a generic memory failure line (the safety net: a log never refused while it holds one), lowercase
+# fragments found with bytes.find on the lowered text (a case-insensitive regex is 20x slower)
+ANY_MEMORY_FAILURE = (
+    b"out of memory",
+    b"outofmemoryerror",
+    b"insufficient gpu memory",
+    b"insufficient memory",
+    b"more system memory",
+    b"too large for system",
+    b"exceeds the memory usage threshold",
+    b"cannot allocate memory",
 )
