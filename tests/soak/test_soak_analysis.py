@@ -954,3 +954,62 @@ def test_no_request_succeeded_is_inconclusive_not_stable() -> None:
     res = analyse_soak(recs)
     assert res.verdict == INCONCLUSIVE and res.no_request_succeeded
     assert "no request succeeded" in headline(res) and "404" in headline(res)
+
+
+def _with_arena_heaps(recs: list[object], writable: Callable[[int], float]) -> list[object]:
+    """Give every host sample the arena heaps' writable MiB that /proc/PID/maps shows, as
+    `writable(arena count)`."""
+    for r in recs:
+        if isinstance(r, HostSample):
+            for p in r.processes:
+                if p.malloc_arenas is not None:
+                    p.malloc_arena_writable_mib = writable(p.malloc_arenas)
+    return recs
+
+
+def test_a_one_time_rise_beside_new_arenas_that_cannot_hold_it_does_not_name_them() -> None:
+    # R1 M1 (s6): a 60 MiB object loaded at the first request while glibc gave the handler
+    # threads 3 more arenas whose heaps grew 3 MiB: CACHING, but not "glibc's arenas keep it".
+    recs = synth(
+        flat(),
+        rounds=4,
+        n=30,
+        host_level=lambda k, f: 20.0 + (62.0 if k else 0.0),
+        host_kinds={"anon": lambda k, f: 10.0 + (62.0 if k else 0.0)},
+        arenas=lambda k, f: 4 if k else 1,
+    )
+    res = analyse_soak(_with_arena_heaps(recs, lambda n: 0.3 + 1.0 * (n - 1)), {"cpu_count": 2})
+    host = res.layers["host"]
+    assert host.verdict == CACHING and host.explanation != "malloc_arenas"
+    text = soak_json(res)["layers"]["host"]["summary"]
+    assert "arena" not in text and "stayed flat" in text
+    # The same rise with arena heaps that grew by as much: the arenas are named.
+    recs = synth(
+        flat(),
+        rounds=4,
+        n=30,
+        host_level=lambda k, f: 20.0 + (62.0 if k else 0.0),
+        host_kinds={"anon": lambda k, f: 10.0 + (62.0 if k else 0.0)},
+        arenas=lambda k, f: 4 if k else 1,
+    )
+    res = analyse_soak(_with_arena_heaps(recs, lambda n: 0.3 + 21.0 * (n - 1)), {"cpu_count": 2})
+    assert res.layers["host"].explanation == "malloc_arenas"
+    assert "malloc arenas" in soak_json(res)["layers"]["host"]["summary"]
+
+
+def test_levels_that_swing_are_never_said_to_have_stayed_flat() -> None:
+    # R1 M1 (s13): a buffer flushed every 70 requests: 32.9, 44.8, 29.3, 41.1, 25.4 MiB.
+    levels = [22.0, 32.9, 44.8, 29.3, 41.1, 25.4]
+    recs = synth(
+        flat(),
+        rounds=5,
+        n=30,
+        host_level=lambda k, f: levels[k],
+        host_kinds={"anon": lambda k, f: levels[k] - 10.0},
+        arenas=lambda k, f: 4 if k else 1,
+    )
+    res = analyse_soak(recs, {"cpu_count": 2})
+    host = res.layers["host"]
+    assert host.verdict == CACHING, host
+    text = soak_json(res)["layers"]["host"]["summary"]
+    assert "stayed flat" not in text and "moved between" in text and "arena" not in text
