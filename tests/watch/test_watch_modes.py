@@ -213,7 +213,7 @@ def background(tmp: Path) -> Facts:
         RefProc("background", "--background-kib-per-s", "1024", *SGLANG) as srv,
         watching(server_url=srv.url) as w,
     ):
-        seen = rounds(srv.url, 6, 6, idle_s=3.0, watcher=w)
+        seen = rounds(srv.url, 7, 6, idle_s=3.0, watcher=w)
         return {"seen": seen, "res": _analyse(w)}
 
 
@@ -312,7 +312,7 @@ def test_retention_with_the_agent_is_caching_decided_by_glibcs_bytes_in_use(ran:
     assert f["seen"][-1]["truth"]["layers"]["host"]["verdict"] == "CACHING"
     in_use = _growth(f["seen"], "malloc", "in_use_bytes")
     anon = _growth(f["seen"], "proc", "rss_anon_bytes")
-    assert anon > 20.0 and abs(in_use) < 0.1 * anon, (in_use, anon)  # live flat, RSS grew
+    assert anon > 20.0 and abs(in_use) < 0.25 * anon, (in_use, anon)  # mostly kept, not live
     inside = f["inside"]
     host = inside.layers["host"]
     assert host.verdict in ("CACHING", "STABLE"), (host, inside.notes)
@@ -365,7 +365,8 @@ def test_a_background_allocator_is_a_leak_in_time_at_its_hourly_rate(ran: Any) -
     assert told["verdict"] == "LEAK"
     res = f["res"]
     host = res.layers["host"]
-    assert host.verdict == "LEAK" and host.reason == "grew_with_time", (host, res.notes)
+    why = (host, res.rounds, res.events, res.notes)
+    assert host.verdict == "LEAK" and host.reason == "grew_with_time", why
     assert host.rate_per_hour == pytest.approx(told["bytes_per_hour"] / MIB, rel=0.3)
     assert host.rate_per_request is None
 
