@@ -14,6 +14,39 @@ import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
+# Marked `slow`: the modules of end-to-end runs (soak, watch, ab-test, try, the agent inside a
+# soak) against live reference servers, tens of seconds each; together about two thirds of the
+# suite's CPU (measured with -p support.cputime and --durations). CI's lowest-versions job runs
+# `-m "not slow"`: every dependency's API is still exercised there (sources, stats, judge,
+# report and charts, diagnose, census, fleet against real databases, the CLI); the newest
+# job runs everything.
+SLOW_MODULES = frozenset(
+    {
+        "tests/abtest/test_abtest_server.py",
+        "tests/agent/test_agent_inside.py",
+        "tests/agent/test_agent_soak.py",
+        "tests/attribution/test_attribution_cli.py",
+        "tests/attribution/test_attribution_sglang.py",
+        "tests/core/test_try.py",
+        "tests/core/test_try_newcomer.py",
+        "tests/servers/test_servers_toy_soak.py",
+        "tests/soak/test_soak_cli.py",
+        "tests/soak/test_soak_cli_faults.py",
+        "tests/soak/test_soak_cycle.py",
+        "tests/soak/test_soak_fail_on_inconclusive.py",
+        "tests/soak/test_soak_launch.py",
+        "tests/soak/test_soak_launch_modes.py",
+        "tests/soak/test_soak_layers.py",
+        "tests/soak/test_soak_stops.py",
+        "tests/soak/test_soak_toy_kind_and_layer.py",
+        "tests/soak/test_soak_vary.py",
+        "tests/soak/test_soak_warmup_leak.py",
+        "tests/watch/test_watch_live.py",
+        "tests/watch/test_watch_modes.py",
+        "tests/watch/test_watch_reliability.py",
+    }
+)
+
 
 def _nvidia_gpu_present() -> bool:
     """A driver that NVML can open and at least one GPU: what every gpu test needs first.
@@ -75,6 +108,9 @@ def _group_shared_fixtures(items: list[pytest.Item]) -> None:
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its own hook, same name)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _group_shared_fixtures(items)
+    for item in items:
+        if item.nodeid.split("::")[0] in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
     if any("gpu" in item.keywords for item in items) and not _nvidia_gpu_present():
         skip = pytest.mark.skip(
             reason="needs an NVIDIA GPU (run on the GPU machine: pytest -m gpu)"
