@@ -235,18 +235,21 @@ def test_watch_ends_on_time_when_metrics_headers_trickle(tmp_path: Path) -> None
     assert took < 40, took
 
 
-def test_sigterm_stops_watch_promptly_while_metrics_headers_trickle(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_sigterm_stops_watch_promptly_while_metrics_headers_trickle(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
     with RawServer(trickle_headers(0.3)) as srv:
         p = _watch(srv.url, "--duration", "10m", tmp=tmp_path)
         try:
             time.sleep(6)  # past start-up, sampling, a scrape stalled in its headers
             assert p.poll() is None, p.communicate()
             t0 = time.monotonic()
-            p.send_signal(signal.SIGTERM)
+            p.send_signal(sig)
             try:
                 _out, err = p.communicate(timeout=20)
             except subprocess.TimeoutExpired:
-                pytest.fail("watch did not stop within 20 s of SIGTERM")
+                pytest.fail(f"watch did not stop within 20 s of {sig.name}")
             took = time.monotonic() - t0
         finally:
             if p.poll() is None:
