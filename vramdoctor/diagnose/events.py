@@ -1082,6 +1082,10 @@ class EventsMixin:
             data["torchair"] = True  # vllm-ascend's torchair graph mode ran the failing step
         if P.VLLM_NOT_ENOUGH_LOAD.search(text):
             phase = "weight_load"
+        if "warming up sampler" in msg:
+            self.votes["vllm"] += (
+                3  # (R2 review) vLLM's own message (gpu_model_runner _dummy_sampler_run)
+            )
         if "sampler" in marks:
             data["sampler"] = True  # vLLM's sampler warm-up: its own message names --max-num-seqs
         if phase == "preprocessing":

@@ -1135,7 +1135,27 @@ def check(d: Diagnosis) -> list[Finding]:
     for e in evs:
         by_phase.setdefault(e.phase, []).append(e)
     if len(by_phase) > 1:
-        by_phase.pop(None, None)  # an unplaced copy of a placed error adds nothing
+        # an unplaced copy of a placed error adds nothing but, when the placed one has no figures,
+        # its figures (R2 review: vLLM's "CUDA out of memory occurred when warming up sampler" then
+        # the torch message it wraps, a few lines below)
+        for e in by_phase.get(None, []):
+            for group in by_phase.values():
+                g0 = group[0]
+                if (
+                    g0.phase is not None
+                    and g0.file == e.file
+                    and 0 < e.line - g0.line <= 12
+                    and g0.data.get("free_mib") is None
+                    and e.data.get("free_mib") is not None
+                ):
+                    if g0.data.get("sampler"):
+                        # the message the sampler warm-up wrapped: the same failure (rules read
+                        # the flag from the event whose figures they quote)
+                        e = LogEvent(
+                            e.kind, e.file, e.line, e.text, e.phase, {**e.data, "sampler": True}
+                        )
+                    group.append(e)
+        by_phase.pop(None, None)
     if "serving" in by_phase and ("prefill" in by_phase or "decode" in by_phase):
         # vLLM's EngineCore re-raises a worker's OOM from execute_model: the worker's frames say more
         by_phase.pop("serving")
