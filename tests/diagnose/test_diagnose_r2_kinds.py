@@ -122,3 +122,29 @@ def test_a_log_without_a_memory_line_is_still_refused(tmp_path: Path) -> None:
     log = _write(tmp_path, "notes.txt", ["shopping list", "milk", "eggs"])
     r = run_cli("diagnose", str(log), env=cli_env())
     assert r.returncode == 2 and "not a server log" in r.stdout + r.stderr
+
+
+# vLLM (v1/worker/gpu_model_runner.py _dummy_sampler_run): raise RuntimeError("CUDA out of memory
+# occurred when warming up sampler with {num_reqs} dummy requests. Please try lowering `max_num_seqs`
+# or `gpu_memory_utilization` when initializing the engine.") from the torch error, printed below it
+def test_vllm_sampler_warmup_takes_the_figures_of_the_torch_message_it_wraps(
+    tmp_path: Path,
+) -> None:
+    log = _write(
+        tmp_path,
+        "vllm.log",
+        [
+            "RuntimeError: CUDA out of memory occurred when warming up sampler with 256 dummy requests. "
+            "Please try lowering `max_num_seqs` or `gpu_memory_utilization` when initializing the engine.",
+            "",
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 252.00 MiB. GPU 0 has a total "
+            "capacity of 10.57 GiB of which 163.12 MiB is free. Including non-PyTorch memory, this process "
+            "has 10.41 GiB memory in use. Of the allocated memory 9.67 GiB is allocated by PyTorch, and "
+            "26.44 MiB is reserved by PyTorch but unallocated.",
+        ],
+    )
+    d = diagnose([log])
+    (f,) = [f for f in d.findings if f.id == "cuda-oom"]
+    assert d.server == "vllm"
+    assert "sampler warm-up" in f.title and "163.12 MiB free of 10.57 GiB" in f.explanation
+    assert "no figures" not in f.explanation and "--max-num-seqs" in f.fix
