@@ -76,6 +76,7 @@ def rounds(
     images: bool = False,
     warm: int = 0,
     watcher: Watcher | None = None,
+    min_samples: int = 1,
 ) -> list[dict[str, Any]]:
     """`warm` requests first (a server that ran before watch came), then an idle window (the
     baseline), then `n` rounds of `per_round` requests each followed by `idle_s` of idle.
@@ -89,27 +90,29 @@ def rounds(
     time.sleep(idle_s / 2)
     seen = [requests.get(url + "/reference/info", timeout=30).json()]
     time.sleep(idle_s / 2)
-    seen_idle(watcher, before if warm else None)
+    seen_idle(watcher, before if warm else None, min_samples)
     for _ in range(n):
         before = watcher.state.rounds.open if watcher is not None else None
         assert set(traffic.round(per_round)) == {200}
         time.sleep(idle_s)
-        seen_idle(watcher, before)
+        seen_idle(watcher, before, min_samples)
     return [*seen, requests.get(url + "/reference/info", timeout=30).json()]
 
 
-def seen_idle(w: Watcher | None, before: Any, cap_s: float = 20.0) -> None:
+def seen_idle(w: Watcher | None, before: Any, min_samples: int = 1, cap_s: float = 20.0) -> None:
     """Wait (at most `cap_s`) until `w` holds an idle window of --min-idle other than `before`
-    (the one open before the round: traffic always closes it) with a settled memory sample, and,
-    where watch launched the server with the agent, the agent's record in it. Unloaded this
-    returns at once after the idle gap; it only lengthens gaps the sampling could not see."""
+    (the one open before the round: traffic always closes it) with `min_samples` settled memory
+    samples, and, where watch launched the server with the agent, the agent's record in it.
+    Unloaded this returns at once after the idle gap; it only lengthens gaps the sampling
+    could not see."""
     if w is None:
         return
     agent = w.launched is not None and w.options.agent
     deadline = time.monotonic() + cap_s
     while time.monotonic() < deadline:
         cur = w.state.rounds.current()
-        held = cur is not None and bool(cur.records.get("host") or cur.records.get("gpu"))
+        kept = len(cur.records.get("host", [])) + len(cur.records.get("gpu", [])) if cur else 0
+        held = kept >= min_samples
         if cur is not None and held and cur is not before and (not agent or cur.inside):
             return
         time.sleep(0.1)
@@ -213,7 +216,8 @@ def background(tmp: Path) -> Facts:
         RefProc("background", "--background-kib-per-s", "1024", *SGLANG) as srv,
         watching(server_url=srv.url) as w,
     ):
-        seen = rounds(srv.url, 7, 6, idle_s=3.0, watcher=w)
+        # growth in time shows inside idle windows: each holds enough samples to show it
+        seen = rounds(srv.url, 7, 6, idle_s=3.0, watcher=w, min_samples=12)
         return {"seen": seen, "res": _analyse(w)}
 
 
