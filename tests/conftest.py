@@ -15,8 +15,8 @@ import pytest
 FIXTURES = Path(__file__).parent / "fixtures"
 
 # Marked `slow`: the modules of end-to-end runs (soak, watch, ab-test, try, the agent inside a
-# soak) against live reference servers, tens of seconds each; together about two thirds of the
-# suite's CPU (measured with -p support.cputime and --durations). CI's lowest-versions job runs
+# soak) against live reference servers, tens of seconds each: 248 of 1865 tests, and 86 % of the
+# time of the 60 slowest (--durations=60 of a whole run, 2 workers). CI's lowest-versions job runs
 # `-m "not slow"`: every dependency's API is still exercised there (sources, stats, judge,
 # report and charts, diagnose, census, fleet against real databases, the CLI); the newest
 # job runs everything.
@@ -90,7 +90,8 @@ def _group_shared_fixtures(items: list[pytest.Item]) -> None:
     Prometheus and VictoriaMetrics, loaded with days of history) groups every test using one
     of that conftest's fixtures (its `engine` asks for them while it runs), so the databases
     are loaded once per run, not once per worker; a module fixture (watch's runs, started at
-    once for the module's selected tests) groups the module's tests that use it."""
+    once for the module's selected tests) groups the module's tests that use it. The `gpu`
+    tests are one group: they read the one GPU's memory and processes, so never two at once."""
     session_homes = {
         d.baseid for item in items for d in _fixturedefs(item) if d.scope == "session" and d.baseid
     }
@@ -101,6 +102,8 @@ def _group_shared_fixtures(items: list[pytest.Item]) -> None:
                 groups.add(f"session:{d.baseid}")
             elif d.scope in ("module", "package", "class"):
                 groups.add(f"module:{item.nodeid.split('::')[0]}")
+        if item.get_closest_marker("gpu") is not None:
+            groups = {"gpu"}  # one GPU: its tests measure it one at a time, on one worker
         if groups:
             item.add_marker(pytest.mark.xdist_group("+".join(sorted(groups))))
 
