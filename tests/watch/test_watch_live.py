@@ -340,6 +340,13 @@ def test_ctrl_c_gives_the_report_and_keeps_the_data(server, tmp_path) -> None:
     while not list(out.glob("watch-*.jsonl")) and time.monotonic() < deadline:
         time.sleep(0.1)
     time.sleep(1.0)
+    # samples are flushed as they come: interrupt once the part holds some (a loaded machine
+    # samples slowly)
+    while time.monotonic() < deadline + 30:
+        parts = list(out.glob("watch-*.jsonl"))
+        if parts and len(parts[0].read_text().splitlines()) > 15:
+            break
+        time.sleep(0.2)
     cli.send_signal(signal.SIGINT)
     stdout, stderr = cli.communicate(timeout=30)
     # 130: interrupted before a leak was found (1 had one been found), as the README says
