@@ -23,10 +23,22 @@ arena mode (a thread per connection, each thread's mallocs in its own arena, fre
 there) with glibc's default arena cap; every host-layer LEAK there is a false alarm (target:
 0 of 10).
 
+--layer host-modes: the host layer against the reference server's #21 modes, each run both
+with vramdoctor's agent in the server (`soak --launch`: glibc's own counters decide) and
+without it (`--launch ... --no-agent`: only the outside series): N runs of `retention` (a
+thread per connection decoding PNGs of varying size, glibc's defaults: allocator retention)
+and N of `converging` (a tile cache with sampled admission filling towards its bound), each
+with its own seed: every host LEAK there is a false alarm (target: 0 of 10 each, with and
+without the agent); and `host-leak` (the retention server plus a real malloc leak of
+--host-leak-kib KiB per request, at --leak-requests requests a round so that its bounded
+feature cache is still filling in round 2): found (host LEAK) in --rounds rounds with the
+agent, with its rate error (target: 256 KiB/request in 4 rounds).
+
     python benchmarks/soak_sensitivity.py                 # CPU, 4 rounds x 50 requests
     python benchmarks/soak_sensitivity.py --gpu --idle 5  # on a GPU host
     python benchmarks/soak_sensitivity.py --layer kv --requests 30 --kv-pool-tokens 1000000
     python benchmarks/soak_sensitivity.py --layer host-arena --caching-runs 10
+    python benchmarks/soak_sensitivity.py --layer host-modes --caching-runs 10 --leak-runs 5
 
 Prints a table and one JSON line (also written to --out/sensitivity.json when --out is given).
 """
@@ -107,22 +119,27 @@ def server_options() -> str:
 
 
 def soak(
-    url: str, args: argparse.Namespace, out: Path, extra: list[str] | None = None
+    url: str | None,
+    args: argparse.Namespace,
+    out: Path,
+    extra: list[str] | None = None,
+    *,
+    requests_per_round: int | None = None,
 ) -> tuple[dict, float]:
+    """`vramdoctor soak --json` against `url` (or, with url None, `extra` holds --launch)."""
     cmd = [
         sys.executable,
         "-m",
         "vramdoctor",
         "soak",
-        "--url",
-        url,
+        *(["--url", url] if url else []),
         "--json",
         "--out",
         str(out),
         "--rounds",
         str(args.rounds),
         "--requests",
-        str(args.requests),
+        str(requests_per_round or args.requests),
         "--concurrency",
         str(args.concurrency),
         "--idle",
@@ -161,9 +178,23 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=None, help="keep run files and the JSON here")
     p.add_argument(
         "--layer",
-        choices=["memory", "kv", "host-arena"],
+        choices=["memory", "kv", "host-arena", "host-modes"],
         default="memory",
-        help="memory: VRAM (--gpu) or host RSS leaks; kv: KV pages; host-arena: malloc arenas",
+        help="memory: VRAM (--gpu) or host RSS leaks; kv: KV pages; host-arena: malloc arenas; "
+        "host-modes: retention, converging and host-leak, with and without the agent",
+    )
+    p.add_argument(
+        "--host-leak-kib", type=float, default=256.0, help="--layer host-modes: the real leak"
+    )
+    p.add_argument(
+        "--leak-runs", type=int, default=3, help="--layer host-modes: host-leak runs (agent)"
+    )
+    p.add_argument(
+        "--leak-requests",
+        type=int,
+        default=30,
+        help="--layer host-modes: requests a round of the host-leak runs (30: the server's "
+        "40-entry feature cache fills over two rounds, a warm-up in front of the leak)",
     )
     p.add_argument(
         "--malloc-arena-max",
@@ -182,11 +213,15 @@ def main() -> int:
     )
     args = p.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # progress shows when piped to a file
-    args.image_size = args.image_size or ["128x128", "256x192"]
+    # host-modes: soak's own default sizes (the retention server's allocations vary with them)
+    default_sizes = ["448x448", "896x672"] if args.layer == "host-modes" else None
+    args.image_size = args.image_size or default_sizes or ["128x128", "256x192"]
     if args.layer == "kv":
         return kv_ladder(args)
     if args.layer == "host-arena":
         return arena_runs(args)
+    if args.layer == "host-modes":
+        return host_modes(args)
     device = "cuda" if args.gpu else "cpu"
     sizes = [float(x) for x in (args.sizes_kib or "512,256,128,64,32,16,8").split(",")]
     work = args.out or Path(os.environ.get("TMPDIR", "/tmp")) / f"soak-sensitivity-{os.getpid()}"
@@ -443,6 +478,126 @@ def arena_runs(args: argparse.Namespace) -> int:
         },
     )
     return 0 if false == 0 else 1
+
+
+def _host_row(d: dict) -> dict:
+    host = layer(d, "host")
+    return {
+        "verdict": host["verdict"],
+        "reason": host.get("reason"),
+        "explanation": host.get("explanation"),
+        "decided_by": host.get("decided_by"),
+        "rate_mib_per_request": host.get("rate_mib_per_request"),
+    }
+
+
+def host_modes(args: argparse.Namespace) -> int:
+    """False host LEAK on retention and converging caches (with and without the agent) and
+    the rounds to find a real malloc leak behind a warming cache (with the agent)."""
+    help_text = server_options()
+    missing = [m for m in ("retention", "converging", "host-leak") if m not in help_text]
+    if missing:
+        print(f"skipped: this reference server has no --mode {', '.join(missing)}")
+        return 0
+    work = _work(args, "host-modes")
+    print(
+        f"{'run':<26}{'agent':<7}{'host verdict':<14}{'reason':<22}{'decided by':<14}"
+        f"{'MiB/req':>9}{'wall s':>8}"
+    )
+    runs: list[dict] = []
+
+    def one(mode: str, i: int, agent: bool, extra: list[str], requests_per_round: int) -> dict:
+        launch = (
+            f"{sys.executable} {SERVER} --port {free_port()} --mode {mode} --device cpu "
+            + " ".join(extra)
+        )
+        flags = ["--launch", launch, "--startup-timeout", "120", "--stop-grace", "5"]
+        if not agent:
+            flags.append("--no-agent")
+        name = f"{mode}-{i}-{'agent' if agent else 'outside'}"
+        d, wall = soak(
+            None, args, work / f"{name}.jsonl", flags, requests_per_round=requests_per_round
+        )
+        row = {"mode": mode, "run": i, "agent": agent, **_host_row(d), "wall_s": wall}
+        rate = row["rate_mib_per_request"]
+        print(
+            f"{mode + ' ' + str(i + 1):<26}{'yes' if agent else 'no':<7}{row['verdict']:<14}"
+            f"{row['reason']!s:<22}{row['decided_by']!s:<14}"
+            f"{'-' if rate is None else format(rate, '.4f'):>9}{wall:>8.1f}"
+        )
+        runs.append(row)
+        return row
+
+    truth = args.host_leak_kib / 1024.0
+    for i in range(args.leak_runs):
+        one(
+            "host-leak",
+            i,
+            True,
+            ["--leak-kib", format(args.host_leak_kib, "g"), "--retention-seed", str(i)],
+            args.leak_requests,
+        )
+    for i in range(args.caching_runs):
+        for agent in (True, False):
+            one("retention", i, agent, ["--retention-seed", str(i)], args.requests)
+            one("converging", i, agent, ["--converge-seed", str(i)], args.requests)
+
+    def count(mode: str, agent: bool, verdict: str) -> int:
+        return sum(
+            1 for r in runs if r["mode"] == mode and r["agent"] is agent and r["verdict"] == verdict
+        )
+
+    def total(mode: str, agent: bool) -> int:
+        return sum(1 for r in runs if r["mode"] == mode and r["agent"] is agent)
+
+    leaks = [r for r in runs if r["mode"] == "host-leak"]
+    found = [r for r in leaks if r["verdict"] == "LEAK"]
+    errors = [
+        (r["rate_mib_per_request"] - truth) / truth
+        for r in found
+        if r["rate_mib_per_request"] is not None
+    ]
+    false = {
+        f"{mode}_{'agent' if agent else 'outside'}": (
+            f"{count(mode, agent, 'LEAK')}/{total(mode, agent)}"
+        )
+        for mode in ("retention", "converging")
+        for agent in (True, False)
+    }
+    print(
+        f"\nfalse host LEAK: retention {false['retention_agent']} with the agent, "
+        f"{false['retention_outside']} without; converging {false['converging_agent']} with, "
+        f"{false['converging_outside']} without ({args.rounds} rounds x {args.requests} requests). "
+        f"host-leak {args.host_leak_kib:g} KiB/request found in {args.rounds} rounds "
+        f"({args.leak_requests} requests a round) with the agent: {len(found)}/{len(leaks)}"
+        + (f", rate error {min(errors):+.1%} to {max(errors):+.1%}" if errors else "")
+    )
+    _finish(
+        args,
+        {
+            "benchmark": "soak_sensitivity",
+            "target": "host_modes",
+            "rounds": args.rounds,
+            "requests_per_round": args.requests,
+            "leak_requests_per_round": args.leak_requests,
+            "idle_s": args.idle,
+            "host_leak_kib": args.host_leak_kib,
+            "false_leaks": false,
+            "host_leak_found": f"{len(found)}/{len(leaks)}",
+            "host_leak_rate_errors": errors,
+            "runs": runs,
+        },
+    )
+    bad = sum(count(m, a, "LEAK") for m in ("retention", "converging") for a in (True, False))
+    return 0 if bad == 0 and len(found) == len(leaks) else 1
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 if __name__ == "__main__":
