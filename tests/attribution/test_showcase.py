@@ -8,7 +8,6 @@ import json
 import re
 from pathlib import Path
 
-import pytest
 from support.procs import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,12 +54,6 @@ def test_the_page_shows_the_showcase_reports_own_words() -> None:
 GPU_RUN = ROOT / "tests" / "fixtures" / "attribute" / "soak_run" / "run.jsonl"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="recorded while six other acceptance servers shared the GPU (#28.5): re-record it with "
-    "`bash scripts/gpu_attribute.sh showcase` (the lead's GPU run) and copy $OUT/showcase/run.jsonl "
-    "and run.attribution/ to tests/fixtures/attribute/soak_run/; then remove this mark",
-)
 def test_the_gpu_showcase_is_one_server_alone_on_the_gpu() -> None:
     from vramdoctor.record import read_run
     from vramdoctor.samples import GpuSample
