@@ -1013,3 +1013,28 @@ def test_levels_that_swing_are_never_said_to_have_stayed_flat() -> None:
     assert host.verdict == CACHING, host
     text = soak_json(res)["layers"]["host"]["summary"]
     assert "stayed flat" not in text and "moved between" in text and "arena" not in text
+
+
+def test_an_undecided_port_owner_speaks_for_the_layer_over_a_recycled_worker() -> None:
+    # R1 W4 (s15): the front keeps 128 KiB/request for 8 rounds (threads come: retention or a
+    # leak from outside); a worker forked in round 6 is a step of +32 MiB judged on 2 rounds.
+    # The layer names the port owner and its rate, not the two-round worker's growth.
+    recs = synth(
+        flat(),
+        rounds=8,
+        n=30,
+        host_level=lambda k, f: 20.0 + 3.75 * k,
+        host_kinds={"anon": lambda k, f: 10.0 + 3.75 * k},
+        arenas=lambda k, f: 4 if k else 1,
+    )
+    start = [r.t for r in recs if isinstance(r, Event) and r.name == "round_start"][6]
+    for r in recs:
+        if isinstance(r, HostSample) and r.t >= start:
+            r.processes.append(
+                HostProcessMemory(5151, 40.0, "python3", "child", rss_anon_mib=30.0, threads=1)
+            )
+    res = analyse_soak(recs, {"cpu_count": 2})
+    host = res.layers["host"]
+    assert host.verdict == INCONCLUSIVE and host.main_series == "rss/pid4242", host.main_series
+    assert host.reason == "retention_or_leak"
+    assert host.rate_per_request == pytest.approx(3.75 / 30, rel=0.05)

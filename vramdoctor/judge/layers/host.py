@@ -446,14 +446,16 @@ def _layer(
             caveats=caveats,
         )
     cands = [s for s in deciding if s.verdict == verdict]
-    top = max(
-        cands,
-        key=lambda s: (
-            (s.slope_per_request or 0.0)
-            if verdict == LEAK or s.reason == R_RETENTION_OR_LEAK
-            else abs(s.growth or 0.0)
-        ),
-    )
+    if verdict == INCONCLUSIVE:
+        # Undecided: the series with the most settled rounds speaks for the layer (the port
+        # owner over a recycled worker that lived two rounds), then the larger growth (MiB:
+        # never a rate per request against a growth).
+        top = max(cands, key=lambda s: (s.settled_rounds, abs(s.growth or 0.0)))
+    else:
+        top = max(
+            cands,
+            key=lambda s: (s.slope_per_request or 0.0) if verdict == LEAK else abs(s.growth or 0.0),
+        )
     lay = LayerResult(
         HOST,
         verdict,
