@@ -185,12 +185,15 @@ def _leak_sentence(lay: LayerResult, a: SoakAnalysis) -> str:
     ci = ""
     if lay.rate_ci is not None:
         lo, hi = rate(lay.rate_ci[0], lay.unit), rate(lay.rate_ci[1], lay.unit)
-        # An interval too narrow to print as two figures is said as its half-width.
-        ci = (
-            f" (90 % interval {lo} to {hi})"
-            if lo != hi
-            else f" (90 % interval: within {rate((lay.rate_ci[1] - lay.rate_ci[0]) / 2, lay.unit)})"
-        )
+        # An interval too narrow to print as two figures is said as its half-width (or as
+        # exact, when even that prints as zero).
+        half = rate((lay.rate_ci[1] - lay.rate_ci[0]) / 2, lay.unit)
+        if lo != hi:
+            ci = f" (90 % interval {lo} to {hi})"
+        elif any(c in "123456789" for c in half):
+            ci = f" (90 % interval: within {half})"
+        else:
+            ci = " (the same in every round)"
     return block(lay.layer).leak(lay, a, ci=ci, proj=proj)
 
 
