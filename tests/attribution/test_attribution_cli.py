@@ -97,7 +97,7 @@ def test_report_reruns_the_recorded_soak_attribution(tmp_path: Path) -> None:
     assert split["outside_allocator_bytes"] == 0
     # recorded alone on the GPU (scripts/gpu_attribute.sh showcase): every GPU process covered
     assert att["not_covered"] == [] and att["covered"] == [p["label"]]
-    text = run_cli("report", str(FIX / "soak_run" / "run.jsonl")).stdout
+    text = run_cli("report", str(FIX / "soak_run" / "run.jsonl"), env={"COLUMNS": "200"}).stdout
     assert "leaking.py:86 after_request_locked" in text and "outside the PyTorch allocator" in text
     # the same run without its snapshots: no attribution section
     bare = tmp_path / "run.jsonl"
