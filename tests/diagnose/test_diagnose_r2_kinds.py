@@ -148,3 +148,35 @@ def test_vllm_sampler_warmup_takes_the_figures_of_the_torch_message_it_wraps(
     assert d.server == "vllm"
     assert "sampler warm-up" in f.title and "163.12 MiB free of 10.57 GiB" in f.explanation
     assert "no figures" not in f.explanation and "--max-num-seqs" in f.fix
+
+
+def test_prose_about_running_out_of_memory_is_not_a_server_log(tmp_path: Path) -> None:
+    # A README or a postmortem says "out of memory" in sentences: no exception name, level,
+    # time or errno on the line, so the safety net does not take it for a log's failure line.
+    doc = _write(
+        tmp_path,
+        "notes.md",
+        [
+            "# Why our server restarts",
+            'A server that dies during the soak turns "out of memory after N requests" into hours.',
+            "We saw it run out of memory twice last week; the cause is below.",
+        ],
+    )
+    assert [f.id for f in diagnose([doc]).findings] == []
+    r = run_cli("diagnose", str(doc), env=cli_env())
+    assert r.returncode == 2 and "not a server log" in r.stdout + r.stderr, (r.stdout, r.stderr)
+    # the same words on a logged line are read
+    log = _write(tmp_path, "w.log", ["2026-11-02 10:00:01 ERROR worker ran out of memory"])
+    assert [f.id for f in diagnose([log]).findings] == ["memory-error-unread"]
+
+
+def test_a_long_command_is_not_joined_with_the_next_command(tmp_path: Path) -> None:
+    # Two commands one after the other in a pasted shell session: the first is wider than 80
+    # columns, but the second row starts a command of its own, not a terminal-wrapped tail.
+    first = (
+        "PYTHONPATH=/opt/agent VRAMDOCTOR_AGENT_DIR=/tmp/vd-agent python -m sglang.launch_server "
+        "--model-path Qwen/Qwen2.5-VL-7B-Instruct"
+    )
+    log = _write(tmp_path, "cmds.txt", [first, "vramdoctor soak --url http://127.0.0.1:30000"])
+    facts = diagnose([log]).facts
+    assert facts.model == "Qwen/Qwen2.5-VL-7B-Instruct", facts.model

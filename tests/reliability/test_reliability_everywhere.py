@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -336,15 +337,33 @@ def big_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _commands(slow: str, log: Path) -> dict[str, list[str]]:
-    snaps = [str(p) for p in sorted((FIX / "attribute" / "gpu").glob("escape-*.pickle"))]
+@pytest.fixture(scope="module")
+def big_snapshots(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The recorded escape pair, the second repeated 30,000 times at new addresses: a few seconds
+    of attribution (the recorded files take 0.3 s, so a Ctrl-C at 0.5 s could land after the
+    end; seen in CI: exit 1 and nothing said, the command had finished)."""
+    first, second = sorted((FIX / "attribute" / "gpu").glob("escape-*.pickle"))[:2]
+    snap = pickle.loads(second.read_bytes())
+    snap["segments"] = [
+        {**seg, "address": seg["address"] + (k << 36),
+         "blocks": [{**b, "address": b["address"] + (k << 36)} for b in seg["blocks"]]}
+        for k in range(1, 30_001)
+        for seg in snap["segments"]
+    ]  # fmt: skip
+    path = tmp_path_factory.mktemp("snap") / "big-escape-1.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    return [str(first), str(path)]
+
+
+def _commands(slow: str, log: Path, snaps: list[str]) -> dict[str, list[str]]:
     return {
         "diagnose": ["diagnose", str(log)],
         "fleet": ["fleet", "--prometheus", slow],
         "watch": ["watch", "--server", slow, "--duration", "60s", "--no-exporter"],
         "census": ["census", "--gpu-metrics", slow],
         "attribute": ["attribute", *snaps],
-        "report": ["report", str(LEAKING)],
+        # with a chart: 2.5 s here (the text report alone, 1.6 s, could end before a Ctrl-C at 1.5)
+        "report": ["report", str(LEAKING), "--report", "chart.png"],
         "soak": ["soak", "--url", slow, "--rounds", "1", "--requests", "1", "--timeout", "30"],
     }
 
@@ -357,6 +376,15 @@ def _cpu_seconds(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _exited(pid: int) -> bool:
+    """The child has exited and waits to be reaped (a zombie): a Ctrl-C now finds nobody."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except OSError:
+        return True
 
 
 def _wait_into_its_run(proc: subprocess.Popen[str], delay: float) -> None:
@@ -373,9 +401,9 @@ def _wait_into_its_run(proc: subprocess.Popen[str], delay: float) -> None:
 @pytest.mark.parametrize("command", ["diagnose", "fleet", "watch", "census", "attribute",
                                      "report", "soak"])  # fmt: skip
 def test_ctrl_c_is_one_line_and_130_at_any_moment(
-    command: str, slow_url: str, big_log: Path, tmp_path: Path
+    command: str, slow_url: str, big_log: Path, big_snapshots: list[str], tmp_path: Path
 ) -> None:
-    args = _commands(slow_url, big_log)[command]
+    args = _commands(slow_url, big_log, big_snapshots)[command]
     for delay in (0.5, 1.5):
         proc = subprocess.Popen(
             [sys.executable, "-m", "vramdoctor", *args],
@@ -386,7 +414,7 @@ def test_ctrl_c_is_one_line_and_130_at_any_moment(
             cwd=tmp_path,
         )
         _wait_into_its_run(proc, delay)
-        finished = proc.poll() is not None
+        finished = proc.poll() is not None or _exited(proc.pid)
         proc.send_signal(signal.SIGINT)
         _out, err = proc.communicate(timeout=60)
         if finished:

@@ -297,9 +297,13 @@ def _file_limit(limit_bytes: int) -> Callable[[], None]:
 def test_soak_on_a_full_disk_analyses_what_is_in_memory_and_says_the_file_is_incomplete(
     tmp_path: Path,
 ) -> None:
+    from support.agent import agent_env
     from support.procs import RefServer
 
-    srv = RefServer("leaking", "--leak-kib", "1024")
+    # the agent inside decides the host leak (from outside alone: retention_or_leak, #21.1)
+    srv = RefServer(
+        "leaking", "--leak-kib", "1024", env=agent_env(tmp_path / "agent", fake_torch=False)
+    )
     try:
         out = tmp_path / "run.jsonl"
         env = {

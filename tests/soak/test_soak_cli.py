@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.agent import agent_env
 from support.procs import cli_env as _env
 from support.procs import run_soak
 
@@ -44,7 +45,11 @@ FAST = [
 def test_leaking_server_is_leak_with_the_true_rate_and_report_reproduces_it(
     server_factory, tmp_path
 ) -> None:
-    srv = server_factory("leaking", "--leak-kib", "1024")
+    # With the agent in the server: from outside alone a steady heap is retention_or_leak
+    # (#21.1); glibc's bytes in use, read inside, decide.
+    srv = server_factory(
+        "leaking", "--leak-kib", "1024", env=agent_env(tmp_path / "agent", fake_torch=False)
+    )
     html = tmp_path / "leak.html"
     r = soak(srv.url, tmp_path, *FAST, "--json", "--report", str(html), "--production-rate", "2")
     assert r.returncode == 1, r.stderr
@@ -54,6 +59,9 @@ def test_leaking_server_is_leak_with_the_true_rate_and_report_reproduces_it(
     assert d["leak_mib_per_request"] == pytest.approx(truth, rel=0.25)
     assert d["culprit"]["pid"] == srv.pid
     assert d["culprit"]["layer"] == "host" and d["culprit"]["cause"] == "host_ram"
+    assert d["layers"]["host"]["decided_by"] in ("inside_glibc", "inside_python"), d["layers"][
+        "host"
+    ]
     # Projection at the stated production rate (2 requests/s), never at the soak's burst load.
     proj = d["layers"]["host"]["projection"]
     assert proj["requests"] > 0 and proj["production_rate_rps"] == 2

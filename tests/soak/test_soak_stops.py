@@ -26,6 +26,8 @@ from support.procs import RefServer, cli_env, run_soak
 from vramdoctor.record import read_run
 from vramdoctor.redact import REDACTED, forget_secrets, redact_argv, redact_text
 
+ROOT = Path(__file__).resolve().parents[2]
+
 FAST = [
     "--rounds",
     "4",
@@ -290,29 +292,9 @@ def _as_interrupted(src: Path, dst: Path) -> None:
 
 
 def test_an_interrupted_run_exits_1_when_a_leak_was_found_else_130(tmp_path) -> None:
-    leaking = RefServer("leaking", "--leak-kib", "1024")
-    try:
-        r = soak(
-            leaking.url,
-            tmp_path,
-            "--rounds",
-            "4",
-            "--max-rounds",
-            "6",
-            "--requests",
-            "20",
-            "--idle",
-            "1",
-            "--interval",
-            "0.1",
-            "--image-size",
-            "128x128",
-            "--json",
-        )
-    finally:
-        leaking.stop()
-    assert r.returncode == 1 and json.loads(r.stdout)["verdict"] == "LEAK", r.stderr
-    _as_interrupted(tmp_path / "run.jsonl", tmp_path / "leak-interrupted.jsonl")
+    # A recorded leaking run (a VRAM leak on an H200): the verdict of a complete run is LEAK.
+    leak_run = ROOT / "tests" / "fixtures" / "soak" / "h200-leaking.jsonl"
+    _as_interrupted(leak_run, tmp_path / "leak-interrupted.jsonl")
     rep = subprocess.run(
         [
             sys.executable,
@@ -334,7 +316,6 @@ def test_an_interrupted_run_exits_1_when_a_leak_was_found_else_130(tmp_path) -> 
         and d["interrupted"] is True
         and d["healthy"] is False
     )
-    (tmp_path / "run.jsonl").rename(tmp_path / "leak.jsonl")
 
     stable = RefServer("stable")
     try:

@@ -63,10 +63,15 @@ def _series(result, layer: str, pid: int | None = None):
 
 
 # -- the physics of issue #21, one kind each -------------------------------------------------
-def test_a_steady_host_leak_with_its_arenas_in_view_is_a_leak_at_its_rate_and_one_rate() -> None:
-    res = _watch(Server([Proc(42, anon=leak(0.05))], noise_mib=0.3), 3600)
+def test_a_steady_host_leak_with_the_agent_is_a_leak_at_its_rate_and_one_rate() -> None:
+    # From outside alone (arenas in view, their count flat) the same line is retention_or_leak
+    # (#21.1: glibc retains steadily inside the arenas it has): the agent's bytes in use decide.
+    outside = _watch(Server([Proc(42, anon=leak(0.05))], noise_mib=0.3), 3600)
+    assert outside.layers["host"].verdict == "INCONCLUSIVE", outside.layers["host"]
+    assert outside.layers["host"].reason == "retention_or_leak" and outside.exit_code == 0
+    res = _watch(Server([Proc(42, anon=leak(0.05), in_use=leak(0.05, 50.0))], noise_mib=0.3), 3600)
     host = res.layers["host"]
-    assert res.verdict == "LEAK" and host.verdict == "LEAK" and host.reason == "grew_every_round"
+    assert res.verdict == "LEAK" and host.verdict == "LEAK" and host.reason == "live_grew"
     assert host.rate_per_request == pytest.approx(0.05, rel=0.05)
     assert res.mode == "rounds" and res.exit_code == 1
     # one rate and one time to OOM: the sentence, the culprit's row and the layer agree
@@ -211,7 +216,7 @@ def test_too_little_data_is_inconclusive_and_says_why_never_healthy() -> None:
 
 def test_rounds_beyond_the_cap_are_merged_evenly_and_said() -> None:
     cfg = WatchConfig(bucket_s=5.0, max_buckets=1440, warmup_s=0.0, min_idle_s=10.0, max_rounds=8)
-    res = _watch(Server([Proc(42, anon=leak(0.05))]), 7200, config=cfg)
+    res = _watch(Server([Proc(42, anon=leak(0.05), in_use=leak(0.05, 50.0))]), 7200, config=cfg)
     assert res.rounds == 8 and res.layers["host"].verdict == "LEAK"
     assert any("merged" in n for n in res.notes)
 

@@ -324,14 +324,6 @@ def test_retention_with_the_agent_is_caching_decided_by_glibcs_bytes_in_use(ran:
     assert inside.exit_code == 0
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="judge/layers/host.py (H-B2): a known, flat set of malloc arenas keeps 'steady' "
-    "anonymous growth LEAK from outside, but retention inside existing arenas grows steadily "
-    "too (#21.1); watch sees servers that were warm before it came, so their arenas are flat: "
-    "false LEAK in about 1 of 8 runs here (the rest INCONCLUSIVE). Remove once the host rule "
-    "treats it as retention_or_leak.",
-)
 @uses("retention")
 def test_retention_seen_from_outside_is_never_a_leak(ran: Any) -> None:
     outside = ran("retention")["outside"]

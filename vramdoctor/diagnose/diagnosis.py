@@ -53,7 +53,9 @@ def _unread_memory_line(ex: FileExtractor, head: bytes) -> None:
     """The safety net (R2 review): a log whose lines gave no event but hold a memory failure in a
     wording diagnose does not read ("out of memory", "insufficient memory", ...) gets one
     `memory_error_unread` event quoting that line, so it is never refused as "not a server log" nor
-    reported healthy. Request echoes (user text) are left out. Only the first MiB is searched."""
+    reported healthy. The line must carry a log's mark (P.LOG_LINE_MARK: an exception name, a level,
+    a time, an errno): prose about memory is not a log. Request echoes (user text) are left out.
+    Only the first MiB is searched (the first occurrence of each wording)."""
     low = head.lower()
     if not any(k in low for k in P.ANY_MEMORY_FAILURE):
         return  # (the common case; request echoes are only stripped when it matters)
@@ -62,10 +64,15 @@ def _unread_memory_line(ex: FileExtractor, head: bytes) -> None:
     hits = [(i, k) for k in P.ANY_MEMORY_FAILURE if (i := low.find(k)) >= 0]
     if not hits:
         return
-    pos, key = min(hits)
-    start = text.rfind(b"\n", 0, pos) + 1
-    end = text.find(b"\n", pos + len(key))
-    line = text[start : end if end >= 0 else len(text)].decode("utf-8", "replace")
+    for pos, key in sorted(hits):
+        start = text.rfind(b"\n", 0, pos) + 1
+        end = text.find(b"\n", pos + len(key))
+        raw = text[start : end if end >= 0 else len(text)]
+        if P.LOG_LINE_MARK.search(raw):
+            break  # a log's line; prose about memory ("out of memory after N requests") is not
+    else:
+        return
+    line = raw.decode("utf-8", "replace")
     # the line number in the file: head is the file's first MiB, less any request-echo lines
     lineno = (
         head.count(b"\n", 0, head.find(line.encode("utf-8", "replace")[:200]) if line else 0) + 1

@@ -526,8 +526,8 @@ class FileExtractor(EventsMixin, OthersMixin):
             width = len(t.rstrip("\r\n"))
             for nxt in hit.after(20):
                 row = nxt.rstrip("\r\n")
-                if not row or not is_continuation(row):
-                    break
+                if not row or not is_continuation(row) or P.STARTS_COMMAND.match(row):
+                    break  # (a row that starts a command of its own is the next command)
                 line += strip_noise(row)
                 if len(row) != width:
                     break

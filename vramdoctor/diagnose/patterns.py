@@ -968,6 +968,21 @@ ENV_EXPORT = re.compile(
 )
 # a generic memory failure line (the safety net: a log never refused while it holds one), lowercase
 # fragments found with bytes.find on the lowered text (a case-insensitive regex is 20x slower)
+# a row that starts a shell command of its own (a README's next command, not a wrapped tail)
+STARTS_COMMAND = re.compile(
+    r"^\s*(?:\$\s+)?(?:[A-Z_][A-Z0-9_]*=\S*\s+)*"
+    r"(?:python3?|vramdoctor|docker|sglang|vllm|text-generation-launcher|lmdeploy|torchrun)\s"
+)
+
+# What makes a line quoting a memory failure a log's line, not prose about one (a README that
+# says "out of memory after N requests" is not a server log): an exception's name, a log level,
+# a time of day or a kernel timestamp, an errno, or the kernel's OOM killer.
+LOG_LINE_MARK = re.compile(
+    rb"\b[A-Z]\w*(?:Error|Exception|Exceeded)\b|\b(?:ERROR|WARN(?:ING)?|CRITICAL|FATAL|INFO|DEBUG)\b"
+    rb"|\b\d{1,2}:\d{2}:\d{2}\b|^\s*\[\s*\d+\.\d+\]|\[Errno \d+\]|\b[EWF]\d{4} "
+    rb"|\b(?:oom-kill|Killed process|oom_reaper|Traceback)\b"
+)
+
 ANY_MEMORY_FAILURE = (
     b"out of memory",
     b"outofmemoryerror",

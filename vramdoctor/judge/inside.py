@@ -227,6 +227,25 @@ def _growth_of(s: SeriesResult | None) -> float:
     return s.growth if s is not None and s.growth is not None else 0.0
 
 
+# CPython's small-object allocator serves requests up to 512 bytes; larger objects come from
+# malloc, where glibc's bytes in use count them. A block is at most this many bytes.
+PYMALLOC_BLOCK_MAX_BYTES = 512
+
+
+def _rate_excludes_zero(s: SeriesResult) -> bool:
+    """The per-request rate's interval excludes zero (the rounds show growth, not a scatter
+    around none); True where no interval was fitted (the growth model decided without one)."""
+    return s.slope_ci is None or s.slope_ci[0] > 0.0
+
+
+def _blocks_too_few(s: SeriesResult, th: Thresholds) -> bool:
+    """Python's block count grew by fewer blocks than could hold the layer's growth floor (at
+    most PYMALLOC_BLOCK_MAX_BYTES each: 2,000 blocks are at most 1 MiB, below a 2 MiB floor;
+    seen on a GPU server whose blocks rose while glibc's bytes in use were flat)."""
+    blocks_mib = _growth_of(s) * PYMALLOC_BLOCK_MAX_BYTES / MIB
+    return s.unit == "blocks" and blocks_mib < th.min_growth_mib
+
+
 @dataclass
 class InsideEvidence:
     """The judged inside series of one server life, by key, and what decides with them.
@@ -281,11 +300,12 @@ class InsideEvidence:
             return False
         reserved = self.of(proc.pid, "cuda_reserved")
         split = self.of(proc.pid, "cuda_split")
-        if live.verdict == LEAK:
+        if live.verdict == LEAK and _rate_excludes_zero(live):
             self._apply(proc, LEAK, R_LIVE_GREW, Evidence.INSIDE_CUDA, live.kind, rate_from=live)
             return True
         if _growing(live):
-            self._apply(proc, INCONCLUSIVE, live.reason, Evidence.INSIDE_CUDA, live.kind)
+            reason = R_NOISY if live.verdict == LEAK else live.reason
+            self._apply(proc, INCONCLUSIVE, reason, Evidence.INSIDE_CUDA, live.kind)
             return True
         if live.verdict == NOT_MEASURED or not _flat(live):
             return False  # too few rounds inside: the outside rules stand
@@ -339,13 +359,15 @@ class InsideEvidence:
         live = [s for s in self._live(pid, HOST) if s.unit == "MiB"]
         if not live:
             return None
-        leaking = [s for s in live if s.verdict == LEAK]
+        leaking = [s for s in live if s.verdict == LEAK and _rate_excludes_zero(s)]
         growing = [s for s in live if _growing(s)]
         if leaking:
             top = max(leaking, key=lambda s: s.slope_per_request or 0.0)
             top.reason = R_LIVE_GREW
         elif growing:
             top = growing[0]
+            if top.verdict == LEAK:  # its rate's interval holds zero: not established
+                top.verdict, top.reason = INCONCLUSIVE, R_NOISY
         else:
             top = next((s for s in live if s.kind == "glibc_in_use"), live[0])
         top.decides = True
@@ -364,9 +386,12 @@ class InsideEvidence:
         """Decide one process's host series (RSS) from its allocators' counters, in place;
         False when the process has none that can decide."""
         live = self._live(rss.pid, HOST)
+        # A block count that grew by fewer blocks than could hold the floor says nothing about
+        # the layer's bytes: left out, as if flat.
+        live = [s for s in live if not _blocks_too_few(s, th)]
         if not live:
             return False
-        leaking = [s for s in live if s.verdict == LEAK]
+        leaking = [s for s in live if s.verdict == LEAK and _rate_excludes_zero(s)]
         if leaking:
             # MiB rates first (bytes in use, traced bytes), Python's block count last.
             top = sorted(leaking, key=lambda s: (s.unit != "MiB", -(s.slope_per_request or 0)))[0]
@@ -382,10 +407,11 @@ class InsideEvidence:
         undecided = [s for s in live if _growing(s)]
         if undecided:
             top = undecided[0]
+            # A LEAK whose rate's interval holds zero is growth the rounds do not establish.
             self._apply(
                 rss,
                 INCONCLUSIVE,
-                top.reason,
+                R_NOISY if top.verdict == LEAK else top.reason,
                 _EVIDENCE.get(top.kind, Evidence.INSIDE_GLIBC),
                 top.kind,
             )

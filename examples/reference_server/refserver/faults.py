@@ -16,6 +16,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 
 CUDA_OOM = (
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
@@ -80,7 +81,11 @@ def crash_now(args: argparse.Namespace, requests: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     elif args.crash_how == "segv":
         print("Fatal Python error: Segmentation fault", file=sys.stderr, flush=True)
-        os.kill(os.getpid(), signal.SIGSEGV)
+        # To this thread, not the process: a process-directed signal may be taken by another
+        # thread after os.kill returns, and the os._exit(1) below would win the race (seen in
+        # CI: exit 1 instead of -11). The default action (or faulthandler's, which re-raises
+        # it) ends the process before this returns.
+        signal.pthread_kill(threading.get_ident(), signal.SIGSEGV)
     elif args.crash_how == "abort":
         print("Fatal Python error: Aborted", file=sys.stderr, flush=True)
         os.abort()

@@ -24,10 +24,11 @@ The rule, per server process (RSS decides; kinds, arenas and inside evidence exp
    and a leak look the same there. INCONCLUSIVE `retention_or_leak`, with the rate a leak
    would have; the report gives both ways to decide (run with the agent in the server: its
    glibc counters tell bytes in use from bytes kept; restart with MALLOC_ARENA_MAX=2: the
-   retention goes away, a leak stays). Exit code 0. "Could keep" is `_Proc.could_retain`:
-   arenas it cannot see, or a count of arenas that rose during the run. A known, flat set of
-   arenas retains at most their working sets (that converges), so steady growth there, with
-   convergence ruled out by the rounds, stays LEAK.
+   retention goes away, a leak stays). Exit code 0. Every process's allocator could keep
+   it: a flat count of arenas rules nothing out, since glibc retains inside the arenas it
+   has, in the main heap and under the mmap threshold, and that retention can grow steadily
+   for many rounds (a server warm before a watch has a flat count; #21.1: a false LEAK on
+   a healthy server in about 1 of 8 watches here).
 5. Where the agent ran in the process (`vramdoctor.judge.inside`), what is live decides
    instead: glibc's bytes in use, Python's allocated blocks and (with --trace-python)
    tracemalloc's bytes that grow steadily are a LEAK; growth with all of them flat is CACHING
@@ -152,22 +153,6 @@ class _Proc:
             out.append(C_NO_ARENAS)
         return out
 
-    def could_retain(self) -> bool:
-        """Whether allocator retention could explain steady anonymous growth in this process:
-        its arenas cannot be seen; or the count of non-main arenas rose during the run (each
-        new arena keeps what its threads free, and the retention grows with them towards
-        MALLOC_ARENA_MAX; the measured case also retained inside the existing arenas and the
-        main heap while they came); or none is seen in a process with more than two threads
-        (the heaps were merged with their neighbours in /proc/PID/maps: the detector missed
-        them). A known, flat set of arenas keeps at most their working sets: its retention
-        converges, and growth the rounds show steady is not it."""
-        levels = [v for v in _pairs(self.arenas) if v is not None]
-        if not levels:
-            return True
-        if max(levels) > min(levels):
-            return True
-        return levels[-1] < 1 and (self.threads_max is None or self.threads_max > 2)
-
 
 def _arena_fits(p: _Proc) -> bool:
     """The arena count rose and the (anonymous) growth fits in what the arenas' heaps grew by
@@ -288,9 +273,12 @@ def _outside(p: _Proc, th: Thresholds) -> None:
         explanation = X_FILE_BACKED
         rss.verdict = CACHING
     elif rss.verdict == LEAK and rss.reason != R_GREW_WITH_TIME and kind in (None, "anon"):
-        if p.could_retain():
-            # From outside, an allocator's retention and a leak look the same (rule 4).
-            rss.verdict, rss.reason = INCONCLUSIVE, R_RETENTION_OR_LEAK
+        # From outside, an allocator's retention and a leak look the same (rule 4): new arenas
+        # are one way glibc keeps freed memory; fragmentation inside the arenas it has, in the
+        # main heap and under the mmap threshold glibc raises after each freed large chunk are
+        # others, and /proc shows none of them apart from live bytes. A flat arena count rules
+        # nothing out (a server warm before a watch has one).
+        rss.verdict, rss.reason = INCONCLUSIVE, R_RETENTION_OR_LEAK
     elif (
         rss.verdict == CACHING
         and rss.reason in (R_ROSE_THEN_FLAT, R_CONVERGING)

@@ -125,7 +125,7 @@ def suggestion_for(reasons: Iterable[str]) -> str | None:
     """What to run for the undecided reasons only evidence (not more rounds) can decide."""
     rs = set(reasons)
     if "retention_or_leak" in rs:
-        return DECIDE_HOST
+        return DECIDE_HOST.removeprefix("to decide, ")  # said after "to decide:"
     if "outside_malloc" in rs:
         return "soak again with --trace-python: Python's own allocations tell a leak of objects from retention"
     return None
