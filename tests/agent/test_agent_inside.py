@@ -40,7 +40,7 @@ def rounds(ctl: Controller, port: int, per_round: int, n_rounds: int, **kw: obje
     for rnd in range(n_rounds + 1):
         if rnd:
             post(port, per_round)
-        replies, missing = ctl.collect(rnd, want=["inside"], timeout_s=15, **kw)  # type: ignore[arg-type]
+        replies, missing = ctl.collect(rnd, want=["inside"], timeout_s=15, min_agents=1, **kw)  # type: ignore[arg-type]
         assert missing == [] and len(replies) == 1, (replies, missing)
         out.append(replies[0])
     return out
@@ -140,7 +140,7 @@ def test_trace_python_names_the_line_that_grows_and_stops_when_not_asked(tmp_pat
             t["file"].endswith("vramdoctor_agent.py")
             for t in replies[-1].inside["python"]["top"]  # type: ignore[index]
         )
-        (after,), _ = ctl.collect(9, want=["inside"], timeout_s=15)
+        (after,), _ = ctl.collect(9, want=["inside"], timeout_s=15, min_agents=1)
         assert after.inside["python"]["tracing"] is False  # type: ignore[index]
         assert "traced_bytes" not in after.inside["python"]  # type: ignore[index]
     finally:
@@ -192,7 +192,9 @@ def test_pinned_memory_of_torch_2_14_is_counted_and_attributed_to_its_stack(tmp_
         for rnd in range(4):
             if rnd:
                 post(srv.port, 4)
-            replies, missing = ctl.collect(rnd, want=["inside", "snapshot"], timeout_s=15)
+            replies, missing = ctl.collect(
+                rnd, want=["inside", "snapshot"], timeout_s=15, min_agents=1
+            )
             assert missing == [] and replies[0].snapshot is not None
             snaps.append(load_snapshot(replies[0].snapshot.pickle_path))
             in_use = replies[0].inside["pinned"]["in_use_bytes"]  # type: ignore[index]
@@ -276,7 +278,7 @@ def test_a_replaced_malloc_is_said_not_read_as_glibc(tmp_path: Path) -> None:
     srv = agent_server(tmp_path, agent_dir, "--no-torch", LD_PRELOAD=str(lib))
     try:
         post(srv.port)
-        (reply,), _ = Controller(agent_dir).collect(0, want=["inside"], timeout_s=15)
+        (reply,), _ = Controller(agent_dir).collect(0, want=["inside"], timeout_s=15, min_agents=1)
         assert reply.inside is not None and reply.inside["glibc"] is None
         assert "malloc is replaced by libvdmalloc.so" in (reply.inside["error"] or "")
     finally:
@@ -295,7 +297,7 @@ def test_a_malloc_symbol_that_is_glibcs_underneath_is_read(tmp_path: Path) -> No
     srv = agent_server(tmp_path, agent_dir, "--no-torch", LD_PRELOAD=str(lib))
     try:
         post(srv.port)
-        (reply,), _ = Controller(agent_dir).collect(0, want=["inside"], timeout_s=15)
+        (reply,), _ = Controller(agent_dir).collect(0, want=["inside"], timeout_s=15, min_agents=1)
         assert reply.inside is not None, reply
         glibc = reply.inside["glibc"]
         assert glibc is not None, reply.inside["error"]
@@ -440,9 +442,9 @@ def test_too_many_traced_allocations_give_totals_not_a_slow_grouping(tmp_path: P
     try:
         post(srv.port)
         ctl = Controller(agent_dir)
-        ctl.collect(0, want=["inside"], trace_python=True, timeout_s=15)
+        ctl.collect(0, want=["inside"], trace_python=True, timeout_s=15, min_agents=1)
         post(srv.port, 2)  # ~360,000 traced allocations kept
-        (reply,), _ = ctl.collect(1, want=["inside"], trace_python=True, timeout_s=15)
+        (reply,), _ = ctl.collect(1, want=["inside"], trace_python=True, timeout_s=15, min_agents=1)
         py = reply.inside["python"]  # type: ignore[index]
         assert py["tracing"] and py["traced_bytes"] > 10 * MIB and py["traces_estimate"] > 100_000
         assert "top" not in py

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
+from support.agent import agent_env
 
 from vramdoctor.record import read_run
 from vramdoctor.sources.nvml import nvml_status
@@ -77,10 +78,11 @@ srv.serve_forever()
 def server(tmp_path: Path):
     started = []
 
-    def start(mode: str) -> tuple[subprocess.Popen, str]:
+    def start(mode: str, agent: bool = False) -> tuple[subprocess.Popen, str]:
         script = tmp_path / "server.py"
         script.write_text(SERVER)
-        env = {**os.environ, "HF_TOKEN": SECRET}
+        base = agent_env(tmp_path / f"agent-{mode}", fake_torch=False) if agent else os.environ
+        env = {**base, "HF_TOKEN": SECRET}
         proc = subprocess.Popen(
             [sys.executable, str(script), mode, "--api-key", SECRET],
             stdout=subprocess.PIPE,
@@ -112,13 +114,17 @@ def _traffic(urls: list[str], seconds: float, idle_s: float = 0.3) -> int:
 
 
 def _config() -> WatchConfig:
-    return WatchConfig(bucket_s=0.1, max_buckets=400, warmup_s=0.0, min_idle_s=0.06)
+    return WatchConfig(
+        bucket_s=0.1, max_buckets=400, warmup_s=0.0, min_idle_s=0.06, inside_every_s=0.0
+    )
 
 
 def test_watch_calls_a_per_request_host_leak_and_not_a_plateau_and_exports_it_without_secrets(
     server, tmp_path
 ) -> None:
-    leak_proc, leak_url = server("leak")
+    # the leak with the agent inside (from outside alone a steady heap is retention_or_leak,
+    # #21.1); the plateau without it (a plateau needs no inside evidence)
+    leak_proc, leak_url = server("leak", agent=True)
     cache_proc, cache_url = server("cache")
     watchers = [
         Watcher(

@@ -788,12 +788,16 @@ class Controller:
         want: Iterable[str] = ("inside",),
         trace_python: bool = False,
         timeout_s: float = 10.0,
+        min_agents: int = 0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> tuple[list[Reply], list[AgentInfo]]:
         """Trigger `seq` and wait until every live agent that should answer did, or `timeout_s`.
 
         Returns (the answers, read and reduced; the agents that did not answer in time).
-        Agents answer "inside" when ready or armed, "snapshot" only when armed."""
+        Agents answer "inside" when ready or armed, "snapshot" only when armed. `min_agents`:
+        also wait (within `timeout_s`) until at least that many agents are live and answered
+        (a server just started may not have registered its agent yet: with 0, no agent yet
+        means no answer to wait for)."""
         wanted = sorted(set(want))
         self.trigger(seq, round_index=round_index, want=wanted, trace_python=trace_python)
         deadline = time.monotonic() + timeout_s
@@ -801,7 +805,7 @@ class Controller:
             agents = self.ready() if "inside" in wanted else self.armed()
             found = self._replies(seq)
             missing = [a for a in agents if (a.host, a.pid) not in found]
-            if not missing or time.monotonic() >= deadline:
+            if (not missing and len(found) >= min_agents) or time.monotonic() >= deadline:
                 break
             sleep(0.05)
         by_key = {(a.host, a.pid): a for a in list_agents(self.folder)}

@@ -79,7 +79,7 @@ class CommandGroup(TyperGroup):
             command = _load(cmd_name)
             if command is not None:
                 self.commands[cmd_name] = command
-        return None if command is None else _help.install(command)
+        return None if command is None else _help.install(command, extra=_command_note)
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         formatter.write(_help.help_page(self, ctx, extra=_global_note))
@@ -106,6 +106,18 @@ def _global_note(width: int) -> list[str]:
         *_help._prose(
             "Global options go before or after the command: vramdoctor report RUN --no-color. "
             "Exit codes: 0 healthy, 1 problem found, 2 usage or input error, 130 interrupted.",
+            width,
+            indent="",
+        ),
+    ]
+
+
+def _command_note(width: int) -> list[str]:
+    """The root's options a command also takes (hoisted from after it), on its own help page."""
+    return [
+        *_help._prose(
+            "Also: --no-color (no colour; same as NO_COLOR=1) and --width COLUMNS (lay output "
+            "out for this many columns), before or after the command.",
             width,
             indent="",
         ),

@@ -44,6 +44,7 @@ _OPTIONS = [
     param("rotate_mib", str, typer.Option("64", "--rotate-mib", help="Start a new run file past this size (MiB).")),
     param("keep", int, typer.Option(8, "--keep", help="Run files of DIR to keep, earlier runs' included (oldest deleted).")),
     param("duration", str | None, typer.Option(None, "--duration", help="Stop after this long (default: until Ctrl-C or SIGTERM).")),
+    param("inside_every", str, typer.Option("60s", "--inside-every", help="With the agent in the server: ask it for its allocators' counters at most this often (at the end of idle stretches; each ask walks glibc's free lists, up to ~200 ms).")),
     param("trace_python", bool, typer.Option(False, "--trace-python", help="With the agent in the server: also trace Python allocations by line.")),
     param("json_out", bool, typer.Option(False, "--json", help="At the end, print the result as one JSON object.")),
     param("command", list[str] | None, typer.Argument(None, metavar="CMD", help="-- CMD ARGS...: the server's command, as --launch.")),

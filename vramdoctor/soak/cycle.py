@@ -257,7 +257,11 @@ class CycleHook(SoakHook):
             return
         op, params = self.op, self.params
         timeout = max(30.0, session.config.timeout_s)
-        hold = min(1.0, 0.15 * session.config.idle_s)
+        # Held long enough for at least 4 samples to see it (at 0.15 x idle alone, a 0.25 s
+        # sampler missed a 0.4 s hold on the GPU, and a loaded CI machine a 0.22 s one), at most
+        # half the idle window (the undo and the settled level after it need the rest).
+        cfg = session.config
+        hold = min(max(0.15 * cfg.idle_s, 4.0 * cfg.interval_s, 0.4), 0.5 * cfg.idle_s, 5.0)
         try:
             first, second = (op.undo, op.do) if self.swapped else (op.do, op.undo)
             for step, endpoint, event in (("do", first, CYCLE_DO), ("undo", second, CYCLE_UNDO)):

@@ -22,7 +22,7 @@ SERVER = "examples/reference_server/server.py"
 # Its defaults (5 s samples, 30 minutes of warm-up, a 6-hour window) are for weeks of running.
 WATCH_SETTINGS = (
     "--interval", "0.5s", "--bucket", "1s", "--window", "10m", "--warmup", "2s",
-    "--analyse-every", "2s", "--min-idle", "2s", "--no-exporter",
+    "--analyse-every", "2s", "--min-idle", "2s", "--inside-every", "0s", "--no-exporter",
 )  # fmt: skip
 
 LEAK_KIB = 1024  # what the leaking server keeps per request: 1 MiB
@@ -67,7 +67,9 @@ class WatchTrial:
             )
         return (
             "Expect: LEAK in the server's host memory (rss, rss_anon) at about 1.0 MiB per served "
-            "request; exit 1. (vramdoctor try watch --healthy: its caching twin.)"
+            "request, decided by glibc's bytes in use read inside the server by vramdoctor's "
+            "agent (from outside alone, retention and a leak look the same); exit 1. "
+            "(vramdoctor try watch --healthy: its caching twin.)"
         )
 
 
@@ -91,11 +93,13 @@ def watch_trial(
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="vramdoctor-try-") as tmp:
         folder = run_dir or Path(tmp)
-        spec = LaunchSpec(argv=tuple(argv), agent=False, startup_timeout_s=60.0, stop_grace_s=5.0)
+        # The agent in the server, as --launch does: from outside alone its steady heap growth
+        # is retention or a leak (#21.1); glibc's bytes in use, read inside, decide.
+        spec = LaunchSpec(argv=tuple(argv), agent=True, startup_timeout_s=60.0, stop_grace_s=5.0)
         kind = (
             "its caching twin" if trial.healthy else f"keeping {LEAK_KIB // 1024} MiB per request"
         )
-        say(f"try watch: the reference server ({kind}, on the CPU) at {url},")
+        say(f"try watch: the reference server ({kind}, on the CPU, the agent inside) at {url},")
         say(f"traffic in bursts of 20 requests with {IDLE_S:g} s idle between, and this watch:")
         say("  vramdoctor " + " ".join(trial.watch_args(url)))
         say(trial.expectation())

@@ -57,7 +57,8 @@ def watch_options(
         max_buckets=max_buckets_of(window_s, bucket_s),
         warmup_s=parse_duration(str(o.get("warmup", "30m")), "--warmup"),
         min_idle_s=parse_duration(str(o.get("min_idle", "10s")), "--min-idle"),
-    )
+        inside_every_s=parse_duration(str(o.get("inside_every", "60s")), "--inside-every"),
+    ).check()
     duration_s = None
     if o.get("duration") is not None:
         duration_s = check_seconds(

@@ -22,6 +22,16 @@ __all__ = ["DECIDE_HOST", "change_line", "reason_words", "render", "sentence", "
 
 _STYLE = {"LEAK": "bold red", "CACHING": "yellow", "STABLE": "green", "INCONCLUSIVE": "dim"}
 
+# Evidence codes in words (the JSON keeps the code)
+_BASIS = {
+    "inside_cuda": "the CUDA allocator's own counters, read inside the process",
+    "inside_glibc": "glibc's bytes in use, read inside the process",
+    "inside_python": "Python's own allocations, read inside the process",
+    "rounds": "the levels after each round",
+    "time": "growth inside idle windows",
+    "kv_count": "the server's used-token count at idle",
+}
+
 DECIDE_HOST = (
     "from outside the process allocator retention and a leak look the same: to decide, run the "
     "server with vramdoctor's agent inside (watch --launch, or PYTHONPATH=$(vramdoctor "
@@ -91,7 +101,7 @@ def reason_words(reason: str, explanation: str | None = None) -> str:
 
 def _where(s: SeriesVerdict) -> str:
     if s.layer == "kv":
-        return f"KV pool {s.pool or 'kv'}"
+        return f"KV pool {s.pool}" if s.pool and s.pool != "kv" else "KV pool"
     who = ""
     if s.pid is not None:
         who = f"PID {s.pid}" + (f" ({s.process})" if s.process else "")
@@ -127,7 +137,9 @@ def sentence(result: WatchResult) -> str:
         if lay.rate_per_request is not None:
             per_req = f" ({size(lay.rate_per_request, lay.unit, signed=True)} per served request)"
         how = " (it grows with time, idle too)" if lay.reason == "grew_with_time" else ""
-        basis = f"; decided by {lay.decided_by}" if lay.decided_by else ""
+        basis = (
+            f"; decided by {_BASIS.get(lay.decided_by, lay.decided_by)}" if lay.decided_by else ""
+        )
         if lay.hours_to_oom is not None:
             when = (
                 f"the pool is full in {format_duration(lay.hours_to_oom * 3600.0)}"

@@ -23,7 +23,9 @@ def label(s: SeriesResult) -> str:
         "arenas": f"malloc arenas {who}",
         "arena_mib": f"arena reserve {who}",
         "dev_shm": "/dev/shm",
-        "kv": f"KV pool {s.pool}" if s.unit != "ratio" else "KV usage",
+        "kv": (f"KV pool {s.pool}" if s.pool and s.pool != "kv" else "KV pool")
+        if s.unit != "ratio"
+        else "KV usage",
     }.get(s.kind, s.key)
 
 

@@ -113,11 +113,9 @@ class HostBlock(LayerBlock):
         if proc is not None and proc.growth_kind == "shmem":
             kind = " in RssShmem (pinned or shared host memory that is never released)"
         elif proc is not None and proc.growth_kind == "anon":
+            # (from outside, steady heap growth is retention_or_leak: a LEAK here grew in time or
+            # was read inside, and the arena count says nothing either way)
             kind = " in anonymous memory (heap)"
-            if proc.arenas_first is not None and proc.arenas_first == proc.arenas_last:
-                kind += ", with the malloc arena count flat: not allocator caching"
-            elif proc.arenas_first is not None:
-                kind += ", beyond what new malloc arenas explain"
         caveat = ""
         if proc is not None and C_NO_ARENAS in proc.missing:
             caveat = (
@@ -132,7 +130,7 @@ class HostBlock(LayerBlock):
             )
         return (
             f"{name}: LEAK: RSS of {who(lay)} grows {rate(lay.rate_per_request, 'MiB')} per "
-            f"request{ci}{kind} in every round of identical traffic{caveat}{proj}."
+            f"request{ci} in every round of identical traffic{kind}{caveat}{proj}."
         )
 
     def explained(self, lay: LayerResult, a: SoakAnalysis) -> str | None:
