@@ -5,6 +5,7 @@ judged against (issue #21), so their physics must hold whatever the analysis say
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -66,7 +67,10 @@ def test_retention_under_malloc_arena_max_2_keeps_far_less_and_has_no_trend() ->
     assert in_use[-1] == pytest.approx(
         _mib(levels["default"], ("malloc", "in_use_bytes"))[-1], abs=3
     )
-    assert anon[-1] - anon[1] < 60, anon
+    # no trend: it does not rise round after round, and grows far less than the default's
+    # (66 MiB of jitter between rounds was seen with the suite running 4 at a time on 2 cores)
+    assert not all(b > a for a, b in itertools.pairwise(anon[1:])), anon
+    assert anon[-1] - anon[1] < 0.5 * (default_anon[-1] - default_anon[1]), (default_anon, anon)
     assert default_anon[-1] - anon[-1] > 100, (default_anon, anon)
     assert capped[-1]["arena_heaps"] <= 2
 

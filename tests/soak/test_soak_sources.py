@@ -384,3 +384,49 @@ def test_a_port_forwarder_is_not_taken_for_the_server(tmp_path: Path) -> None:
     finally:
         p.kill()
         p.wait()
+
+
+def test_the_load_client_follows_no_redirect_and_reads_no_huge_answer() -> None:
+    """A server that redirects (the API key would go along to wherever it points) or answers
+    with something far bigger than a completion: each request is an http_error saying so; the
+    redirect's target is never asked and the huge body never held whole."""
+    hits: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            hits.append(self.path)
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.path == "/redirect/v1/chat/completions":
+                self.send_response(307)
+                self.send_header("Location", "http://127.0.0.1:9/steal?key=sk-abcdefghijklmnop")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()  # no length: the body runs until the connection closes
+            chunk = b" " * (1 << 20)
+            try:
+                for _ in range(64):  # 64 MiB of whitespace before any JSON
+                    self.wfile.write(chunk)
+            except OSError:
+                pass  # the client stopped reading: as it should
+            self.close_connection = True
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        reqs = build_requests(1, model="m", images=[], text_only=True)
+        out = LoadClient(base + "/redirect", "sk-abcdefghijklmnop").send(reqs[0])
+        assert out.kind == "http_error" and out.status == 307, out
+        assert "redirect" in (out.detail or "") and "sk-abcdefghijklmnop" not in (out.detail or "")
+        assert hits == ["/redirect/v1/chat/completions"]  # the target was never asked
+        out = LoadClient(base).send(reqs[0])
+        assert out.kind == "http_error" and "over 16 MiB" in (out.detail or ""), out
+    finally:
+        srv.shutdown()
+        srv.server_close()

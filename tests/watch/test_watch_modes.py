@@ -196,7 +196,9 @@ def host_leak(tmp: Path) -> Facts:
     cmd = ref_cmd("host-leak", free_port(), "--leak-kib", "256", *SGLANG)
     with watching(launch=tuple(cmd), out_dir=tmp) as w:
         assert w.options.server_url is not None
-        seen = rounds(w.options.server_url, 6, 16, images=True, warm=48, watcher=w)
+        # 8 rounds: with the suite 4 at a time on 2 cores, an agent reading can miss an idle
+        # window, and 6 rounds then left the steady in-use line INCONCLUSIVE (seen once in 3)
+        seen = rounds(w.options.server_url, 8, 16, images=True, warm=48, watcher=w)
         return {"seen": seen, "res": _analyse(w)}
 
 
@@ -337,7 +339,7 @@ def test_host_leak_with_the_agent_is_found_through_glibcs_bytes_in_use(ran: Any)
     told = f["seen"][-1]["truth"]["layers"]["host"]
     per_request = told["bytes_per_request"] / MIB
     in_use = _growth(f["seen"], "malloc", "in_use_bytes")
-    assert told["verdict"] == "LEAK" and in_use > 0.8 * 6 * 16 * per_request, in_use
+    assert told["verdict"] == "LEAK" and in_use > 0.8 * 8 * 16 * per_request, in_use
     res = f["res"]
     host = res.layers["host"]
     assert host.verdict == "LEAK" and host.decided_by == "inside_glibc", (host, res.notes)

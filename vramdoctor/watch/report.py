@@ -144,7 +144,8 @@ def sentence(result: WatchResult) -> str:
             when = (
                 f"the pool is full in {format_duration(lay.hours_to_oom * 3600.0)}"
                 if lay.unit == "tokens"
-                else f"runs out in {format_duration(lay.hours_to_oom * 3600.0)}"
+                else f"{_LAYER_NAME.get(lay.layer, lay.layer)} runs out in "
+                f"{format_duration(lay.hours_to_oom * 3600.0)}"
             )
         else:
             when = "time to out of memory unknown (free memory not read)"

@@ -6,10 +6,14 @@ Streamed requests read the server-sent events to `data: [DONE]`; a request plann
 closes the connection after its first chunks (`aborted`: the server got it and must release
 what it holds for it, the case real disconnect leaks need).
 The API key is sent in the Authorization header only and appears in no outcome or message.
+Redirects are not followed (a 3xx is an `http_error` naming where it pointed: the key would go
+with a followed request to wherever the server sent it), and an answer is read up to
+`ANSWER_MAX_BYTES` (a bigger one is an `http_error`, never held whole in memory).
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass
@@ -20,6 +24,9 @@ from vramdoctor.redact import redact_text
 from vramdoctor.soak.traffic.workload import PlannedRequest
 
 OUTCOMES = ("ok", "aborted", "http_error", "timeout", "connection", "other")
+
+# A completion's answer is kilobytes; one this large is not one (a proxy streaming a file).
+ANSWER_MAX_BYTES = 16 * 1024 * 1024
 
 
 @dataclass
@@ -98,7 +105,11 @@ class LoadClient:
         start = time.monotonic()
         try:
             resp = self._session().post(
-                self.base_url + req.path, json=req.body, timeout=limit, stream=req.stream
+                self.base_url + req.path,
+                json=req.body,
+                timeout=limit,
+                stream=True,
+                allow_redirects=False,
             )
             if (
                 req.stream
@@ -106,6 +117,10 @@ class LoadClient:
                 and "event-stream" in resp.headers.get("content-type", "")
             ):
                 return self._read_stream(req, resp, start, limit)
+            try:
+                body = resp.raw.read(ANSWER_MAX_BYTES + 1, decode_content=True)
+            finally:
+                resp.close()
         except requests.Timeout:
             return Outcome("timeout", None, time.monotonic() - start, f"no answer in {limit:g} s")
         except requests.ConnectionError as exc:
@@ -121,9 +136,27 @@ class LoadClient:
                 "other", None, time.monotonic() - start, self._clean(f"{type(exc).__name__}: {exc}")
             )
         latency = time.monotonic() - start
+        if 300 <= resp.status_code < 400:
+            where = self._clean(resp.headers.get("location") or "nowhere said")
+            return Outcome(
+                "http_error",
+                resp.status_code,
+                latency,
+                f"HTTP {resp.status_code}: a redirect to {where}, not followed (give the "
+                "server's own URL)",
+            )
+        if len(body) > ANSWER_MAX_BYTES:
+            return Outcome(
+                "http_error",
+                resp.status_code,
+                latency,
+                f"HTTP {resp.status_code}: an answer over {ANSWER_MAX_BYTES // 2**20} MiB, not "
+                "read (not a completion)",
+            )
+        text = body.decode("utf-8", "replace")
         if 200 <= resp.status_code < 300:
             try:
-                answer = resp.json()
+                answer = json.loads(text)
             except ValueError:
                 answer = None
             if isinstance(answer, dict) and "choices" in answer:
@@ -135,12 +168,12 @@ class LoadClient:
                 resp.status_code,
                 latency,
                 self._clean(
-                    f"HTTP {resp.status_code} but not a completion (no 'choices'): {resp.text[:80]!r}"
+                    f"HTTP {resp.status_code} but not a completion (no 'choices'): {text[:80]!r}"
                 ),
             )
         detail = None
         try:
-            detail = self._clean(str(resp.json().get("error", {}).get("message") or resp.text))
+            detail = self._clean(str(json.loads(text).get("error", {}).get("message") or text))
         except Exception:
-            detail = self._clean(resp.text or "")
+            detail = self._clean(text)
         return Outcome("http_error", resp.status_code, latency, detail)
