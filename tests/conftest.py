@@ -167,6 +167,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if left_out:
             config.hook.pytest_deselected(items=left_out)
             items[:] = [item for item in items if "extended" not in item.keywords]
+    # The long end-to-end modules (and fleet's databases, one group on one worker) first: xdist
+    # hands out work in this order, and a long group that starts last is the run's tail
+    # (tests/watch and tests/soak sort late by name). Stable: each module stays in one piece.
+    items.sort(key=lambda item: _order(item.nodeid.split("::")[0]))
     if any("gpu" in item.keywords for item in items) and not _nvidia_gpu_present():
         skip = pytest.mark.skip(
             reason="needs an NVIDIA GPU (run on the GPU machine: pytest -m gpu)"
@@ -174,6 +178,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+def _order(module: str) -> int:
+    """0: watch's modes (one group: their runs share a module fixture, 150 s alone); 1: the
+    other long modules and fleet's (one group: its databases); 2: the rest."""
+    if module == "tests/watch/test_watch_modes.py":
+        return 0
+    return 1 if module in SLOW_MODULES or module.startswith("tests/fleet/") else 2
 
 
 @pytest.fixture
