@@ -134,6 +134,11 @@ EXTENDED = (
     "tests/core/test_try_newcomer.py::test_try_watch_table_title_says_true_words",
     "tests/fleet/test_fleet_faults.py::"
     "test_an_answer_over_the_size_cap_is_refused_in_bounded_memory[victoriametrics]",
+    # INCONCLUSIVE steady_or_converging instead of LEAK in 3 of 3 full runs with 4 workers on
+    # 2 cores (the leak's in-use growth itself was there), LEAK alone and with its module: open
+    # (#21); the default suite keeps watch's host leak with the agent in test_watch_live.py and
+    # test_leaking_with_the_agent_is_a_leak_decided_inside_at_its_rate.
+    "tests/watch/test_watch_modes.py::test_host_leak_with_the_agent_is_found_through_glibcs_bytes_in_use",
 )
 
 

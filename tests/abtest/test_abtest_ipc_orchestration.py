@@ -30,6 +30,16 @@ from vramdoctor.abtest.analysis import analyse
 from vramdoctor.abtest.ipc_arm import cuda_visible_count, run_ipc_arm, run_ipc_subprocess, run_mode
 from vramdoctor.record import RunWriter, make_header
 
+_BEFORE: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def _children_before() -> None:
+    """The worker's children before each test (another module's fixture, e.g. fleet's
+    Prometheus started for the session on the same xdist worker, is not the arm's)."""
+    _BEFORE.clear()
+    _BEFORE.update(c.pid for c in psutil.Process().children())
+
 
 def _no_children_left() -> bool:
     deadline = time.monotonic() + 10
@@ -38,7 +48,7 @@ def _no_children_left() -> bool:
         if not [
             c
             for c in psutil.Process().children()
-            if "resource_tracker" not in " ".join(c.cmdline())
+            if c.pid not in _BEFORE and "resource_tracker" not in " ".join(c.cmdline())
         ]:
             return True
         time.sleep(0.2)

@@ -343,7 +343,11 @@ def test_host_leak_with_the_agent_is_found_through_glibcs_bytes_in_use(ran: Any)
     assert told["verdict"] == "LEAK" and in_use > 0.8 * 8 * 16 * per_request, in_use
     res = f["res"]
     host = res.layers["host"]
-    assert host.verdict == "LEAK" and host.decided_by == "inside_glibc", (host, res.notes)
+    inside = [
+        (s.get("malloc") or {}).get("in_use_bytes", 0) / MIB for s in f["seen"]
+    ]  # what the server itself said at each idle end
+    why = (host.verdict, host.reason, host.decided_by, res.rounds, res.notes, inside)
+    assert host.verdict == "LEAK" and host.decided_by == "inside_glibc", why
     assert host.rate_per_request == pytest.approx(per_request, rel=0.25)
     assert res.exit_code == 1
 
