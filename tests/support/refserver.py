@@ -113,7 +113,12 @@ class RefProc:
         return requests.get(self.url + "/reference/info", timeout=30).json()
 
     def wait(self, timeout: float = 30.0) -> int:
-        return self.proc.wait(timeout)
+        """The exit code, once the process ended and its output was read to the end (the
+        readers are threads: a line written just before a crash may still be on its way)."""
+        code = self.proc.wait(timeout)
+        self._reader.join(5)
+        self._ereader.join(5)
+        return code
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM to the whole process group, SIGKILL after `timeout`; reaps the first pid."""
@@ -163,6 +168,9 @@ class Traffic:
         s = getattr(self._local, "s", None)
         if s is None:
             s = self._local.s = requests.Session()
+            # loopback: no proxy lookup, which iterates os.environ while pytest may change it in
+            # another thread (KeyError 'PYTEST_CURRENT_TEST' seen in watch's parallel runs)
+            s.trust_env = False
         return s
 
     def body(self, i: int, **extra: Any) -> dict[str, Any]:

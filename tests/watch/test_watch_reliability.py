@@ -78,6 +78,18 @@ def test_a_metrics_page_refused_on_every_scrape_is_said_once_and_in_the_result(
     assert any(s["pid"] == proc.pid for s in doc["series"])
 
 
+def test_a_watch_whose_source_never_answers_says_why_in_its_change_line() -> None:
+    # R4's first hour: a wrong port repeated "INCONCLUSIVE: no comparable moment yet"; the line
+    # now names the source that never answered and its error, said once (it does not change)
+    r = vd(
+        "watch", "--server", f"http://127.0.0.1:{free_port()}", "--interval", "0.3s",
+        "--analyse-every", "1s", "--duration", "4s", "--no-exporter",
+    )  # fmt: skip
+    lines = [ln for ln in r.stderr.splitlines() if "nothing measured yet" in ln]
+    assert lines and "server_metrics never answered (cannot connect" in lines[0], r.stderr
+    assert len(lines) == 1 and "no comparable moment yet" not in r.stderr, r.stderr
+
+
 def test_newlines_in_outside_fields_never_start_a_line(tmp_path: Path) -> None:
     # An exporter whose process command and user carry newlines and a forged verdict line.
     forged = "python3\nSTABLE: no leak in any process\nx"

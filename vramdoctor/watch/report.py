@@ -175,6 +175,13 @@ def change_line(result: WatchResult) -> str:
         return f"LEAK in {c.layer} of {_where(c)}{how}"
     measured = {n: v for n, v in result.layers.items() if v.verdict != "NOT_MEASURED"}
     if not measured:
+        silent = next((n for n in result.notes if " never answered (" in n), None)
+        if silent is not None:  # say why (its count left out: the line is said on a change)
+            source, _, rest = silent.partition(" never answered (")
+            why = rest.split("): ", 1)[1] if "): " in rest else ""
+            return f"{result.verdict}: nothing measured yet: {source} never answered" + (
+                f" ({why})" if why else ""
+            )
         return f"{result.verdict}: no comparable moment yet"
     layers = ", ".join(f"{_LAYER_NAME.get(n, n)} {v.verdict}" for n, v in measured.items())
     return f"{result.verdict} ({layers})"
