@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import typer
@@ -101,27 +102,20 @@ class CommandGroup(TyperGroup):
             raise Interrupted(INTERRUPTED) from None
 
 
-def _global_note(width: int) -> list[str]:
-    return [
-        *_help._prose(
-            "Global options go before or after the command: vramdoctor report RUN --no-color. "
-            "Exit codes: 0 healthy, 1 problem found, 2 usage or input error, 130 interrupted.",
-            width,
-            indent="",
-        ),
-    ]
+def _note(text: str) -> Callable[[int], list[str]]:
+    """A help page's closing paragraph, laid out at the page's width."""
+    return lambda width: _help._prose(text, width, indent="")
 
 
-def _command_note(width: int) -> list[str]:
-    """The root's options a command also takes (hoisted from after it), on its own help page."""
-    return [
-        *_help._prose(
-            "Also: --no-color (no colour; same as NO_COLOR=1) and --width COLUMNS (lay output "
-            "out for this many columns), before or after the command.",
-            width,
-            indent="",
-        ),
-    ]
+# the root's page; every command's page (the root's options it also takes, hoisted from after it)
+_global_note = _note(
+    "Global options go before or after the command: vramdoctor report RUN --no-color. "
+    "Exit codes: 0 healthy, 1 problem found, 2 usage or input error, 130 interrupted."
+)
+_command_note = _note(
+    "Also: --no-color (no colour; same as NO_COLOR=1) and --width COLUMNS (lay output "
+    "out for this many columns), before or after the command."
+)
 
 
 def _load(name: str) -> Any:
