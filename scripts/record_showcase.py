@@ -82,7 +82,7 @@ def main() -> int:
                 "--url",
                 url,
                 "--rounds",
-                "4",
+                "5",
                 "--no-adapt",
                 "--requests",
                 "30",

@@ -327,6 +327,9 @@ PROCESS_APPEARED = "process_appeared"  # data: pid, name, gpu (optional), role
 PROCESS_EXITED = "process_exited"  # data: pid, name, exit_code (optional)
 SERVER_DIED = "server_died"  # data: reason ("connection refused", "process gone"), pid
 SERVER_REPLACED = "server_replaced"  # data: old_pid, new_pid (a new pid owns the port)
+# data: pid, status, successor: the launched process exited after another pid took over its
+# port (a handover); not a death, the run goes on with the successor
+LAUNCHED_HANDOVER = "launched_handover"
 SOURCE_ERROR = "source_error"  # data: source, error (recorded once per kind of error)
 SOURCE_ERROR_COUNT = (
     "source_error_count"  # data: source, error, count, first_t, last_t (at the end)

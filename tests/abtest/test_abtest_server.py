@@ -25,7 +25,7 @@ from vramdoctor.errors import InputError
 from vramdoctor.record import read_run
 from vramdoctor.samples import Event
 
-TRAFFIC = ["--rounds", "3", "--requests", "8", "--idle", "1.5", "--interval", "0.1"]
+TRAFFIC = ["--rounds", "5", "--requests", "8", "--idle", "1.5", "--interval", "0.1"]
 TRAFFIC += ["--text-only", "--stop-grace", "3", "--startup-timeout", "30"]
 
 

@@ -142,7 +142,10 @@ def test_report_of_a_soak_on_transformers_serve_names_the_injected_function() ->
     ChatCompletionHandler._build_generation_config."""
     r = run_cli("report", str(FIX / "soak_run_tserve" / "run.jsonl"), "--json")
     d = json.loads(r.stdout)
-    assert d["verdict"] == "LEAK" and r.returncode == 1
+    # Three rounds (two increments): too few for live tensors to rule out a cache still
+    # filling, and NVML alone asks for one more round; the stack that grows is named anyway.
+    assert d["verdict"] == "INCONCLUSIVE" and r.returncode == 0, d["headline"]
+    assert "1 more round" in d["headline"]
     (p,) = d["attribution"]["processes"]
     (g,) = p["growing"]
     frames = g["stack"]["frames"]

@@ -320,7 +320,7 @@ def test_soak_on_a_full_disk_analyses_what_is_in_memory_and_says_the_file_is_inc
                 "--out",
                 str(out),
                 "--rounds",
-                "4",
+                "5",
                 "--no-adapt",
                 "--requests",
                 "20",

@@ -565,6 +565,7 @@ def test_steady_host_growth_with_a_flat_known_arena_is_undecided_outside_a_leak_
     def run(agent: bool) -> Any:
         recs = synth(
             caching(140.0),
+            rounds=5,  # live bytes need five rounds (judge.inside.INSIDE_MIN_STEADY_STEPS)
             host_level=lambda k, f: 900.0 + 1.0 * 50 * (k + f),
             arenas=lambda k, f: 1,
         )
@@ -812,6 +813,7 @@ def test_device_only_vram_leak_leads_the_headline_before_a_host_leak() -> None:
         with_agent(
             synth(
                 leak(1.12),
+                rounds=5,  # the host leak is decided by live bytes: five rounds
                 device_only=True,
                 host_level=lambda k, f: 900.0 + 50 * (k + f),
                 arenas=lambda k, f: 1,

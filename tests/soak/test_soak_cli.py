@@ -66,7 +66,9 @@ def test_leaking_server_is_leak_with_the_true_rate_and_report_reproduces_it(
     proj = d["layers"]["host"]["projection"]
     assert proj["requests"] > 0 and proj["production_rate_rps"] == 2
     assert proj["hours"] == pytest.approx(proj["requests"] / (2 * 3600), rel=1e-6)
-    assert [x["requests"] for x in d["rounds"]] == [20, 20, 20, 20]
+    # Four rounds, then one more: live bytes need five rounds to rule out a cache still filling
+    # (vramdoctor.judge.inside.INSIDE_MIN_STEADY_STEPS), so the adaptive rounds go on once.
+    assert [x["requests"] for x in d["rounds"]] == [20, 20, 20, 20, 20]
     assert all(x["errors"] == 0 for x in d["rounds"])
     assert f"rss/pid{srv.pid}" in d["rounds"][-1]["settled"]
     page = html.read_text()

@@ -118,7 +118,7 @@ def test_a_leaking_server_launched_is_called_a_leak(tmp_path: Path) -> None:
     port = free_port()
     r = _soak(
         tmp_path,
-        "--rounds", "4", "--no-adapt", "--requests", "12", "--idle", "1.5", "--interval", "0.1",
+        "--rounds", "5", "--no-adapt", "--requests", "12", "--idle", "1.5", "--interval", "0.1",
         "--text-only", "--stop-grace", "3", "--json",
         "--", *ref_cmd("leaking", port, "--leak-kib", "4096"),
     )  # fmt: skip
@@ -376,7 +376,7 @@ def test_a_launched_servers_setsid_helper_out_of_its_tree_is_sampled_and_its_lea
     ]
     cfg = SoakConfig(
         launch=tuple(cmd),
-        rounds=4,
+        rounds=5,
         adapt=False,
         requests=12,
         idle_s=1.5,
@@ -405,3 +405,34 @@ def test_a_launched_servers_setsid_helper_out_of_its_tree_is_sampled_and_its_lea
     finally:
         kill_all([helper])
         wait_gone([helper])
+
+
+def test_a_launched_server_that_hands_its_socket_to_a_successor_has_not_died(
+    tmp_path: Path,
+) -> None:
+    """The reference server's handover restart: the launched process starts its successor on
+    the socket it holds and exits with status 0 (#24). The port still answers, so the soak goes
+    on with the successor: a new life, no death, every round judged, and the successor (out of
+    the launched process's tree once its parent is gone) stopped with the launch's group."""
+    port = free_port()
+    cmd = [*ref_cmd("restart", port), "--restart-after", "6"]
+    r = _soak(
+        tmp_path, "--rounds", "5", "--no-adapt", "--requests", "3", "--idle", "1", "--interval",
+        "0.1", "--text-only", "--stop-grace", "3", "--json", "--", *cmd, timeout=180,
+    )  # fmt: skip
+    assert r.returncode in (0, 1), r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    run = tmp_path / "run.jsonl"
+    (handover,) = _events(run, "launched_handover")
+    (replaced,) = _events(run, "server_replaced")
+    assert handover.data["pid"] == doc["launch"]["pid"] == replaced.data["old_pid"]
+    assert handover.data["successor"] == replaced.data["new_pid"]
+    assert handover.data["status"] == 0
+    assert doc["server_died"] is False, doc["headline"]
+    assert doc["server_replaced"] is True
+    assert "died" not in doc["headline"]
+    assert "took over its port" in r.stderr
+    for layer in ("vram", "host"):
+        assert doc["layers"][layer]["verdict"] != "LEAK", doc["layers"][layer]
+    assert not pid_alive(handover.data["successor"])
+    assert not pid_alive(handover.data["pid"])

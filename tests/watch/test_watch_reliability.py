@@ -242,3 +242,28 @@ def test_sigterm_with_nothing_watched_is_one_line_and_exit_130() -> None:
     assert cli.returncode == 130, err
     assert "vramdoctor: interrupted; nothing was watched" in err, err
     assert "report below" not in err and not out.strip(), err
+
+
+def test_watch_launch_follows_a_server_that_hands_its_socket_to_a_successor(
+    tmp_path: Path,
+) -> None:
+    # The reference server's handover restart (at its first idle moment): the launched process
+    # starts its successor on the socket it holds and exits 0. That is no death: watch says the
+    # successor took over, records it, and stops the successor at the end with the launch.
+    port = free_port()
+    out = tmp_path / "runs"
+    cmd = [*ref_cmd("restart", port), "--restart-after", "0"]
+    r = vd(
+        "watch", *FAST, "--duration", "6s", "--no-exporter", "--out", str(out), "--json",
+        "--launch", " ".join(cmd), timeout=120,
+    )  # fmt: skip
+    assert r.returncode in (0, 1), r.stderr
+    assert "took over its port: watching the successor" in r.stderr, r.stderr
+    assert "the launched server exited" not in r.stderr
+    part = sorted(out.glob("watch-*.jsonl"))[-1]
+    recs = [json.loads(ln) for ln in part.read_text().splitlines()[1:]]
+    (handover,) = [x for x in recs if x.get("name") == "launched_handover"]
+    assert handover["data"]["status"] == 0
+    assert not [x for x in recs if x.get("name") == "server_died"]
+    assert not pid_alive(handover["data"]["successor"])
+    assert not pid_alive(handover["data"]["pid"])

@@ -24,6 +24,11 @@ from vramdoctor.record import Run, interrupts_held, make_header, read_run
 from vramdoctor.render import console
 from vramdoctor.soak.config import SoakConfig
 
+# Default rounds: --model's image workload; --server's soak of each variant, whose live bytes
+# need five rounds (vramdoctor.judge.inside.INSIDE_MIN_STEADY_STEPS) and which does not adapt.
+MODEL_ROUNDS = 4
+SERVER_ROUNDS = 5
+
 __all__ = ["abtest_cmd", "report_run"]
 
 # soak's traffic and launch options, spelled and documented as soak has them (SoakConfig)
@@ -40,7 +45,7 @@ _EXTRA = [
     param("list_presets", bool, _O(False, "--list-presets", help="Print the presets for --server's kind (SGLang, vLLM, any OpenAI-compatible) and exit.")),
     param("images", Path | None, _O(None, "--images", help="Replay your own images from DIR instead of generated ones.")),
     param("count", int, _O(40, "--count", help="--model: requests (one image each) per round.")),
-    param("rounds", int, _O(4, "--rounds", help="Rounds each variant replays.")),
+    param("rounds", int | None, _O(None, "--rounds", help="Rounds each variant replays (default: --model 4; --server 5, the rounds live bytes need to tell a leak from a cache still filling).")),
     param("min_side", int, _O(256, "--min-side", help="--model: smallest image side (px) of random images.")),
     param("max_side", int, _O(2048, "--max-side", help="--model: largest image side (px) of random images.")),
     param("distribution", str, _O("uniform", "--distribution", help="--model: side distribution: uniform, loguniform, fixed.")),
@@ -127,7 +132,7 @@ def _server_mode(o: dict[str, Any], server: str | list[str] | None) -> None:
     variants, kind = build_variants(argv, o["variant"] or (), o["preset"] or ())
     traffic = SoakConfig.from_options(
         {**o, "image_dir": o["images"], "launch": argv},
-        rounds=o["rounds"], seed=o["seed"], model=o["model"], image_dir=o["images"],
+        rounds=o["rounds"] or SERVER_ROUNDS, seed=o["seed"], model=o["model"], image_dir=o["images"],
         idle_s=10.0 if o["idle"] is None else o["idle"], duration_s=o["timeout"],
         timeout_s=o["request_timeout"], gpus=(o["gpu"],) if o["gpu"] is not None else None,
     )  # fmt: skip
@@ -153,7 +158,7 @@ def _model_mode(o: dict[str, Any]) -> None:
     from vramdoctor.fixes._torch import torch_available
 
     spec = WorkloadSpec(
-        count=o["count"], rounds=o["rounds"], min_side=o["min_side"], max_side=o["max_side"],
+        count=o["count"], rounds=o["rounds"] or MODEL_ROUNDS, min_side=o["min_side"], max_side=o["max_side"],
         distribution=o["distribution"], seed=o["seed"], new_sizes_each_round=not o["same_images"],
         images_dir=str(o["images"]) if o["images"] is not None else None,
     ).validate()  # fmt: skip

@@ -100,6 +100,13 @@ _KINDS: dict[str, tuple[str, str, bool, float, float]] = {
     "gpu_outside": (VRAM, "MiB", False, 2.0, 1.0),
 }
 LIVE_KINDS = frozenset(k for k, v in _KINDS.items() if v[2])
+# A live series is read once a round, exactly (no idle window's spread to say its noise): a
+# cache of live objects that fills at a fixed rate up to its cap is exactly linear until it is
+# full, so a LEAK from live bytes needs this many increments from round 1 on (five settled
+# rounds), and says INCONCLUSIVE before: the adaptive rounds go on. (Seen on an H200: the
+# reference retention server's bytes in use grew exactly 9.0 MiB a round for four rounds, then
+# stopped at 389 MiB; four rounds called it a 768 KiB/request leak.)
+INSIDE_MIN_STEADY_STEPS = 4
 _GROWING = (R_STILL_CHANGING, R_STEADY_OR_CONVERGING, R_NOISY)
 _EVIDENCE = {
     "cuda_allocated": Evidence.INSIDE_CUDA,
@@ -307,6 +314,11 @@ class InsideEvidence:
             reason = R_NOISY if live.verdict == LEAK else live.reason
             self._apply(proc, INCONCLUSIVE, reason, Evidence.INSIDE_CUDA, live.kind)
             return True
+        if live.steps_missing and proc.verdict == LEAK and _rate_excludes_zero(live):
+            # Held back for its few rounds, but NVML grew every round too: the outside rule
+            # decides a LEAK on these rounds, and the live tensors say it is theirs.
+            self._apply(proc, LEAK, R_LIVE_GREW, Evidence.INSIDE_CUDA, live.kind, rate_from=live)
+            return True
         if live.verdict == NOT_MEASURED or not _flat(live):
             return False  # too few rounds inside: the outside rules stand
         if not _growing(proc) and proc.verdict != CACHING:
@@ -356,7 +368,7 @@ class InsideEvidence:
         series' rate (`live_grew`), INCONCLUSIVE while it grows with a shape the rounds cannot
         name, else as judged (STABLE, CACHING). None when the process has no such series (a
         count of Python blocks alone has no size to give the layer)."""
-        live = [s for s in self._live(pid, HOST) if s.unit == "MiB"]
+        live = [s for s in self._live(pid, HOST) if s.unit == "MiB" and s.verdict != NOT_MEASURED]
         if not live:
             return None
         leaking = [s for s in live if s.verdict == LEAK and _rate_excludes_zero(s)]
@@ -386,9 +398,13 @@ class InsideEvidence:
         """Decide one process's host series (RSS) from its allocators' counters, in place;
         False when the process has none that can decide."""
         live = self._live(rss.pid, HOST)
-        # A block count that grew by fewer blocks than could hold the floor says nothing about
-        # the layer's bytes: left out, as if flat.
-        live = [s for s in live if not _blocks_too_few(s, th)]
+        grows = _growing(rss) or rss.reason == R_RETENTION_OR_LEAK or rss.verdict == LEAK
+        # A block count is a count, not bytes: it says which memory grew only where the
+        # process's memory did grow (RSS). A count that grew by fewer blocks than could hold
+        # the floor says nothing about the layer's bytes either. Both are left out, as if flat
+        # (seen on the H200: transformers serve's blocks +1,200 a round, about 100 a request,
+        # with glibc's bytes in use and the RSS flat for 4 rounds).
+        live = [s for s in live if s.unit != "blocks" or (grows and not _blocks_too_few(s, th))]
         if not live:
             return False
         leaking = [s for s in live if s.verdict == LEAK and _rate_excludes_zero(s)]
@@ -420,7 +436,6 @@ class InsideEvidence:
         blocks = self.of(rss.pid, "py_blocks")
         if not all(_flat(s) for s in live):
             return False  # too few rounds inside (NOT_MEASURED / no level): outside rules
-        grows = _growing(rss) or rss.reason == R_RETENTION_OR_LEAK or rss.verdict == LEAK
         evidence = Evidence.INSIDE_GLIBC if in_use is not None else Evidence.INSIDE_PYTHON
         kind = in_use.kind if in_use is not None else live[0].kind
         if not grows:
@@ -503,7 +518,14 @@ def judge_inside(
     for key, pts in points.items():
         _, unit, _, floor, resolution = _KINDS[pts.kind]
         baseline = pts.by_round.get(0) if with_baseline else None
-        levels = [pts.by_round.get(r) for r in rounds]
+        # A process that was not there at the baseline started during the run (a successor
+        # taking over the socket, a new worker): its first reading is taken while it starts up
+        # (imports, model load, CUDA context), which grows with time, not with requests; it is
+        # left out, and the process is judged on the rounds it ran whole (seen on the H200: a
+        # handover's successor read 103, 129, 151 MiB in use while it started beside the old
+        # server, which three rounds called a 2 MiB/request leak).
+        started = min(pts.by_round, default=0) if 0 not in pts.by_round else None
+        levels = [pts.by_round.get(r) if r != started else None for r in rounds]
         if sum(v is not None for v in levels) == 0:
             continue
         fit = classify_series(
@@ -514,8 +536,14 @@ def judge_inside(
             floor=max(floor, th.min_growth_mib) if unit == "MiB" else floor,
             noise_k=th.noise_k,
             resolution=resolution,
+            min_steady_steps=INSIDE_MIN_STEADY_STEPS if pts.kind in LIVE_KINDS else 0,
         )
         settled: list[float | None] = [pts.by_round.get(r) for r in run_rounds]
+        if fit.growth_fit is not None and fit.growth_fit.steps_missing:
+            # Steady, but too few rounds for live bytes to rule out a cache still filling:
+            # not decided inside yet (the outside rules stand; the adaptive rounds go on).
+            fit.verdict = NOT_MEASURED
+        missing = fit.growth_fit.steps_missing if fit.growth_fit is not None else 0
         out[key] = SeriesResult(
             key=key,
             layer=pts.layer,
@@ -543,6 +571,7 @@ def judge_inside(
             bound=fit.bound,
             bound_hi=fit.bound_hi,
             steps_to_decide=fit.steps_to_decide,
+            steps_missing=missing,
             decided_by=Evidence.INSIDE_CUDA if pts.layer == VRAM else Evidence.INSIDE_GLIBC,
         )
     names = {pts.pid: pts.name for pts in points.values() if pts.name}

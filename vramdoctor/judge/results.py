@@ -222,6 +222,9 @@ class SeriesResult:
     bound: float | None = None
     bound_hi: float | None = None
     steps_to_decide: int | None = None
+    # an inside live series held back: steady, but this many rounds short of what live bytes
+    # need to rule out a cache still filling (vramdoctor.judge.inside.INSIDE_MIN_STEADY_STEPS)
+    steps_missing: int = 0
     scope: str = "server"  # "server" (the port owner's tree, --pid) or "tenant"
     gpu_instance: int | None = None  # MIG: the GPU instance (slice) of GPU `gpu`
     compute_instance: int | None = None

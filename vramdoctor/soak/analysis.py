@@ -265,17 +265,28 @@ def _judge_life(
         total += r.reached
         cum.append(total)
     lr = LifeRounds(life.index, run_rounds, [r.round for r in life_rounds], cum, life.index == 0)
-    keys = _series_of_life(raw, life.index, lives)
+    # A later life's server (a handover's successor) starts up beside this life's server, on
+    # the socket it inherits: its memory grows with its start (imports, weights, a CUDA
+    # context), not with this life's requests. Its series belong to its own life.
+    successors = {lf.pid for lf in lives[life.index + 1 :] if lf.pid not in (None, life.pid)}
+    keys = [k for k in _series_of_life(raw, life.index, lives) if raw[k].pid not in successors]
+    points = {k: p for k, p in points.items() if p.pid not in successors}
     judged = [judge(raw[k], windows, lr, th) for k in keys if raw[k].kind != "gpu"]
     # Devices are judged without the processes that exited (a worker that started and failed,
     # or one whose own series already carries its verdict) and without other tenants'
     # processes (their memory is theirs). One of the server's that appeared and is still there
     # stays in: its memory is real and the next rounds tell what it does.
-    passing = {
-        s.pid
-        for s in judged
-        if s.kind == "gpu_process" and s.pid is not None and s.presence in ("exited", "transient")
-    } | tenant_pids(raw)
+    passing = (
+        {
+            s.pid
+            for s in judged
+            if s.kind == "gpu_process"
+            and s.pid is not None
+            and s.presence in ("exited", "transient")
+        }
+        | tenant_pids(raw)
+        | successors
+    )
     judged += [
         judge(without(raw[k], passing), windows, lr, th) for k in keys if raw[k].kind == "gpu"
     ]

@@ -273,6 +273,18 @@ class LaunchedServer:
         with self._lock:
             return self.returncode
 
+    def successor(self, port: int) -> int | None:
+        """After the main process ended by itself: a pid other than it that listens on the
+        server's `port` now and still runs -- the server handed its socket on (a handover
+        restart) and has not died. None while the main process runs, or when no other process
+        holds the port (read from /proc: `sources.discover.listening_pids`)."""
+        if self.exited() is None:
+            return None
+        from vramdoctor.sources.discover import listening_pids, topmost
+
+        owners, _ = listening_pids(port)
+        return next((p for p in topmost(owners) if p != self.pid and _pid_alive(p)), None)
+
     def alive(self) -> bool:
         """Whether the server's main process still runs."""
         return self.exited() is None and self.stopped is None and _pid_alive(self.pid)

@@ -38,7 +38,14 @@ from typing import Protocol as TypingProtocol
 from vramdoctor.errors import ExitCode, InputError, Interrupted, SourceUnavailable
 from vramdoctor.record import RunWriter, interrupts_held, make_header
 from vramdoctor.redact import redact_url, register_secret
-from vramdoctor.samples import SERVER_DIED, Event, GpuSample, MetricsSample, now
+from vramdoctor.samples import (
+    LAUNCHED_HANDOVER,
+    SERVER_DIED,
+    Event,
+    GpuSample,
+    MetricsSample,
+    now,
+)
 from vramdoctor.soak.analyse import analyse_run, undecided_layers
 from vramdoctor.soak.config import INTERRUPTED, SoakConfig
 from vramdoctor.soak.traffic.client import LoadClient, Outcome
@@ -435,6 +442,7 @@ class SoakSession:
         self._watcher: threading.Thread | None = None
         self._phase_seen: set[tuple[str, int]] = set()
         self._stopped = False
+        self._handed_over = False  # the launched process exited after a successor took its port
         self._closed_hooks = False
         self._owned: list[Any] = []  # hooks the session made (attribution): it closes them
         self.send_model = ""
@@ -967,10 +975,29 @@ class SoakSession:
             except Exception:
                 continue
             rc = launched.exited() if launched is not None else None
-            if launched is not None and rc is not None:  # the keeper saw the main process end
-                protocol.server_died(
-                    f"the launched server exited with {_status_text(rc)}", pid=launched.pid
-                )
+            if launched is not None and rc is not None and not self._handed_over:
+                # The keeper saw the main process end. A server that handed its socket to a
+                # successor (a new pid owns the port, still serving) has not died: the soak
+                # goes on with the successor, and stopping the launch's group still ends it.
+                successor = launched.successor(watch.port) if watch.local else None
+                if successor is not None and not watch.dead:
+                    self._handed_over = True
+                    self.say(
+                        f"the launched server (pid {launched.pid}) exited with "
+                        f"{_status_text(rc)} after pid {successor} took over its port: "
+                        "the soak goes on with the successor"
+                    )
+                    writer.write(
+                        Event(
+                            *now(),
+                            name=LAUNCHED_HANDOVER,
+                            data={"pid": launched.pid, "status": rc, "successor": successor},
+                        )
+                    )
+                else:
+                    protocol.server_died(
+                        f"the launched server exited with {_status_text(rc)}", pid=launched.pid
+                    )
             for name, data in events:
                 if name == SERVER_DIED:
                     protocol.server_died(str(data.get("reason")), pid=data.get("pid"))

@@ -158,6 +158,7 @@ class GrowthFit:
     steps_to_decide: int | None = None
     change_at: float | None = None  # the x where growth levelled off or started (change point)
     x0: float = 0.0  # the first point's x (the fit's x are relative to it)
+    steps_missing: int = 0  # STEADY held back: increments short of `min_steady_steps`
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: tuples as lists, non-finite floats as None."""
@@ -278,15 +279,20 @@ def fit_growth(
     floor: float = 0.0,
     step: float | None = None,
     x_unit: str = "request",
+    min_steady_steps: int = 0,
 ) -> GrowthFit:
     """Fit the growth model to points `(x[i], y[i])` and select the model (the rule above).
 
     `x`: work done (cumulative requests, or seconds), increasing; `y`: the levels (any unit);
     `noise`: the caller's estimate of one level's noise (same unit; 0 = unknown, the residuals
     decide it); `floor`: the smallest change that counts (the series' resolution); `step`: the
-    x of one normal step (one round's requests; default the median spacing). Points with a
-    non-finite coordinate are dropped, x is made relative to the first point. Never raises on
-    short, flat or degenerate input: it says UNDECIDED.
+    x of one normal step (one round's requests; default the median spacing);
+    `min_steady_steps`: the increments a STEADY verdict needs at least (fewer: UNDECIDED
+    `steady_or_converging`, `steps_to_decide` the increments missing), for a series read once
+    a round with no noise of its own (the agent's counters), where a cache that fills at a
+    fixed rate up to its cap is exactly linear until it is full. Points with a non-finite
+    coordinate are dropped, x is made relative to the first point. Never raises on short,
+    flat or degenerate input: it says UNDECIDED.
     """
     pts = sorted(
         (float(a), float(b))
@@ -327,7 +333,12 @@ def fit_growth(
         float(d * step / n) for d, n in zip(np.diff(ys), spacing, strict=True) if n > 0
     ]
     with np.errstate(all="ignore"):
-        return _select(out, xs, ys, noise, floor, step)
+        fit = _select(out, xs, ys, noise, floor, step)
+    if fit.model is Model.STEADY and len(fit.increments) < min_steady_steps:
+        fit.model, fit.verdict = Model.UNDECIDED, Verdict.INCONCLUSIVE
+        fit.reason = Reason.STEADY_OR_CONVERGING
+        fit.steps_to_decide = fit.steps_missing = min_steady_steps - len(fit.increments)
+    return fit
 
 
 def pts_x0(out: GrowthFit) -> float:
@@ -371,6 +382,42 @@ def _change_point(
     if sse_line - sse <= _f_quantile(conf, dof) * s2:
         return None
     return kind, i, a, b
+
+
+# A leak under a cache that fills: the points after the cache stopped growing are judged on
+# their own, and need at least this many (three increments at the leak's own rate).
+FILL_TAIL_POINTS = 4
+
+
+def _leak_after_fill(
+    xs: np.ndarray, ys: np.ndarray, noise: float, floor: float, step: float, x_unit: str
+) -> tuple[int, GrowthFit] | None:
+    """A cache that filled and a leak that goes on under it (the growth slows to a steady
+    rate, not to zero): the earliest point from which the rest (FILL_TAIL_POINTS or more) is
+    STEADY by the same model, at a rate below the growth before it, whose growth since then
+    exceeds `floor`. (index, the tail's fit), else None. Seen on an H200: glibc's bytes in use
+    of a server with a 256 KiB/request leak under a cache filling 768 KiB/request read
+    +12, +12, +12, +7, +3, +3 MiB a round, which the converging model alone called caching.)"""
+    m = len(xs)
+    for i in range(1, m - FILL_TAIL_POINTS + 1):
+        after = fit_growth(
+            xs[i:].tolist(), ys[i:].tolist(), noise=noise, floor=floor, step=step, x_unit=x_unit
+        )
+        if after.model is not Model.STEADY or after.rate is None:
+            continue
+        before = float(ys[i] - ys[0]) / float(xs[i]) if xs[i] > 0 else 0.0
+        if after.rate < before and after.rate * float(xs[-1] - xs[i]) > floor:
+            return i, after
+    return None
+
+
+def _not_shrinking(incs: Sequence[float], noise: float, floor: float) -> bool:
+    """The last step added above `floor` and no less than the one before it (within the two
+    steps' noise): what converges adds less each step; this has stopped converging, or never
+    did under a cache that filled."""
+    if len(incs) < 3 or incs[-1] <= floor:
+        return False
+    return incs[-1] >= incs[-2] - 2.0 * math.sqrt(2.0) * noise and incs[-1] < max(incs[:-2])
 
 
 def _select(
@@ -452,6 +499,19 @@ def _select(
         return done(Model.STEADY, Verdict.LEAK, Reason.GREW_EVERY_ROUND)
     last = out.increments[-1] if out.increments else 0.0
     if r_hi < steady_r and rising:
+        tail = _leak_after_fill(xs, ys, noise, floor, step, out.x_unit)
+        if tail is not None:
+            i, after = tail
+            out.rate, out.rate_ci = after.rate, after.rate_ci
+            out.ratio, out.ratio_ci = after.ratio, after.ratio_ci
+            out.fitted_growth = after.fitted_growth
+            out.change_at = float(xs[i]) + float(pts_x0(out))
+            return done(Model.STEADY, Verdict.LEAK, Reason.GREW_EVERY_ROUND)
+        if _not_shrinking(out.increments, noise, floor):
+            # The last steps add the same again, not less: a cache that filled with a leak
+            # under it, or one still converging; one more step tells (a tail of four).
+            out.steps_to_decide = FILL_TAIL_POINTS - 3
+            return done(Model.UNDECIDED, Verdict.INCONCLUSIVE, Reason.STEADY_OR_CONVERGING)
         out.bound = _bound(float(a_r[best]), float(c_r[best]), r_hat, step)
         i_hi = int(np.searchsorted(_R_GRID, r_hi))
         i_hi = min(i_hi, len(_R_GRID) - 1)

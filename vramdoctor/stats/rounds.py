@@ -113,6 +113,7 @@ def classify_series(
     th: object | None = None,
     noise_k: float | None = None,
     resolution: float = 0.0,
+    min_steady_steps: int = 0,
 ) -> SeriesFit:
     """Verdict for one series from its settled levels after each round.
 
@@ -120,11 +121,15 @@ def classify_series(
     where none did carries no evidence about growth per request and is skipped. `floor` is the
     smallest change that counts (the series' resolution, in its unit); `resolution` the
     measurement's own step (NVML reports whole MiB: 1.0); `noise_k` (or `th.noise_k`) how many
-    times the idle-window noise growth must exceed. Never raises on odd input.
+    times the idle-window noise growth must exceed; `min_steady_steps` the increments from
+    round 1 on a LEAK needs at least (`vramdoctor.stats.growth.fit_growth`). Never raises on
+    odd input.
     """
     k = noise_k if noise_k is not None else float(getattr(th, "noise_k", 4.0))
     with np.errstate(all="ignore"):
-        return _classify(baseline, levels, cum_requests, samples, floor, k, resolution)
+        return _classify(
+            baseline, levels, cum_requests, samples, floor, k, resolution, min_steady_steps
+        )
 
 
 def _classify(
@@ -135,6 +140,7 @@ def _classify(
     floor: float,
     noise_k: float,
     resolution: float,
+    min_steady_steps: int = 0,
 ) -> SeriesFit:
     noise = noise_of(samples)
     h = max(floor, noise_k * noise)
@@ -173,6 +179,7 @@ def _classify(
         noise=level_noise(samples, resolution=resolution),
         floor=h,
         step=typical if typical > 0 else None,
+        min_steady_steps=min_steady_steps,
     )
     out.growth_fit = fit
     out.model = fit.model
@@ -196,8 +203,12 @@ def _classify(
         and out.ci[1] > 0
         and typical > 0
     ):
-        # A creep under the floor cannot be ruled out: say how large it could be.
-        out.creep_floor_per_request = h / typical
+        # A creep under the floor, or under the rounds' own scatter, cannot be ruled out: say
+        # how large it could be (a 3 MiB/round host leak under increments that swung by
+        # tens of MiB read as converging on an H200; the floor alone bounded it too low).
+        later = out.increments[1:]
+        spread = 2.0 * float(np.std(later, ddof=1)) if len(later) >= 3 else 0.0
+        out.creep_floor_per_request = max(h, spread) / typical
     return out
 
 

@@ -37,6 +37,7 @@ import psutil
 from vramdoctor.errors import InputError, SourceUnavailable
 from vramdoctor.record import make_header
 from vramdoctor.samples import (
+    LAUNCHED_HANDOVER,
     SERVER_DIED,
     SERVER_REPLACED,
     SOURCE_ERROR,
@@ -521,14 +522,28 @@ class Watcher:
                 self._start_times([int(str(data["new_pid"]))], server=True)
         if self.launched is not None:
             rc = self.launched.exited()
-            if rc is not None and "launched-exit" not in self._said:
-                mono, wall = now()
+            said = {"launched-handover", "launched-exit"} & self._said
+            if rc is None or said:
+                return
+            from vramdoctor.sources.discover import url_port
+
+            mono, wall = now()
+            successor = self.launched.successor(url_port(server.url))
+            if successor is not None:  # it handed its port to a successor: not a death
                 self.say(
-                    f"the launched server exited ({rc}); its log: {self.launched.log_path}",
-                    kind="launched-exit",
+                    f"the launched server (pid {self.launched.pid}) exited ({rc}) after pid "
+                    f"{successor} took over its port: watching the successor",
+                    kind="launched-handover",
                 )
-                ev = Event(t=mono, wall=wall, name=SERVER_DIED, data={"reason": f"exited {rc}"})
-                self._record(ev)
+                data = {"pid": self.launched.pid, "status": rc, "successor": successor}
+                self._record(Event(t=mono, wall=wall, name=LAUNCHED_HANDOVER, data=data))
+                return
+            self.say(
+                f"the launched server exited ({rc}); its log: {self.launched.log_path}",
+                kind="launched-exit",
+            )
+            ev = Event(t=mono, wall=wall, name=SERVER_DIED, data={"reason": f"exited {rc}"})
+            self._record(ev)
 
     def tick(self) -> None:
         """Sample every source once and fold the samples in (no analysis)."""

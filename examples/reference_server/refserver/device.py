@@ -129,6 +129,15 @@ class Device:
         self._dirty.set()
         del handle
 
+    def return_to_driver(self) -> None:
+        """Give the freed device memory back to the driver, as vLLM's sleep mode (CuMemAllocator
+        unmaps the pages) and SGLang's memory saver do: on CUDA the caching allocator would
+        otherwise keep the freed blocks reserved and NVML would see no change."""
+        if self.cuda:
+            import torch
+
+            torch.cuda.empty_cache()
+
     @property
     def used_bytes(self) -> int:
         """What the exporter reports for this process: context + allocated."""

@@ -364,6 +364,7 @@ class Lifecycle:
                         dev.free(self.device[tag])
                         self.device[tag] = None
                         self.asleep_tags.add(tag)
+                dev.return_to_driver()
             self._publish()
         return 200, {"status": "sleeping", "level": level}
 
@@ -416,6 +417,7 @@ class Lifecycle:
                         dev.free(self.device[tag])
                         self.device[tag] = None
                     self.released.add(tag)
+                dev.return_to_driver()
         return 200, None
 
     def resume(self, tags: Any) -> tuple[int, Any]:

@@ -70,11 +70,18 @@ class LayerBlock:
             return None
         share = f", {format_percent(s.ratio, 0)} of the round before" if known(s.ratio) else ""
         bound = f" towards about {value(s.bound, s.unit)}" if known(s.bound) else ""
+        # A creep under the floor rides on any converging fill unseen: say how large it could be.
+        tail = (
+            f"; a leak under {rate(s.creep_floor_per_request, s.unit)} per request cannot be "
+            "ruled out at this load (more requests per round tell)"
+            if known(s.creep_floor_per_request)
+            else ", not a leak"
+        )
         return (
             f"{self.display}: CACHING: {label(s)} rose {value(s.growth, s.unit, signed=True)}, "
             f"each round adding a shrinking share (increments "
             f"{', '.join(value(d, s.unit, signed=True) for d in s.increments)}{share}): "
-            f"converging{bound}, a cache or an allocator filling up, not a leak."
+            f"converging{bound}, a cache or an allocator filling up{tail}."
         )
 
     def stable(self, lay: LayerResult, a: SoakAnalysis) -> str | None:
