@@ -36,13 +36,20 @@ H200_SLICE_MIB = 16384  # a 1g.18gb MIG slice's framebuffer (MiB), approximately
 
 
 def _alive(pid: int) -> bool:
+    """Running, not a zombie: a process that exited holds no GPU memory, even before its parent
+    reaps it (NVML lists no context of it; CI read an exited tenant's 524.8 MiB otherwise)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
         return True
-    return True
+    return state not in (b"Z", b"X")
 
 
 class VirtualGpu:
