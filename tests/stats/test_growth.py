@@ -160,3 +160,28 @@ def test_a_leak_that_starts_late_is_a_leak_at_its_rate_since_then() -> None:
     # and a leak from the start has no change point
     steady = fit_growth(x, x * 50.0 / 3600.0 + rng.normal(0, 20, 144), floor=32.0, step=3600.0)
     assert steady.verdict is Verdict.LEAK and steady.change_at is None
+
+
+def test_a_leak_under_a_cache_that_filled_is_found_at_the_leaks_own_rate() -> None:
+    # Written by a reviewer who never read the model (2026-12-02): a cache that filled in the
+    # first rounds, then a 64 KiB/request leak, 40 requests a round; glibc's bytes in use as the
+    # agent read them (MiB). The converging model alone said "cannot yet tell" after ten rounds.
+    y = [26.27, 38.85, 41.35, 43.86, 46.36, 48.86, 51.36, 53.86, 56.36, 58.86]
+    fit = fit_growth([40.0 * i for i in range(1, 11)], y, noise=0.07, floor=2.0, step=40.0)
+    assert fit.model is Model.STEADY and fit.verdict is Verdict.LEAK
+    assert fit.rate == pytest.approx(2.5 / 40.0, rel=0.01)
+    assert fit.change_at == pytest.approx(80.0)
+    # The same fill with nothing after it is a cache that filled.
+    flat_after = [26.27, 38.85, 41.35] + [41.35] * 7
+    fit = fit_growth([40.0 * i for i in range(1, 11)], flat_after, noise=0.07, floor=2.0, step=40.0)
+    assert fit.verdict is Verdict.CACHING
+
+
+def test_growth_that_stops_shrinking_is_not_called_converging() -> None:
+    # +12, +12, +12, +7, +3, +3 MiB a round (H200, the reference host-leak server): the last
+    # step adds as much as the one before: not converging; one more round decides.
+    y = [361.2, 373.2, 385.2, 397.2, 404.2, 407.2, 410.2]
+    fit = fit_growth([12.0 * i for i in range(1, 8)], y, noise=0.07, floor=2.0, step=12.0)
+    assert fit.verdict is Verdict.INCONCLUSIVE and fit.reason is Reason.STEADY_OR_CONVERGING
+    fit = fit_growth([12.0 * i for i in range(1, 9)], [*y, 413.2], noise=0.07, floor=2.0, step=12.0)
+    assert fit.verdict is Verdict.LEAK and fit.rate == pytest.approx(0.25, rel=0.01)

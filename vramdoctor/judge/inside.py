@@ -533,7 +533,9 @@ def judge_inside(
             levels,
             cum_requests,
             [[v] if v is not None else [] for v in levels],
-            floor=max(floor, th.min_growth_mib) if unit == "MiB" else floor,
+            floor=th.min_growth_mib
+            if unit == "MiB"
+            else floor,  # the run's floor (--min-growth-mib)
             noise_k=th.noise_k,
             resolution=resolution,
             min_steady_steps=INSIDE_MIN_STEADY_STEPS if pts.kind in LIVE_KINDS else 0,

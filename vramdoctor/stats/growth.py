@@ -280,6 +280,7 @@ def fit_growth(
     step: float | None = None,
     x_unit: str = "request",
     min_steady_steps: int = 0,
+    fill_search: bool = True,
 ) -> GrowthFit:
     """Fit the growth model to points `(x[i], y[i])` and select the model (the rule above).
 
@@ -292,7 +293,9 @@ def fit_growth(
     a round with no noise of its own (the agent's counters), where a cache that fills at a
     fixed rate up to its cap is exactly linear until it is full. Points with a non-finite
     coordinate are dropped, x is made relative to the first point. Never raises on short,
-    flat or degenerate input: it says UNDECIDED.
+    flat or degenerate input: it says UNDECIDED. `fill_search=False`: no search for a leak
+    under a cache that filled (the tails that search fits are judged without one: linear, not
+    exponential, in the points).
     """
     pts = sorted(
         (float(a), float(b))
@@ -333,7 +336,7 @@ def fit_growth(
         float(d * step / n) for d, n in zip(np.diff(ys), spacing, strict=True) if n > 0
     ]
     with np.errstate(all="ignore"):
-        fit = _select(out, xs, ys, noise, floor, step)
+        fit = _select(out, xs, ys, noise, floor, step, fill_search)
     if fit.model is Model.STEADY and len(fit.increments) < min_steady_steps:
         fit.model, fit.verdict = Model.UNDECIDED, Verdict.INCONCLUSIVE
         fit.reason = Reason.STEADY_OR_CONVERGING
@@ -401,7 +404,13 @@ def _leak_after_fill(
     m = len(xs)
     for i in range(1, m - FILL_TAIL_POINTS + 1):
         after = fit_growth(
-            xs[i:].tolist(), ys[i:].tolist(), noise=noise, floor=floor, step=step, x_unit=x_unit
+            xs[i:].tolist(),
+            ys[i:].tolist(),
+            noise=noise,
+            floor=floor,
+            step=step,
+            x_unit=x_unit,
+            fill_search=False,
         )
         if after.model is not Model.STEADY or after.rate is None:
             continue
@@ -421,7 +430,13 @@ def _not_shrinking(incs: Sequence[float], noise: float, floor: float) -> bool:
 
 
 def _select(
-    out: GrowthFit, xs: np.ndarray, ys: np.ndarray, noise: float, floor: float, step: float
+    out: GrowthFit,
+    xs: np.ndarray,
+    ys: np.ndarray,
+    noise: float,
+    floor: float,
+    step: float,
+    fill_search: bool = True,
 ) -> GrowthFit:
     m = len(xs)
     sse, a_r, c_r = _profile(xs, ys, step)
@@ -469,9 +484,22 @@ def _select(
     # A change inside the points: growth that levelled off (a cache that filled at its cap, a
     # few steps up and then flat) or growth that started late (a leak that began mid-way).
     change = _change_point(xs, ys, noise, nu0, float(res @ res))
+    fill_leak = _leak_after_fill(xs, ys, noise, floor, step, out.x_unit) if fill_search else None
+
+    def leak_after_fill() -> GrowthFit:
+        assert fill_leak is not None
+        i, after = fill_leak
+        out.rate, out.rate_ci = after.rate, after.rate_ci
+        out.ratio, out.ratio_ci = after.ratio, after.ratio_ci
+        out.fitted_growth = after.fitted_growth
+        out.change_at = float(xs[i]) + float(pts_x0(out))
+        return done(Model.STEADY, Verdict.LEAK, Reason.GREW_EVERY_ROUND)
+
     if change is not None and change[0] == "levelled":
         _, i, a_h, b_h = change
         top = a_h + b_h * float(xs[i])
+        if fill_leak is not None:  # it levelled off to a steady leak, not to flat
+            return leak_after_fill()
         if b_h > 0 and top - float(ys[0]) > floor:
             out.bound = out.bound_hi = top
             out.change_at = float(xs[i]) + float(pts_x0(out))
@@ -486,6 +514,7 @@ def _select(
                 floor=floor,
                 step=step,
                 x_unit=out.x_unit,
+                fill_search=False,
             )
             if after.model is Model.STEADY:
                 out.rate, out.rate_ci = after.rate, after.rate_ci
@@ -499,14 +528,8 @@ def _select(
         return done(Model.STEADY, Verdict.LEAK, Reason.GREW_EVERY_ROUND)
     last = out.increments[-1] if out.increments else 0.0
     if r_hi < steady_r and rising:
-        tail = _leak_after_fill(xs, ys, noise, floor, step, out.x_unit)
-        if tail is not None:
-            i, after = tail
-            out.rate, out.rate_ci = after.rate, after.rate_ci
-            out.ratio, out.ratio_ci = after.ratio, after.ratio_ci
-            out.fitted_growth = after.fitted_growth
-            out.change_at = float(xs[i]) + float(pts_x0(out))
-            return done(Model.STEADY, Verdict.LEAK, Reason.GREW_EVERY_ROUND)
+        if fill_leak is not None:
+            return leak_after_fill()
         if _not_shrinking(out.increments, noise, floor):
             # The last steps add the same again, not less: a cache that filled with a leak
             # under it, or one still converging; one more step tells (a tail of four).
@@ -552,6 +575,8 @@ def _select(
         and float(np.max(ys[-2:])) <= float(np.max(ys[:-2])) + floor
     ):
         return done(Model.BOUNDED, Verdict.CACHING, Reason.BOUNDED)
+    if fill_leak is not None and rising:
+        return leak_after_fill()
     if b - half > 0 and b * span > floor:
         out.steps_to_decide = _steps_to_decide(m, b * step, s, dof)
         return done(Model.UNDECIDED, Verdict.INCONCLUSIVE, Reason.STEADY_OR_CONVERGING)
