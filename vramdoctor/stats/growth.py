@@ -387,6 +387,21 @@ def _change_point(
     return kind, i, a, b
 
 
+def _tail_fit(
+    xs: np.ndarray, ys: np.ndarray, i: int, noise: float, floor: float, step: float, x_unit: str
+) -> GrowthFit:
+    """The points from `i` on, fitted on their own (no further search for a fill in them)."""
+    return fit_growth(
+        xs[i:].tolist(),
+        ys[i:].tolist(),
+        noise=noise,
+        floor=floor,
+        step=step,
+        x_unit=x_unit,
+        fill_search=False,
+    )
+
+
 # A leak under a cache that fills: the points after the cache stopped growing are judged on
 # their own, and need at least this many (three increments at the leak's own rate).
 FILL_TAIL_POINTS = 4
@@ -403,15 +418,7 @@ def _leak_after_fill(
     +12, +12, +12, +7, +3, +3 MiB a round, which the converging model alone called caching.)"""
     m = len(xs)
     for i in range(1, m - FILL_TAIL_POINTS + 1):
-        after = fit_growth(
-            xs[i:].tolist(),
-            ys[i:].tolist(),
-            noise=noise,
-            floor=floor,
-            step=step,
-            x_unit=x_unit,
-            fill_search=False,
-        )
+        after = _tail_fit(xs, ys, i, noise, floor, step, x_unit)
         if after.model is not Model.STEADY or after.rate is None:
             continue
         before = float(ys[i] - ys[0]) / float(xs[i]) if xs[i] > 0 else 0.0
@@ -507,15 +514,7 @@ def _select(
     if change is not None and change[0] == "started":
         _, i, _, b_h = change
         if b_h > 0 and b_h * float(xs[-1] - xs[i]) > floor:
-            after = fit_growth(
-                xs[i:].tolist(),
-                ys[i:].tolist(),
-                noise=noise,
-                floor=floor,
-                step=step,
-                x_unit=out.x_unit,
-                fill_search=False,
-            )
+            after = _tail_fit(xs, ys, i, noise, floor, step, out.x_unit)
             if after.model is Model.STEADY:
                 out.rate, out.rate_ci = after.rate, after.rate_ci
                 out.ratio, out.ratio_ci = after.ratio, after.ratio_ci
