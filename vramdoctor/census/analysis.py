@@ -147,6 +147,9 @@ def role_of(name: str | None, cmdline: list[str] | None) -> str | None:
     return found.role if found is not None else None
 
 
+ServerKey = tuple[str | None, int]
+
+
 def census(
     sample: GpuSample,
     *,
@@ -158,165 +161,17 @@ def census(
     """Group a sample's process rows by process and flag the shapes above. Pure: the
     leftovers are scanned by the caller (`vramdoctor.sources.leftovers.scan`)."""
     lo, hi = context_mib
-    groups = groups or {}
-    rows: dict[tuple[str | None, int], ProcessRow] = {}
-    for p in sample.processes:
-        key = (p.host, p.pid)
-        row = rows.get(key)
-        if row is None:
-            row = rows[key] = ProcessRow(
-                pid=p.pid,
-                host=p.host,
-                name=p.name,
-                cmdline=p.cmdline,
-                visible=p.visible,
-                role=role_of(p.name, p.cmdline),
-                per_gpu={},
-                group=groups.get(p.pid, p.pid),
-            )
-        if p.gpu not in row.per_gpu:
-            row.per_gpu[p.gpu] = p.used_mib
-        elif p.used_mib is not None:  # two rows for one GPU (e.g. MIG instances): add up
-            row.per_gpu[p.gpu] = (row.per_gpu[p.gpu] or 0.0) + p.used_mib
+    rows = _process_rows(sample, groups or {})
 
     flags: list[Flag] = []
-    notes: list[str] = []
+    members = _servers(rows)
+    model_gpus = _model_gpus(members, helper_max_mib)
+    api_rows = _api_server_contexts(members, model_gpus, helper_max_mib, flags)
+    _stray_contexts(rows, api_rows, (lo, hi), flags)
+    _helper_contexts(members, model_gpus, api_rows, (lo, helper_max_mib), flags)
 
-    def flag(
-        row: ProcessRow, code: str, message: str, gpu: int | None = None, mib: float | None = None
-    ) -> None:
-        row.flags.append(code)
-        flags.append(Flag(code=code, pid=row.pid, message=message, gpu=gpu, mib=mib, host=row.host))
-
-    # Per server (process tree): the GPUs its model processes hold.
-    members: dict[tuple[str | None, int], list[ProcessRow]] = {}
-    for row in rows.values():
-        members.setdefault((row.host, row.group), []).append(row)
-    model_gpus: dict[tuple[str | None, int], set[int]] = {}
-    for key, group_rows in members.items():
-        model_gpus[key] = {
-            r.main_gpu
-            for r in group_rows
-            if r.main_gpu is not None and (r.per_gpu.get(r.main_gpu) or 0) > helper_max_mib
-        }
-
-    # A frontend that may hold its own context on the engine's GPUs (vLLM's API server),
-    # with context-sized footprints only on GPUs its server's model processes use.
-    api_rows: set[int] = set()
-    for key, group_rows in members.items():
-        engine = model_gpus[key]
-        for row in group_rows:
-            title = servers.title_of(row.name, row.cmdline)
-            if title is None or title.title.gpu_context != "possible" or not engine:
-                continue
-            sizes = [(gi, mib) for gi, mib in row.per_gpu.items() if mib is not None]
-            if sizes and all(gi in engine and mib <= helper_max_mib for gi, mib in sizes):
-                api_rows.add(id(row))
-                for gi, mib in sorted(sizes):
-                    flag(
-                        row,
-                        "api_server_context",
-                        f"PID {row.pid} ({row.role}) holds {format_mib(mib, 0)} on GPU {gi}, one "
-                        "of its engine's GPUs: the API server's own CUDA context (multimodal "
-                        "inputs over GPU IPC, video decoding), not a stray context",
-                        gpu=gi,
-                        mib=mib,
-                    )
-
-    # Per process: several GPUs, and context-sized footprints off the main one.
-    for row in rows.values():
-        if id(row) in api_rows:
-            continue
-        if len(row.per_gpu) > 1:
-            main = row.main_gpu
-            held_on = ", ".join(str(g) for g in sorted(row.per_gpu))
-            flag(
-                row,
-                "multi_gpu",
-                f"PID {row.pid} holds memory on GPUs {held_on}"
-                + (f" (main: GPU {main})" if main is not None else ""),
-            )
-            for g, v in sorted(row.per_gpu.items()):
-                if g != main and v is not None and lo <= v <= hi:
-                    flag(
-                        row,
-                        "stray_context",
-                        f"PID {row.pid} holds {format_mib(v, 0)} on GPU {g} besides its main GPU {main}: "
-                        "the size of a CUDA context. A tensor-parallel rank that opens a CUDA IPC "
-                        "handle on the producer's GPU creates one there (~500 MiB a rank); so "
-                        "does any code that touches bare 'cuda' (GPU 0).",
-                        gpu=g,
-                        mib=v,
-                    )
-
-    # Per server (process tree): small processes on or off the server's main GPUs.
-    for key, group_rows in members.items():
-        if len(group_rows) < 2:
-            continue
-        big_gpus = model_gpus[key]
-        if not big_gpus:
-            continue
-        for row in group_rows:
-            if len(row.per_gpu) != 1 or id(row) in api_rows:
-                continue
-            ((g, v),) = row.per_gpu.items()
-            if v is None or not lo <= v <= helper_max_mib:
-                continue
-            who = row.role or row.name or "process"
-            if g not in big_gpus:
-                where = ", ".join(str(x) for x in sorted(big_gpus))
-                flag(
-                    row,
-                    "off_main_gpu",
-                    f"PID {row.pid} ({who}) holds {format_mib(v, 0)} on GPU {g}, where none of its server's "
-                    f"model processes run (they are on GPU {where}): a CUDA context on the wrong GPU, "
-                    "e.g. SGLang's tokenizer running the fast image processor on bare 'cuda' (GPU 0)",
-                    gpu=g,
-                    mib=v,
-                )
-            else:
-                flag(
-                    row,
-                    "helper_context",
-                    f"PID {row.pid} ({who}) holds {format_mib(v, 0)} on GPU {g} beside its server's model "
-                    "process: a CUDA context in a helper (e.g. the tokenizer's fast image "
-                    "processor). If it grows under load, `vramdoctor soak` will show it.",
-                    gpu=g,
-                    mib=v,
-                )
-
-    invisible = [r.pid for r in rows.values() if not r.visible]
-    if invisible:
-        notes.append(
-            f"{len(invisible)} PID(s) NVML reports are not in this PID namespace, or belong here to a "
-            "process without the GPU open (a container sees host PIDs): rows kept, names unknown; "
-            "run census on the host, or the container with --pid=host."
-        )
-    if any(v is None for r in rows.values() for v in r.per_gpu.values()):
-        notes.append("the driver does not report per-process memory for some rows (shown as '?').")
-
-    gpus: list[GpuRow] = []
-    for mem in sample.gpus:
-        procs = [r for r in rows.values() if mem.index in r.per_gpu and r.host == mem.host]
-        known = [r.per_gpu[mem.index] for r in procs]
-        proc_mib = sum(v for v in known if v is not None) if procs else 0.0
-        all_known = all(v is not None for v in known)
-        unattributed = mem.used_mib - proc_mib if all_known and sample.source != "dcgm" else None
-        gpus.append(
-            GpuRow(
-                index=mem.index,
-                host=mem.host,
-                name=mem.name,
-                uuid=mem.uuid,
-                total_mib=mem.total_mib,
-                used_mib=mem.used_mib,
-                free_mib=mem.free_mib,
-                driver_reserved_mib=mem.driver_reserved_mib,
-                processes=len(procs),
-                processes_mib=proc_mib if all_known else None,
-                unattributed_mib=unattributed,
-            )
-        )
+    notes = _process_notes(rows)
+    gpus = _gpu_rows(sample, rows)
     if sample.source == "dcgm":
         notes.append(
             "dcgm-exporter reports device memory only: no process rows. For processes, run "
@@ -340,6 +195,227 @@ def census(
         notes=notes,
         leftovers=leftovers,
     )
+
+
+def _process_rows(sample: GpuSample, groups: dict[int, int]) -> dict[ServerKey, ProcessRow]:
+    """One row per (host, PID), with what it holds on each GPU; a PID's server (process tree)
+    from `groups`, else the PID itself."""
+    rows: dict[ServerKey, ProcessRow] = {}
+    for p in sample.processes:
+        key = (p.host, p.pid)
+        row = rows.get(key)
+        if row is None:
+            row = rows[key] = ProcessRow(
+                pid=p.pid,
+                host=p.host,
+                name=p.name,
+                cmdline=p.cmdline,
+                visible=p.visible,
+                role=role_of(p.name, p.cmdline),
+                per_gpu={},
+                group=groups.get(p.pid, p.pid),
+            )
+        if p.gpu not in row.per_gpu:
+            row.per_gpu[p.gpu] = p.used_mib
+        elif p.used_mib is not None:  # two rows for one GPU (e.g. MIG instances): add up
+            row.per_gpu[p.gpu] = (row.per_gpu[p.gpu] or 0.0) + p.used_mib
+    return rows
+
+
+def _flag(
+    flags: list[Flag],
+    row: ProcessRow,
+    code: str,
+    message: str,
+    gpu: int | None = None,
+    mib: float | None = None,
+) -> None:
+    """Mark the row with `code` and add the flag to the census's list."""
+    row.flags.append(code)
+    flags.append(Flag(code=code, pid=row.pid, message=message, gpu=gpu, mib=mib, host=row.host))
+
+
+def _servers(rows: dict[ServerKey, ProcessRow]) -> dict[ServerKey, list[ProcessRow]]:
+    """The process rows of each server (process tree), by (host, group)."""
+    members: dict[ServerKey, list[ProcessRow]] = {}
+    for row in rows.values():
+        members.setdefault((row.host, row.group), []).append(row)
+    return members
+
+
+def _model_gpus(
+    members: dict[ServerKey, list[ProcessRow]], helper_max_mib: float
+) -> dict[ServerKey, set[int]]:
+    """Per server: the GPUs its model processes hold (a main GPU with more than a helper)."""
+    model_gpus: dict[ServerKey, set[int]] = {}
+    for key, group_rows in members.items():
+        model_gpus[key] = {
+            r.main_gpu
+            for r in group_rows
+            if r.main_gpu is not None and (r.per_gpu.get(r.main_gpu) or 0) > helper_max_mib
+        }
+    return model_gpus
+
+
+def _api_server_contexts(
+    members: dict[ServerKey, list[ProcessRow]],
+    model_gpus: dict[ServerKey, set[int]],
+    helper_max_mib: float,
+    flags: list[Flag],
+) -> set[int]:
+    """Flag a frontend that may hold its own context on the engine's GPUs (vLLM's API server),
+    with context-sized footprints only on GPUs its server's model processes use; the ids of
+    those rows, which the other shapes leave alone."""
+    api_rows: set[int] = set()
+    for key, group_rows in members.items():
+        engine = model_gpus[key]
+        for row in group_rows:
+            title = servers.title_of(row.name, row.cmdline)
+            if title is None or title.title.gpu_context != "possible" or not engine:
+                continue
+            sizes = [(gi, mib) for gi, mib in row.per_gpu.items() if mib is not None]
+            if sizes and all(gi in engine and mib <= helper_max_mib for gi, mib in sizes):
+                api_rows.add(id(row))
+                for gi, mib in sorted(sizes):
+                    _flag(
+                        flags,
+                        row,
+                        "api_server_context",
+                        f"PID {row.pid} ({row.role}) holds {format_mib(mib, 0)} on GPU {gi}, one "
+                        "of its engine's GPUs: the API server's own CUDA context (multimodal "
+                        "inputs over GPU IPC, video decoding), not a stray context",
+                        gpu=gi,
+                        mib=mib,
+                    )
+    return api_rows
+
+
+def _stray_contexts(
+    rows: dict[ServerKey, ProcessRow],
+    api_rows: set[int],
+    context_mib: tuple[float, float],
+    flags: list[Flag],
+) -> None:
+    """Per process: flag memory on several GPUs, and context-sized footprints off the main one."""
+    lo, hi = context_mib
+    for row in rows.values():
+        if id(row) in api_rows:
+            continue
+        if len(row.per_gpu) > 1:
+            main = row.main_gpu
+            held_on = ", ".join(str(g) for g in sorted(row.per_gpu))
+            _flag(
+                flags,
+                row,
+                "multi_gpu",
+                f"PID {row.pid} holds memory on GPUs {held_on}"
+                + (f" (main: GPU {main})" if main is not None else ""),
+            )
+            for g, v in sorted(row.per_gpu.items()):
+                if g != main and v is not None and lo <= v <= hi:
+                    _flag(
+                        flags,
+                        row,
+                        "stray_context",
+                        f"PID {row.pid} holds {format_mib(v, 0)} on GPU {g} besides its main GPU {main}: "
+                        "the size of a CUDA context. A tensor-parallel rank that opens a CUDA IPC "
+                        "handle on the producer's GPU creates one there (~500 MiB a rank); so "
+                        "does any code that touches bare 'cuda' (GPU 0).",
+                        gpu=g,
+                        mib=v,
+                    )
+
+
+def _helper_contexts(
+    members: dict[ServerKey, list[ProcessRow]],
+    model_gpus: dict[ServerKey, set[int]],
+    api_rows: set[int],
+    helper_mib: tuple[float, float],
+    flags: list[Flag],
+) -> None:
+    """Per server (process tree): flag small processes (a context, up to a helper's size) on a
+    GPU none of its model processes use (a problem), or on one they do (a note)."""
+    lo, helper_max_mib = helper_mib
+    for key, group_rows in members.items():
+        if len(group_rows) < 2:
+            continue
+        big_gpus = model_gpus[key]
+        if not big_gpus:
+            continue
+        for row in group_rows:
+            if len(row.per_gpu) != 1 or id(row) in api_rows:
+                continue
+            ((g, v),) = row.per_gpu.items()
+            if v is None or not lo <= v <= helper_max_mib:
+                continue
+            who = row.role or row.name or "process"
+            if g not in big_gpus:
+                where = ", ".join(str(x) for x in sorted(big_gpus))
+                _flag(
+                    flags,
+                    row,
+                    "off_main_gpu",
+                    f"PID {row.pid} ({who}) holds {format_mib(v, 0)} on GPU {g}, where none of its server's "
+                    f"model processes run (they are on GPU {where}): a CUDA context on the wrong GPU, "
+                    "e.g. SGLang's tokenizer running the fast image processor on bare 'cuda' (GPU 0)",
+                    gpu=g,
+                    mib=v,
+                )
+            else:
+                _flag(
+                    flags,
+                    row,
+                    "helper_context",
+                    f"PID {row.pid} ({who}) holds {format_mib(v, 0)} on GPU {g} beside its server's model "
+                    "process: a CUDA context in a helper (e.g. the tokenizer's fast image "
+                    "processor). If it grows under load, `vramdoctor soak` will show it.",
+                    gpu=g,
+                    mib=v,
+                )
+
+
+def _process_notes(rows: dict[ServerKey, ProcessRow]) -> list[str]:
+    """Notes on what the process rows could not tell: PIDs outside this namespace, and rows
+    without a per-process size."""
+    notes: list[str] = []
+    invisible = [r.pid for r in rows.values() if not r.visible]
+    if invisible:
+        notes.append(
+            f"{len(invisible)} PID(s) NVML reports are not in this PID namespace, or belong here to a "
+            "process without the GPU open (a container sees host PIDs): rows kept, names unknown; "
+            "run census on the host, or the container with --pid=host."
+        )
+    if any(v is None for r in rows.values() for v in r.per_gpu.values()):
+        notes.append("the driver does not report per-process memory for some rows (shown as '?').")
+    return notes
+
+
+def _gpu_rows(sample: GpuSample, rows: dict[ServerKey, ProcessRow]) -> list[GpuRow]:
+    """One row per GPU: its memory, what its listed processes hold, and what nobody listed
+    does (None where a size is unknown, or the source is dcgm-exporter)."""
+    gpus: list[GpuRow] = []
+    for mem in sample.gpus:
+        procs = [r for r in rows.values() if mem.index in r.per_gpu and r.host == mem.host]
+        known = [r.per_gpu[mem.index] for r in procs]
+        proc_mib = sum(v for v in known if v is not None) if procs else 0.0
+        all_known = all(v is not None for v in known)
+        unattributed = mem.used_mib - proc_mib if all_known and sample.source != "dcgm" else None
+        gpus.append(
+            GpuRow(
+                index=mem.index,
+                host=mem.host,
+                name=mem.name,
+                uuid=mem.uuid,
+                total_mib=mem.total_mib,
+                used_mib=mem.used_mib,
+                free_mib=mem.free_mib,
+                driver_reserved_mib=mem.driver_reserved_mib,
+                processes=len(procs),
+                processes_mib=proc_mib if all_known else None,
+                unattributed_mib=unattributed,
+            )
+        )
+    return gpus
 
 
 def _leftover_flags(leftovers: Leftovers, flags: list[Flag]) -> None:
