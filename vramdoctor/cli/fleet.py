@@ -7,6 +7,7 @@ import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -14,6 +15,9 @@ from vramdoctor.cli import app
 from vramdoctor.cli.watch import parse_duration
 from vramdoctor.errors import ExitCode, InputError
 from vramdoctor.render import console
+
+if TYPE_CHECKING:
+    from vramdoctor.fleet.analysis import FleetResult
 
 _MS_THRESHOLD = 1e11  # unix seconds pass this in the year 5138; unix milliseconds since 1973
 
@@ -81,70 +85,83 @@ def _headers(items: list[str]) -> dict[str, str]:
     return out
 
 
+# The command's options, one constant each (typer reads them as the parameters' defaults).
+_PROMETHEUS = typer.Option(
+    ...,
+    "--prometheus",
+    metavar="URL",
+    help="Base URL of Prometheus (or VictoriaMetrics, Thanos Querier, Mimir's .../prometheus).",
+)
+_SINCE = typer.Option("7d", "--since", help="How far back to read (e.g. 36h, 7d; 4h to 400d).")
+_UNTIL = typer.Option(
+    None,
+    "--until",
+    metavar="TIME",
+    help="End of the range: unix seconds or ISO 8601 (default now).",
+)
+_STEP = typer.Option(
+    "5m", "--step", help="Resolution of charts and of --strategy pull (each step's minimum)."
+)
+_BLOCK = typer.Option(
+    "1h", "--block", help="Compare the floor (least memory) of each block this long."
+)
+_WARMUP = typer.Option("2h", "--warmup", help="Left out after each process start or restart.")
+_MATCH = typer.Option(
+    [],
+    "--match",
+    metavar='LABEL="VALUE"',
+    help='Only series with this label matcher (repeat), e.g. cluster="prod".',
+)
+_HEADER = typer.Option(
+    [],
+    "--header",
+    metavar="'NAME: VALUE'",
+    help="Send this HTTP header (repeat), e.g. 'X-Scope-OrgID: team-a' for Mimir.",
+)
+_VIRTUAL_GPUS = typer.Option(
+    False,
+    "--kubernetes-virtual-gpus",
+    help="dcgm-exporter runs with --kubernetes-virtual-gpus: one row per pod sharing a GPU.",
+)
+_TOP = typer.Option(20, "--top", help="Rows in the table (0: all).")
+_CHARTS = typer.Option(
+    None, "--charts", metavar="DIR", help="Write a PNG chart per leaking row into DIR."
+)
+_JSON = typer.Option(False, "--json", help="Print one JSON object (schema vramdoctor.fleet/2).")
+_QUERY_TIMEOUT = typer.Option(
+    "60s", "--query-timeout", help="Total time one query may take, to its last byte."
+)
+_MAX_ANSWER_MIB = typer.Option(
+    64.0, "--max-answer-mib", help="The largest answer read from the database, in MiB."
+)
+_MAX_CANDIDATES = typer.Option(
+    5000, "--max-candidates", help="Series pulled after the screen, at most."
+)
+_STRATEGY = typer.Option(
+    "screen",
+    "--strategy",
+    help="screen: the database screens every series, only candidates are pulled; pull: every series is pulled.",
+)
+
+
 @app.command("fleet")
 def fleet_cmd(
-    prometheus: str = typer.Option(
-        ...,
-        "--prometheus",
-        metavar="URL",
-        help="Base URL of Prometheus (or VictoriaMetrics, Thanos Querier, Mimir's .../prometheus).",
-    ),
-    since: str = typer.Option(
-        "7d", "--since", help="How far back to read (e.g. 36h, 7d; 4h to 400d)."
-    ),
-    until: str | None = typer.Option(
-        None,
-        "--until",
-        metavar="TIME",
-        help="End of the range: unix seconds or ISO 8601 (default now).",
-    ),
-    step: str = typer.Option(
-        "5m", "--step", help="Resolution of charts and of --strategy pull (each step's minimum)."
-    ),
-    block: str = typer.Option(
-        "1h", "--block", help="Compare the floor (least memory) of each block this long."
-    ),
-    warmup: str = typer.Option(
-        "2h", "--warmup", help="Left out after each process start or restart."
-    ),
-    match: list[str] = typer.Option(
-        [],
-        "--match",
-        metavar='LABEL="VALUE"',
-        help='Only series with this label matcher (repeat), e.g. cluster="prod".',
-    ),
-    header: list[str] = typer.Option(
-        [],
-        "--header",
-        metavar="'NAME: VALUE'",
-        help="Send this HTTP header (repeat), e.g. 'X-Scope-OrgID: team-a' for Mimir.",
-    ),
-    virtual_gpus: bool = typer.Option(
-        False,
-        "--kubernetes-virtual-gpus",
-        help="dcgm-exporter runs with --kubernetes-virtual-gpus: one row per pod sharing a GPU.",
-    ),
-    top: int = typer.Option(20, "--top", help="Rows in the table (0: all)."),
-    charts: Path | None = typer.Option(
-        None, "--charts", metavar="DIR", help="Write a PNG chart per leaking row into DIR."
-    ),
-    json_out: bool = typer.Option(
-        False, "--json", help="Print one JSON object (schema vramdoctor.fleet/2)."
-    ),
-    query_timeout: str = typer.Option(
-        "60s", "--query-timeout", help="Total time one query may take, to its last byte."
-    ),
-    max_answer_mib: float = typer.Option(
-        64.0, "--max-answer-mib", help="The largest answer read from the database, in MiB."
-    ),
-    max_candidates: int = typer.Option(
-        5000, "--max-candidates", help="Series pulled after the screen, at most."
-    ),
-    strategy: str = typer.Option(
-        "screen",
-        "--strategy",
-        help="screen: the database screens every series, only candidates are pulled; pull: every series is pulled.",
-    ),
+    prometheus: str = _PROMETHEUS,
+    since: str = _SINCE,
+    until: str | None = _UNTIL,
+    step: str = _STEP,
+    block: str = _BLOCK,
+    warmup: str = _WARMUP,
+    match: list[str] = _MATCH,
+    header: list[str] = _HEADER,
+    virtual_gpus: bool = _VIRTUAL_GPUS,
+    top: int = _TOP,
+    charts: Path | None = _CHARTS,
+    json_out: bool = _JSON,
+    query_timeout: str = _QUERY_TIMEOUT,
+    max_answer_mib: float = _MAX_ANSWER_MIB,
+    max_candidates: int = _MAX_CANDIDATES,
+    strategy: str = _STRATEGY,
 ) -> None:
     """Which of my servers is leaking, how fast, and when will it die? Reads days of GPU, process and KV memory history from Prometheus.
 
@@ -196,36 +213,53 @@ def fleet_cmd(
         max_candidates=max_candidates,
     )
     if not result.rows:  # nothing to judge is not healthy: a typo in --match must not read as 0
-        from vramdoctor.fleet.report import span_words
+        raise _nothing_to_judge(result, match)
+    written, chart_error = _write_charts(result, charts) if charts is not None else ([], None)
+    _print_fleet(result, written, chart_error, json_out=json_out, top=top)
+    raise typer.Exit(int(ExitCode.PROBLEM if result.leaks else ExitCode.OK))
 
-        scope = (
-            "no series matches " + " ".join(f"--match {m!r}" for m in match)
-            if match
-            else "no GPU, process or KV series of a known exporter"
-        )
-        raise InputError(
-            f"fleet: {scope} in the {span_words(result)} up to "
-            f"{datetime.fromtimestamp(result.end, timezone.utc):%Y-%m-%d %H:%M} UTC: nothing to judge"
-            + ("; check the label's name and value" if match else "")
-        )
+
+def _nothing_to_judge(result: FleetResult, match: list[str]) -> InputError:
+    """The error for a range without a series to judge: what was looked for, over which span."""
+    from vramdoctor.fleet.report import span_words
+
+    scope = (
+        "no series matches " + " ".join(f"--match {m!r}" for m in match)
+        if match
+        else "no GPU, process or KV series of a known exporter"
+    )
+    return InputError(
+        f"fleet: {scope} in the {span_words(result)} up to "
+        f"{datetime.fromtimestamp(result.end, timezone.utc):%Y-%m-%d %H:%M} UTC: nothing to judge"
+        + ("; check the label's name and value" if match else "")
+    )
+
+
+def _write_charts(result: FleetResult, charts: Path) -> tuple[list[str], str | None]:
+    """--charts: a PNG per leaking row into `charts`; the paths written, and why the rest were
+    not (None when all were). A failed chart stops the charts, never the verdicts."""
+    from vramdoctor.errors import VramdoctorError
+    from vramdoctor.fleet.report import chart
+
     written: list[str] = []
-    chart_error: str | None = None
-    if charts is not None:
-        from vramdoctor.errors import VramdoctorError
-        from vramdoctor.fleet.report import chart
+    for row in result.leaks:
+        try:
+            written.append(str(chart(row, charts)))
+        except OSError as exc:
+            return written, (
+                f"--charts {charts}: cannot write a chart ({exc.strerror or exc}); "
+                "the verdicts stand"
+            )
+        except VramdoctorError as exc:
+            return written, f"--charts {charts}: cannot write a chart ({exc}); the verdicts stand"
+    return written, None
 
-        for row in result.leaks:
-            try:
-                written.append(str(chart(row, charts)))
-            except OSError as exc:
-                chart_error = (
-                    f"--charts {charts}: cannot write a chart ({exc.strerror or exc}); "
-                    "the verdicts stand"
-                )
-                break
-            except VramdoctorError as exc:
-                chart_error = f"--charts {charts}: cannot write a chart ({exc}); the verdicts stand"
-                break
+
+def _print_fleet(
+    result: FleetResult, written: list[str], chart_error: str | None, *, json_out: bool, top: int
+) -> None:
+    """The JSON document (with the charts) or the table and the charts' paths; then any
+    chart error as a note."""
     if json_out:
         doc = result.to_dict()
         doc["charts"] = written
@@ -239,4 +273,3 @@ def fleet_cmd(
             console.note(f"chart: {path}")
     if chart_error:
         console.note(chart_error)
-    raise typer.Exit(int(ExitCode.PROBLEM if result.leaks else ExitCode.OK))
