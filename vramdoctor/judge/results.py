@@ -236,7 +236,7 @@ class SeriesResult:
     evidence_kind: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return finite(
+        return _finite_dict(
             {
                 "id": self.key,
                 "layer": self.layer,
@@ -333,7 +333,7 @@ class Projection:
     hours: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return finite(
+        return _finite_dict(
             {
                 "capacity_left": self.capacity_left,
                 "capacity_of": self.capacity_of,
@@ -433,7 +433,7 @@ class LayerResult:
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
 
-        return finite(
+        return _finite_dict(
             {
                 "verdict": self.verdict,
                 "reason": self.reason,
@@ -562,3 +562,9 @@ def finite(obj: Any) -> Any:
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
+
+
+def _finite_dict(doc: dict[str, Any]) -> dict[str, Any]:
+    """`finite` of a JSON object, typed as one."""
+    out: dict[str, Any] = finite(doc)
+    return out
