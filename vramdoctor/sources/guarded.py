@@ -21,16 +21,38 @@ goes through this module instead:
   off), so a redirect's body is never read and no header or
   credential is sent to another host.
 
-Standard library plus requests/urllib3 2.x only. Thread-safe: each call's deadline is
-thread-local; the timer is a daemon thread that never holds the process at exit.
+What the deadline covers, for every way a connection is made (direct, an HTTP(S) proxy, a
+SOCKS proxy):
+
+- **Name resolution.** `getaddrinfo` has no timeout of its own and no socket the timer could
+  shut, so every name (the server's, an HTTP proxy's, a SOCKS proxy's, and the server's again
+  for `socks5://` and `socks4://`, which resolve it here) is looked up on a daemon thread that
+  the call waits for at most until the deadline (`Deadline.resolve`). A resolver that hangs
+  costs the caller the deadline, never more: it gets `Deadline.unresolved` (the name) and
+  `not_reached()` says so in one line. The lookup thread that is left waiting ends when the
+  resolver gives up; a later call for the same name waits on that same lookup instead of
+  starting another, and at most `MAX_LOOKUPS` lookups wait at once (more: that call is not
+  resolved), so a hung name server never piles up threads.
+- **SOCKS proxies** (`socks5://`, `socks5h://`, `socks4://`, `socks4a://` in `all_proxy` /
+  `https_proxy` / `http_proxy`): the socket is handed to the deadline before the proxy's
+  handshake starts, so a proxy that accepts and then trickles or says nothing is cut off with
+  the rest of the call. SOCKS needs PySocks (`pip install 'vramdoctor[socks]'`): without it a
+  SOCKS proxy is refused at once with one line that says so (`SocksUnavailable`).
+
+Standard library plus requests/urllib3 2.x only (PySocks when a SOCKS proxy is used).
+Thread-safe: each call's deadline is thread-local; the timer and the lookups are daemon
+threads that never hold the process at exit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import socket
+import sys
 import threading
 import time
+import warnings
 from typing import Any
 from urllib.parse import urljoin
 
@@ -38,13 +60,25 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
+from urllib3.util.connection import allowed_gai_family
 
 from vramdoctor.errors import SourceUnavailable
-from vramdoctor.redact import one_line, redact_text
+from vramdoctor.redact import one_line, redact_text, redact_url
 
-__all__ = ["Deadline", "guarded_session", "is_redirect", "redirect_error"]
+__all__ = [
+    "MAX_LOOKUPS",
+    "Deadline",
+    "SocksUnavailable",
+    "guarded_session",
+    "is_redirect",
+    "not_reached",
+    "redirect_error",
+]
 
 _local = threading.local()
+# Name lookups that may wait at once (each on its own daemon thread; see the module docstring).
+MAX_LOOKUPS = 16
 
 
 class Deadline:
@@ -58,6 +92,10 @@ class Deadline:
         self.at = time.monotonic() + max(0.0, seconds)
         self.fired = False
         self.connected = False
+        # A name whose lookup had not finished when the deadline passed.
+        self.unresolved: str | None = None
+        # The SOCKS proxy (host:port) of the connection being made, while it is being made.
+        self.socks_proxy: str | None = None
         self._lock = threading.Lock()
         self._socks: list[socket.socket] = []
         self._timer: threading.Timer | None = None
@@ -70,17 +108,37 @@ class Deadline:
         """Whether the deadline has passed (or the timer already cut the call off)."""
         return self.fired or time.monotonic() >= self.at
 
-    def watch(self, sock: Any) -> None:
-        """Cut `sock` off when the deadline passes (at once if it already has)."""
+    def watch(self, sock: Any, *, connected: bool = True) -> None:
+        """Cut `sock` off when the deadline passes (at once if it already has). `connected`:
+        whether the server has been reached (False for a SOCKS proxy's handshake)."""
         if sock is None:
             return
         with self._lock:
-            self.connected = True
+            if connected:
+                self.connected = True
             if not self.fired:
                 if sock not in self._socks:
                     self._socks.append(sock)
                 return
         _shut(sock)
+
+    def resolve(self, host: str, port: int, family: int = 0, kind: int = 0) -> list[Any]:
+        """`socket.getaddrinfo(host, port, family, kind)`, waited for at most until the
+        deadline. Raises `_Unresolved` when it has not finished by then (and sets
+        `unresolved`), `socket.gaierror` when the name does not resolve."""
+        if _numeric(host):  # an address: getaddrinfo does not ask a name server
+            return socket.getaddrinfo(host, port, family, kind)
+        key = (host, port, family, kind)
+        with _lookups_lock:
+            lookup = _lookups.get(key)
+            if lookup is None and len(_lookups) < MAX_LOOKUPS:
+                lookup = _lookups[key] = _Lookup(key)
+        if lookup is None or not lookup.done.wait(max(0.0, self.at - time.monotonic())):
+            self.unresolved = host
+            raise _Unresolved(host)
+        if lookup.error is not None:
+            raise lookup.error
+        return list(lookup.result or [])
 
     def _fire(self) -> None:
         with self._lock:
@@ -111,6 +169,55 @@ def _shut(sock: Any) -> None:
         sock.shutdown(socket.SHUT_RDWR)
 
 
+class _Unresolved(Exception):
+    """A name lookup that had not finished when the deadline passed."""
+
+    def __init__(self, host: str) -> None:
+        super().__init__(f"the name {host} was not resolved within the deadline")
+        self.host = host
+
+
+class _Lookup:
+    """One `getaddrinfo` call on a daemon thread; calls for the same key wait on the same one."""
+
+    def __init__(self, key: tuple[str, int, int, int]) -> None:
+        self.key = key
+        self.done = threading.Event()
+        self.result: list[Any] | None = None
+        self.error: Exception | None = None
+        thread = threading.Thread(target=self._run, name="vramdoctor-resolve", daemon=True)
+        thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.result = socket.getaddrinfo(*self.key)
+        except Exception as exc:  # handed to every caller that waits on this lookup
+            self.error = exc
+        finally:
+            with _lookups_lock:
+                if _lookups.get(self.key) is self:
+                    del _lookups[self.key]
+            self.done.set()
+
+
+_lookups: dict[tuple[str, int, int, int], _Lookup] = {}
+_lookups_lock = threading.Lock()
+
+
+def _numeric(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    return True
+
+
+def _connect_timeout(timeout: Any, deadline: Deadline) -> float:
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        return max(0.001, min(float(timeout), deadline.remaining()))
+    return deadline.remaining()
+
+
 def _current() -> Deadline | None:
     deadline: Deadline | None = getattr(_local, "deadline", None)
     return deadline
@@ -138,11 +245,140 @@ class _Watched:
         return super().getresponse(*args, **kwargs)  # type: ignore[misc]
 
 
-class _HTTPConnection(_Watched, HTTPConnection):
+class _Direct(_Watched):
+    """A connection made by this process itself (directly, or to an HTTP proxy): the name is
+    looked up under the deadline (`Deadline.resolve`), then each address is tried in turn as
+    urllib3's `create_connection` does."""
+
+    _dns_host: str
+    host: str
+    port: int
+    source_address: Any
+    socket_options: Any
+
+    def _new_conn(self) -> socket.socket:
+        deadline = _current()
+        host = self._dns_host
+        if host.startswith("["):
+            host = host.strip("[]")
+        try:
+            host.encode("idna")
+        except UnicodeError:
+            deadline = None  # urllib3 says what is wrong with such a name
+        if deadline is None:
+            made: socket.socket = super()._new_conn()  # type: ignore[misc]
+            return made
+        conn: Any = self
+        timeout = _connect_timeout(self.timeout, deadline)
+        try:
+            addresses = deadline.resolve(host, self.port, allowed_gai_family(), socket.SOCK_STREAM)
+        except _Unresolved as exc:
+            raise ConnectTimeoutError(conn, str(exc)) from None
+        except socket.gaierror as exc:
+            raise NameResolutionError(self.host, conn, exc) from exc
+        err: OSError | None = None
+        for family, kind, proto, _, address in addresses:
+            sock: socket.socket | None = None
+            try:
+                sock = socket.socket(family, kind, proto)
+                for option in self.socket_options or ():
+                    sock.setsockopt(*option)
+                sock.settimeout(_connect_timeout(timeout, deadline))
+                if self.source_address:
+                    sock.bind(self.source_address)
+                sock.connect(address)
+            except OSError as exc:
+                err = exc
+                if sock is not None:
+                    sock.close()
+                continue
+            sys.audit("http.client.connect", self, self.host, self.port)
+            return sock
+        if isinstance(err, TimeoutError) or deadline.expired():
+            raise ConnectTimeoutError(
+                conn, f"Connection to {self.host} timed out. (connect timeout={timeout:g})"
+            )
+        raise NewConnectionError(
+            conn, f"Failed to establish a new connection: {err or 'no address for the name'}"
+        )
+
+
+class _Socks(_Watched):
+    """A connection through a SOCKS proxy (urllib3's `SOCKSConnection`, PySocks), made under
+    the deadline: the proxy's name and (`socks5://`, `socks4://`) the server's are looked up
+    under it, and the socket is handed to it before the proxy's handshake starts."""
+
+    _dns_host: str
+    _socks_options: dict[str, Any]
+    host: str
+    port: int
+    source_address: Any
+    socket_options: Any
+
+    def _new_conn(self) -> Any:
+        deadline = _current()
+        if deadline is None:
+            return super()._new_conn()  # type: ignore[misc]
+        pysocks: Any = _contrib_socks().socks
+        conn: Any = self
+        opts = self._socks_options
+        version, rdns = opts["socks_version"], bool(opts["rdns"])
+        proxy_host = str(opts["proxy_host"] or "").strip("[]")
+        proxy_port = int(opts["proxy_port"] or 1080)
+        deadline.socks_proxy = f"{proxy_host}:{proxy_port}"
+        dest = self._dns_host.strip("[]")
+        timeout = _connect_timeout(self.timeout, deadline)
+        try:
+            proxies = deadline.resolve(proxy_host, proxy_port, 0, socket.SOCK_STREAM)
+            if not rdns:  # socks5:// and socks4:// resolve the server's name here
+                family = socket.AF_INET if version == pysocks.PROXY_TYPE_SOCKS4 else 0
+                found = deadline.resolve(dest, self.port, family, socket.SOCK_STREAM)
+                dest = found[0][4][0] if found else dest
+        except _Unresolved as exc:
+            raise ConnectTimeoutError(conn, str(exc)) from None
+        except socket.gaierror as exc:
+            raise NameResolutionError(self.host, conn, exc) from exc
+        except UnicodeError:  # a name IDNA cannot encode (urllib3 checks only direct ones)
+            raise NewConnectionError(
+                conn, "Failed to establish a new connection: a name IDNA cannot encode"
+            ) from None
+        err: Exception | None = None
+        for family, kind, proto, _, address in proxies:
+            sock = None
+            try:
+                sock = pysocks.socksocket(family, kind, proto)
+                for option in self.socket_options or ():
+                    sock.setsockopt(*option)
+                sock.settimeout(_connect_timeout(timeout, deadline))
+                sock.set_proxy(
+                    version, address[0], address[1], rdns, opts["username"], opts["password"]
+                )
+                if self.source_address:
+                    sock.bind(self.source_address)
+                deadline.watch(sock, connected=False)  # the handshake is under the deadline
+                sock.connect((dest, self.port))
+            except (OSError, pysocks.ProxyError) as exc:
+                err = exc
+                if sock is not None:
+                    sock.close()
+                continue
+            deadline.socks_proxy = None
+            return sock
+        if deadline.expired() or isinstance(getattr(err, "socket_err", err), TimeoutError):
+            raise ConnectTimeoutError(
+                conn,
+                f"the SOCKS proxy {proxy_host}:{proxy_port} did not connect {self.host} "
+                f"in time (connect timeout={timeout:g})",
+            )
+        deadline.socks_proxy = None  # it answered: what it said is the connection's error
+        raise NewConnectionError(conn, f"Failed to establish a new connection: {err}")
+
+
+class _HTTPConnection(_Direct, HTTPConnection):
     pass
 
 
-class _HTTPSConnection(_Watched, HTTPSConnection):
+class _HTTPSConnection(_Direct, HTTPSConnection):
     pass
 
 
@@ -157,17 +393,69 @@ class _HTTPSPool(HTTPSConnectionPool):
 _POOLS = {"http": _HTTPPool, "https": _HTTPSPool}
 
 
+class SocksUnavailable(requests.exceptions.InvalidSchema):
+    """A SOCKS proxy is set and PySocks, which SOCKS needs, is not installed."""
+
+
+_socks_pools: dict[str, Any] | None = None
+
+
+def _contrib_socks() -> Any:
+    """urllib3's SOCKS support (`urllib3.contrib.socks`), or None without PySocks."""
+    try:
+        with warnings.catch_warnings():  # urllib3 warns before it raises ImportError
+            warnings.simplefilter("ignore")
+            from urllib3.contrib import socks as contrib
+    except ImportError:
+        return None
+    return contrib
+
+
+def _socks_pool_classes() -> dict[str, Any] | None:
+    """Pools of watched SOCKS connections (None without PySocks), made once."""
+    global _socks_pools
+    if _socks_pools is None:
+        contrib = _contrib_socks()
+        if contrib is None:
+            return None
+
+        class _SocksHTTPConnection(_Socks, contrib.SOCKSConnection):  # type: ignore[misc,name-defined]
+            pass
+
+        class _SocksHTTPSConnection(_Socks, contrib.SOCKSHTTPSConnection):  # type: ignore[misc,name-defined]
+            pass
+
+        class _SocksHTTPPool(contrib.SOCKSHTTPConnectionPool):  # type: ignore[misc,name-defined]
+            ConnectionCls = _SocksHTTPConnection
+
+        class _SocksHTTPSPool(contrib.SOCKSHTTPSConnectionPool):  # type: ignore[misc,name-defined]
+            ConnectionCls = _SocksHTTPSConnection
+
+        _socks_pools = {"http": _SocksHTTPPool, "https": _SocksHTTPSPool}
+    return dict(_socks_pools)
+
+
 class _Adapter(HTTPAdapter):
-    """An adapter whose pools (direct and through an HTTP proxy) use the watched connections."""
+    """An adapter whose pools (direct, through an HTTP proxy, through a SOCKS proxy) use the
+    watched connections."""
 
     def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
         super().init_poolmanager(*args, **kwargs)
         self.poolmanager.pool_classes_by_scheme = dict(_POOLS)
 
     def proxy_manager_for(self, proxy: str, **kwargs: Any) -> Any:
-        manager = super().proxy_manager_for(proxy, **kwargs)
-        if not proxy.lower().startswith("socks"):  # SOCKS pools keep their own classes
+        if not proxy.lower().startswith("socks"):
+            manager = super().proxy_manager_for(proxy, **kwargs)
             manager.pool_classes_by_scheme = dict(_POOLS)
+            return manager
+        pools = _socks_pool_classes()
+        if pools is None:
+            raise SocksUnavailable(
+                f"the proxy {redact_url(one_line(proxy))} is a SOCKS proxy, and SOCKS needs "
+                "PySocks, which is not installed: pip install 'vramdoctor[socks]'"
+            )
+        manager = super().proxy_manager_for(proxy, **kwargs)
+        manager.pool_classes_by_scheme = pools
         return manager
 
 
@@ -195,6 +483,27 @@ def guarded_session() -> requests.Session:
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     return session
+
+
+def not_reached(
+    deadline: Deadline, what: str, shown_url: str, seconds: float, hint: str = ""
+) -> SourceUnavailable | None:
+    """When the deadline passed before the server was reached because a name was not resolved
+    or a SOCKS proxy did not connect, one line that says which; None otherwise (then the
+    server itself was slow). `hint` ends the line (" (--query-timeout)")."""
+    if deadline.unresolved is not None:
+        name = redact_text(one_line(deadline.unresolved))[:200]
+        return SourceUnavailable(
+            f"{what} at {shown_url} was not reached: the name {name} was not resolved within "
+            f"{seconds:g} s (the name server did not answer){hint}"
+        )
+    if deadline.socks_proxy is not None and not deadline.connected:
+        proxy = redact_text(one_line(deadline.socks_proxy))[:200]
+        return SourceUnavailable(
+            f"{what} at {shown_url} was not reached: the SOCKS proxy {proxy} did not connect "
+            f"it within {seconds:g} s{hint}"
+        )
+    return None
 
 
 def is_redirect(resp: requests.Response) -> bool:

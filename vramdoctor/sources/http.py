@@ -7,7 +7,8 @@ that cannot be right) with the URL's credentials removed, so no secret reaches a
 Every scrape is bounded in time and size: `timeout` is a TOTAL deadline for the whole
 answer (connect, status line, headers and body: `vramdoctor.sources.guarded.Deadline` shuts
 the socket down when it passes, so headers or a body that trickle in a byte at a time are cut
-off), a body over `max_bytes` (after decompression) is refused without being kept, and a
+off; name resolution and a SOCKS proxy's handshake are under it too), a body over `max_bytes`
+(after decompression) is refused without being kept, and a
 redirect is never followed (one line naming its target: its body is never read, and no header
 goes to another host).
 """
@@ -22,7 +23,14 @@ import urllib3
 
 from vramdoctor.errors import InputError, SourceUnavailable
 from vramdoctor.redact import redact_url
-from vramdoctor.sources.guarded import Deadline, guarded_session, is_redirect, redirect_error
+from vramdoctor.sources.guarded import (
+    Deadline,
+    SocksUnavailable,
+    guarded_session,
+    is_redirect,
+    not_reached,
+    redirect_error,
+)
 
 __all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_TIMEOUT_S", "Scraper", "metrics_url", "parse_exposition"]
 
@@ -83,7 +91,14 @@ class Scraper:
         if headers:
             self._session.headers.update(headers)
 
-    def _too_slow(self, got: int) -> SourceUnavailable:
+    def _too_slow(self, got: int, deadline: Deadline | None = None) -> SourceUnavailable:
+        early = (
+            not_reached(deadline, self.what, self.shown_url, self.timeout)
+            if deadline is not None
+            else None
+        )
+        if early is not None:  # a name not resolved, a SOCKS proxy that did not connect
+            return early
         return SourceUnavailable(
             f"{self.what} at {self.shown_url} did not finish its answer within {self.timeout:g} s"
             + (f" ({got} bytes had come)" if got else "")
@@ -107,10 +122,10 @@ class Scraper:
         except requests.exceptions.InvalidURL as exc:
             raise InputError(f"not a valid URL: {self.shown_url} ({type(exc).__name__})") from None
         except requests.exceptions.Timeout:
-            raise self._too_slow(0) from None
+            raise self._too_slow(0, deadline) from None
         except requests.exceptions.ConnectionError as exc:
             if deadline.expired():
-                raise self._too_slow(0) from None
+                raise self._too_slow(0, deadline) from None
             if deadline.connected:  # it connected, then closed or broke before answering
                 raise SourceUnavailable(
                     f"{self.what} at {self.shown_url} connected but closed the connection "
@@ -118,6 +133,10 @@ class Scraper:
                 ) from None
             raise SourceUnavailable(
                 f"cannot connect to {self.what} at {self.shown_url}: is it running, and is the port right?"
+            ) from None
+        except SocksUnavailable as exc:
+            raise SourceUnavailable(
+                f"{self.what} at {self.shown_url} was not reached: {exc}"
             ) from None
         except requests.exceptions.RequestException as exc:
             raise SourceUnavailable(

@@ -16,8 +16,9 @@ VictoriaMetrics, Thanos Querier and Mimir (which serves it under `/prometheus`):
 
 What this client guarantees (each one a fault seen in a review, issue #27 items 10-15):
 
-- **A total deadline per call** (`deadline_s`, connect + wait + status line + headers + every
-  byte of the answer; `vramdoctor.sources.guarded.Deadline` shuts the socket down when it
+- **A total deadline per call** (`deadline_s`, name resolution + connect (a SOCKS proxy's
+  handshake included) + wait + status line + headers + every byte of the answer;
+  `vramdoctor.sources.guarded.Deadline` shuts the socket down when it
   passes, and the body is read with `read1`, so nothing waits for a full chunk): a server or
   proxy that trickles its answer or its headers is cut off at the deadline, not at each read.
 - **No redirect followed**: a 3xx answer is one line naming its (redacted) target; its body is
@@ -64,7 +65,14 @@ import urllib3
 
 from vramdoctor.errors import InputError, SourceUnavailable
 from vramdoctor.redact import one_line, redact_text, redact_url, register_secret, secret_name
-from vramdoctor.sources.guarded import Deadline, guarded_session, is_redirect, redirect_error
+from vramdoctor.sources.guarded import (
+    Deadline,
+    SocksUnavailable,
+    guarded_session,
+    is_redirect,
+    not_reached,
+    redirect_error,
+)
 
 if TYPE_CHECKING:  # numpy is imported where range answers are parsed (fleet loads it on a thread)
     import numpy as np
@@ -355,8 +363,19 @@ class PrometheusClient:
             status, body = self._call(method, api_path, params, call, deadline)
         return self._data(status, body, api_path, call)
 
-    def _slow(self, call: Call, got: int | None = None) -> SourceUnavailable:
+    def _slow(
+        self, call: Call, got: int | None = None, *, deadline: Deadline | None = None
+    ) -> SourceUnavailable:
         call.status = "timeout"
+        early = (
+            not_reached(
+                deadline, "Prometheus", self.shown_url, self.deadline_s, " (--query-timeout)"
+            )
+            if deadline is not None
+            else None
+        )
+        if early is not None:
+            return early
         if got is None:
             return SourceUnavailable(
                 f"{self._what()} did not answer within the {self.deadline_s:g} s deadline "
@@ -386,10 +405,10 @@ class PrometheusClient:
         try:
             resp = self._session.request(method, url, **kwargs)
         except requests.exceptions.Timeout:
-            raise self._slow(call) from None
+            raise self._slow(call, deadline=deadline) from None
         except requests.exceptions.ConnectionError as exc:
             if deadline.expired():
-                raise self._slow(call) from None
+                raise self._slow(call, deadline=deadline) from None
             call.status = "unreachable"
             if deadline.connected:
                 raise SourceUnavailable(
@@ -399,6 +418,9 @@ class PrometheusClient:
             raise SourceUnavailable(
                 f"cannot connect to {self._what()}: is it running, and is the port right?"
             ) from None
+        except SocksUnavailable as exc:
+            call.status = "unreachable"
+            raise SourceUnavailable(f"{self._what()} was not reached: {exc}") from None
         except requests.exceptions.RequestException as exc:
             call.status = "unreachable"
             raise SourceUnavailable(f"{self._what()} failed: {type(exc).__name__}") from None
