@@ -55,7 +55,7 @@ SNAPSHOT_MAX_BYTES = 1024 * 1024 * 1024
 # A status file older than this (seconds) belongs to a process that is gone (heartbeat 30 s).
 STALE_STATUS_S = 3 * runtime.HEARTBEAT_S
 _REPLY_NAME = re.compile(r"^(\d{1,7})-([A-Za-z0-9._-]{1,64})-(\d{1,10})\.json$")
-# Status files read per listing (live processes' first: `_live_first`).
+# Status files read per listing (live processes' first, stale files last: `_live_first`).
 MAX_STATUS_FILES = 10_000
 _STATUS_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}-\d{1,10}\.json$")
 _O_READ = (
@@ -197,6 +197,25 @@ class AgentDir:
             return []
         finally:
             os.close(fd)
+
+    def mtimes(self, *names: str) -> dict[str, float]:
+        """Each regular file of the subdirectory `names` (links and the rest left out) and its
+        mtime (lstat: never through a link)."""
+        fd = self._walk(names)
+        if fd is None:
+            return {}
+        out: dict[str, float] = {}
+        try:
+            for name in os.listdir(fd):
+                with contextlib.suppress(OSError):
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode):
+                        out[name] = st.st_mtime
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        return out
 
     def read(self, *names: str, limit: int) -> bytes | None:
         """A regular file `names[-1]` in the subdirectory `names[:-1]`, at most `limit` bytes."""
@@ -402,27 +421,38 @@ def _open_quietly(path: Path) -> AgentDir | None:
         return None
 
 
-def _live_first(names: Iterable[str]) -> list[str]:
-    """Status file names, those of a process of this host that runs now first (then by name),
-    at most MAX_STATUS_FILES: stale files of processes that died without a normal exit
-    (os._exit, SIGKILL) can pile up, and must never hide a live agent (review R3 #7). A name
-    is `HOST-PID.json`; what the file says is checked afterwards, this is only the order."""
+def _live_first(files: dict[str, float]) -> list[str]:
+    """Status file names (name -> mtime) in the order they are read, at most MAX_STATUS_FILES:
+
+    1. this host's whose pid runs now;
+    2. any other that changed within STALE_STATUS_S (a live agent rewrites its file every
+       HEARTBEAT_S: another PID namespace's, a container's, another host's), newest first;
+    3. the stale rest, newest first: read only while room is left, so that no number of
+       files of processes that died without a normal exit (os._exit, SIGKILL), here or in a
+       container, can hide a live agent (review R3 #7). A stood-down agent stops its heartbeat
+       and is in this group too, seen while there is room.
+
+    A name is `HOST-PID.json`; what the file says is checked afterwards, this is only the order."""
     here = runtime.safe_host() + "-"
+    now = time.time()
     ranked = []
-    for name in names:
+    for name, mtime in files.items():
         if not _STATUS_NAME.fullmatch(name):
             continue
         pid = name[: -len(".json")].rsplit("-", 1)[1]
-        live = name.startswith(here) and os.path.isdir(f"/proc/{int(pid)}")
-        ranked.append((not live, name))
+        if name.startswith(here) and os.path.isdir(f"/proc/{int(pid)}"):
+            rank = 0
+        else:
+            rank = 1 if now - mtime < STALE_STATUS_S else 2
+        ranked.append((rank, -mtime if rank else 0.0, name))
     ranked.sort()
-    return [name for _, name in ranked[:MAX_STATUS_FILES]]
+    return [name for _, _, name in ranked[:MAX_STATUS_FILES]]
 
 
 def _agents_in(folder: AgentDir) -> list[AgentInfo]:
     out: list[AgentInfo] = []
     ns: dict[tuple[int, int], int] | None = None
-    for name in _live_first(folder.listdir(runtime.AGENTS_DIR)):
+    for name in _live_first(folder.mtimes(runtime.AGENTS_DIR)):
         d = folder.read_json(runtime.AGENTS_DIR, name, limit=STATUS_MAX_BYTES)
         if d is None:
             continue

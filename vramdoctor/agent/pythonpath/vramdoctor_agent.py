@@ -28,12 +28,14 @@ The directory is hostile until proven otherwise (docs/threat-model.md, "The agen
 refuses a directory that is a link, that it does not own (its effective uid), or that group or
 others can write, and one whose path another user could redirect (a link of another user on the
 way, an ancestor of another user or writable by others without the sticky bit: `check_parents`);
-it removes at start the status files its host's dead processes left (`_prune_stale`); it opens everything relative to the directory it checked (no path is looked
-up twice), never follows a link (`O_NOFOLLOW`, regular files only), reads at most
-TRIGGER_MAX_BYTES of a trigger or session file, accepts only the token of a session whose soak is
-still alive (when that process is visible), handles each sequence number once and in increasing
-order, and keeps at most MAX_PENDING answers of its own that nobody collected. A malformed trigger
-is ignored (said once on stderr) and the agent stays armed.
+it removes at start the status files its host's dead processes left, and those of other PID
+namespaces or hosts silent for FOREIGN_STALE_S (`_prune_stale`); it opens everything relative to
+the directory it checked (no path is looked up twice), never follows a link (`O_NOFOLLOW`,
+regular files only), reads at most TRIGGER_MAX_BYTES of a trigger or session file, accepts only
+the token of a session whose soak is still alive (when that process is visible), handles each
+sequence number once and in increasing order, and keeps at most MAX_PENDING answers of its own
+that nobody collected. A malformed trigger is ignored (said once on stderr) and the agent stays
+armed.
 
 Never harms the server: a failure of torch or of the agent's own machinery (an unwritable
 directory, a snapshot that raises, a torch without the API) logs ONE line on stderr, turns the
@@ -110,6 +112,12 @@ ENV_MALLINFO2_MAX_MS = "VRAMDOCTOR_AGENT_MALLINFO2_MAX_MS"
 HEARTBEAT_S = 30.0
 # Status files looked at, per agent start, for ones whose process died without a normal exit.
 STALE_SCAN = 2000
+# A status file of another PID namespace or host (a container's agent in a directory the host
+# shares) cannot be checked against its process from here: it is stale when neither its mtime
+# nor its recorded heartbeat (`updated_wall`) moved for this long (a live agent rewrites it
+# every HEARTBEAT_S; a stood-down one stops, and is not seen from another namespace after 90 s).
+FOREIGN_STALE_S = 24 * 3600.0
+_STATUS_NAME = re.compile(r"([A-Za-z0-9._-]{1,64})-(\d{1,10})\.json")
 
 _lock = threading.Lock()
 _started_pid: int | None = None
@@ -146,6 +154,29 @@ def start_ticks(pid: int | str = "self") -> int | None:
         return int(rest[19])
     except (ValueError, IndexError):
         return None
+
+
+def visible_processes() -> set[tuple[int, int]]:
+    """(pid in its own PID namespace, start ticks) of every process this one can see in
+    /proc (NSpid's last field: a container's process as its agent names itself)."""
+    out: set[tuple[int, int]] = set()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return out
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status", "rb") as fh:
+                ns = next((line for line in fh if line.startswith(b"NSpid:")), None)
+        except OSError:
+            continue
+        ticks = start_ticks(entry)
+        inner = ns.split()[-1] if ns is not None else b""
+        if ticks is not None and inner.isdigit():
+            out.add((int(inner), ticks))
+    return out
 
 
 def boot() -> None:
@@ -1013,45 +1044,70 @@ class Agent:
             self._prune_stale()
 
     def _prune_stale(self) -> int:
-        """Remove the status files of agents of this host and PID namespace whose process is
-        gone (it died without a normal exit: os._exit, SIGKILL, a crash), so they do not pile
-        up with worker churn. Returns how many were removed.
+        """Remove status files whose agent is gone, so they do not pile up with worker churn
+        (os._exit, SIGKILL, a crash) nor hide a live agent from soak. Returns how many.
 
-        Only what an agent like this one wrote is ever removed: a name of the status shape
-        for this host, a regular file (never a link) of this uid, at most 64 KiB of JSON whose
-        host, pid and pid_ns are the name's and ours, and whose pid is not running here with
-        that start time. A file from another PID namespace, or from before pid_ns was written,
-        is left alone (its process cannot be seen from here). At most STALE_SCAN names are
-        looked at per start."""
+        Only what an agent like this one wrote is ever removed: a name of the status shape, a
+        regular file (never a link) of this uid, at most 64 KiB of JSON whose host and pid are
+        the name's. Two kinds qualify:
+
+        - of this host and PID namespace (its pid_ns is ours): its pid does not run here with
+          the recorded start time;
+        - any other (another PID namespace or host, or from before pid_ns was written), whose
+          process cannot be seen from here: neither its mtime nor its `updated_wall` moved for
+          FOREIGN_STALE_S (24 h; a live agent rewrites its file every HEARTBEAT_S). One whose
+          process is seen from here (a container on this host: NSpid and the start time in
+          /proc) is kept however old: a stood-down agent stops its heartbeat.
+
+        At most STALE_SCAN names are looked at per start (mtime first: a recent foreign file is
+        never read)."""
         agents = self.fds.get(AGENTS_DIR)
-        if agents is None or self.pid_ns is None or self.ticks is None:
+        if agents is None:
             return 0
-        prefix, mine = f"{self.host}-", self._status_name()
+        mine, uid = self._status_name(), os.geteuid()
         removed = 0
+        visible: set[tuple[int, int]] | None = None  # read once, when first needed
         for name in os.listdir(agents)[:STALE_SCAN]:
-            if name == mine or not name.startswith(prefix) or not name.endswith(".json"):
+            shape = _STATUS_NAME.fullmatch(name)
+            if name == mine or shape is None:
                 continue
-            digits = name[len(prefix) : -len(".json")]
-            if not digits.isdigit() or len(digits) > 10:
+            host, pid = shape.group(1), int(shape.group(2))
+            try:
+                st = os.stat(name, dir_fd=agents, follow_symlinks=False)
+            except OSError:
                 continue
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+                continue
+            old = time.time() - st.st_mtime > FOREIGN_STALE_S
+            if host != self.host and not old:
+                continue  # another host's or namespace's, heard from lately: never read
             try:
                 raw = read_small(agents, name, limit=65536)
                 d = json.loads(raw) if raw is not None else None
             except (_Refused, OSError, ValueError, RecursionError):
                 continue
-            if not isinstance(d, dict) or d.get("pid") != int(digits):
-                continue
-            if d.get("host") != self.host or d.get("pid_ns") != self.pid_ns:
+            if not isinstance(d, dict) or d.get("pid") != pid or d.get("host") != host:
                 continue
             ticks = d.get("start_ticks")
-            if not isinstance(ticks, int) or isinstance(ticks, bool):
+            if isinstance(ticks, bool) or not isinstance(ticks, int):
+                ticks = None
+            ours = host == self.host and self.pid_ns is not None and d.get("pid_ns") == self.pid_ns
+            if ours and ticks is not None and self.ticks is not None:
+                stale = start_ticks(pid) != ticks
+            else:
+                beat = d.get("updated_wall")
+                beat = beat if isinstance(beat, (int, float)) and not isinstance(beat, bool) else 0
+                stale = old and time.time() - beat > FOREIGN_STALE_S
+                if stale and ticks is not None:  # a process seen from here that runs: kept
+                    if visible is None:
+                        visible = visible_processes()
+                    stale = (pid, ticks) not in visible and start_ticks(pid) != ticks
+            if not stale:
                 continue
-            if start_ticks(int(digits)) == ticks:
-                continue  # alive
             try:
-                st = os.stat(name, dir_fd=agents, follow_symlinks=False)
-                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-                    continue
+                again = os.stat(name, dir_fd=agents, follow_symlinks=False)
+                if (again.st_ino, again.st_dev) != (st.st_ino, st.st_dev):
+                    continue  # replaced since it was read
                 os.unlink(name, dir_fd=agents)
                 removed += 1
             except OSError:
