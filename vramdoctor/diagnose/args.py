@@ -10,43 +10,39 @@ Dumps cut by the reporter or wrapped by a terminal are parsed as far as they go.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+import re
 from typing import Any
 
 _OPEN = {"(": ")", "[": "]", "{": "}", "<": ">"}
 
 
-def _unquoted(text: str, start: int) -> Iterator[tuple[int, str]]:
-    """(index, char) of every character from `start` that is outside a quoted string."""
-    i = start
-    quote = ""
-    n = len(text)
-    while i < n:
-        c = text[i]
-        if quote:
-            if c == "\\":
-                i += 2
-                continue
-            if c == quote:
-                quote = ""
-        elif c in "'\"":
-            quote = c
-        else:
-            yield i, c
-        i += 1
+# A quoted string (a backslash escapes the next character, whatever it is), or a quote that is never
+# closed (the rest of the text is inside it), then what the parsers read outside quoted strings: one
+# match per token, the text between them skipped in C.
+_QUOTED = r"""'(?:[^'\\]|\\.)*+'|"(?:[^"\\]|\\.)*+"|['"]"""
+_BRACKETS = re.compile(_QUOTED + r"|[()\[\]{}]", re.S)
+_BRACKETS_COMMAS = re.compile(_QUOTED + r"|[()\[\]{},]", re.S)
 
 
 def balanced_end(text: str, start: int, opener: str) -> int:
-    """Index just past the bracket closing `opener` at `start`, or -1 if it is not closed."""
+    """Index just past the bracket closing `opener` at `start`, or -1 if it is not closed.
+
+    Brackets inside quoted strings do not count. The regex steps over everything else in C (a dump
+    is thousands of characters, and only its brackets matter here)."""
     stack = [_OPEN[opener]]
-    for i, c in _unquoted(text, start + 1):
+    for m in _BRACKETS.finditer(text, start + 1):
+        i = m.start()
+        c = text[i]
         if c in "([{":
             stack.append(_OPEN[c])
-        elif c in ")]}" and c == stack[-1]:
-            stack.pop()
-            if not stack:
-                return i + 1
+        elif c in ")]}":
+            if c == stack[-1]:
+                stack.pop()
+                if not stack:
+                    return i + 1
             # an unmatched closer is tolerated (cut or odd reprs)
+        elif m.end() == i + 1:
+            return -1  # a quote never closed: the rest of the text is inside it
     return -1
 
 
@@ -55,14 +51,19 @@ def _split_top(body: str) -> list[str]:
     parts: list[str] = []
     depth = 0
     cur = 0
-    for i, c in _unquoted(body, 0):
-        if c in "([{":
+    for m in _BRACKETS_COMMAS.finditer(body):
+        i = m.start()
+        c = body[i]
+        if c == ",":
+            if depth == 0:
+                parts.append(body[cur:i])
+                cur = i + 1
+        elif c in "([{":
             depth += 1
         elif c in ")]}":
             depth = max(0, depth - 1)
-        elif c == "," and depth == 0:
-            parts.append(body[cur:i])
-            cur = i + 1
+        elif m.end() == i + 1:
+            break  # a quote never closed: the rest of the text is inside it
     tail = body[cur:]
     if tail.strip():
         parts.append(tail)

@@ -40,7 +40,7 @@ def extract_file(path: str | Path) -> tuple[FileExtractor, ReadStats]:
     name = display_name(path)
     stats = ReadStats(name)
     ex = FileExtractor(name)
-    for hit in scan(path, stats, ex.skip_inert):
+    for hit in scan(path, stats, ex):
         ex.feed(hit)
     _sniff(ex, stats.head)
     tail.read(ex, stats.tail, stats.lines)

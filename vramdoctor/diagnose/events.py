@@ -292,7 +292,7 @@ def _oom_wrapped(hit: Hit, text: str) -> tuple[str, str]:
     terminal) and every row glued (a hard wrap narrower than a terminal): returns the first and the
     other two separated by a newline (a figure the first misses is read from them)."""
     out, spaced, glued, prev = text, text, text, hit.text
-    for nxt in hit.after(16):  # a 40-column wrap of the longest message
+    for nxt in hit.following(16):  # a 40-column wrap of the longest message
         if P.OOM_END.search(spaced) or not is_continuation(nxt):
             break
         piece = strip_noise(nxt).rstrip()
@@ -315,7 +315,7 @@ def _async_figures(hit: Hit, msg: str, data: dict[str, Any]) -> str:
     data["allocator"] = "cudaMallocAsync"
     pending: str | None = None
     parts = [msg]
-    for raw in hit.after(8):
+    for raw in hit.following(8):
         line = clean(raw).text.strip()
         m = P.OOM_ASYNC_FIELD.match(line) if line else None
         if m is None or not (m.group(1) or (pending and m.group(2))):
@@ -504,7 +504,7 @@ STOP_LOOKBACK = 64 << 10
 AUTOTUNE_SKIP = ("select_algorithm", "during autotuning", "Ignoring this choice")
 
 
-def _autotune_choice(hit: Hit) -> bool:
+def autotune_choice(hit: Hit) -> bool:
     """Whether a Triton out-of-resource line is inside the autotuner's 'Runtime error during
     autotuning: ... Ignoring this choice.' message (it spans lines: the error text is multi-line)."""
     above = hit.before(2048).rstrip("\n").rsplit("\n", 2)[-2:]
@@ -739,7 +739,7 @@ class EventsMixin:
         """
         out = text
         prev = hit.text
-        for nxt in hit.after(3):
+        for nxt in hit.following(3):
             if not out or out[-1] in ".)]:!?" or not is_continuation(nxt):
                 break
             piece = strip_noise(nxt).rstrip()
@@ -768,7 +768,7 @@ class EventsMixin:
         pools: dict[str, dict[str, int]] = {}
         if m := P.SGL_KV_ALLOC_TRY.search(text):  # a paste that lost the message's newlines
             data["requested_tokens"] = int(m.group(1))
-        for raw in hit.after(8):
+        for raw in hit.following(8):
             s = clean(raw).text
             if not s:
                 break
@@ -915,7 +915,7 @@ class EventsMixin:
                 self.votes[server] += n
             for name, value in facts:
                 self.put(name, value, RUNTIME, hit)
-            if kind == "triton_shared_memory" and _autotune_choice(hit):
+            if kind == "triton_shared_memory" and autotune_choice(hit):
                 return  # torch inductor's autotuner rejected one candidate and went on (review 12b)
             data = dict(data)
             if kind == "triton_shared_memory":
@@ -947,7 +947,7 @@ class EventsMixin:
         data: dict[str, Any] = {"trt_executor": True}
         created: list[dict[str, Any]] = []
         lines = [text]
-        for raw in hit.after(16):
+        for raw in hit.following(16):
             line = clean(raw).text.strip()
             if not line:
                 continue
@@ -1121,7 +1121,7 @@ class EventsMixin:
         self.votes["sglang"] += 5
         wording = m.group(1)
         body = text
-        for nxt in hit.after(6):
+        for nxt in hit.following(6):
             s = strip_noise(nxt).strip()
             if P.LEAK_FIELD.search(s) and not P.LEAK.search(s) and not s.startswith("self."):
                 body += " " + s

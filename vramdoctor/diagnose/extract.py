@@ -14,13 +14,13 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from vramdoctor import servers
 from vramdoctor.diagnose import patterns as P
 from vramdoctor.diagnose.args import balanced_end, parse_dump
 from vramdoctor.diagnose.cmdline import parse_command
-from vramdoctor.diagnose.events import EventsMixin, gib_text_to_mib
+from vramdoctor.diagnose.events import EventsMixin, autotune_choice, gib_text_to_mib
 from vramdoctor.diagnose.findings import (
     ARGS,
     CMDLINE,
@@ -42,7 +42,7 @@ from vramdoctor.diagnose.normalize import (
 )
 from vramdoctor.diagnose.others import OthersMixin
 from vramdoctor.diagnose.reader import Hit
-from vramdoctor.diagnose.vocabulary import GATES
+from vramdoctor.diagnose.vocabulary import GATES, passed
 from vramdoctor.redact import REDACTED, redact_tail, redact_text
 
 # Argument names whose values are secrets (api_key, hf_token, admin_api_key, ssl_keyfile_password).
@@ -60,6 +60,17 @@ WRAP_MIN_COLUMNS = 80  # a pasted command at least this wide may continue on ter
 
 # Facts whose later value wins at equal priority (the last runtime line is the one in force).
 LAST_WINS = {"attention_backend"}
+
+# What a remembered line does again (FileExtractor.feed): votes and counts added, stores replayed
+# (fact, value, priority, evidence text), and how many secrets were known when its text was blanked.
+_Effect = tuple[
+    tuple[tuple[str, int], ...],
+    tuple[tuple[str, int], ...],
+    tuple[tuple[str, Any, float, str], ...],
+    int,
+]
+# Effects of a run of lines joined (FileExtractor.join): the memo's generation, votes, counts.
+_Joined = tuple[int, tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]
 
 
 _VLLM_BACKEND_NAMES = {
@@ -122,10 +133,17 @@ class FileExtractor(EventsMixin, OthersMixin):
     )  # llama.cpp model buffer MiB per GPU
     _stores: int = field(default=0, repr=False)  # facts stored so far (see feed)
     _inert_chars: int = field(default=0, repr=False)
-    # lines whose handlers changed nothing but votes and capped counts: (votes, counts) deltas (feed)
-    _inert: dict[bytes, tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]] = field(
-        default_factory=dict, repr=False
-    )
+    # lines whose handlers changed nothing but votes and capped counts, or only stored again a fact
+    # whose last line wins: (votes, counts deltas, stores to replay, secrets known then) (feed)
+    _inert: dict[bytes, _Effect] = field(default_factory=dict, repr=False)
+    # pasted command lines remembered (key: the line and its command with its continuation rows):
+    # votes and counts deltas, and the flags the command sets (feed)
+    _commands: dict[
+        bytes, tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...], dict[str, Any]]
+    ] = field(default_factory=dict, repr=False)
+    # the stores of the line being fed (name, value, priority, evidence), while feed records them
+    _stored: list[tuple[str, Any, float, Evidence]] | None = field(default=None, repr=False)
+    _forgotten: int = field(default=0, repr=False)  # times `_inert` was cleared (join's tokens)
     version: tuple[str, Evidence] | None = None
     ranks: dict[str, set[int]] = field(default_factory=dict)
     model_files: set[str] = field(default_factory=set)
@@ -188,6 +206,8 @@ class FileExtractor(EventsMixin, OthersMixin):
             ev = self.ev(evidence) if isinstance(evidence, Hit) else evidence
             self.facts[name] = (prio, value, ev)
             self._stores += 1
+            if self._stored is not None:
+                self._stored.append((name, value, prio, ev))
 
     def add_event(self, event: LogEvent) -> None:
         if self.secrets and len(event.text) >= EVIDENCE_CHARS:
@@ -205,62 +225,179 @@ class FileExtractor(EventsMixin, OthersMixin):
         A line whose handlers changed nothing but votes and the counts of events past their cap is
         remembered (`_inert`, bounded by the text it holds): the same text again has the same effect,
         so it is applied without running them (an error-dense log repeats its lines thousands of
-        times). A new fact forgets every remembered line: a handler that reads which facts are known
-        may now act on a line that did nothing before. Every other state handlers read (caps, events
-        kept once, the version) only ever turns an effect into none."""
+        times). So is a line that only stored again a fact whose last line wins (the attention
+        backend of "Using X backend", read off the text alone): the same store is replayed with the
+        new line's number (`_REPLAYABLE`). A new fact forgets every remembered line: a handler that
+        reads which facts are known may now act on a line that did nothing before. Every other state
+        handlers read (caps, events kept once, the version, the dumps parsed) only ever turns an
+        effect into none."""
         t = hit.text
         if len(t) > CACHE_LINE_CHARS:
             for step in dispatch(t):
                 step(self, hit, t)
             return
-        if self.skip_inert(hit.raw or t.encode()):
+        raw = hit.raw or t.encode()
+        if self.skip_inert(raw, hit.lineno):
             return  # (the reader asks first: this is for a caller that feeds hits itself)
         steps = _dispatch_memo(
             t
         )  # (the memo called directly: dispatch's wrapper is one frame more)
         if not steps:
+            self._remember(raw, len(t), (), (), ())  # no handler: the same text does nothing again
             return
-        if any(s in _CONTEXT_STEPS for s in steps) or "out of resource" in t:
-            # what these do depends on the lines around (a dump or command continued on the next rows,
-            # inductor's autotune message around a Triton limit): never remembered by text alone
+        key = self._context_key(hit, t, raw, steps)
+        if key is None:
+            # what these do depends on the lines around (a dump continued on the next rows):
+            # never remembered (a dump line past MAX_DUMPS is not read at all)
             for step in steps:
                 step(self, hit, t)
             return
+        command = FileExtractor._command in steps
+        if key is not raw and self._replay_context(key, command):
+            return  # (a line read with what it reads around it, seen before with the same)
         major, stores, facts = self._state(), self._stores, len(self.facts)
         votes0, counts0 = dict(self.votes), dict(self.event_counts)
-        for step in steps:
-            step(self, hit, t)
+        stored: list[tuple[str, Any, float, Evidence]] = []
+        self._stored = stored
+        try:
+            for step in steps:
+                step(self, hit, t)
+        finally:
+            self._stored = None
         if len(self.facts) != facts:
             # a new fact: a handler that reads which facts are known may now do something on a line
             # that did nothing before (SGLang's weights from the load lines); every other state a
             # handler reads only turns effects into none (caps, "once" events, the version)
-            self._inert.clear()
-            self._inert_chars = 0
-        elif self._state() == major and self._stores == stores:
-            self._inert_chars += len(t)
-            if self._inert_chars > INERT_CHARS:  # bounded by the text it holds: memory stays flat
-                self._inert.clear()
-                self._inert_chars = len(t)
-            self._inert[hit.raw or t.encode()] = (
-                tuple(
-                    (k, n - votes0.get(k, 0))
-                    for k, n in self.votes.items()
-                    if n != votes0.get(k, 0)
-                ),
-                tuple(
-                    (k, n - counts0.get(k, 0))
-                    for k, n in self.event_counts.items()
-                    if n != counts0.get(k, 0)
-                ),
-            )
+            self._forget()
+            return
+        if self._state() != major:
+            return
+        replay: tuple[tuple[str, Any, float, str], ...] = ()
+        if self._stores != stores:
+            # stored again (an existing fact): replayable when the steps read the text alone and
+            # every store's evidence is this line as read
+            if not _REPLAYABLE.issuperset(steps) or any(
+                ev.line != hit.lineno or ev.file != self.name for _n, _v, _p, ev in stored
+            ):
+                return
+            replay = tuple((name, value, prio, ev.text) for name, value, prio, ev in stored)
+        votes = tuple(
+            (k, n - votes0.get(k, 0)) for k, n in self.votes.items() if n != votes0.get(k, 0)
+        )
+        counts = tuple(
+            (k, n - counts0.get(k, 0))
+            for k, n in self.event_counts.items()
+            if n != counts0.get(k, 0)
+        )
+        if command:
+            # a pasted command's flags set again (their values may have changed since: another
+            # command in between): the update is replayed with the votes
+            flags = _parse_command(key.split(b"\n", 1)[1].decode())[0]
+            self._count_chars(len(key))
+            self._commands[key] = (votes, counts, flags)
+            return
+        self._remember(key, len(t) if key is raw else len(key), votes, counts, replay)
 
-    def skip_inert(self, raw: bytes) -> bool:
-        """The reader's question for each candidate line before it decodes it: a line remembered as
-        inert (see `feed`) has its known effect applied here, and is not read again."""
+    def _replay_context(self, key: bytes, command: bool) -> bool:
+        """Apply the remembered effect of a line keyed with its context (see `_context_key`)."""
+        if command:
+            c = self._commands.get(key)
+            if c is None:
+                return False
+            votes, counts, flags = c
+            self.cmd_args.update(flags)
+        else:
+            effect = self._inert.get(key)
+            if effect is None:
+                return False
+            votes, counts = effect[0], effect[1]
+        for server, n in votes:
+            self.votes[server] += n
+        for kind, n in counts:
+            self.event_counts[kind] += n
+        return True
+
+    def _context_key(self, hit: Hit, t: str, raw: bytes, steps: tuple[Step, ...]) -> bytes | None:
+        """What a line's effect is a function of: its text (`raw`), or its text with what its steps
+        read around it (a pasted command's continuation rows, whether a Triton limit sits in torch
+        inductor's autotune message), after a newline no line holds. None: not to be remembered."""
+        if FileExtractor._args in steps and self.dumps_parsed < MAX_DUMPS:
+            return None  # (the dump's parse reads the rows it continues on: read once, not again)
+        oor = "out of resource" in t
+        if FileExtractor._command in steps:
+            if oor:
+                return None
+            return raw + b"\n" + command_text(hit, t).encode()
+        if oor:
+            return raw + (b"\n\x01" if autotune_choice(hit) else b"\n\x00")
+        return raw
+
+    def _remember(
+        self,
+        raw: bytes,
+        chars: int,
+        votes: tuple[tuple[str, int], ...],
+        counts: tuple[tuple[str, int], ...],
+        replay: tuple[tuple[str, Any, float, str], ...],
+    ) -> None:
+        """Remember a line's effect (see `feed`), within INERT_CHARS of text: memory stays flat."""
+        self._count_chars(chars)
+        self._inert[raw] = (votes, counts, replay, len(self.secrets))
+
+    def _count_chars(self, chars: int) -> None:
+        if self._inert_chars + chars > INERT_CHARS:
+            self._forget()
+        self._inert_chars += chars
+
+    def _forget(self) -> None:
+        self._inert.clear()
+        self._commands.clear()
+        self._inert_chars = 0
+        self._forgotten += 1
+
+    def skip_inert(self, raw: bytes, lineno: int = 0) -> bool:
+        """Whether a line is remembered (see `feed`); if so its known effect has been applied."""
+        return self.known(raw, lineno) is not None
+
+    # -- what the reader asks (reader.Known) ---------------------------------------------
+    def known(self, raw: bytes, lineno: int) -> object:
+        """The reader's question for each candidate line (its raw bytes and number) before it decodes
+        it: a line remembered (see `feed`) has its known effect applied here, and is not read again.
+        None: not remembered; True: applied (a stored fact replayed with this line's number); else
+        the line's effect, which `join` can merge with its neighbours'."""
         memo = self._inert.get(raw)
         if memo is None:
+            return None
+        votes, counts, replay, secrets = memo
+        if replay:
+            if secrets != len(self.secrets):
+                return None  # (the evidence text was blanked for fewer secrets: read it again)
+            for name, value, prio, text in replay:
+                self.put(name, value, prio, Evidence(self.name, lineno, text))
+        for server, n in votes:
+            self.votes[server] += n
+        for kind, n in counts:
+            self.event_counts[kind] += n
+        return True if replay else memo
+
+    def join(self, tokens: list[object]) -> object:
+        """The effect of a run of remembered lines (votes and counts added up), valid while the memo
+        that gave them is not forgotten (`_forgotten`)."""
+        votes: dict[str, int] = {}
+        counts: dict[str, int] = {}
+        for token in tokens:
+            v, c, _replay, _secrets = cast(_Effect, token)  # (known()'s effects)
+            for k, n in v:
+                votes[k] = votes.get(k, 0) + n
+            for k, n in c:
+                counts[k] = counts.get(k, 0) + n
+        return (self._forgotten, tuple(votes.items()), tuple(counts.items()))
+
+    def apply(self, token: object) -> bool:
+        """Apply a joined effect again; False when the memo was forgotten since it was joined."""
+        forgotten, votes, counts = cast(_Joined, token)  # (join's tokens)
+        if forgotten != self._forgotten:
             return False
-        votes, counts = memo
         for server, n in votes:
             self.votes[server] += n
         for kind, n in counts:
@@ -389,7 +526,7 @@ class FileExtractor(EventsMixin, OthersMixin):
     def _dump(self, hit: Hit, t: str, opener_at: int) -> dict[str, Any]:
         text = t
         if balanced_end(text, opener_at, text[opener_at]) < 0:
-            for nxt in hit.after(400):
+            for nxt in hit.following(400):
                 piece = strip_noise(nxt)
                 text += piece  # a terminal wrap splits anywhere: join as is
                 if len(text) > MAX_DUMP_CHARS:
@@ -513,24 +650,7 @@ class FileExtractor(EventsMixin, OthersMixin):
 
     def _command(self, hit: Hit, t: str) -> None:
         """A pasted launch command: what the user asked for (the server's dump wins)."""
-        line = strip_noise(t).rstrip()
-        if line.endswith("\\"):  # a command continued with backslashes over several lines
-            for nxt in hit.after(60):
-                part = strip_noise(nxt).rstrip()
-                line = line[:-1] + " " + part
-                if not part.endswith("\\"):
-                    break
-        elif len(t) >= WRAP_MIN_COLUMNS:
-            # a terminal wrapped the command mid-word: every row but the last is exactly as wide as
-            # the first; joined as is (the wrap splits anywhere)
-            width = len(t.rstrip("\r\n"))
-            for nxt in hit.after(20):
-                row = nxt.rstrip("\r\n")
-                if not row or not is_continuation(row) or P.STARTS_COMMAND.match(row):
-                    break  # (a row that starts a command of its own is the next command)
-                line += strip_noise(row)
-                if len(row) != width:
-                    break
+        line = command_text(hit, t)
         flags, env, secrets = _parse_command(line)  # read only: the memo shares them
         self.secrets.update(secrets)
         if not flags and not env:
@@ -800,8 +920,9 @@ class FileExtractor(EventsMixin, OthersMixin):
 
 
 Step = Callable[[FileExtractor, Hit, str], None]
-# Steps whose effect (or lack of one) depends on the lines around the hit, not its text alone.
-_CONTEXT_STEPS: frozenset[Step] = frozenset((FileExtractor._args, FileExtractor._command))
+# Steps whose stores are a function of the line's text alone (and of the facts' priorities), so a
+# line of only these that stored a fact again does the same store, with its own line, when it repeats.
+_REPLAYABLE: frozenset[Step] = frozenset((FileExtractor._rank_tags, FileExtractor._backend))
 # the vocabulary's gates with their steps resolved (a gate naming no method fails at import)
 _GATED: tuple[tuple[Any, Step], ...] = tuple((g, getattr(FileExtractor, g.step)) for g in GATES)
 
@@ -822,7 +943,7 @@ def dispatch(t: str) -> tuple[Step, ...]:
         # text: nothing in it is an event or a fact; only the line's own prefix (rank/process tags)
         return (FileExtractor._echo_rank_tags,) if _rank_tagged(t[:echo]) else ()
     steps: list[Step] = [FileExtractor._rank_tags] if _rank_tagged(t[:80]) else []
-    steps.extend(step for gate, step in _GATED if gate.passes(t))
+    steps.extend(_GATED[i][1] for i in passed(t))
     return tuple(steps)
 
 
@@ -830,6 +951,30 @@ _dispatch_memo: Callable[[str], tuple[Step, ...]] = dispatch.cached  # type: ign
 
 # A pasted command repeats in an error-dense paste (the same excerpt quoted again): parsed once.
 _parse_command = short_line_memo(maxsize=64)(parse_command)
+
+
+def command_text(hit: Hit, t: str) -> str:
+    """A pasted launch command with the rows it continues on (backslash continuations, or a
+    terminal's wrap): all that `FileExtractor._command` reads of the line and the lines after it."""
+    line = strip_noise(t).rstrip()
+    if line.endswith("\\"):  # a command continued with backslashes over several lines
+        for nxt in hit.following(60):
+            part = strip_noise(nxt).rstrip()
+            line = line[:-1] + " " + part
+            if not part.endswith("\\"):
+                break
+    elif len(t) >= WRAP_MIN_COLUMNS:
+        # a terminal wrapped the command mid-word: every row but the last is exactly as wide as
+        # the first; joined as is (the wrap splits anywhere)
+        width = len(t.rstrip("\r\n"))
+        for nxt in hit.following(20):
+            row = nxt.rstrip("\r\n")
+            if not row or not is_continuation(row) or P.STARTS_COMMAND.match(row):
+                break  # (a row that starts a command of its own is the next command)
+            line += strip_noise(row)
+            if len(row) != width:
+                break
+    return line
 
 
 SGL_DICT_ARGS_SINCE = "0.5.19"  # the first SGLang release printing server_args={...}

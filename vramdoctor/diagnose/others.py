@@ -110,7 +110,7 @@ class OthersMixin:
                 "process": f"shard ({m.group(1).lower()})",
                 "tgi_method": m.group(1),
             }
-            for raw in hit.after(120):  # the exception at the end of the shard's traceback
+            for raw in hit.following(120):  # the exception at the end of the shard's traceback
                 x = clean(raw).text
                 if P.EXCEPTION_LINE.match(x):
                     data["error"] = x[:300]

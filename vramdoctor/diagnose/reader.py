@@ -24,7 +24,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 from vramdoctor.diagnose.patterns import READ_FRAME_ANCHORS, fast_bytes
 from vramdoctor.diagnose.vocabulary import ANCHORS
@@ -114,17 +114,23 @@ class Hit:
 
     def after(self, max_lines: int) -> list[str]:
         """Up to `max_lines` raw lines after this one (fewer at the end of the buffer)."""
-        out: list[str] = []
+        return list(self.following(max_lines))
+
+    def following(self, max_lines: int) -> Iterator[str]:
+        """`after`, decoded one line at a time: for a reader that stops at the first line it does
+        not want (a wrapped message's tail, a command's continuation rows)."""
         pos = self._end + 1
         limit = min(len(self._buf), self._end + LOOKAHEAD)
-        while len(out) < max_lines and pos < limit:
-            nl = self._buf.find(b"\n", pos, limit)
+        buf = self._buf
+        for _ in range(max_lines):
+            if pos >= limit:
+                return
+            nl = buf.find(b"\n", pos, limit)
             if nl < 0:
-                out.append(self._buf[pos:limit].decode("utf-8", "replace"))
-                break
-            out.append(self._buf[pos:nl].decode("utf-8", "replace"))
+                yield buf[pos:limit].decode("utf-8", "replace")
+                return
+            yield buf[pos:nl].decode("utf-8", "replace")
             pos = nl + 1
-        return out
 
 
 @dataclass
@@ -219,17 +225,31 @@ def _check_text(name: str, first: bytes) -> str:
     return mode
 
 
-Skip = Callable[[bytes], bool]
+class Known(Protocol):
+    """What the consumer of the hits knows of lines already seen (the extractor's memo of lines that
+    repeat an effect), asked by the reader before it decodes a line."""
+
+    def known(self, raw: bytes, lineno: int) -> object:
+        """None: not known (the line is decoded and yielded). Otherwise its effect has been applied
+        and it is not yielded: True, or a token that `join` can merge with its neighbours' (an
+        effect that neither needs the line's number nor depends on the order of lines)."""
+
+    def join(self, tokens: list[object]) -> object:
+        """One token with the effect of all of `tokens` (a run of consecutive lines)."""
+
+    def apply(self, token: object) -> bool:
+        """Apply a joined token's effect again; False (nothing applied) when it no longer holds."""
 
 
 def scan(
-    path: str | Path, stats: ReadStats | None = None, skip: Skip | None = None
+    path: str | Path, stats: ReadStats | None = None, skip: Known | None = None
 ) -> Iterator[Hit]:
     """Yield the candidate lines of one input, numbered from 1, streaming in blocks.
 
-    `skip(raw)`, when given, is asked about each candidate line's raw bytes before it is decoded: True
-    means the caller has taken the line into account already (a line it knows to repeat an effect)
-    and it is not yielded."""
+    `skip.known(raw, lineno)`, when given, is asked about each candidate line (its raw bytes and
+    line number) before it is decoded: a line the caller has taken into account already (a line it
+    knows to repeat an effect) is not yielded, and a run of such lines that repeats is applied at
+    once (`Successors`)."""
     name = display_name(path)
     st = stats if stats is not None else ReadStats(name)
     src = _open(path)
@@ -273,7 +293,7 @@ def _read(src: BinaryIO, name: str, st: ReadStats) -> tuple[bytes, bool]:
 
 
 def _scan_stream(
-    src: BinaryIO, name: str, st: ReadStats, skip: Skip | None = None
+    src: BinaryIO, name: str, st: ReadStats, skip: Known | None = None
 ) -> Iterator[Hit]:
     buf = b""
     start = 0  # first unprocessed byte in buf; buf[:start] is history
@@ -282,6 +302,7 @@ def _scan_stream(
     first = True
     mode = "text"
     decoder: codecs.IncrementalDecoder | None = None
+    succ = Successors()
     while True:
         data, final = _read(src, name, st)
         st.bytes_read += len(data)
@@ -334,7 +355,7 @@ def _scan_stream(
                 continue
         if end > start:
             pos = [start, lineno]  # _emit leaves the last hit's offset and line number here
-            yield from _emit(buf, start, end, pos, st, skip)
+            yield from _emit(buf, start, end, pos, st, skip, succ)
             seg_lines = buf.count(b"\n", pos[0], end)
             if final and buf[end - 1 : end] != b"\n":
                 seg_lines += 1
@@ -346,49 +367,180 @@ def _scan_stream(
     st.tail = bytes(buf[-TAIL:])
 
 
+# Successor memo (per input): after a candidate line X, the text up to and including the next
+# candidate line Y that is handed on (the lines between, frames skipped ones included) and Y itself.
+# An error-dense log repeats its excerpts, so the same text follows X again: one memcmp
+# (`startswith`) of that text stands for the RE2 search, the frame checks and the slice of Y, and
+# gives the same lines (the first anchor after X's line is a function of the bytes up to the end of
+# the line holding it: no anchor holds a newline). A line that recurs in several contexts (the same
+# error line in different excerpts) keeps its last few successors. Only short runs are kept (a long
+# gap costs RE2 per byte, where the memo would save little).
+#
+# Chains: after X, a run of consecutive candidates whose effects the consumer knew and could join
+# (Known.known returned a token for each): the same text after X again has their joined effect,
+# applied at once (Known.apply), without looking at each line. Both memos are bounded by the bytes
+# they hold: memory stays flat.
+SUCCESSOR_RUN = 8 << 10  # bytes from after X to the end of Y, at most, for a run to be kept
+SUCCESSOR_BYTES = 4 << 20  # bytes of runs and chains held per input (then the memo starts again)
+SUCCESSORS_PER_LINE = 4  # successors kept per line X, the latest first
+CHAIN_BYTES = 32 << 10  # a chain is closed at this many bytes of text ...
+CHAIN_LINES = 256  # ... or this many candidate lines
+
+# a successor: (run, offset of Y in the run, Y, newlines in the run before Y)
+Successor = tuple[bytes, int, bytes, int]
+# a chain: (run, offset of its last line Y in the run, Y, newlines in the run before Y, the joined
+# token, candidate lines in it)
+Chain = tuple[bytes, int, bytes, int, object, int]
+
+
+@dataclass(slots=True)
+class Successors:
+    """One input's successor and chain memos (see above), and the bytes they hold."""
+
+    runs: dict[bytes, list[Successor]] = field(default_factory=dict)
+    chains: dict[bytes, Chain] = field(default_factory=dict)
+    held: int = 0
+
+    def _room(self) -> None:
+        if self.held > SUCCESSOR_BYTES:
+            self.runs.clear()
+            self.chains.clear()
+            self.held = 0
+
+    def add(self, x: bytes, run: bytes, off: int, y: bytes) -> None:
+        self._room()
+        entry = (run, off, y, run.count(b"\n", 0, off))
+        known = self.runs.get(x)
+        if known is None:
+            self.runs[x] = [entry]
+        else:
+            known.insert(0, entry)
+            if len(known) > SUCCESSORS_PER_LINE:
+                self.held -= len(known.pop()[0])
+        self.held += len(run)
+
+    def chain(self, x: bytes, run: bytes, off: int, y: bytes, token: object, lines: int) -> None:
+        self._room()
+        old = self.chains.get(x)
+        if old is not None:
+            self.held -= len(old[0])
+        self.chains[x] = (run, off, y, run.count(b"\n", 0, off), token, lines)
+        self.held += len(run)
+
+
+def _close(
+    succ: Successors, skip: Known, x: bytes, run: bytes, off: int, y: bytes, tokens: list[object]
+) -> None:
+    """Keep the chain built after `x` (its run of text and last line `y`), if it links lines."""
+    if len(tokens) > 1:
+        succ.chain(x, run, off, y, skip.join(tokens), len(tokens))
+
+
 def _emit(
-    buf: bytes, start: int, end: int, pos: list[int], st: ReadStats, skip: Skip | None = None
+    buf: bytes,
+    start: int,
+    end: int,
+    pos: list[int],
+    st: ReadStats,
+    skip: Known | None = None,
+    succ: Successors | None = None,
 ) -> Iterator[Hit]:
     """Candidate lines of buf[start:end]; pos = [offset, lines before it], updated as it goes.
 
-    Newlines are counted only between hits (one pass over the window in total), and the caller
-    counts the rest from the last hit, so a block is never counted twice.
+    Newlines are counted only between candidates (one pass over the window in total), and the caller
+    counts the rest from the last one, so a block is never counted twice. `succ` (the input's
+    successor and chain memos, see `Successors`) is consulted after each candidate and filled as
+    RE2 finds them.
     """
     p, line = pos
     n = 0
-    count, find, rfind = buf.count, buf.find, buf.rfind
+    count, find, rfind, startswith = buf.count, buf.find, buf.rfind, buf.startswith
     match, unanchored = _RE2_MATCH, _UNANCHORED
     mm_frame = _MM_FRAME.search
+    if succ is None:
+        succ = Successors()
+    memo, chains = succ.runs, succ.chains
+    prev: bytes | None = None  # the last candidate handed on (it starts at p), in this window
+    # the chain being built: the line it follows (None: none), where its text starts, the tokens of
+    # its lines, and the end of its last line, that line's start and the line itself
+    head: bytes | None = None
+    hq = 0
+    tokens: list[object] = []
+    last_q = last_s = 0
+    last_raw = b""
     q = start  # always the start of a line
     try:
         while q < end:
-            # the RE2 matcher called here directly: no Python frame per line
-            a = (
-                match(unanchored, buf, q, end)[0][0]
-                if match
-                else _first_anchor_generic(buf, q, end)
-            )
-            if a < 0:
-                break
-            s = rfind(b"\n", q, a) + 1 or q
-            e = find(b"\n", a, end)
-            if e < 0:
-                e = end
-            q = e + 1  # step past the newline that ends this line
-            raw = buf[s:e]
-            f = raw.find(b'File "')
-            if 0 <= f < a - s and mm_frame(raw) is None:
-                # a traceback frame (read through lookback when an error needs it); a line whose
-                # first anchor comes before the frame holds more than the frame: rows a container's
-                # log squashed onto one line ("HIP out of memory. ...  ERROR ... File ...")
-                continue
-            if skip is not None and skip(raw):
-                n += 1
-                continue  # the caller applied this line's known effect (no decode, no Hit)
-            line += count(b"\n", p, s)
+            q_here = q
+            if prev is not None and skip is not None:
+                c = chains.get(prev)
+                if c is not None and startswith(c[0], q, end) and skip.apply(c[4]):
+                    if head is not None:  # the chain being built ends where this one starts
+                        _close(succ, skip, head, buf[hq:last_q], last_s - hq, last_raw, tokens)
+                    head, tokens = None, []
+                    run, off, prev, k, _token, lines = c
+                    p = q + off
+                    q += len(run)
+                    line += k + 1  # (the newline that ends X, and those between)
+                    n += lines
+                    continue
+            found = memo.get(prev) if prev is not None else None
+            if found is not None:
+                for run, off, raw, k in found:  # noqa: B007 - raw: the line found
+                    if startswith(run, q, end):
+                        s = q + off
+                        e = q + len(run) - 1  # (the run ends with Y's newline)
+                        q = e + 1
+                        line += k + 1  # (the newline that ends X, and those between)
+                        break
+                else:
+                    found = None
+            if found is None:
+                while True:
+                    # the RE2 matcher called here directly: no Python frame per line
+                    a = (
+                        match(unanchored, buf, q, end)[0][0]
+                        if match
+                        else _first_anchor_generic(buf, q, end)
+                    )
+                    if a < 0:
+                        return
+                    s = rfind(b"\n", q, a) + 1 or q
+                    e = find(b"\n", a, end)
+                    if e < 0:
+                        e = end
+                    q = e + 1  # step past the newline that ends this line
+                    raw = buf[s:e]
+                    f = raw.find(b'File "')
+                    if 0 <= f < a - s and mm_frame(raw) is None:
+                        # a traceback frame (read through lookback when an error needs it); a line
+                        # whose first anchor comes before the frame holds more than the frame: rows a
+                        # container's log squashed onto one line ("HIP out of memory. ... File ...")
+                        continue
+                    break
+                if prev is not None and e < end and q - q_here <= SUCCESSOR_RUN:
+                    succ.add(prev, buf[q_here:q], s - q_here, raw)
+                line += count(b"\n", p, s)
             p = s
             n += 1
-            yield Hit(line + 1, raw.decode("utf-8", "replace"), buf, s, e, raw)
+            token = None if skip is None else skip.known(raw, line + 1)
+            if token is None or token is True or e >= end or prev is None:
+                # not a link of a chain: the chain being built ends before this line
+                if head is not None and skip is not None:
+                    _close(succ, skip, head, buf[hq:last_q], last_s - hq, last_raw, tokens)
+                head, tokens = None, []
+                prev = raw
+                if token is None:
+                    yield Hit(line + 1, raw.decode("utf-8", "replace"), buf, s, e, raw)
+                continue
+            if head is None:
+                head, hq = prev, q_here
+            tokens.append(token)
+            last_q, last_s, last_raw = q, s, raw
+            prev = raw
+            if (len(tokens) >= CHAIN_LINES or q - hq > CHAIN_BYTES) and skip is not None:
+                _close(succ, skip, head, buf[hq:q], s - hq, raw, tokens)
+                head, tokens = None, []
     finally:  # written back once, not per line (also when the consumer stops early)
         pos[0], pos[1] = p, line
         st.candidates += n

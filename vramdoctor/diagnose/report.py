@@ -14,6 +14,8 @@ from rich.text import Text
 
 from vramdoctor.diagnose import patterns as P
 from vramdoctor.diagnose.findings import EVIDENCE_CHARS, Diagnosis, Evidence, Finding
+from vramdoctor.diagnose.names import KNOWN_SERVERS as KNOWN_SERVERS  # (for the CLI)
+from vramdoctor.diagnose.names import display_name
 from vramdoctor.render.table import Table
 from vramdoctor.render.wrap import Paragraph
 
@@ -86,34 +88,6 @@ def verdict(d: Diagnosis) -> tuple[str, str]:
     n = {s: sum(1 for f in d.findings if f.severity == s) for s in ("critical", "warning", "info")}
     counts = ", ".join(f"{v} {k}" for k, v in n.items() if v)
     return f"{server}{ver}: {top.title} ({counts}).", _STYLE[top.severity]
-
-
-# How users name each server kind (the registry's display names, in the words of a log reader).
-DISPLAY_NAMES = {
-    "sglang": "SGLang",
-    "vllm": "vLLM",
-    "tgi": "TGI",
-    "trtllm": "TensorRT-LLM",
-    "llamacpp": "llama.cpp server",
-    "ollama": "Ollama",
-    "lmdeploy": "LMDeploy",
-}
-_VARIANT_OF = {
-    "LoRAX": "a TGI fork",
-    "vLLM-Ascend": "vLLM's Ascend plugin",
-    "vLLM-Omni": "a vLLM fork",
-}
-
-
-KNOWN_SERVERS = "SGLang, vLLM, TGI, TensorRT-LLM, llama.cpp, Ollama, LMDeploy"
-
-
-def display_name(server: str | None, variant: str | None = None) -> str:
-    """ "TGI (LoRAX, a TGI fork)", "vLLM", "unknown server"."""
-    name = DISPLAY_NAMES.get(server or "", server or "unknown server")
-    if variant:
-        name += f" ({variant}, {_VARIANT_OF.get(variant, 'a variant')})"
-    return name
 
 
 def _server_name(d: Diagnosis) -> str:

@@ -33,9 +33,12 @@ class Gate:
     anchors: tuple[str, ...] | None = None  # None: any_of
 
     def passes(self, t: str) -> bool:
+        return any(f in t for f in self.any_of) and self.rest(t)
+
+    def rest(self, t: str) -> bool:
+        """The conditions after `any_of` (for a line known to hold one of `any_of`)."""
         return (
-            any(f in t for f in self.any_of)
-            and (not self.also or any(f in t for f in self.also))
+            (not self.also or any(f in t for f in self.also))
             and not any(f in t for f in self.unless)
             and (self.regex is None or self.regex.search(t) is not None)
         )
@@ -239,3 +242,26 @@ def _anchors() -> tuple[bytes, ...]:
 
 # The prefilter's fragments (bytes), from the gates: RE2 finds the first of them in a block.
 ANCHORS: tuple[bytes, ...] = _anchors()
+
+
+def _openers() -> tuple[tuple[str, tuple[int, ...]], ...]:
+    out: dict[str, list[int]] = {}
+    for i, g in enumerate(GATES):
+        for f in g.any_of:
+            if i not in out.setdefault(f, []):
+                out[f].append(i)
+    return tuple((f, tuple(idx)) for f, idx in out.items())
+
+
+# Each `any_of` fragment of the table once, with the gates it opens: one substring test per distinct
+# fragment instead of one generator per gate (dispatch runs on every distinct candidate line).
+_OPENERS = _openers()
+
+
+def passed(t: str) -> list[int]:
+    """The indexes in GATES of the gates `t` passes, in table order (`Gate.passes` for each gate)."""
+    opened: set[int] = set()
+    for f, idx in _OPENERS:
+        if f in t:
+            opened.update(idx)
+    return [i for i in sorted(opened) if GATES[i].rest(t)]

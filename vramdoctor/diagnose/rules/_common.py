@@ -7,6 +7,7 @@ import re
 from vramdoctor.diagnose import levers
 from vramdoctor.diagnose.findings import Diagnosis, Evidence, LogEvent
 from vramdoctor.diagnose.levers import Vocab, vocab
+from vramdoctor.diagnose.names import display_name
 
 
 def version_tuple(v: str | None) -> tuple[int, ...] | None:
@@ -41,8 +42,6 @@ def words(d: Diagnosis) -> Vocab:
 
 def server_name(d: Diagnosis) -> str:
     """The server's name as its users say it ("SGLang", "TGI (LoRAX, a TGI fork)", "the server")."""
-    from vramdoctor.diagnose.report import display_name
-
     return display_name(d.server, d.facts.variant) if d.server else "the server"
 
 
