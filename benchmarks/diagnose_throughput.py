@@ -14,13 +14,16 @@ Two mixes of real lines:
                      steady-state lines (Prefill/Decode batch, GET /metrics), as a long-running
                      server's log looks;
   corpus:            every shipped excerpt (tests/fixtures/logs, extra/, wild/) repeated as it is:
-                     every line an error, traceback or startup line (worst case for the pipeline).
+                     every line an error, traceback or startup line (the error-dense mix);
+  stamped:           the corpus mix with a kubectl --timestamps prefix on every line, one
+                     nanosecond apart: the same lines, none repeated byte for byte (what the
+                     reader's and extractor's memos of repeated text cannot help; not in `both`).
 
 With --baseline DIR (a directory holding an older `vramdoctor` package, e.g. from
 `git archive <commit> vramdoctor | tar -x -C DIR`), that code runs on the same file in the same
 run, so a change is measured side by side, not against a figure from another day.
 
-Usage: python benchmarks/diagnose_throughput.py [--size-mib 1024] [--mix serving|corpus|both] [--baseline DIR]
+Usage: python benchmarks/diagnose_throughput.py [--size-mib 1024] [--mix serving|corpus|stamped|both] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -82,8 +85,27 @@ def real_lines() -> tuple[list[bytes], list[bytes]]:
     return blocks, steady
 
 
+def stamped(data: bytes, start: int) -> bytes:
+    """Each line of `data` behind a kubectl --timestamps prefix, one nanosecond apart from `start`."""
+    return b"".join(
+        b"2026-12-02T10:%02d:%02d.%09dZ %s\n"
+        % ((n // 60_000_000_000) % 60, (n // 10**9) % 60, n % 10**9, ln)
+        for n, ln in enumerate(data.split(b"\n")[:-1], start)
+    )
+
+
 def build(path: Path, size: int, mix: str) -> None:
     blocks, steady = real_lines()
+    if mix == "stamped":
+        unit = b"".join(blocks)
+        with open(path, "wb") as f:
+            written = n = 0
+            while written < size:
+                chunk = stamped(unit, n)[: size - written]
+                n += unit.count(b"\n")
+                f.write(chunk)
+                written += len(chunk)
+        return
     if mix == "corpus":
         unit = b"".join(blocks)
     else:
@@ -198,7 +220,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--size-mib", type=int, default=1024)
-    ap.add_argument("--mix", choices=("serving", "corpus", "both"), default="both")
+    ap.add_argument("--mix", choices=("serving", "corpus", "stamped", "both"), default="both")
     ap.add_argument(
         "--baseline",
         type=Path,

@@ -288,3 +288,29 @@ def test_repeated_text_gives_the_same_lines_through_the_memos(
         first.setdefault(line, n)
     assert hits == [(n, line.decode("utf-8", "replace")) for line, n in first.items()]
     assert st.lines == data.count(b"\n") + 1 and st.candidates == len(want)
+
+
+@pytest.mark.parametrize("engine", ["re2-set", "substrings"])
+def test_gates_passed_are_each_gates_own_test(monkeypatch: pytest.MonkeyPatch, engine: str) -> None:
+    """The one-pass selection of gates (RE2's Set, or one substring test per fragment) gives, for every
+    line of the corpus and lines built to hit the edges (a fragment inside another, the logo's block
+    glyph, invalid text), exactly the gates whose own `passes` is true, in table order."""
+    from vramdoctor.diagnose import vocabulary
+
+    if engine == "substrings":
+        monkeypatch.setattr(vocabulary, "_FRAGMENTS", None)
+    lines = [
+        line
+        for p in sorted(FIX.rglob("*.log"))
+        for line in p.read_text("utf-8", "replace").splitlines()
+    ]
+    lines += [
+        "Memory access fault by GPU node-2",
+        "\u2588\u2588 model   Qwen/Qwen2-VL",
+        "IPC handle IPC transport",
+        "broken \udcff surrogate: out of memory",
+        "",
+    ]
+    for t in lines:
+        want = [i for i, g in enumerate(vocabulary.GATES) if g.passes(t)]
+        assert vocabulary.passed(t) == want, t

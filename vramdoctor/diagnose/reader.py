@@ -381,7 +381,7 @@ def _scan_stream(
 # applied at once (Known.apply), without looking at each line. Both memos are bounded by the bytes
 # they hold: memory stays flat.
 SUCCESSOR_RUN = 8 << 10  # bytes from after X to the end of Y, at most, for a run to be kept
-SUCCESSOR_BYTES = 4 << 20  # bytes of runs and chains held per input (then the memo starts again)
+SUCCESSOR_BYTES = 2 << 20  # bytes of runs and chains held per input (then the memo starts again)
 SUCCESSORS_PER_LINE = 4  # successors kept per line X, the latest first
 CHAIN_BYTES = 32 << 10  # a chain is closed at this many bytes of text ...
 CHAIN_LINES = 256  # ... or this many candidate lines

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from vramdoctor.diagnose import patterns as P
 from vramdoctor.diagnose.cmdline import LAUNCH
@@ -253,15 +254,33 @@ def _openers() -> tuple[tuple[str, tuple[int, ...]], ...]:
     return tuple((f, tuple(idx)) for f, idx in out.items())
 
 
-# Each `any_of` fragment of the table once, with the gates it opens: one substring test per distinct
-# fragment instead of one generator per gate (dispatch runs on every distinct candidate line).
+# Each `any_of` fragment of the table once, with the gates it opens: one pass over the line for all
+# of them (RE2's multi-pattern Set: which fragments occur, in one DFA scan), or one substring test per
+# distinct fragment without RE2, instead of one generator per gate (dispatch runs on every distinct
+# candidate line, and a log with a timestamp on each line has nothing but distinct lines).
 _OPENERS = _openers()
+try:
+    from re2 import _re2
+
+    _options = _re2.RE2.Options()
+    _options.encoding = _re2.RE2.Options.Encoding.LATIN1  # (the fragments' UTF-8 bytes, as bytes)
+    _FRAGMENTS: Any = _re2.Set(_re2.RE2.Anchor.UNANCHORED, _options)
+    for _f, _idx in _OPENERS:
+        _FRAGMENTS.Add(re.escape(_f.encode("utf-8")))
+    _FRAGMENTS.Compile()
+except (ImportError, AttributeError):  # pragma: no cover - RE2 is a dependency
+    _FRAGMENTS = None
 
 
 def passed(t: str) -> list[int]:
     """The indexes in GATES of the gates `t` passes, in table order (`Gate.passes` for each gate)."""
     opened: set[int] = set()
-    for f, idx in _OPENERS:
-        if f in t:
-            opened.update(idx)
+    if _FRAGMENTS is not None:
+        # (a fragment occurs in the text exactly when its UTF-8 bytes occur in the text's)
+        for j in _FRAGMENTS.Match(t.encode("utf-8", "surrogatepass")):
+            opened.update(_OPENERS[j][1])
+    else:
+        for f, idx in _OPENERS:
+            if f in t:
+                opened.update(idx)
     return [i for i in sorted(opened) if GATES[i].rest(t)]
