@@ -9,6 +9,8 @@ guessed from the startup lines printed before it.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import Any
 
 from vramdoctor.diagnose import patterns as P
@@ -77,201 +79,293 @@ def gib_text_to_mib(text: str | None) -> float | None:
     return None if text is None else round(float(text) * GIB, 1)
 
 
-@short_line_memo()
-def memory_plan(t: str) -> tuple[Any, ...] | None:
-    """What a memory line says, as a pure function of its text (memoised for short lines).
+# What a memory line says (memory_plan): ("oom", text), ("trt_executor", text), ("host", data, text),
+# ("kv_alloc", phase, text), ("facts", ((name, value), ...), votes) or
+# ("event", kind, phase, data, votes, text, facts), votes being ((server, n), ...).
+Plan = tuple[Any, ...]
+Votes = tuple[tuple[str, int], ...]
+# A reader's answer for a line of its kind that says nothing: memory_plan returns None without asking
+# the readers after it (None from a reader: not its kind, the next one is asked).
+NOTHING: Plan = ("nothing",)
+_SGLANG: Votes = (("sglang", 3),)
+_VLLM: Votes = (("vllm", 3),)
 
-    None (nothing), ("oom", text), ("facts", ((name, value), ...), votes) or
-    ("event", kind, phase, data, votes, text), votes being ((server, n), ...); the handler applies
-    it to the state.
-    """
+
+def _event(
+    kind: str,
+    phase: str | None,
+    data: dict[str, Any],
+    votes: Votes,
+    text: str,
+    facts: tuple[tuple[str, Any], ...] = (),
+) -> Plan:
+    return ("event", kind, phase, data, votes, text, facts)
+
+
+@short_line_memo()
+def memory_plan(t: str) -> Plan | None:
+    """What a memory line says, as a pure function of its text (memoised for short lines): None
+    (nothing), or a `Plan` the handler (`_memory`) applies to the state. The readers below are asked
+    in order; the first that knows the line answers."""
     low = t.lower()
     if not any(k in low for k in MEMORY_KEYS):
         return None  # a line that merely mentions memory: no regex needed
     text = clean(t).text
+    for read in _MEMORY_READERS:
+        plan = read(text)
+        if plan is not None:
+            return None if plan is NOTHING else plan
+    return None
+
+
+def _gpu_oom(text: str) -> Plan | None:
+    """A CUDA-style OOM (its figures and phase are read by the handler), or TensorRT-LLM's executor
+    creation failing for memory (the figures follow on the next lines)."""
     if P.CUDA_OOM.search(text) or P.VLLM_NOT_ENOUGH_LOAD.search(text):
         return ("oom", text)
     if "nsufficient GPU memory" in text and P.TRT_EXECUTOR_OOM.search(text):
         return ("trt_executor", text)  # TensorRT-LLM's PyTorch executor: the figures follow
-    if ("Ray killed" in text or "usage threshold" in text) and (m := P.RAY_KILLED.search(text)):
-        # Ray's memory monitor killed a worker (host RAM): the node's figures, the task it killed
-        data_r: dict[str, Any] = {"killer": "ray memory monitor"}
-        if m.group(1):
-            data_r.update(
-                node_used_gb=float(m.group(1)),
-                node_total_gb=float(m.group(2)),
-                node_fraction=float(m.group(3)),
-                threshold=float(m.group(4)),
-            )
-        if t_ := P.RAY_TASK_NAME.search(text):
-            data_r.update(
-                task=t_.group(1), task_pid=int(t_.group(2)), task_used_gb=float(t_.group(3))
-            )
-        return ("host", data_r, text)
+    return None
+
+
+def _ray_killed(text: str) -> Plan | None:
+    """Ray's memory monitor killed a worker (host RAM): the node's figures, the task it killed."""
+    if not ("Ray killed" in text or "usage threshold" in text) or not (
+        m := P.RAY_KILLED.search(text)
+    ):
+        return None
+    data: dict[str, Any] = {"killer": "ray memory monitor"}
+    if m.group(1):
+        data.update(
+            node_used_gb=float(m.group(1)),
+            node_total_gb=float(m.group(2)),
+            node_fraction=float(m.group(3)),
+            threshold=float(m.group(4)),
+        )
+    if task := P.RAY_TASK_NAME.search(text):
+        data.update(
+            task=task.group(1), task_pid=int(task.group(2)), task_used_gb=float(task.group(3))
+        )
+    return ("host", data, text)
+
+
+def _kv_alloc_failed(text: str) -> Plan | None:
+    """SGLang's KV pool gave a batch no slots: fatal (the figures follow on the next lines)."""
     if ("ry to lower" in text or "never happen" in text) and (
         m := P.SGL_KV_ALLOC_FAIL.search(text)
     ):
-        # SGLang's KV pool gave a batch no slots: fatal (the figures follow on the next lines)
         return ("kv_alloc", m.group(1).lower() if m.group(1) else None, text)
+    return None
+
+
+def _host_allocation(text: str) -> Plan | None:
+    """Host RAM refused to torch's CPU allocator or to Python (MemoryError)."""
     if "DefaultCPUAllocator" in text and (m := P.CPU_ALLOC_OOM.search(text)):
         n = int(m.group(1)) * (1 << 30 if m.group(2) == "GB" else 1)
         return ("host", {"killer": "torch DefaultCPUAllocator", "requested_bytes": n}, text)
     if "MemoryError" in text and (m := P.PY_MEMORY_ERROR.search(text)):
-        data_: dict[str, Any] = {"killer": "python MemoryError"}
+        data: dict[str, Any] = {"killer": "python MemoryError"}
         if m.group(1):
-            data_["requested_mib"] = size_mib(m.group(1))
-        return ("host", data_, text)
-    if "Retract requests" in text and (m := P.SGL_RETRACT_POOL_FULL.search(text)):
-        data_ = {"retracted_reqs": int(m.group(1))}
-        if m.group(2):
-            data_["new_tokens_gained"] = int(m.group(2))
-        if m.group(3):
-            data_["new_token_ratio_from"] = float(m.group(3))
-            data_["new_token_ratio_to"] = float(m.group(4))
-        return ("event", "retraction", "decode", data_, (("sglang", 3),), text, ())
-    kind: str | None = None
-    data: dict[str, Any] = {}
-    phase: str | None = None
-    votes: tuple[tuple[str, int], ...] = ()
-    sglang, vllm = (("sglang", 3),), (("vllm", 3),)
+            data["requested_mib"] = size_mib(m.group(1))
+        return ("host", data, text)
+    return None
+
+
+def _retract_pool_full(text: str) -> Plan | None:
+    """SGLang's "Retract requests" line (the pool is full: requests go back to the queue)."""
+    if not ("Retract requests" in text and (m := P.SGL_RETRACT_POOL_FULL.search(text))):
+        return None
+    data: dict[str, Any] = {"retracted_reqs": int(m.group(1))}
+    if m.group(2):
+        data["new_tokens_gained"] = int(m.group(2))
+    if m.group(3):
+        data["new_token_ratio_from"] = float(m.group(3))
+        data["new_token_ratio_to"] = float(m.group(4))
+    return _event("retraction", "decode", data, (("sglang", 3),), text)
+
+
+def _startup_figures(text: str) -> Plan | None:
+    """The memory figures servers print at start-up: SGLang's pool end and profiled token budget,
+    vLLM's budget line, its desired-utilization line (0.11+) and utilization hint (0.21+). A line
+    with one of their markers but not the figures says nothing (NOTHING)."""
     if "Memory pool end" in text:
         m = P.SGL_POOL_END.search(text)
-        return (
-            ("facts", (("avail_after_pool_mib", gib_text_to_mib(m.group(1))),), sglang)
-            if m
-            else None
-        )
+        if not m:
+            return NOTHING
+        return ("facts", (("avail_after_pool_mib", gib_text_to_mib(m.group(1))),), _SGLANG)
     if "total_gpu_memory" in text:
         m = P.VLLM_BUDGET.search(text)
         if not m:
-            return None
+            return NOTHING
         return (
             "facts",
             (
                 ("total_gpu_mib", gib_text_to_mib(m.group(1))),
                 ("gpu_memory_utilization", float(m.group(2))),
             ),
-            vllm,
+            _VLLM,
         )
     if "Desired GPU memory" in text and (m := P.VLLM_DESIRED.search(text)):
-        # vLLM 0.11+ after start-up: the configured share and, in the same line, the KV cache size
-        # that would fit it (negative when weights + activations + graphs already exceed it).
-        facts: list[tuple[str, Any]] = [("gpu_memory_utilization", float(m.group(1)))]
-        if fm := P.VLLM_FREE_STARTUP.search(text):
-            facts.append(("total_gpu_mib", gib_text_to_mib(fm.group(2))))
-        if (k := P.VLLM_KV_SUGGEST.search(text)) and int(k.group(1)) < 0:
-            return (
-                "event",
-                "kv_budget_negative",
-                "startup",
-                {
-                    "reason": "vllm_kv_cache_memory_negative",
-                    "kv_cache_memory_bytes": int(k.group(1)),
-                    "kv_cache_memory_mib": round(int(k.group(1)) / 1048576, 1),
-                    "gpu_memory_utilization": float(m.group(1)),
-                    "requested_mib": gib_text_to_mib(m.group(2)),
-                },
-                vllm,
-                text,
-                tuple(facts),
-            )
-        return ("facts", tuple(facts), vllm)
+        return _desired_utilization(text, m)
     if "gpu-memory-utilization=" in text:
         m = P.VLLM_UTIL_EQUIV.search(text)
-        return ("facts", (("gpu_memory_utilization", float(m.group(1))),), vllm) if m else None
+        if not m:
+            return NOTHING
+        return ("facts", (("gpu_memory_utilization", float(m.group(1))),), _VLLM)
     if "profiled value" in text:
         m = P.SGL_PROFILED.search(text)
-        if not m:
-            return None
-        profiled = int(m.group(2))
-        return (
-            "event",
-            "kv_budget_negative" if profiled <= 0 else "kv_budget_capped",
-            "kv_cache_alloc",
+        return NOTHING if not m else _profiled_tokens(text, m)
+    return None
+
+
+def _desired_utilization(text: str, m: re.Match[str]) -> Plan:
+    """vLLM 0.11+ after start-up: the configured share and, in the same line, the KV cache size
+    that would fit it (negative when weights + activations + graphs already exceed it)."""
+    facts: list[tuple[str, Any]] = [("gpu_memory_utilization", float(m.group(1)))]
+    if fm := P.VLLM_FREE_STARTUP.search(text):
+        facts.append(("total_gpu_mib", gib_text_to_mib(fm.group(2))))
+    if (k := P.VLLM_KV_SUGGEST.search(text)) and int(k.group(1)) < 0:
+        return _event(
+            "kv_budget_negative",
+            "startup",
             {
-                "reason": "sglang_profiled_tokens_negative"
-                if profiled <= 0
-                else "sglang_max_total_tokens_capped",
-                "max_total_tokens": int(m.group(1)),
-                "profiled_tokens": profiled,
+                "reason": "vllm_kv_cache_memory_negative",
+                "kv_cache_memory_bytes": int(k.group(1)),
+                "kv_cache_memory_mib": round(int(k.group(1)) / 1048576, 1),
+                "gpu_memory_utilization": float(m.group(1)),
+                "requested_mib": gib_text_to_mib(m.group(2)),
             },
-            (("sglang", 5),),
+            _VLLM,
             text,
-            (("max_total_tokens", int(m.group(1))),),
+            tuple(facts),
         )
-    if (m := P.SGL_RETRACT.search(text)) and ("retracted" in text or "happened" in text):
-        kind, phase = "retraction", m.group(1).lower()
-        if m.group(2):
-            data = {
-                "retracted_reqs": int(m.group(2)),
-                "new_token_ratio_from": float(m.group(3)),
-                "new_token_ratio_to": float(m.group(4)),
-            }
-        votes = sglang
-    elif P.VLLM_NO_KV.search(text):
-        kind, phase = "kv_budget_error", "kv_cache_alloc"
-        data = {"reason": "no_memory_for_cache_blocks"}
-        votes = vllm
-    elif m := P.VLLM_MAX_SEQ.search(text):
-        kind, phase = "kv_budget_error", "kv_cache_alloc"
+    return ("facts", tuple(facts), _VLLM)
+
+
+def _profiled_tokens(text: str, m: re.Match[str]) -> Plan:
+    """SGLang's "max_total_tokens=N is larger than the profiled value M": the budget capped (or
+    none left when M <= 0)."""
+    profiled = int(m.group(2))
+    return _event(
+        "kv_budget_negative" if profiled <= 0 else "kv_budget_capped",
+        "kv_cache_alloc",
+        {
+            "reason": "sglang_profiled_tokens_negative"
+            if profiled <= 0
+            else "sglang_max_total_tokens_capped",
+            "max_total_tokens": int(m.group(1)),
+            "profiled_tokens": profiled,
+        },
+        (("sglang", 5),),
+        text,
+        (("max_total_tokens", int(m.group(1))),),
+    )
+
+
+def _retraction(text: str) -> Plan | None:
+    """SGLang's decode/prefill retraction warning (the older wordings)."""
+    if not ((m := P.SGL_RETRACT.search(text)) and ("retracted" in text or "happened" in text)):
+        return None
+    data: dict[str, Any] = {}
+    if m.group(2):
         data = {
+            "retracted_reqs": int(m.group(2)),
+            "new_token_ratio_from": float(m.group(3)),
+            "new_token_ratio_to": float(m.group(4)),
+        }
+    return _event("retraction", m.group(1).lower(), data, _SGLANG, text)
+
+
+def _kv_budget_error(text: str) -> Plan | None:
+    """The KV cache has no room: vLLM's "No available memory for the cache blocks", its max seq len
+    checks (V1 and V0), its start-up free-memory check, SGLang's "Not enough memory" for the pool."""
+    if P.VLLM_NO_KV.search(text):
+        return _event(
+            "kv_budget_error",
+            "kv_cache_alloc",
+            {"reason": "no_memory_for_cache_blocks"},
+            _VLLM,
+            text,
+        )
+    if m := P.VLLM_MAX_SEQ.search(text):
+        data: dict[str, Any] = {
             "reason": "max_seq_len_exceeds_kv_cache",
             "max_seq_len": int(m.group(1)),
             "needed_mib": gib_text_to_mib(m.group(2)),
             "available_mib": gib_text_to_mib(m.group(3)),
         }
-        votes = vllm
-    elif m := P.VLLM_MAX_SEQ_V0.search(text):
-        kind, phase = "kv_budget_error", "kv_cache_alloc"
+        return _event("kv_budget_error", "kv_cache_alloc", data, _VLLM, text)
+    if m := P.VLLM_MAX_SEQ_V0.search(text):
         data = {
             "reason": "max_seq_len_exceeds_kv_cache",
             "max_seq_len": int(m.group(1)),
             "kv_cache_tokens": int(m.group(2)),
         }
-        votes = vllm
-    elif m := P.VLLM_FREE_LT.search(text):
-        kind, phase = "kv_budget_error", "startup"
-        free, total = gib_text_to_mib(m.group(2)), gib_text_to_mib(m.group(3))
-        data = {
-            "reason": "free_memory_below_utilization",
-            "free_mib": free,
-            "total_mib": total,
-            "device": m.group(1),
-        }
-        if m.group(4):
-            data.update(
-                gpu_memory_utilization=float(m.group(4)), requested_mib=gib_text_to_mib(m.group(5))
-            )
-        votes = (("vllm", 5),)
-        facts_: list[tuple[str, Any]] = [("total_gpu_mib", total)]
-        if m.group(4):
-            facts_.append(("gpu_memory_utilization", float(m.group(4))))
-        return ("event", kind, phase, data, votes, text, tuple(facts_))
-    elif P.SGL_NOT_ENOUGH.search(text):
-        kind, phase = "kv_budget_error", "kv_cache_alloc"
+        return _event("kv_budget_error", "kv_cache_alloc", data, _VLLM, text)
+    if m := P.VLLM_FREE_LT.search(text):
+        return _free_below_utilization(text, m)
+    if P.SGL_NOT_ENOUGH.search(text):
         data = {"reason": "sglang_not_enough_memory_for_kv_pool"}
-        votes = sglang
-    elif P.SGL_REQ_SLOTS.search(text):
-        kind = "req_slots_exhausted"
-        votes = sglang
-    elif m := P.TRITON_SMEM.search(text):
+        return _event("kv_budget_error", "kv_cache_alloc", data, _SGLANG, text)
+    return None
+
+
+def _free_below_utilization(text: str, m: re.Match[str]) -> Plan:
+    """vLLM's start-up check: less free memory on the device than the share asks for."""
+    free, total = gib_text_to_mib(m.group(2)), gib_text_to_mib(m.group(3))
+    data: dict[str, Any] = {
+        "reason": "free_memory_below_utilization",
+        "free_mib": free,
+        "total_mib": total,
+        "device": m.group(1),
+    }
+    if m.group(4):
+        data.update(
+            gpu_memory_utilization=float(m.group(4)), requested_mib=gib_text_to_mib(m.group(5))
+        )
+    facts: list[tuple[str, Any]] = [("total_gpu_mib", total)]
+    if m.group(4):
+        facts.append(("gpu_memory_utilization", float(m.group(4))))
+    return _event("kv_budget_error", "startup", data, (("vllm", 5),), text, tuple(facts))
+
+
+def _other_memory_event(text: str) -> Plan | None:
+    """SGLang's request slots exhausted, Triton's shared-memory limit (not the autotuner skipping a
+    candidate: NOTHING), Ray's OOM, an RDMA registration failure, SGLang's multimodal preprocessing
+    retried on the CPU."""
+    if P.SGL_REQ_SLOTS.search(text):
+        return _event("req_slots_exhausted", None, {}, _SGLANG, text)
+    if m := P.TRITON_SMEM.search(text):
         if any(k in text for k in AUTOTUNE_SKIP):
-            return None  # inductor's autotuner skipped one candidate config (review 12b): harmless
-        kind = "triton_shared_memory"
+            return (
+                NOTHING  # inductor's autotuner skipped one candidate config (review 12b): harmless
+            )
+        data: dict[str, Any] = {}
         if m.group(1):
             data = {"required_bytes": int(m.group(1)), "limit_bytes": int(m.group(2))}
-    elif P.RAY_OOM.search(text):
-        kind = "host_oom"
-        data = {"killer": "ray memory monitor"}
-    elif m := P.RDMA_REGISTER.search(text):
-        kind = "rdma_registration_failed"
+        return _event("triton_shared_memory", None, data, (), text)
+    if P.RAY_OOM.search(text):
+        return _event("host_oom", None, {"killer": "ray memory monitor"}, (), text)
+    if m := P.RDMA_REGISTER.search(text):
         data = {"address": m.group(1), "error": (m.group(2) or "").strip()}
-    elif m := P.MM_CPU_RETRY.search(text):
-        kind, phase = "mm_preprocess_gpu_oom", "preprocessing"
-        votes = sglang
-    if kind is None:
-        return None
-    return ("event", kind, phase, data, votes, text, ())
+        return _event("rdma_registration_failed", None, data, (), text)
+    if P.MM_CPU_RETRY.search(text):
+        return _event("mm_preprocess_gpu_oom", "preprocessing", {}, _SGLANG, text)
+    return None
+
+
+# memory_plan's readers, in the order they are asked (the first that knows a line answers)
+_MEMORY_READERS: tuple[Callable[[str], Plan | None], ...] = (
+    _gpu_oom,
+    _ray_killed,
+    _kv_alloc_failed,
+    _host_allocation,
+    _retract_pool_full,
+    _startup_figures,
+    _retraction,
+    _kv_budget_error,
+    _other_memory_event,
+)
 
 
 # Above this, torch's "PyTorch limit" is its UINT64_MAX sentinel (no fraction set): 16 EiB in MiB.
