@@ -53,7 +53,10 @@ from vramdoctor.judge.results import (
     INCONCLUSIVE,
     LEAK,
     NOT_MEASURED,
+    R_BOUNDED,
+    R_FELL_BACK,
     R_GREW_EVERY_ROUND,
+    R_GREW_WITH_TIME,
     R_LIVE_FLAT,
     R_LIVE_GREW,
     R_NOISY,
@@ -225,6 +228,31 @@ def _growing(s: SeriesResult | None) -> bool:
     )
 
 
+def _held_back(s: SeriesResult | None, th: Thresholds) -> bool:
+    """Live bytes that grew steadily, above the floor, for too few rounds to decide
+    (INSIDE_MIN_STEADY_STEPS): a leak, or a cache still filling at a fixed rate; never
+    caching yet, whatever the outside series say."""
+    return (
+        s is not None
+        and s.verdict == NOT_MEASURED
+        and s.steps_missing > 0
+        and s.unit == "MiB"
+        and _growth_of(s) > th.min_growth_mib
+    )
+
+
+def _swings(s: SeriesResult, th: Thresholds) -> bool:
+    """A series judged CACHING because it fell back or moved within a band, whose settled
+    levels moved by more than the floor: it went up and down, it did not hold a level."""
+    levels = [v for v in s.settled if v is not None]
+    return (
+        s.verdict == CACHING
+        and s.reason in (R_FELL_BACK, R_BOUNDED)
+        and len(levels) >= 2
+        and max(levels) - min(levels) > th.min_growth_mib
+    )
+
+
 def _flat(s: SeriesResult | None) -> bool:
     """Judged and not growing: STABLE, or CACHING (it rose and stays, or converges)."""
     return s is not None and s.verdict in (STABLE, CACHING)
@@ -299,6 +327,11 @@ class InsideEvidence:
             target.round_growth = rate_from.round_growth
             target.time_rate_per_s = None
 
+    def _hold(self, target: SeriesResult, live: SeriesResult, evidence: str) -> None:
+        """`target` undecided for want of rounds: `live` grew steadily, rounds short."""
+        self._apply(target, INCONCLUSIVE, R_STEADY_OR_CONVERGING, evidence, live.kind)
+        target.steps_to_decide = live.steps_missing
+
     def decide_vram(self, proc: SeriesResult, th: Thresholds, main_gpu: bool = True) -> bool:
         """Decide one process's VRAM series (`gpu_process`) from its CUDA counters, in place;
         False when the process has none (or the series is not its main GPU's)."""
@@ -318,6 +351,11 @@ class InsideEvidence:
             # Held back for its few rounds, but NVML grew every round too: the outside rule
             # decides a LEAK on these rounds, and the live tensors say it is theirs.
             self._apply(proc, LEAK, R_LIVE_GREW, Evidence.INSIDE_CUDA, live.kind, rate_from=live)
+            return True
+        if _held_back(live, th):
+            # The live tensors grew every round, too few rounds to tell a leak from a cache
+            # still filling: not decided, whatever NVML says (the adaptive rounds go on).
+            self._hold(proc, live, Evidence.INSIDE_CUDA)
             return True
         if live.verdict == NOT_MEASURED or not _flat(live):
             return False  # too few rounds inside: the outside rules stand
@@ -411,6 +449,29 @@ class InsideEvidence:
         if leaking:
             # MiB rates first (bytes in use, traced bytes), Python's block count last.
             top = sorted(leaking, key=lambda s: (s.unit != "MiB", -(s.slope_per_request or 0)))[0]
+            timed = next(
+                (
+                    x
+                    for x in (rss, anon)
+                    if x is not None and x.reason == R_GREW_WITH_TIME and x.time_rate_per_s
+                ),
+                None,
+            )
+            if timed is not None:
+                # The outside series grew inside the idle windows too, at the rate the rounds
+                # show: a leak in time that the live bytes confirm is held, not one per
+                # request (seen: a background thread keeping 1 MiB a second was given as
+                # 231 KiB per request, its time to OOM in requests).
+                rate_s = timed.time_rate_per_s
+                self._apply(
+                    rss,
+                    LEAK,
+                    R_GREW_WITH_TIME,
+                    _EVIDENCE.get(top.kind, Evidence.INSIDE_GLIBC),
+                    top.kind,
+                )
+                rss.time_rate_per_s = rate_s
+                return True
             self._apply(
                 rss,
                 LEAK,
@@ -430,6 +491,26 @@ class InsideEvidence:
                 R_NOISY if top.verdict == LEAK else top.reason,
                 _EVIDENCE.get(top.kind, Evidence.INSIDE_GLIBC),
                 top.kind,
+            )
+            return True
+        held = [s for s in live if _held_back(s, th)]
+        if held:
+            # Live bytes grew every round, for too few rounds to tell a leak from a cache
+            # still filling at a fixed rate: not caching, whatever the RSS says (a reviewer's
+            # server leaking 256 KiB/request under glibc's retention read +5.0 MiB a round
+            # in use for four rounds, and was called allocator caching, exit 0).
+            self._hold(rss, held[0], _EVIDENCE.get(held[0].kind, Evidence.INSIDE_GLIBC))
+            return True
+        swinging = [s for s in live if s.unit == "MiB" and _swings(s, th)]
+        if swinging and rss.verdict == INCONCLUSIVE and rss.reason == R_NOISY:
+            # The RSS never settled in the idle windows, and the live bytes themselves swing
+            # from round to round (memory still held when the window is read): neither says
+            # what stays (seen: a server holding 50-200 MiB buffers for seconds, its bytes in
+            # use 177, 146, 19, 105 MiB, was called arena retention over a 256 KiB/request
+            # leak that a longer --idle found).
+            top = swinging[0]
+            self._apply(
+                rss, INCONCLUSIVE, R_NOISY, _EVIDENCE.get(top.kind, Evidence.INSIDE_GLIBC), top.kind
             )
             return True
         in_use = self.of(rss.pid, "glibc_in_use")

@@ -159,6 +159,10 @@ class GrowthFit:
     change_at: float | None = None  # the x where growth levelled off or started (change point)
     x0: float = 0.0  # the first point's x (the fit's x are relative to it)
     steps_missing: int = 0  # STEADY held back: increments short of `min_steady_steps`
+    # the first point the rate was fitted on, where a change point cut the points (a leak
+    # under a cache that filled, a leak that started late): the increments before it are
+    # the fill or the flat hours, not the leak's own scatter
+    tail_from: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: tuples as lists, non-finite floats as None."""
@@ -337,10 +341,15 @@ def fit_growth(
     ]
     with np.errstate(all="ignore"):
         fit = _select(out, xs, ys, noise, floor, step, fill_search)
-    if fit.model is Model.STEADY and len(fit.increments) < min_steady_steps:
+    # After a change point the tail alone carries the rate: it needs the increments too (a
+    # second cache filling at a fixed rate after the first one is full reads steady; seen: a
+    # reviewer's two caches, full after rounds 2 and 5, called a leak after round 5).
+    if fit.model is Model.STEADY and len(fit.increments[fit.tail_from or 0 :]) < min_steady_steps:
         fit.model, fit.verdict = Model.UNDECIDED, Verdict.INCONCLUSIVE
         fit.reason = Reason.STEADY_OR_CONVERGING
-        fit.steps_to_decide = fit.steps_missing = min_steady_steps - len(fit.increments)
+        fit.steps_to_decide = fit.steps_missing = min_steady_steps - len(
+            fit.increments[fit.tail_from or 0 :]
+        )
     return fit
 
 
@@ -500,6 +509,7 @@ def _select(
         out.ratio, out.ratio_ci = after.ratio, after.ratio_ci
         out.fitted_growth = after.fitted_growth
         out.change_at = float(xs[i]) + float(pts_x0(out))
+        out.tail_from = i
         return done(Model.STEADY, Verdict.LEAK, Reason.GREW_EVERY_ROUND)
 
     if change is not None and change[0] == "levelled":
@@ -520,6 +530,7 @@ def _select(
                 out.ratio, out.ratio_ci = after.ratio, after.ratio_ci
                 out.fitted_growth = after.fitted_growth
                 out.change_at = float(xs[i]) + float(pts_x0(out))
+                out.tail_from = i
                 return done(Model.STEADY, Verdict.LEAK, Reason.GREW_EVERY_ROUND)
 
     steady_r = 1.0 - STEADY_DECAY

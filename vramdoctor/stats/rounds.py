@@ -189,7 +189,14 @@ def _classify(
     out.ci = _rate_interval(fit, typical)
     out.round_growth = (fit.rate or 0.0) * typical
     verdict, reason = fit.verdict, fit.reason
-    if fit.model is Model.FLAT:
+    spread = max(vals) - min(vals)
+    if fit.model is Model.FLAT and h > floor and spread > floor and spread >= 0.5 * abs(peak):
+        # "Flat" only within a threshold the idle windows' own noise set, with the levels
+        # swinging by half the rise or more: no settled level was seen (a reviewer's server
+        # holding 50-200 MiB buffers for seconds read 279, 166, 181, 387 MiB, "rose, then
+        # flat", over a 256 KiB/request leak a longer --idle found).
+        verdict, reason = Verdict.INCONCLUSIVE, Reason.NOISY
+    elif fit.model is Model.FLAT:
         # Flat from round 1 on after the rise in round 1: warm-up, then flat.
         verdict, reason = Verdict.CACHING, Reason.ROSE_THEN_FLAT
     elif fit.model is Model.NOISY:
@@ -226,11 +233,16 @@ def _trend(out: SeriesFit, pts: list[tuple[float, float, Sequence[float]]]) -> N
 def _rate_interval(fit: GrowthFit, typical: float) -> tuple[float, float] | None:
     """The steady rate's 90 % interval, at least as wide as the increments' own scatter
     allows (Student t over the per-round growth: identical rounds leak identical amounts, so
-    their spread is the rate's uncertainty)."""
+    their spread is the rate's uncertainty). Where a change point cut the points (a leak
+    under a cache that filled, or one that started late), only the increments the rate was
+    fitted on count: a cache's fill before them is not the leak's scatter (seen: glibc's bytes
+    in use +24.5, +7.5, +7.5, +7.5 MiB a round, a 256 KiB/request leak under a feature cache
+    filling in round 1, had its rate's interval widened to -83 to 583 KiB/request by the
+    fill, and the host layer called it noisy)."""
     if fit.rate_ci is None or fit.rate is None:
         return None
     lo, hi = fit.rate_ci
-    incs = fit.increments
+    incs = fit.increments[fit.tail_from or 0 :]
     if len(incs) >= 2 and typical > 0:
         from scipy.stats import t as student_t
 
