@@ -145,7 +145,9 @@ def _hourly_floor(t: np.ndarray, v: np.ndarray, end: float) -> tuple[np.ndarray,
     order = np.lexsort((v, k))
     k, v = k[order], v[order]
     first = np.r_[True, k[1:] != k[:-1]]
-    return end - k[first] * HOUR, v[first]
+    # k counts hours back from the end: reversed, the samples are in time order (promtool's
+    # backfill refuses a series whose samples go back in time: "out of order sample")
+    return (end - k[first] * HOUR)[::-1], v[first][::-1]
 
 
 def series(case: Case, end: float) -> Iterator[tuple[str, str, np.ndarray, np.ndarray]]:
