@@ -1,4 +1,4 @@
-"""Every command's output at 60, 80 and 120 columns and piped: no number or word is ever cut.
+"""Every command's output at 60, 80, 120 and 200 columns and piped: no number or word is ever cut.
 
 Each command runs for real (the CLI entry point, in this process for speed: `main([...])` with
 stdout and stderr captured, which is what a pipe is) on real inputs: recorded runs, shipped logs,
@@ -39,7 +39,7 @@ from vramdoctor.render.wrap import unit_words
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures"
-WIDTHS = (60, 80, 120)
+WIDTHS = (60, 80, 120, 200)
 REFERENCE_WIDTH = 10_000
 
 # scenario -> owner: these still cut at some width (tell the owner; remove when fixed)
@@ -47,9 +47,10 @@ KNOWN_CUTS: dict[str, str] = {}
 
 _BORDER = "│┃║|─━═┏┓┗┛┡┩╇╋┳┻├┤┼╭╮╰╯┌┐└┘╷╵┬┴╴╶╸╺+"
 _STRIP = _BORDER + "()[]{},;:.\"'`"
-# soak's time chart: its sparkline and its round axis (b baseline, 1..N rounds, . idle) are
-# drawn to the width they are given; a chart of another width is not a cut.
-_CHART = re.compile(r"^[▁▂▃▄▅▆▇█_=#-]+$|^b*[\d. ]*\.\.[b\d. ]*$|^b{2,}[\d. ]*$")
+# soak's time chart: its sparkline (blank where a series has no sample) and its round axis (b
+# baseline, 1..N rounds, . idle, - between windows) are drawn to the width they are given; a
+# chart of another width is not a cut.
+_CHART = re.compile(r"^[▁▂▃▄▅▆▇█_=#-][▁▂▃▄▅▆▇█_=# -]*$|^[b\d. -]*\.\.[b\d. -]*$|^b{2,}[\d. -]*$")
 # A wall-clock time or date in the output (census's header: the measurement's own time) differs
 # between the reference run and the narrow one by the second it ran in: compared as one word.
 _CLOCK = re.compile(r"\b\d{2}:\d{2}(?::\d{2})?\b|\b\d{4}-\d{2}-\d{2}\b")
@@ -311,3 +312,142 @@ def test_the_renderer_itself_never_cuts_a_word_or_a_unit() -> None:
         assert not cuts(reference, text), (width, text)
         if width >= 40:  # (narrower, a header and its longest word may not fit: they overflow)
             assert all(len(line) <= width for line in text.splitlines()), (width, text)
+
+
+# --- soak's time chart and headline panel, at every width and piped -------------------------
+
+SOAK_RUNS = sorted(
+    p
+    for p in FIX.rglob("*.jsonl")
+    if "report_golden" not in p.parts and '"command":"soak"' in p.read_text()[:2000]
+)
+
+# What the time strip's legend must say for each glyph it may draw (a blank is never one).
+_STRIP_GLYPHS = {
+    "b": "b baseline",
+    **dict.fromkeys("123456789", "1-9 load round"),
+    "0": "0 is round 10",
+    ".": ". idle",
+    "-": "- between windows",
+}
+_BLANK_IN_A_LINE = "blank where that series has no sample"
+_BLOCK = set("▁▂▃▄▅▆▇█")
+
+
+def time_chart(text: str) -> tuple[str, str, list[str]] | None:
+    """(legend, strip, sparklines) of a soak report's time chart: the legend joined back into
+    one sentence, the strip's cells and each sparkline's cells (the two-space indent removed);
+    None when the report has no time chart."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("time: ")), None)
+    if start is None:
+        return None
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("  "))
+    legend = " ".join(lines[start:end])
+    sparks = []
+    for line in lines[end + 1 :]:
+        if line.startswith("  ") and _BLOCK & set(line):
+            sparks.append(line[2:])
+        elif line.startswith(("note: ", "to decide: ")):
+            break
+    return legend, lines[end][2:], sparks
+
+
+def headline_panel(text: str) -> tuple[int, int] | None:
+    """(the headline panel's width, the widest line of the tables between it and the time
+    chart or the notes); None when there is no panel (piped)."""
+    lines = text.splitlines()
+    top = next((i for i, line in enumerate(lines) if line.startswith("╭")), None)
+    if top is None:
+        return None
+    bottom = next(i for i in range(top, len(lines)) if lines[i].startswith("╰"))
+    widths = {len(line) for line in lines[top : bottom + 1]}
+    assert len(widths) == 1, f"a ragged panel: {widths}"
+    tables = []
+    for line in lines[bottom + 1 :]:
+        if line.startswith(("time: ", "note: ", "to decide: ")):
+            break
+        tables.append(line)
+    return widths.pop(), max((len(line) for line in tables), default=0)
+
+
+def _chart_faults(text: str) -> list[str]:
+    chart = time_chart(text)
+    if chart is None:
+        return []
+    legend, strip, sparks = chart
+    faults = []
+    for glyph in sorted(set(strip)):
+        named = _STRIP_GLYPHS.get(glyph)
+        if named is None:
+            faults.append(f"the strip draws {glyph!r}, a glyph it has no meaning for: {strip!r}")
+        elif named not in legend:
+            faults.append(f"the strip draws {glyph!r} but the legend never says {named!r}")
+    blanks = [s for s in sparks if " " in s or len(s) < len(strip)]  # blank inside, or cut off
+    if blanks and _BLANK_IN_A_LINE not in legend:
+        faults.append(f"a sparkline with blank cells, unexplained by the legend: {blanks[0]!r}")
+    faults += [f"a sparkline longer than the strip: {s!r}" for s in sparks if len(s) > len(strip)]
+    return faults
+
+
+@pytest.mark.parametrize("run", SOAK_RUNS, ids=lambda p: str(p.relative_to(FIX)))
+def test_soak_time_chart_legend_names_every_glyph_and_blank_and_no_line_ends_in_a_space(
+    run: Path,
+) -> None:
+    """The review's fault: blank cells in the time strip (between windows, after the last
+    one) and in a sparkline (a process that appeared later) that the legend did not explain,
+    and a round past 9 drawn as 0 with no word of it. Also no line of the report ends in a
+    space, piped or at any width."""
+    problems: dict[str, list[str]] = {}
+    for width in (None, *WIDTHS):
+        code, text = render(["report", str(run)], width)
+        assert code in (0, 1), text[-2000:]
+        where = "piped" if width is None else f"{width} columns"
+        assert time_chart(text) is not None, f"{where}: no time chart"
+        found = _chart_faults(text)
+        found += [
+            f"line {i + 1} ends in a space: {line[-40:]!r}"
+            for i, line in enumerate(text.splitlines())
+            if line != line.rstrip()
+        ]
+        if found:
+            problems[where] = found[:6]
+    assert not problems, f"{run.relative_to(FIX)}: {problems}"
+
+
+@pytest.mark.parametrize("run", SOAK_RUNS, ids=lambda p: str(p.relative_to(FIX)))
+def test_soak_headline_panel_is_as_wide_as_the_tables_under_it(run: Path) -> None:
+    """The review's fault: `report --width 200` drew an 87-wide headline panel over a
+    200-wide table. The rule (vramdoctor.soak.report.terminal.panel_width): the panel is never
+    narrower than the widest table line under it, never wider than the width (a table holding
+    a word longer than the width overflows it; the panel does not), and exactly as wide as that
+    table whenever the table is at least PANEL_MIN wide."""
+    from vramdoctor.soak.report.terminal import PANEL_MIN
+
+    problems = []
+    for width in WIDTHS:
+        _code, text = render(["report", str(run)], width)
+        panel = headline_panel(text)
+        assert panel is not None, f"{width} columns: no headline panel"
+        panel_w, widest = panel
+        widest = min(widest, width)  # (a word longer than the width overflows its table)
+        if not widest <= panel_w <= width or (widest >= PANEL_MIN and panel_w != widest):
+            problems.append(f"{width} columns: a {panel_w}-wide panel over {widest}-wide tables")
+    _code, piped = render(["report", str(run)], None)
+    if headline_panel(piped) is not None or not piped.startswith("vramdoctor soak: "):
+        problems.append("piped: the headline is not one line")
+    assert not problems, f"{run.relative_to(FIX)}: {problems}"
+
+
+def test_the_chart_check_sees_a_blank_an_unnamed_glyph_and_a_round_past_9() -> None:
+    legend = "time: 9 seconds from left to right; b baseline, 1-9 load round, . idle; each line"
+    spark = "  ▁▁▁▁▁▁▁▁▁▁"
+    good = f"{legend}\n  bb11..22..\nGPU 0: 1 MiB to 2 MiB\n{spark}\n"
+    assert not _chart_faults(good)
+    assert _chart_faults(good.replace("bb11..22..", "bb11.. 22."))  # a blank between windows
+    assert _chart_faults(good.replace("bb11..22..", "bb11..22.-"))  # '-' not in the legend
+    assert _chart_faults(good.replace("bb11..22..", "bb11..00.."))  # round 10 drawn as 0
+    assert _chart_faults(good.replace(spark, "      ▁▁▁▁▁"))  # a line blank before its start
+    assert not _chart_faults(
+        good.replace(spark, "      ▁▁▁▁▁").replace("each line", f"each line, {_BLANK_IN_A_LINE}")
+    )
