@@ -11,6 +11,7 @@ from pathlib import Path
 from support.procs import run_cli
 
 from vramdoctor.agent import agent_path
+from vramdoctor.judge.inside import INSIDE_MIN_STEADY_STEPS
 
 FIX = Path(__file__).parents[1] / "fixtures" / "attribute"
 GPU = FIX / "gpu"
@@ -143,9 +144,10 @@ def test_report_of_a_soak_on_transformers_serve_names_the_injected_function() ->
     r = run_cli("report", str(FIX / "soak_run_tserve" / "run.jsonl"), "--json")
     d = json.loads(r.stdout)
     # Three rounds (two increments): too few for live tensors to rule out a cache still
-    # filling, and NVML alone asks for one more round; the stack that grows is named anyway.
+    # filling at a fixed rate (live bytes need four increments: judge.inside
+    # INSIDE_MIN_STEADY_STEPS), so two more rounds; the stack that grows is named anyway.
     assert d["verdict"] == "INCONCLUSIVE" and r.returncode == 0, d["headline"]
-    assert "1 more round" in d["headline"]
+    assert f"{INSIDE_MIN_STEADY_STEPS - 2} more rounds" in d["headline"], d["headline"]
     (p,) = d["attribution"]["processes"]
     (g,) = p["growing"]
     frames = g["stack"]["frames"]

@@ -45,12 +45,14 @@ def _report_json(run: Path) -> str:
     return proc.stdout
 
 
-# Figures derived by least squares differ in their last digits between numpy/BLAS builds (the CI's
-# newest and lowest versions): a float is the same answer when it agrees to 1e-8 relative or
-# 1e-9 absolute (an interval's end near zero inherits the absolute noise of the larger terms it is
-# computed from: 0.04206656580 against 0.04206656569 under numpy 1.23 / scipy 1.10, seen in CI).
-REL_TOL = 1e-8
-ABS_TOL = 1e-9
+# Figures derived by least squares and Student's t differ in their last digits between numpy/BLAS
+# builds and scipy releases (the CI's newest and lowest versions): a float is the same answer when
+# it agrees to 1e-7 relative or 1e-8 absolute (an interval's end near zero inherits the absolute
+# noise of the larger terms it is computed from: 0.04206656580 against 0.04206656569, and
+# 0.24100177388 against 0.24100177086 where the interval's half-width is 1.29, under numpy 1.23 /
+# scipy 1.10, both seen in CI). A changed figure moves far more than that.
+REL_TOL = 1e-7
+ABS_TOL = 1e-8
 
 
 def _same(a: Any, b: Any) -> bool:

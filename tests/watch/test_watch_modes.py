@@ -250,7 +250,16 @@ def vram_leaking(tmp: Path) -> Facts:
         watching(server_url=srv.url, gpu_metrics=[gpu.metrics_url]) as w,
     ):
         seen = rounds(srv.url, 6, 8, watcher=w)
-        return {"seen": seen, "res": _analyse(w), "pid": srv.pid}
+        return {"seen": seen, "res": _analyse(w), "pid": srv.pid, "windows": _windows(w)}
+
+
+def _windows(w: Watcher) -> list[tuple[float, list[float | None]]]:
+    """Each idle window watch kept: (requests served up to it, every process MiB it sampled),
+    for a failure's message."""
+    return [
+        (iw.served, [p.used_mib for g in iw.records.get("gpu", []) for p in g.processes])
+        for iw in w.state.rounds.windows(time.time())
+    ]
 
 
 @run
@@ -404,7 +413,10 @@ def test_a_vram_leak_on_the_exporter_page_is_found_per_request(ran: Any) -> None
     told = f["seen"][-1]["truth"]["layers"]["vram"]
     assert told["verdict"] == "LEAK"
     vram = f["res"].layers["vram"]
-    assert vram.verdict == "LEAK" and vram.main_series == f"gpu0/pid{f['pid']}", vram
+    assert vram.verdict == "LEAK" and vram.main_series == f"gpu0/pid{f['pid']}", (
+        vram,
+        f["windows"],
+    )
     assert vram.rate_per_request == pytest.approx(told["bytes_per_request"] / MIB, rel=0.1)
 
 
