@@ -188,6 +188,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(skip)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse `--dist loadgroup` where its groups would be silently ignored: pytest-xdist
+    (3.8, the newest) groups a test by an `@group` suffix it writes into `item._nodeid`, and
+    pytest 9.2 reads a node's id from elsewhere, so each group is spread over the workers
+    (pytest-xdist #1386; watch's modes then ran once per worker, 4x their work: measured
+    2026-12-03)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or config.getoption("dist", "no") != "loadgroup":
+        return
+    if not config.getoption("numprocesses", None):
+        return
+    from importlib.metadata import version
+
+    xdist = tuple(int(p) for p in version("pytest-xdist").split(".")[:2])
+    if pytest.version_tuple[:2] >= (9, 2) and xdist <= (3, 8):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} with pytest-xdist {version('pytest-xdist')} ignores "
+            "xdist_group (every group would be split over the workers): install the test "
+            "extra's pytest (pyproject.toml: pytest<9.2), or run with -n 0"
+        )
+
+
 def _order(module: str) -> int:
     """0: watch's modes (one group: their runs share a module fixture, 150 s alone); 1: the
     other long modules and fleet's (one group: its databases); 2: the rest."""
