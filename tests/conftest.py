@@ -126,6 +126,12 @@ _LAUNCHED_MODES_KEPT = {
 }  # fmt: skip
 EXTENDED = (
     "tests/soak/test_soak_cycle.py::test_lora_load_unload_cycles[lora-leak-sglang-True]",
+    # rerun in 2 of 3 full runs (2026-12-03); its leak is the default suite's in
+    # test_a_lora_adapter_loaded_at_start_is_found_by_name_and_cycled_unload_first
+    "tests/soak/test_soak_cycle.py::test_lora_load_unload_cycles[lora-leak-vllm-True]",
+    # the same KV page leak in SGLang's metric names: the default suite soaks vLLM's here and
+    # SGLang's KV pool (sglang:kv_used_tokens) in tests/soak/test_soak_layers.py
+    "tests/soak/test_soak_cli.py::test_kv_pages_that_never_come_back_are_a_kv_page_leak[sglang]",
     "tests/soak/test_soak_cycle.py::test_lora_load_unload_cycles[stable-vllm-False]",
     "tests/soak/test_soak_vary.py::test_vary_names_each_layers_culprit_and_its_rate[B]",
     "tests/soak/test_soak_vary.py::test_vary_names_each_layers_culprit_and_its_rate[C]",
@@ -134,11 +140,6 @@ EXTENDED = (
     "tests/core/test_try_newcomer.py::test_try_watch_table_title_says_true_words",
     "tests/fleet/test_fleet_faults.py::"
     "test_an_answer_over_the_size_cap_is_refused_in_bounded_memory[victoriametrics]",
-    # INCONCLUSIVE steady_or_converging instead of LEAK in 3 of 3 full runs with 4 workers on
-    # 2 cores (the leak's in-use growth itself was there), LEAK alone and with its module: open
-    # (#21); the default suite keeps watch's host leak with the agent in test_watch_live.py and
-    # test_leaking_with_the_agent_is_a_leak_decided_inside_at_its_rate.
-    "tests/watch/test_watch_modes.py::test_host_leak_with_the_agent_is_found_through_glibcs_bytes_in_use",
 )
 
 

@@ -191,30 +191,11 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
 
 
 @pytest.fixture(scope="module")
-def watch_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A real watch (short settings) of the leaking reference server under real traffic,
-    recorded; `report` renders it as watch's own final table."""
-    from support.cli import vd
-    from support.procs import RefServer
-
-    from vramdoctor.trial.traffic import Bursts
-    from vramdoctor.trial.watch import WATCH_SETTINGS
-
-    out = tmp_path_factory.mktemp("watch")
-    server = RefServer("leaking", "--leak-kib", "1024", "--metrics-flavour", "vllm")
-    traffic = Bursts(server.url).start()
-    try:
-        r = vd(
-            "watch", "--server", server.url, *WATCH_SETTINGS, "--duration", "15s",
-            "--out", str(out), timeout=120,
-        )  # fmt: skip
-    finally:
-        traffic.stop()
-        server.stop()
-    assert r.returncode in (0, 1), r.stderr
-    runs = sorted(out.glob("*.jsonl"))
-    assert runs, r.stderr
-    yield runs[-1]
+def watch_run() -> Path:
+    """A real watch recorded (`watch --server URL` of the leaking reference server under real
+    bursts, the trial's short settings, `--duration 15s`: tests/fixtures/watch); `report`
+    renders it as watch's own final table."""
+    return FIX / "watch" / "reference-leaking-15s.jsonl"
 
 
 def _scenario_args(name: str, request: pytest.FixtureRequest) -> list[str]:

@@ -174,7 +174,12 @@ def test_a_lora_adapter_loaded_at_start_is_found_by_name_and_cycled_unload_first
         "POST /v1/load_lora_adapter"
     )
     assert "tiny" in info["lifecycle"]["adapters"]  # loaded again after the last cycle
-    assert c["layers"]["host_anon"]["verdict"] == "LEAK"
+    # each unloaded copy is kept: 2 MiB a cycle (the default suite's LoRA leak; the started-
+    # empty variants of test_lora_load_unload_cycles are in the extended suite)
+    host = c["layers"]["host_anon"]
+    assert host["verdict"] == "LEAK", host
+    assert host["residue"]["value"] == pytest.approx(2.0, rel=0.15), host
+    assert d["_exit"] == 1
 
 
 def test_a_request_leak_is_not_blamed_on_the_cycle(tmp_path) -> None:
