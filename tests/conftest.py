@@ -211,7 +211,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _order(module: str) -> int:
-    """0: watch's modes (one group: their runs share a module fixture, 150 s alone); 1: the
+    """0: watch's modes (one group: their runs share a module fixture, 67 s alone); 1: the
     other long modules and fleet's (one group: its databases); 2: the rest."""
     if module == "tests/watch/test_watch_modes.py":
         return 0
