@@ -2,7 +2,7 @@
 
 Each command runs for real (the CLI entry point, in this process for speed: `main([...])` with
 stdout and stderr captured, which is what a pipe is) on real inputs: recorded runs, shipped logs,
-a loopback exporter page, a real Prometheus with generated history, a real watch of the
+a loopback exporter page, a real Prometheus with generated history, a recorded watch of the
 reference server. Its output at `--width 10000` is the reference: nothing there needs wrapping.
 
 What counts as a cut, at a width W (and in a pipe, with no width at all):
@@ -147,6 +147,9 @@ STATIC: dict[str, list[str]] = {
     "soak report (churn)": ["report", str(FIX / "soak" / "h200-worker-churn.jsonl")],
     "soak report (attribution)": ["report", str(FIX / "attribute" / "soak_run" / "run.jsonl")],
     "ab-test report": ["report", str(FIX / "abtest" / "h200-qwen2_5_vl.jsonl")],
+    # a real watch recorded: `watch --server URL` of the leaking reference server under real
+    # bursts, the trial's short settings, `--duration 15s`; rendered as watch's final table
+    "watch report": ["report", str(FIX / "watch" / "reference-leaking-15s.jsonl")],
     "diagnose": ["diagnose", *_logs()[:1]],
     "diagnose (two logs)": ["diagnose", *_logs()[1:3]],
     "attribute": [
@@ -190,28 +193,18 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
         yield url, end
 
 
-@pytest.fixture(scope="module")
-def watch_run() -> Path:
-    """A real watch recorded (`watch --server URL` of the leaking reference server under real
-    bursts, the trial's short settings, `--duration 15s`: tests/fixtures/watch); `report`
-    renders it as watch's own final table."""
-    return FIX / "watch" / "reference-leaking-15s.jsonl"
-
-
 def _scenario_args(name: str, request: pytest.FixtureRequest) -> list[str]:
     if name in STATIC:
         return STATIC[name]
     if name == "census":
         return ["census", "--gpu-metrics", request.getfixturevalue("exporter_url")]
-    if name == "watch report":
-        return ["report", str(request.getfixturevalue("watch_run"))]
     if name == "fleet":
         url, end = request.getfixturevalue("prometheus")
         return ["fleet", "--prometheus", url, "--since", "3d", "--until", f"{end:.0f}"]
     raise AssertionError(name)
 
 
-SCENARIOS = [*STATIC, "census", "watch report", "fleet"]
+SCENARIOS = [*STATIC, "census", "fleet"]
 
 
 def _marks(name: str) -> list[pytest.MarkDecorator]:
