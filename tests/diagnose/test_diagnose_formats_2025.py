@@ -238,7 +238,7 @@ def test_tp_size_from_rank_sets(tmp_path: Path, lines: list[str], tp: int, whole
     assert d.facts.tp_size_is_lower_bound is (True if whole else None)
     j = d.to_json()["facts"]
     assert j["tp_size_at_least"] == tp and "tp_size_is_lower_bound" in j
-    assert "at least" in j["evidence"]["tp_size_at_least"]["text"]
+    assert f">= {tp}" in j["evidence"]["tp_size_at_least"]["text"]
 
 
 def test_tp_size_from_arguments_is_not_a_lower_bound(tmp_path: Path) -> None:

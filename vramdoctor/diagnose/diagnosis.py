@@ -230,7 +230,7 @@ def _tp_from_ranks(
         n = max(tp) + 1
         whole = tp == set(range(n))
         seen = _ranks_said(tp)
-        return n, whole, f"at least {n}: TP {seen} in the rank tags, so tp >= {n}"
+        return n, whole, f"TP {seen} in the rank tags, so tp >= {n}"
     if world and max(world) >= 1 and (pp_size or 1) == 1:
         n = max(world) + 1
         assume = "" if pp_size == 1 else ", assuming no pipeline parallelism"
@@ -239,7 +239,7 @@ def _tp_from_ranks(
             n,
             whole,
             (
-                f"at least {n}: vLLM worker {_ranks_said(world)} in the process tags, so world size >= {n}"
+                f"vLLM worker {_ranks_said(world)} in the process tags, so world size >= {n}"
                 f" (TP x PP; tp >= {n}{assume})"
             ),
         )

@@ -99,6 +99,10 @@ def _fmt(name: str, v: object) -> str:
         return "yes" if v else "no"
     if name.endswith("_mib") and isinstance(v, (int, float)):
         return f"{v / 1024:.2f} GiB" if v >= 1024 else f"{v:.0f} MiB"
+    if name.endswith("_tokens") and isinstance(v, int):
+        return f"{v:,} tokens"
+    if isinstance(v, int) and abs(v) >= 10_000:
+        return f"{v:,}"
     return str(v)
 
 
@@ -160,7 +164,8 @@ def _where(e: Evidence | None, single: bool) -> str:
 
 def _evidence_text(e: Evidence, single: bool) -> Text:
     head = Text(f"{_loc(e, single)}: " if e.line else "", style="dim")
-    text = e.text if len(e.text) <= EVIDENCE_SHOWN else e.text[: EVIDENCE_SHOWN - 1] + "…"
+    # a line longer than the evidence keeps (EVIDENCE_CHARS) was cut when read: say so with "…"
+    text = e.text if len(e.text) < EVIDENCE_SHOWN else e.text[: EVIDENCE_SHOWN - 1] + "…"
     body = Text(text)
     for m in _HIGHLIGHT.finditer(text):
         body.stylize("bold magenta", m.start(), m.end())
@@ -193,6 +198,13 @@ def finding_panel(f: Finding, single: bool = False, width: int | None = None) ->
     return Group(*(Paragraph(p) for p in parts), Text(""))
 
 
+def _events_line(d: Diagnosis, con: Console, where: str) -> None:
+    """'Events: cuda_oom x2, server_crash x2' (of one server's files), or nothing."""
+    if d.event_counts:
+        counts = ", ".join(f"{k} x{v}" for k, v in sorted(d.event_counts.items()))
+        con.print(Text(f"Events{where}: {counts}", style="dim"))
+
+
 def render(d: Diagnosis, con: Console) -> None:
     single = len(d.files) == 1
     text, style = verdict(d)
@@ -207,14 +219,13 @@ def render(d: Diagnosis, con: Console) -> None:
                     style="yellow",
                 )
             )
-    if d.groups:  # different servers: one facts table each, never merged
+    if d.groups:  # different servers: one facts table and one events line each, never merged
         for g in d.groups:
             names = ", ".join(f.file for f in g.files)
             con.print(facts_table(g, single, f"Facts read from {names} ({_server_name(g)})"))
+            _events_line(g, con, f" in {names}")
     else:
         con.print(facts_table(d, single))
-    if d.event_counts:
-        counts = ", ".join(f"{k} x{v}" for k, v in sorted(d.event_counts.items()))
-        con.print(Text(f"Events: {counts}", style="dim"))
+        _events_line(d, con, "")
     for f in d.findings:
         con.print(finding_panel(f, single, con.width))

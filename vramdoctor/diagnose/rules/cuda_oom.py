@@ -455,6 +455,7 @@ _VLLM_NAMES = {"max_running_requests": "max_num_seqs", "tp_size": "tensor_parall
 
 
 def _budget(f: Facts, server: str | None) -> str:
+    """The sentence naming the budget settings the log prints (or that it prints none)."""
     parts = []
     for name in (
         "mem_fraction_static",
@@ -474,7 +475,9 @@ def _budget(f: Facts, server: str | None) -> str:
             if name == "tp_size" and f.tp_size_is_lower_bound:
                 v = f"{v} (at least; from rank tags)"
             parts.append(f"{label}={v}")
-    return ", ".join(parts) if parts else "not shown in the log"
+    if not parts:
+        return "The log prints no budget setting (memory share, token or batch caps, context length)."
+    return f"Budget settings in the log: {', '.join(parts)}."
 
 
 def _gw(e: LogEvent) -> str:
@@ -886,7 +889,7 @@ def _finding(d: Diagnosis, phase: str | None, group: list[LogEvent], total: int)
     device = _device(first, d)
     expl = (
         f"{device} out of memory {where} ({len(group)} of {total} OOM line(s)); "
-        f"{_figures(first)}. Budget settings in the log: {_budget(d.facts, d.server)}."
+        f"{_figures(first)}. {_budget(d.facts, d.server)}"
     )
     derived: list[str] = []
     fd = first.data
