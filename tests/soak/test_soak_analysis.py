@@ -231,6 +231,20 @@ def test_linear_leak_is_leak_with_rate_interval_culprit_and_projection_in_reques
     assert p.hours is None  # no production rate: never hours at the soak's burst load
 
 
+def test_a_creep_under_the_floor_is_never_headlined_as_not_leaking() -> None:
+    # 1 MiB a round after the cache filled: under the 2 MiB floor, so CACHING, but the rounds
+    # only bound a leak; the headline must not claim more than the layer's sentence.
+    r = analyse_soak(synth(leak(0.02), rounds=5))
+    s = next(x for x in r.series if x.key == "gpu0/pid4242")
+    assert r.verdict == CACHING and s.creep_floor_per_request is not None
+    assert s.creep_floor_per_request >= 0.02  # the bound covers the truth
+    line = headline(r)
+    assert "not leaking" not in line and "is not ruled out" in line, line
+    assert "cannot be ruled out" in soak_json(r)["layers"]["vram"]["summary"]
+    # with no creep at all the plain wording stays
+    assert "caching, not leaking" in headline(analyse_soak(synth(caching(140.0), rounds=5)))
+
+
 def test_small_leak_under_noise_is_found() -> None:
     r = analyse_soak(synth(leak(0.5), noise=2.0, seed=3))
     assert r.verdict == LEAK

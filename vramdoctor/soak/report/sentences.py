@@ -220,6 +220,13 @@ def _short(lay: LayerResult) -> str:
             return f"{name} is caching, not leaking (up and down within a band: {growth} from the start)"
         if s is not None and (s.growth or 0.0) <= 0:
             return f"{name} is caching, not leaking (no rise: {growth} from the start)"
+        if s is not None and known(s.creep_floor_per_request):
+            # the rounds bound a leak, they do not rule it out: the headline says no more
+            # than the layer's sentence ("a leak under X per request cannot be ruled out")
+            return (
+                f"{name} is caching (rose {growth}, then flat; a leak under "
+                f"{rate(s.creep_floor_per_request, s.unit)} per request is not ruled out)"
+            )
         return f"{name} is caching, not leaking (rose {growth}, then flat)"
     if lay.verdict == STABLE:
         return f"{name} is stable"
