@@ -498,54 +498,21 @@ def _redact_pairs(text: str) -> str:
         if not _secret_name_cached(name):
             pos = m.end()
             continue
-        q2 = m.group("q2")
-        if q2:
-            start = m.end()
-            close = _quoted_end(text, m.start("q2"))
-            if close > 0 and close < n and (text[close] in "'\"\\" or text[close].isalnum()):
-                close = _shell_word_end(text, close)  # 'it'\''s': one shell word
-            if close < 0:  # not closed on this line: everything to its end is the value
-                end = stop = _line_end(text, start)
-                tail = ""
-            else:
-                end = close - 1 if text[close - 1] in "'\"" else close
-                stop = close
-                tail = text[end:close]
-            value = text[start:end]
-            if value and value != REDACTED:
-                out.append(text[last:start])
-                out.append(REDACTED + tail)
-                last = stop
-                _remember(value)
-            pos = max(stop, m.end())
+        if m.group("q2"):
+            last, pos = _mask_quoted_value(text, m, out, last)
             continue
         value = m.group("value")
         vstart = m.start("value")
         if value[0] in "[(" and (
             sep == sep.strip() or text[vstart + 1 : vstart + 2] in ("'", '"')
         ):  # a list or tuple (of strings: `'api_key': ['a b']`); not "key: (see docs)"
-            close = _bracket_end(text, vstart)
-            end = _line_end(text, vstart) if close < 0 else close
-            body = text[vstart:end]
-            if body.strip("[]() ") and body != REDACTED:
-                out.append(text[last:vstart])
-                out.append(REDACTED)
-                last = end
-                for item in _QUOTED_ITEM.findall(body):
-                    _remember(item[0] or item[1])
-            pos = max(end, m.end())
+            last, pos = _mask_bracketed_value(text, m, out, last)
             continue
         if value[0] == "{":
             pos = vstart + 1  # a dict under a secret name: its own pairs are read one by one
             continue
-        if value in _LITERALS:
-            pos = m.end()  # api_key=None, hf_token=True: no key set, or a switch; nothing secret
-            continue
-        if value == REDACTED or _NUMBER.match(value) or value.lower() in _AUTH_SCHEMES:
-            pos = m.end()  # numbers are counts ("#token: 1234" in SGLang's logs), not secrets
-            continue
-        if sep != sep.strip() and not m.group("q1") and not _looks_like_value(value):
-            pos = m.end()  # "--api-key or OPENAI_API_KEY", "--api-key KEY": prose, not a value
+        if _no_secret_value(m, value, sep):
+            pos = m.end()
             continue
         out.append(text[last:vstart])
         out.append(REDACTED)
@@ -556,6 +523,62 @@ def _redact_pairs(text: str) -> str:
         return text
     out.append(text[last:])
     return "".join(out)
+
+
+def _mask_quoted_value(text: str, m: re.Match[str], out: list[str], last: int) -> tuple[int, int]:
+    """A quoted value after a secret name (`m` matched the opening quote): appends to `out` the
+    text since `last` and the mask, unless the value is empty or masked already; returns (where
+    the text not yet copied begins, where the next search starts)."""
+    n = len(text)
+    start = m.end()
+    close = _quoted_end(text, m.start("q2"))
+    if close > 0 and close < n and (text[close] in "'\"\\" or text[close].isalnum()):
+        close = _shell_word_end(text, close)  # 'it'\''s': one shell word
+    if close < 0:  # not closed on this line: everything to its end is the value
+        end = stop = _line_end(text, start)
+        tail = ""
+    else:
+        end = close - 1 if text[close - 1] in "'\"" else close
+        stop = close
+        tail = text[end:close]
+    value = text[start:end]
+    if value and value != REDACTED:
+        out.append(text[last:start])
+        out.append(REDACTED + tail)
+        last = stop
+        _remember(value)
+    return last, max(stop, m.end())
+
+
+def _mask_bracketed_value(
+    text: str, m: re.Match[str], out: list[str], last: int
+) -> tuple[int, int]:
+    """A list or tuple after a secret name: appends to `out` the text since `last` and one mask
+    for it all (to its closing bracket, or the end of the line), unless it is empty or masked
+    already, and remembers its quoted items; returns (where the text not yet copied begins,
+    where the next search starts)."""
+    vstart = m.start("value")
+    close = _bracket_end(text, vstart)
+    end = _line_end(text, vstart) if close < 0 else close
+    body = text[vstart:end]
+    if body.strip("[]() ") and body != REDACTED:
+        out.append(text[last:vstart])
+        out.append(REDACTED)
+        last = end
+        for item in _QUOTED_ITEM.findall(body):
+            _remember(item[0] or item[1])
+    return last, max(end, m.end())
+
+
+def _no_secret_value(m: re.Match[str], value: str, sep: str) -> bool:
+    """True when the word after a secret name is no secret: a literal, a number, a masked value,
+    an auth scheme's name, or prose after a spaced separator."""
+    if value in _LITERALS:
+        return True  # api_key=None, hf_token=True: no key set, or a switch; nothing secret
+    if value == REDACTED or _NUMBER.match(value) or value.lower() in _AUTH_SCHEMES:
+        return True  # numbers are counts ("#token: 1234" in SGLang's logs), not secrets
+    # "--api-key or OPENAI_API_KEY", "--api-key KEY": prose, not a value
+    return sep != sep.strip() and not m.group("q1") and not _looks_like_value(value)
 
 
 def _redact_argv_lists(text: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -16,7 +17,7 @@ from vramdoctor.errors import ExitCode, InputError
 from vramdoctor.record import Run
 from vramdoctor.render import console
 from vramdoctor.render.files import ReportMeta, write_report
-from vramdoctor.samples import CONTEXT_MIB
+from vramdoctor.samples import CONTEXT_MIB, GpuSample
 
 
 def _parse_range(text: str) -> tuple[float, float]:
@@ -60,6 +61,62 @@ def _emit(
         render(result, rec)
         write_report(report_file, rec.export_text() if suffix == ".txt" else rec.export_html())
     return int(ExitCode.PROBLEM if result.problem else ExitCode.OK)
+
+
+def _check_choices(
+    report_file: Path | None, *, only_leftovers: bool, no_leftovers: bool, exporters: list[str]
+) -> None:
+    """Refuses (InputError) a report file census cannot write and --only-leftovers with an
+    option it does not go with, before anything is measured; returns nothing."""
+    if report_file is not None:
+        _report_suffix(report_file)  # refuse before measuring, not after printing
+    if only_leftovers and (no_leftovers or exporters):
+        raise InputError(
+            "--only-leftovers looks at this host: it goes with neither --no-leftovers nor --gpu-metrics"
+        )
+
+
+def _take_wanted(
+    exporters: list[str], wanted: list[int] | None, *, need_gpu: bool
+) -> tuple[GpuSample, dict[int, int], list[dict[str, Any]]]:
+    """Returns one GPU sample (with its server groups and devices) of the GPUs asked for only:
+    NVML filters them itself, the exporters' readings are filtered here."""
+    sample, groups, devices = take_sample(exporters, wanted, need_gpu=need_gpu)
+    if wanted is not None and exporters:  # NVML filtered already; exporters report all
+        sample.gpus = [g for g in sample.gpus if g.index in wanted]
+        sample.processes = [p for p in sample.processes if p.gpu in wanted]
+        devices = [d for d in devices if d["index"] in wanted]
+    return sample, groups, devices
+
+
+def _take_census(
+    exporters: list[str],
+    wanted: list[int] | None,
+    *,
+    context_mib: tuple[float, float],
+    shm_dir: str,
+    no_leftovers: bool,
+    only_leftovers: bool,
+    out: Path | None,
+) -> Census:
+    """Returns the census of one GPU sample (and of what crashes left on this host), recorded
+    as a run file when `out` is given."""
+    sample, groups, devices = _take_wanted(exporters, wanted, need_gpu=not only_leftovers)
+    # Leftovers are this host's: not looked for when the GPUs are another host's (exporters).
+    leftovers = None if no_leftovers or exporters else take_leftovers(shm_dir, sample)
+    result = census(sample, groups=groups, context_mib=context_mib, leftovers=leftovers)
+    if out is not None:
+        record(
+            out,
+            sample,
+            result,
+            devices=devices,
+            groups=groups,
+            exporters=exporters,
+            shm_dir=shm_dir,
+            context_mib=context_mib,
+        )
+    return result
 
 
 @app.command("census")
@@ -126,31 +183,21 @@ def census_cmd(
     """
     lo_hi = _parse_range(context_mib)
     wanted = parse_gpu_indices([*gpu, *([gpus_alias] if gpus_alias else [])])
-    if report_file is not None:
-        _report_suffix(report_file)  # refuse before measuring, not after printing
-    if only_leftovers and (no_leftovers or gpu_exporter):
-        raise InputError(
-            "--only-leftovers looks at this host: it goes with neither --no-leftovers nor --gpu-metrics"
-        )
-    sample, groups, devices = take_sample(gpu_exporter, wanted, need_gpu=not only_leftovers)
-    if wanted is not None and gpu_exporter:  # NVML filtered already; exporters report all
-        sample.gpus = [g for g in sample.gpus if g.index in wanted]
-        sample.processes = [p for p in sample.processes if p.gpu in wanted]
-        devices = [d for d in devices if d["index"] in wanted]
-    # Leftovers are this host's: not looked for when the GPUs are another host's (exporters).
-    leftovers = None if no_leftovers or gpu_exporter else take_leftovers(shm_dir, sample)
-    result = census(sample, groups=groups, context_mib=lo_hi, leftovers=leftovers)
-    if out is not None:
-        record(
-            out,
-            sample,
-            result,
-            devices=devices,
-            groups=groups,
-            exporters=gpu_exporter,
-            shm_dir=shm_dir,
-            context_mib=lo_hi,
-        )
+    _check_choices(
+        report_file,
+        only_leftovers=only_leftovers,
+        no_leftovers=no_leftovers,
+        exporters=gpu_exporter,
+    )
+    result = _take_census(
+        gpu_exporter,
+        wanted,
+        context_mib=lo_hi,
+        shm_dir=shm_dir,
+        no_leftovers=no_leftovers,
+        only_leftovers=only_leftovers,
+        out=out,
+    )
     raise typer.Exit(_emit(result, json_out=json_out, report_file=report_file, run_file=out))
 
 

@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # the lazy names below, for type checkers
         FleetSeries,
         analyse,
     )
+    from vramdoctor.fleet.collect import Collected  # annotations only: not exported
     from vramdoctor.fleet.families import FAMILIES, metric_names_used
 
 __all__ = [
@@ -110,9 +111,7 @@ def run_fleet(
     if strategy not in STRATEGIES:
         raise InputError(f"strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
     config = config or FleetConfig()
-    end = time.time() if end is None else float(end)
-    window = float(since_s) if since_s is not None else days * 86400.0
-    start = end - window
+    start, end = _window(since_s, days, end)
     matched = tuple(check_matchers(list(matchers or [])))
     # numpy, the analysis and scipy.stats (about a second in all) load on a thread while the
     # first queries are on their way and the database works on the screen
@@ -155,19 +154,44 @@ def run_fleet(
             config=config,
             rows=got.rows,
         )
-        result.notes.extend(got.notes)
-        result.source_url = client.shown_url
-        result.queries = calls
-        result.strategy = strategy
-        result.recorded_rules = got.recorded
-        result.seconds = {
-            **got.seconds,
-            "collect": t1 - t0,
-            "analyse": time.perf_counter() - t1,
-            "candidates": float(got.candidates),
-            "screened": float(got.screened),
-        }
+        _add_figures(result, got, client.shown_url, calls, strategy, t0=t0, t1=t1)
     return result
+
+
+def _window(since_s: float | None, days: float, end: float | None) -> tuple[float, float]:
+    """Returns the range (start, end) in unix s: `since_s` (default `days` days) ending at
+    `end` (default now)."""
+    end = time.time() if end is None else float(end)
+    window = float(since_s) if since_s is not None else days * 86400.0
+    start = end - window
+    return start, end
+
+
+def _add_figures(
+    result: FleetResult,
+    got: Collected,
+    source_url: str,
+    calls: list[dict[str, Any]],
+    strategy: str,
+    *,
+    t0: float,
+    t1: float,
+) -> None:
+    """Adds to `result` what the collection found besides the series (notes, rules read) and
+    how it went (the database, its queries, the strategy, the seconds of each stage since `t0`,
+    the analysis since `t1`); returns nothing."""
+    result.notes.extend(got.notes)
+    result.source_url = source_url
+    result.queries = calls
+    result.strategy = strategy
+    result.recorded_rules = got.recorded
+    result.seconds = {
+        **got.seconds,
+        "collect": t1 - t0,
+        "analyse": time.perf_counter() - t1,
+        "candidates": float(got.candidates),
+        "screened": float(got.screened),
+    }
 
 
 def _warm() -> None:

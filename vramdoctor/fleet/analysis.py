@@ -38,11 +38,15 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from vramdoctor.fleet.config import FleetConfig
+
+if TYPE_CHECKING:  # loaded with the statistics, on first use
+    from vramdoctor.stats.changepoint import Hinge, Slope
+    from vramdoctor.stats.trend import Trend, TrendThresholds
 
 __all__ = [
     "REASONS",
@@ -449,11 +453,7 @@ def analyse_series(
     free_note: str | None = None,
 ) -> FleetRow:
     """The verdict of one row's current life (after its last restart, past warm-up)."""
-    ok = np.isfinite(s.t)
-    t_all, v_all = s.t[ok], s.v[ok]
-    bad = _impossible(s, v_all)
-    t, v = t_all[~bad], v_all[~bad]
-    unknown = int(bad.sum()) + s.unknown
+    t, v, unknown = _readable_floors(s)
     stale = s.last_seen is not None and s.last_seen < range_end - config.stale_s
     base = _base_row(s)
     common: dict[str, Any] = {
@@ -467,20 +467,8 @@ def analyse_series(
     }
     ls = lives(s, t, v, config)
     common["restarts"] = max(len(ls) - 1, 0)
-    common["lives"] = [
-        {
-            "began_at": x.began_at,
-            "began": x.began,
-            "ended_at": float(t[x.i1 - 1]),
-            "points": x.i1 - x.i0,
-        }
-        for x in ls
-    ]
-    level = s.level if s.level is not None and not stale else (float(v[-1]) if len(v) else None)
-    if s.level is not None and (
-        not math.isfinite(s.level) or s.level < 0 or (s.unit == "ratio" and s.level > 1)
-    ):
-        level = float(v[-1]) if len(v) else None
+    common["lives"] = _lives_listed(ls, t)
+    level = _level_now(s, v, stale=stale)
     if not ls:
         return FleetRow(
             **base,
@@ -492,13 +480,7 @@ def analyse_series(
             **common,
         )
     life = ls[-1]
-    lt, lv = t[life.i0 : life.i1], v[life.i0 : life.i1]
-    started_inside = life.began != "range start" or lt[0] > range_start + 3 * config.block_s
-    if started_inside:
-        keep = lt >= life.began_at + config.warmup_s
-        at, av = lt[keep], lv[keep]
-    else:
-        at, av = lt, lv
+    lt, lv, at, av, started_inside = _past_warmup(life, t, v, range_start, config)
     common.update(
         points=len(at),
         analysed_from=float(at[0]) if len(at) else None,
@@ -508,23 +490,7 @@ def analyse_series(
         v=lv,
     )
     if len(at) < config.min_points:
-        if (
-            started_inside
-            and range_end - life.began_at < config.warmup_s + config.min_points * config.block_s
-        ):
-            age = _hours(range_end - life.began_at)
-            why = (
-                f"{REASONS['warming_up']}: its life began {age} before the end ({life.began}); "
-                f"the first {_hours(config.warmup_s)} are left out and the test needs "
-                f"{config.min_points} hourly floors after them"
-            )
-            reason = "warming_up"
-        else:
-            why = (
-                f"{REASONS['too_few_points']}: {len(at)} floors of {_hours(config.block_s)} "
-                f"(the test needs {config.min_points})"
-            )
-            reason = "too_few_points"
+        reason, why = _too_few(life, len(at), started_inside, range_end, config)
         return FleetRow(**base, verdict=INCONCLUSIVE, reason=reason, why=why, level=level, **common)
     judged = _judge(at, av, s.unit, config)
     if started_inside and judged.get("rise") is not None:
@@ -533,10 +499,92 @@ def analyse_series(
     if row.verdict == LEAK and row.growth_per_hour and row.growth_per_hour > 0 and not stale:
         _time_to_oom(row, s, free)
     if stale:
-        ago = _hours(range_end - (s.last_seen or range_end))
-        row.why = f"stopped reporting {ago} before the end (the process or its exporter is gone); {row.why}"
-        row.free_note = "time to OOM unknown: the series stopped reporting"
+        _say_stale(row, s, range_end)
     return row
+
+
+def _readable_floors(s: FleetSeries) -> tuple[np.ndarray, np.ndarray, int]:
+    """Returns a row's floors with the gaps (NaN times) and impossible readings left out, and
+    how many readings are unknown (the impossible ones and those the series counted)."""
+    ok = np.isfinite(s.t)
+    t_all, v_all = s.t[ok], s.v[ok]
+    bad = _impossible(s, v_all)
+    t, v = t_all[~bad], v_all[~bad]
+    unknown = int(bad.sum()) + s.unknown
+    return t, v, unknown
+
+
+def _lives_listed(ls: list[Life], t: np.ndarray) -> list[dict[str, Any]]:
+    """Returns each life as the row lists it: when and why it began, when it ended, its
+    floors."""
+    return [
+        {
+            "began_at": x.began_at,
+            "began": x.began,
+            "ended_at": float(t[x.i1 - 1]),
+            "points": x.i1 - x.i0,
+        }
+        for x in ls
+    ]
+
+
+def _level_now(s: FleetSeries, v: np.ndarray, *, stale: bool) -> float | None:
+    """Returns the row's level now: the database's reading when there is a possible one and the
+    series still reports, else the last floor (None: no floor)."""
+    level = s.level if s.level is not None and not stale else (float(v[-1]) if len(v) else None)
+    if s.level is not None and (
+        not math.isfinite(s.level) or s.level < 0 or (s.unit == "ratio" and s.level > 1)
+    ):
+        level = float(v[-1]) if len(v) else None
+    return level
+
+
+def _past_warmup(
+    life: Life, t: np.ndarray, v: np.ndarray, range_start: float, config: FleetConfig
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
+    """Returns the current life's floors (t, v), those analysed (past its warm-up when it began
+    inside the range) and whether it began inside the range."""
+    lt, lv = t[life.i0 : life.i1], v[life.i0 : life.i1]
+    started_inside = life.began != "range start" or lt[0] > range_start + 3 * config.block_s
+    if started_inside:
+        keep = lt >= life.began_at + config.warmup_s
+        at, av = lt[keep], lv[keep]
+    else:
+        at, av = lt, lv
+    return lt, lv, at, av, bool(started_inside)
+
+
+def _too_few(
+    life: Life, points: int, started_inside: bool, range_end: float, config: FleetConfig
+) -> tuple[str, str]:
+    """Returns (reason, why) of a life with too few floors to judge: still warming up after a
+    start near the end, or too few floors."""
+    if (
+        started_inside
+        and range_end - life.began_at < config.warmup_s + config.min_points * config.block_s
+    ):
+        age = _hours(range_end - life.began_at)
+        why = (
+            f"{REASONS['warming_up']}: its life began {age} before the end ({life.began}); "
+            f"the first {_hours(config.warmup_s)} are left out and the test needs "
+            f"{config.min_points} hourly floors after them"
+        )
+        return "warming_up", why
+    why = (
+        f"{REASONS['too_few_points']}: {points} floors of {_hours(config.block_s)} "
+        f"(the test needs {config.min_points})"
+    )
+    return "too_few_points", why
+
+
+def _say_stale(row: FleetRow, s: FleetSeries, range_end: float) -> None:
+    """Says in `row` that its series stopped reporting (why, and no time to OOM); returns
+    nothing."""
+    ago = _hours(range_end - (s.last_seen or range_end))
+    row.why = (
+        f"stopped reporting {ago} before the end (the process or its exporter is gone); {row.why}"
+    )
+    row.free_note = "time to OOM unknown: the series stopped reporting"
 
 
 def _time_to_oom(row: FleetRow, s: FleetSeries, free: float | None) -> None:
@@ -662,108 +710,147 @@ def _steps(
 
 def _judge_shape(t: np.ndarray, v: np.ndarray, unit: str, config: FleetConfig) -> dict[str, Any]:
     """The trend and change-point verdict of floors that hold no steps."""
-    from vramdoctor.stats.changepoint import fit_hinge, growth_since
+    from vramdoctor.stats.changepoint import fit_hinge
     from vramdoctor.stats.trend import classify
 
-    floor_growth = config.min_growth(unit)
     th = config.thresholds(unit)
     pts = list(zip(t.tolist(), v.tolist(), strict=True))
     base = classify(pts, x_unit="s", thresholds=th)
     hinge = fit_hinge(t, v, min_side=max(4, config.min_points // 2), bic_margin=config.bic_margin)
     out: dict[str, Any] = {"trend": base.to_dict()}
-    q = max(len(v) // 4, 2)
-    start_level, settled = float(np.median(v[:q])), float(np.median(v[-q:]))
-
-    def leak(slope: Any, since: float | None, reason: str, why: str) -> dict[str, Any]:
-        per_h = slope.slope * 3600.0
-        ci = (slope.lo * 3600.0, slope.hi * 3600.0)
-        if not ci[0] > 0:
-            return {
-                **out,
-                "verdict": INCONCLUSIVE,
-                "reason": "interval_includes_zero",
-                "why": (
-                    f"{REASONS['interval_includes_zero']}: {_fmt(unit, per_h, signed=True)}/h, "
-                    f"95 % interval {_fmt(unit, ci[0], signed=True)} to {_fmt(unit, ci[1], signed=True)}"
-                ),
-                "growth_per_hour": per_h,
-                "growth_per_hour_ci": ci,
-            }
-        return {
-            **out,
-            "verdict": LEAK,
-            "reason": reason,
-            "why": why,
-            "growth_per_hour": per_h,
-            "growth_per_hour_ci": ci,
-            "growing_since": since,
-        }
-
     change = hinge is not None and hinge.chosen and hinge.accelerated and hinge.after > 0
     if change:
         assert hinge is not None
-        margin = config.block_s  # one block after the fitted change: no flat floor in the rate
-        after = t >= hinge.tau + margin
-        if after.sum() >= config.min_points:
-            post = classify(
-                list(zip(t[after].tolist(), v[after].tolist(), strict=True)),
-                x_unit="s",
-                thresholds=th,
-            )
-            if post.verdict == LEAK:
-                slope = growth_since(t, v, hinge.tau + margin)
-                out["trend"] = {**base.to_dict(), "after_change": post.to_dict()}
-                from time import gmtime, strftime
-
-                when = strftime("%Y-%m-%d %H:%M UTC", gmtime(hinge.tau))
-                return leak(
-                    slope,
-                    hinge.tau,
-                    "grew_since_change",
-                    f"flat, then growing from {when} to the last point (a change point; the rate "
-                    f"is from after it)",
-                )
+        since_change = _leak_since_change(t, v, unit, config, th, base, hinge, out)
+        if since_change is not None:
+            return since_change
     if base.verdict == LEAK:
-        slope = growth_since(t, v, float(t[0]))
-        if slope.lo > 0:  # steady over the whole life
-            return leak(slope, None, "grew_with_time", REASONS["grew_with_time"])
-        # the trend test saw growth only in the late half, and no change point stands out
-        from vramdoctor.stats.changepoint import Slope
+        return _leak_over_life(t, v, unit, base, out)
+    return _no_leak(v, unit, config, base, out)
 
-        lo, hi = base.slope_ci or (0.0, 0.0)
-        late = Slope(base.slope or 0.0, lo, hi, base.n, float(t[0]), float(t[-1]))
-        half = float(t[0] + (t[-1] - t[0]) / 2)
-        return leak(late, half, "grew_late", REASONS["grew_late"])
-    if base.verdict == CACHING and settled - start_level > floor_growth:
-        rise = settled - start_level
+
+def _leak_verdict(
+    out: dict[str, Any], unit: str, slope: Slope, since: float | None, reason: str, why: str
+) -> dict[str, Any]:
+    """Returns `out` with a LEAK verdict at the rate of `slope` (per hour, with its interval),
+    or INCONCLUSIVE when the rate's 95 % interval includes zero."""
+    per_h = slope.slope * 3600.0
+    ci = (slope.lo * 3600.0, slope.hi * 3600.0)
+    if not ci[0] > 0:
         return {
             **out,
-            "verdict": CACHING,
-            "reason": "rose_then_flat",
+            "verdict": INCONCLUSIVE,
+            "reason": "interval_includes_zero",
             "why": (
-                f"rose by {_fmt(unit, rise, signed=True)}, then levelled off at "
-                f"{_fmt(unit, settled)} (an allocator or a cache filling up)"
+                f"{REASONS['interval_includes_zero']}: {_fmt(unit, per_h, signed=True)}/h, "
+                f"95 % interval {_fmt(unit, ci[0], signed=True)} to {_fmt(unit, ci[1], signed=True)}"
             ),
-            "rise": rise,
-            "settled_level": settled,
-            "growth_per_hour": (base.late_slope or 0.0) * 3600.0,
+            "growth_per_hour": per_h,
+            "growth_per_hour_ci": ci,
         }
+    return {
+        **out,
+        "verdict": LEAK,
+        "reason": reason,
+        "why": why,
+        "growth_per_hour": per_h,
+        "growth_per_hour_ci": ci,
+        "growing_since": since,
+    }
+
+
+def _leak_since_change(
+    t: np.ndarray,
+    v: np.ndarray,
+    unit: str,
+    config: FleetConfig,
+    th: TrendThresholds,
+    base: Trend,
+    hinge: Hinge,
+    out: dict[str, Any],
+) -> dict[str, Any] | None:
+    """Returns the leak verdict of the floors after a change point (the rate from after it,
+    growing since it), or None when they are too few or the trend test calls them no leak."""
+    from vramdoctor.stats.changepoint import growth_since
+    from vramdoctor.stats.trend import classify
+
+    margin = config.block_s  # one block after the fitted change: no flat floor in the rate
+    after = t >= hinge.tau + margin
+    if not after.sum() >= config.min_points:
+        return None
+    post = classify(
+        list(zip(t[after].tolist(), v[after].tolist(), strict=True)),
+        x_unit="s",
+        thresholds=th,
+    )
+    if post.verdict != LEAK:
+        return None
+    slope = growth_since(t, v, hinge.tau + margin)
+    out["trend"] = {**base.to_dict(), "after_change": post.to_dict()}
+    from time import gmtime, strftime
+
+    when = strftime("%Y-%m-%d %H:%M UTC", gmtime(hinge.tau))
+    return _leak_verdict(
+        out,
+        unit,
+        slope,
+        hinge.tau,
+        "grew_since_change",
+        f"flat, then growing from {when} to the last point (a change point; the rate "
+        f"is from after it)",
+    )
+
+
+def _leak_over_life(
+    t: np.ndarray, v: np.ndarray, unit: str, base: Trend, out: dict[str, Any]
+) -> dict[str, Any]:
+    """Returns the leak verdict of floors the trend test calls a leak and no change point
+    explains: the whole life's rate when it grew steadily, else the late half's."""
+    from vramdoctor.stats.changepoint import Slope, growth_since
+
+    slope = growth_since(t, v, float(t[0]))
+    if slope.lo > 0:  # steady over the whole life
+        return _leak_verdict(out, unit, slope, None, "grew_with_time", REASONS["grew_with_time"])
+    # the trend test saw growth only in the late half, and no change point stands out
+    lo, hi = base.slope_ci or (0.0, 0.0)
+    late = Slope(base.slope or 0.0, lo, hi, base.n, float(t[0]), float(t[-1]))
+    half = float(t[0] + (t[-1] - t[0]) / 2)
+    return _leak_verdict(out, unit, late, half, "grew_late", REASONS["grew_late"])
+
+
+def _rose_then_flat(
+    out: dict[str, Any], unit: str, rise: float, settled: float, base: Trend
+) -> dict[str, Any]:
+    """Returns `out` with a CACHING verdict: the floor rose by `rise`, then levelled off at its
+    settled level."""
+    return {
+        **out,
+        "verdict": CACHING,
+        "reason": "rose_then_flat",
+        "why": (
+            f"rose by {_fmt(unit, rise, signed=True)}, then levelled off at "
+            f"{_fmt(unit, settled)} (an allocator or a cache filling up)"
+        ),
+        "rise": rise,
+        "settled_level": settled,
+        "growth_per_hour": (base.late_slope or 0.0) * 3600.0,
+    }
+
+
+def _no_leak(
+    v: np.ndarray, unit: str, config: FleetConfig, base: Trend, out: dict[str, Any]
+) -> dict[str, Any]:
+    """Returns the verdict of floors that show no leak: CACHING when they rose and levelled
+    off (from the start, or early in the range), STABLE, or INCONCLUSIVE."""
+    floor_growth = config.min_growth(unit)
+    q = max(len(v) // 4, 2)
+    start_level, settled = float(np.median(v[:q])), float(np.median(v[-q:]))
+    if base.verdict == CACHING and settled - start_level > floor_growth:
+        return _rose_then_flat(out, unit, settled - start_level, settled, base)
     # a rise that came early and stayed (a cache that filled in the first hours of the range)
     early = float(np.min(v[: max(1, (3 * len(v)) // 4)]))
     if base.verdict in (STABLE, CACHING) and settled - early > floor_growth:
-        rise = settled - early
-        return {
-            **out,
-            "verdict": CACHING,
-            "reason": "rose_then_flat",
-            "why": (
-                f"rose by {_fmt(unit, rise, signed=True)}, then levelled off at "
-                f"{_fmt(unit, settled)} (an allocator or a cache filling up)"
-            ),
-            "rise": rise,
-            "settled_level": settled,
-            "growth_per_hour": (base.late_slope or 0.0) * 3600.0,
-        }
+        return _rose_then_flat(out, unit, settled - early, settled, base)
     if base.verdict == STABLE:
         return {
             **out,

@@ -202,6 +202,26 @@ def collect(client: PrometheusClient, plan: Plan) -> Collected:
         plan = dataclasses.replace(plan, names=frozenset(client.metric_names(plan.start, plan.end)))
     names = set(plan.names)
     out.seconds["names"] = time.perf_counter() - t0
+    memory, frees, kvs = _families_stored(client, plan, names, out)
+    recorded, kv_recorded = _rules_read(client, plan, names, memory, kvs, out)
+    members, ip_names, free_got, kv_made = _ask_every_stage(
+        client, plan, names, memory, frees, kvs, recorded, kv_recorded, out
+    )
+    _name_hosts_from_members(members, ip_names)
+    _free(free_got, out, ip_names)
+    out.series.extend(_chains(members, plan, ip_names))
+    _join_kv(kv_made, out, ip_names)
+    for note in client.notes:
+        if note not in out.notes:
+            out.note(note)
+    return out
+
+
+def _families_stored(
+    client: PrometheusClient, plan: Plan, names: set[str], out: Collected
+) -> tuple[list[Family], list[Family], list[KvSource]]:
+    """The families stored in the range: (memory, free memory, KV sources), with a note for
+    each name read as bytes on inference. InputError when neither memory nor KV is stored."""
     fams = [f for f in FAMILIES if f.name in names and not (f.alias_of and f.alias_of in names)]
     memory = [f for f in fams if f.kind == "memory"]
     frees = [f for f in fams if f.kind in ("free", "host_free")]
@@ -220,6 +240,20 @@ def collect(client: PrometheusClient, plan: Plan) -> Collected:
             "nvidia_smi_compute_app_used_memory_bytes, vramdoctor watch, SGLang/vLLM KV gauges): "
             "check --since, --until and --match"
         )
+    return memory, frees, kvs
+
+
+def _rules_read(
+    client: PrometheusClient,
+    plan: Plan,
+    names: set[str],
+    memory: Sequence[Family],
+    kvs: Sequence[KvSource],
+    out: Collected,
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The recording rules whose floors are read instead of the raw samples: (memory family
+    name -> rule, KV used-metric name -> rule); only rules of whole-hour blocks that reach back
+    to the range start. Sets `out.recorded` (the rules read, the counter-reset rules included)."""
     recorded = {f.name: promql.rule_name(f) for f in memory if promql.rule_name(f) in names}
     kv_recorded = {s.used: promql.kv_rule_name(s) for s in kvs if promql.kv_rule_name(s) in names}
     use_rules = plan.block_s % promql.RULE_BLOCK_S == 0
@@ -246,9 +280,23 @@ def collect(client: PrometheusClient, plan: Plan) -> Collected:
         if s.used in kv_recorded and s.counter and promql.resets_rule_name(s.counter) in names
     }
     out.recorded = sorted({*recorded.values(), *kv_recorded.values(), *counted})
+    return recorded, kv_recorded
 
-    # every family, free memory, host names and every KV pool at once: the database works on
-    # them in parallel while this process parses what has come back
+
+def _ask_every_stage(
+    client: PrometheusClient,
+    plan: Plan,
+    names: set[str],
+    memory: Sequence[Family],
+    frees: Sequence[Family],
+    kvs: Sequence[KvSource],
+    recorded: dict[str, str],
+    kv_recorded: dict[str, str],
+    out: Collected,
+) -> tuple[list[_Member], dict[str, str], list[tuple[Family, list[InstantSample]]], list[Pending]]:
+    """Every family, free memory, host names and every KV pool at once (the database works on
+    them in parallel while this process parses what has come back): (memory members, address ->
+    host name, free memory readings, per KV pool what it made). Records each stage's seconds."""
     t1 = time.perf_counter()
     seconds: dict[str, float] = {}
 
@@ -276,6 +324,12 @@ def collect(client: PrometheusClient, plan: Plan) -> Collected:
     members, ip_names, free_got, *kv_made = client.many(stages, at_once=len(stages))
     out.seconds.update(seconds)
     out.seconds["stages"] = time.perf_counter() - t1
+    return members, ip_names, free_got, kv_made
+
+
+def _name_hosts_from_members(members: Sequence[_Member], ip_names: dict[str, str]) -> None:
+    """Adds to `ip_names` (address -> host name) the host names memory series carry, where the
+    address has none yet; returns nothing."""
     for m in members:
         host = next(
             (
@@ -288,8 +342,11 @@ def collect(client: PrometheusClient, plan: Plan) -> Collected:
         inst = m.labels.get("instance")
         if host and inst:
             ip_names.setdefault(instance_host(inst), host)
-    _free(free_got, out, ip_names)
-    out.series.extend(_chains(members, plan, ip_names))
+
+
+def _join_kv(kv_made: Sequence[Pending], out: Collected, ip_names: dict[str, str]) -> None:
+    """Names the KV series and rows after the exporters on their address and adds them to
+    `out` (series to analyse, rows as they are); returns nothing."""
     for made in kv_made:
         for obj, labels in made:  # KV rows are named after the exporters on their address
             obj.host = host_of(labels, ip_names)
@@ -297,10 +354,6 @@ def collect(client: PrometheusClient, plan: Plan) -> Collected:
                 out.series.append(obj)
             else:
                 out.rows.append(obj)
-    for note in client.notes:
-        if note not in out.notes:
-            out.note(note)
-    return out
 
 
 def _uname(client: PrometheusClient, plan: Plan, names: set[str]) -> dict[str, str]:
@@ -719,13 +772,60 @@ Pending = list[tuple[Any, dict[str, str]]]
 """KV rows and series made before the host names are known: (object, its labels)."""
 
 
+_KvKey = tuple[str, str]
+"""A KV server: (job, instance)."""
+
+_KvCandidate = tuple[_KvKey, dict[str, str]]
+"""A KV server whose floors are pulled: its key and labels."""
+
+
+@dataclass(frozen=True)
+class _KvAsk:
+    """The instant queries that find one kind and pool's servers (None: not asked)."""
+
+    recent: str  # servers with a sample in the stale window before the range end
+    first: str  # servers with a sample at the range start
+    at_start: float
+    held: str | None  # the most held at an idle moment; None: idle moments cannot be told
+    capacity: str | None
+    resets: str | None
+    recorded_resets: str | None  # the recording rule of the counter's resets, when read
+
+
+@dataclass
+class _KvServers:
+    """One kind and pool's servers as the database sees them, by `_kv_key`."""
+
+    seen: dict[_KvKey, dict[str, str]]  # every server found, with its labels
+    live: set[_KvKey]  # reporting at the range end
+    from_start: set[_KvKey]  # there at the range start
+    held: dict[_KvKey, float]  # the most held at an idle moment
+    capacity: dict[_KvKey, float]
+    resets: dict[_KvKey, int]
+
+
 def _kv(
     client: PrometheusClient, plan: Plan, src: KvSource, rule: str | None, out: Collected
 ) -> Pending:
     """Every server of one kind and pool: screened (0 held at idle), pulled, never idle.
     Returns what it made with the labels its host is named from (named later)."""
+    ask = _kv_ask(plan, src, rule)
+    servers = _kv_servers(client, plan, ask)
+    if ask.held is None:
+        return _kv_idle_unknown(src, plan, servers, out)
+    made, candidates = _kv_screen(src, plan, servers, out)
+    out.count(candidates=len(candidates))
+    if not candidates:
+        return made
+    floors, cuts = _kv_pull(client, plan, src, rule, ask.recorded_resets, candidates)
+    made.extend(_kv_candidate_series(src, plan, servers, candidates, floors, cuts))
+    return made
+
+
+def _kv_ask(plan: Plan, src: KvSource, rule: str | None) -> _KvAsk:
+    """Returns the queries that find the servers of one kind and pool, what each held at idle,
+    its pool size and its restarts (from the recording rules when `rule`)."""
     m = plan.matchers
-    made: Pending = []
     group = ", ".join(promql.KV_GROUP)
     stale = promql.dur(plan.config.stale_s)
     head = promql.dur(3 * plan.block_s)
@@ -744,60 +844,108 @@ def _kv(
     counted = promql.resets_rule_name(src.counter) if src.counter else None
     recorded_resets = counted if rule is not None and counted in plan.names else None
     resets = promql.kv_resets(src, m, plan.window_s, recorded=recorded_resets)
+    return _KvAsk(
+        recent=f"group by ({group}) (last_over_time({used}[{stale}]))",
+        first=f"group by ({group}) (last_over_time({early}[{head}]))",
+        at_start=at_start,
+        held=held_expr,
+        capacity=cap,
+        resets=resets,
+        recorded_resets=recorded_resets,
+    )
 
-    def ask(expr: str | None, at: float) -> Callable[[], list[InstantSample]]:
+
+def _kv_servers(client: PrometheusClient, plan: Plan, ask: _KvAsk) -> _KvServers:
+    """Asks the database the queries of `ask` at once; returns the servers they found."""
+
+    def asked(expr: str | None, at: float) -> Callable[[], list[InstantSample]]:
         return (lambda: client.instant(expr, at)) if expr else (lambda: [])
 
     recent, first, held, caps, rs = client.many(
         [
-            ask(f"group by ({group}) (last_over_time({used}[{stale}]))", plan.end),
-            ask(f"group by ({group}) (last_over_time({early}[{head}]))", at_start),
-            ask(held_expr, plan.end),
-            ask(cap, plan.end),
-            ask(resets, plan.end),
+            asked(ask.recent, plan.end),
+            asked(ask.first, ask.at_start),
+            asked(ask.held, plan.end),
+            asked(ask.capacity, plan.end),
+            asked(ask.resets, plan.end),
         ]
     )
-    servers_seen = {_kv_key(s.labels): _clean(s.labels) for s in [*recent, *first]}
-    live = {_kv_key(s.labels) for s in recent}
-    from_start = {_kv_key(s.labels) for s in first}
-    if held_expr is None:
-        for labels in servers_seen.values():
-            made.append((_kv_row(src, labels, "idle_unknown", plan), labels))
-        if servers_seen:
-            out.note(
-                f"{src.used} is stored but not "
-                f"{' and '.join(src.running + src.queued) or 'the running/queued gauges'}: "
-                "idle moments cannot be told, so KV held at idle is not judged"
-            )
-        return made
-    capacity = {_kv_key(s.labels): s.value for s in caps if math.isfinite(s.value) and s.value > 0}
-    n_resets = {_kv_key(s.labels): int(s.value) for s in rs if math.isfinite(s.value)}
-    held_by = {_kv_key(s.labels): s.value for s in held}
+    seen = {_kv_key(s.labels): _clean(s.labels) for s in [*recent, *first]}
     for s in held:
-        servers_seen.setdefault(_kv_key(s.labels), _clean(s.labels))
-    candidates = []
-    for k, labels in servers_seen.items():
-        if k not in held_by:
-            made.append((_kv_row(src, labels, "never_idle", plan, stale=k not in live), labels))
+        seen.setdefault(_kv_key(s.labels), _clean(s.labels))
+    return _KvServers(
+        seen=seen,
+        live={_kv_key(s.labels) for s in recent},
+        from_start={_kv_key(s.labels) for s in first},
+        held={_kv_key(s.labels): s.value for s in held},
+        capacity={
+            _kv_key(s.labels): s.value for s in caps if math.isfinite(s.value) and s.value > 0
+        },
+        resets={_kv_key(s.labels): int(s.value) for s in rs if math.isfinite(s.value)},
+    )
+
+
+def _kv_idle_unknown(src: KvSource, plan: Plan, servers: _KvServers, out: Collected) -> Pending:
+    """Returns an INCONCLUSIVE row per server when idle moments cannot be told (no running or
+    queued gauges stored), with a note saying so."""
+    made: Pending = []
+    for labels in servers.seen.values():
+        made.append((_kv_row(src, labels, "idle_unknown", plan), labels))
+    if servers.seen:
+        out.note(
+            f"{src.used} is stored but not "
+            f"{' and '.join(src.running + src.queued) or 'the running/queued gauges'}: "
+            "idle moments cannot be told, so KV held at idle is not judged"
+        )
+    return made
+
+
+def _kv_screen(
+    src: KvSource, plan: Plan, servers: _KvServers, out: Collected
+) -> tuple[Pending, list[_KvCandidate]]:
+    """Returns what the screen settles without pulling (a row for each server never idle, a
+    STABLE series for each that held nothing at idle the whole range) and the candidates
+    whose floors are pulled."""
+    made: Pending = []
+    candidates: list[_KvCandidate] = []
+    for k, labels in servers.seen.items():
+        if k not in servers.held:
+            made.append(
+                (_kv_row(src, labels, "never_idle", plan, stale=k not in servers.live), labels)
+            )
             continue
-        value = held_by[k]
+        value = servers.held[k]
         if (
             plan.strategy == "screen"
             and math.isfinite(value)
             and value <= plan.config.screen_sd(src.unit)
-            and k in live
-            and k in from_start
+            and k in servers.live
+            and k in servers.from_start
         ):
-            series = _kv_series(src, labels, np.empty(0), np.empty(0), capacity.get(k))
-            series.screen = Screen(0.0, 0.0, 0.0, True, plan.late_s, restarts=n_resets.get(k, 0))
+            series = _kv_series(src, labels, np.empty(0), np.empty(0), servers.capacity.get(k))
+            series.screen = Screen(
+                0.0, 0.0, 0.0, True, plan.late_s, restarts=servers.resets.get(k, 0)
+            )
             series.last_seen = plan.end
             made.append((series, labels))
             out.count(screened=1)
             continue
         candidates.append((k, labels))
-    out.count(candidates=len(candidates))
-    if not candidates:
-        return made
+    return made, candidates
+
+
+def _kv_pull(
+    client: PrometheusClient,
+    plan: Plan,
+    src: KvSource,
+    rule: str | None,
+    recorded_resets: str | None,
+    candidates: Sequence[_KvCandidate],
+) -> tuple[dict[_KvKey, RangeSeries], dict[_KvKey, list[tuple[float, str]]]]:
+    """Pulls the candidates' floors (and the blocks where their request counter reset), in
+    batches of instances; returns (floors, restarts as cuts) by server."""
+    m = plan.matchers
+    group = ", ".join(promql.KV_GROUP)
     jobs: list[Callable[[], tuple[bool, list[RangeSeries]]]] = []
     size = max(
         1, min(200, plan.batch_bytes // (24 * max(1, round(plan.window_s / plan.block_s)) + 400))
@@ -823,8 +971,8 @@ def _kv(
                 counter = promql.selector(src.counter, extra)
                 rexpr = f"sum by ({group}) (resets({counter}[{promql.dur(plan.block_s)}])) > 0"
             jobs.append(partial(_flagged_range, client, rexpr, plan, True))
-    floors: dict[tuple[str, str], RangeSeries] = {}
-    cuts: dict[tuple[str, str], list[tuple[float, str]]] = {}
+    floors: dict[_KvKey, RangeSeries] = {}
+    cuts: dict[_KvKey, list[tuple[float, str]]] = {}
     for is_resets, got in client.many(jobs):
         for r in got:
             k = _kv_key(r.labels)
@@ -832,13 +980,27 @@ def _kv(
                 cuts[k] = [(float(t) - plan.block_s / 2, "counter reset") for t in r.t]
             else:
                 floors[k] = r
+    return floors, cuts
+
+
+def _kv_candidate_series(
+    src: KvSource,
+    plan: Plan,
+    servers: _KvServers,
+    candidates: Sequence[_KvCandidate],
+    floors: dict[_KvKey, RangeSeries],
+    cuts: dict[_KvKey, list[tuple[float, str]]],
+) -> Pending:
+    """Returns one series per candidate from its pulled floors (empty when none came back),
+    its restarts and when it was last seen."""
+    made: Pending = []
     for k, labels in candidates:
         r = floors.get(k)
         t = r.t if r is not None else np.empty(0)
         v = r.v if r is not None else np.empty(0)
-        series = _kv_series(src, labels, t, v, capacity.get(k))
+        series = _kv_series(src, labels, t, v, servers.capacity.get(k))
         series.cuts = cuts.get(k, [])
-        series.last_seen = plan.end if k in live else (float(t[-1]) if len(t) else None)
+        series.last_seen = plan.end if k in servers.live else (float(t[-1]) if len(t) else None)
         made.append((series, labels))
     return made
 

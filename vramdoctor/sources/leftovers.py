@@ -421,46 +421,68 @@ def scan(
             out.other_files += 1
             out.other_bytes += size
             continue
-        kind, family = found
-        match = family.match(name)
-        creator = int(match.group("pid")) if match is not None and family.pid_stamped else None
-        entry = ShmEntry(
-            name=name,
-            path=path,
-            family=family.family,
-            server=kind,
-            type="directory"
-            if stat.S_ISDIR(st.st_mode)
-            else "semaphore"
-            if family.semaphore
-            else "segment",
-            size_bytes=size,
-            owner_uid=st.st_uid,
-            owner=_owner(st.st_uid),
-            mtime=st.st_mtime,
-            creator_pid=creator,
-            creator_alive=None,
-            holders=sorted(held.get((st.st_dev, st.st_ino), set())),
+        out.entries.append(
+            _shm_entry(name, path, st, size, found, held, out.processes_uninspectable)
         )
-        pid_why: str | None = None
-        if creator is not None:
-            entry.creator_alive, pid_why = _creator_alive(creator, min(st.st_mtime, st.st_ctime))
-        entry.state, entry.why = _state(entry, pid_why, out.processes_uninspectable)
-        out.entries.append(entry)
     if hostile:
         out.notes.append(
             f"{hostile} file(s) in {shm_dir} have control characters in their names: counted with "
             "the other files, not shown (no server makes such names)"
         )
+    _shm_usage(out, shm_dir)
+    if gpu_sample is not None:
+        out.orphan_processes = orphan_gpu_processes(gpu_sample)
+    return out
+
+
+def _shm_entry(
+    name: str,
+    path: str,
+    st: os.stat_result,
+    size: int,
+    found: tuple[str | None, ShmFamily],
+    held: dict[Inode, set[int]],
+    uninspectable: int,
+) -> ShmEntry:
+    """Returns the entry of one known-family file: what it is, who made it and holds it, and
+    its state (whether its creator still runs, whether anyone has it open or mapped)."""
+    kind, family = found
+    match = family.match(name)
+    creator = int(match.group("pid")) if match is not None and family.pid_stamped else None
+    entry = ShmEntry(
+        name=name,
+        path=path,
+        family=family.family,
+        server=kind,
+        type="directory"
+        if stat.S_ISDIR(st.st_mode)
+        else "semaphore"
+        if family.semaphore
+        else "segment",
+        size_bytes=size,
+        owner_uid=st.st_uid,
+        owner=_owner(st.st_uid),
+        mtime=st.st_mtime,
+        creator_pid=creator,
+        creator_alive=None,
+        holders=sorted(held.get((st.st_dev, st.st_ino), set())),
+    )
+    pid_why: str | None = None
+    if creator is not None:
+        entry.creator_alive, pid_why = _creator_alive(creator, min(st.st_mtime, st.st_ctime))
+    entry.state, entry.why = _state(entry, pid_why, uninspectable)
+    return entry
+
+
+def _shm_usage(out: Leftovers, shm_dir: str) -> None:
+    """Sets how much of the shared-memory file system is used, of its size, when it can be
+    read; returns nothing."""
     try:
         vfs = os.statvfs(shm_dir)
         out.shm_total_bytes = vfs.f_blocks * vfs.f_frsize
         out.shm_used_bytes = (vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize
     except OSError:
         pass
-    if gpu_sample is not None:
-        out.orphan_processes = orphan_gpu_processes(gpu_sample)
-    return out
 
 
 def orphan_gpu_processes(
