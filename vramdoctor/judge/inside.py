@@ -445,41 +445,65 @@ class InsideEvidence:
         live = [s for s in live if s.unit != "blocks" or (grows and not _blocks_too_few(s, th))]
         if not live:
             return False
-        leaking = [s for s in live if s.verdict == LEAK and _rate_excludes_zero(s)]
-        if leaking:
-            # MiB rates first (bytes in use, traced bytes), Python's block count last.
-            top = sorted(leaking, key=lambda s: (s.unit != "MiB", -(s.slope_per_request or 0)))[0]
-            timed = next(
-                (
-                    x
-                    for x in (rss, anon)
-                    if x is not None and x.reason == R_GREW_WITH_TIME and x.time_rate_per_s
-                ),
-                None,
-            )
-            if timed is not None:
-                # The outside series grew inside the idle windows too, at the rate the rounds
-                # show: a leak in time that the live bytes confirm is held, not one per
-                # request (seen: a background thread keeping 1 MiB a second was given as
-                # 231 KiB per request, its time to OOM in requests).
-                rate_s = timed.time_rate_per_s
-                self._apply(
-                    rss,
-                    LEAK,
-                    R_GREW_WITH_TIME,
-                    _EVIDENCE.get(top.kind, Evidence.INSIDE_GLIBC),
-                    top.kind,
-                )
-                rss.time_rate_per_s = rate_s
-                return True
+        if self._decide_host_growing(rss, anon, live, th):
+            return True
+        return self._decide_host_live_flat(rss, anon, shmem, live, grows, th)
+
+    def _decide_host_leak(
+        self, rss: SeriesResult, anon: SeriesResult | None, leaking: list[SeriesResult]
+    ) -> None:
+        """Decides `rss` a LEAK from the live series that leak (`leaking`), in place (returns
+        nothing): `grew_with_time` at the outside series' rate per second where the RSS or
+        RssAnon grew inside the idle windows, else `live_grew` at the top live series' rate
+        per request (where that series is in MiB)."""
+        # MiB rates first (bytes in use, traced bytes), Python's block count last.
+        top = sorted(leaking, key=lambda s: (s.unit != "MiB", -(s.slope_per_request or 0)))[0]
+        timed = next(
+            (
+                x
+                for x in (rss, anon)
+                if x is not None and x.reason == R_GREW_WITH_TIME and x.time_rate_per_s
+            ),
+            None,
+        )
+        if timed is not None:
+            # The outside series grew inside the idle windows too, at the rate the rounds
+            # show: a leak in time that the live bytes confirm is held, not one per
+            # request (seen: a background thread keeping 1 MiB a second was given as
+            # 231 KiB per request, its time to OOM in requests).
+            rate_s = timed.time_rate_per_s
             self._apply(
                 rss,
                 LEAK,
-                R_LIVE_GREW,
+                R_GREW_WITH_TIME,
                 _EVIDENCE.get(top.kind, Evidence.INSIDE_GLIBC),
                 top.kind,
-                rate_from=top if top.unit == "MiB" else None,
             )
+            rss.time_rate_per_s = rate_s
+            return
+        self._apply(
+            rss,
+            LEAK,
+            R_LIVE_GREW,
+            _EVIDENCE.get(top.kind, Evidence.INSIDE_GLIBC),
+            top.kind,
+            rate_from=top if top.unit == "MiB" else None,
+        )
+
+    def _decide_host_growing(
+        self,
+        rss: SeriesResult,
+        anon: SeriesResult | None,
+        live: list[SeriesResult],
+        th: Thresholds,
+    ) -> bool:
+        """True when the process's live series (`live`) grow and have decided `rss` in place:
+        a LEAK where they leak, INCONCLUSIVE where they grow with a shape the rounds cannot
+        name, grew for too few rounds, or swing under an RSS that never settled; False when
+        none of them grows (the flat rules decide)."""
+        leaking = [s for s in live if s.verdict == LEAK and _rate_excludes_zero(s)]
+        if leaking:
+            self._decide_host_leak(rss, anon, leaking)
             return True
         undecided = [s for s in live if _growing(s)]
         if undecided:
@@ -513,6 +537,21 @@ class InsideEvidence:
                 rss, INCONCLUSIVE, R_NOISY, _EVIDENCE.get(top.kind, Evidence.INSIDE_GLIBC), top.kind
             )
             return True
+        return False
+
+    def _decide_host_live_flat(
+        self,
+        rss: SeriesResult,
+        anon: SeriesResult | None,
+        shmem: SeriesResult | None,
+        live: list[SeriesResult],
+        grows: bool,
+        th: Thresholds,
+    ) -> bool:
+        """With the live series not growing: True when they have decided `rss` in place (as
+        judged where it does not grow, else CACHING `live_flat` for pinned host memory or
+        glibc's retention, or INCONCLUSIVE `outside_malloc`); False when the outside rules
+        stand (too few rounds inside, or glibc's counters unread)."""
         in_use = self.of(rss.pid, "glibc_in_use")
         blocks = self.of(rss.pid, "py_blocks")
         if not all(_flat(s) for s in live):

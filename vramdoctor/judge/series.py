@@ -132,106 +132,130 @@ def gpu_key(index: int, gpu_instance: int | None, compute_instance: int | None =
     return f"gpu{index}" if gpu_instance is None else f"gpu{index}-gi{gpu_instance}"
 
 
+def _series_of(
+    out: dict[str, Series], key: str, layer: str, kind: str, unit: str, **ids: Any
+) -> Series:
+    """The series `key` of `out`, created (with `ids`) and added at its first sample."""
+    s = out.get(key)
+    if s is None:
+        s = out[key] = Series(key, layer, kind, unit, **ids)
+    return s
+
+
+def _add_gpu_sample(out: dict[str, Series], r: GpuSample) -> None:
+    """Adds one NVML sample to `out` (nothing returned): each process's MiB on each GPU or
+    MIG slice (`gpu0/pid42`), then each device's MiB (`gpu0`) with the sample's
+    per-process parts (pid -> MiB) beside it."""
+    per_gpu: dict[str, dict[int, float]] = defaultdict(dict)
+    for p in r.processes:
+        if not _ok(p.used_mib):
+            continue
+        used = float(p.used_mib)  # type: ignore[arg-type]
+        gi = getattr(p, "gpu_instance_id", None)
+        dev = gpu_key(p.gpu, gi)
+        per_gpu[dev][p.pid] = per_gpu[dev].get(p.pid, 0.0) + used
+        s = _series_of(out, f"{dev}/pid{p.pid}", VRAM, "gpu_process", "MiB", pid=p.pid, gpu=p.gpu)
+        s.name = s.name or p.name
+        s.gpu_instance = gi
+        s.compute_instance = getattr(p, "compute_instance_id", None)
+        s.device = s.device or getattr(p, "label", None)
+        _scope(s, p)
+        s.points.append((r.t, used))
+    for g in r.gpus:
+        if not _ok(g.used_mib):
+            continue
+        gi = getattr(g, "gpu_instance_id", None)
+        dev = gpu_key(g.index, gi)
+        s = _series_of(out, dev, VRAM, "gpu", "MiB", gpu=g.index, name=g.name)
+        s.gpu_instance = gi
+        s.device = getattr(g, "label", None) or f"GPU {g.index}"
+        s.points.append((r.t, float(g.used_mib)))
+        if s.parts is None:
+            s.parts = []
+        s.parts.append(per_gpu.get(dev, {}))
+
+
+def _add_host_sample(out: dict[str, Series], r: HostSample) -> None:
+    """Adds one host sample to `out` (nothing returned): each server process's RSS and its
+    kinds (MiB), its glibc arenas (a count; reserved and grown-to MiB), and /dev/shm (MiB)."""
+    for hp in r.processes:
+        ids = {"pid": hp.pid, "name": hp.name, "role": hp.role}
+        for prefix, kind, value, unit in (
+            ("rss", "rss", hp.rss_mib, "MiB"),
+            ("rss_anon", "rss_anon", hp.rss_anon_mib, "MiB"),
+            ("rss_file", "rss_file", hp.rss_file_mib, "MiB"),
+            ("rss_shmem", "rss_shmem", hp.rss_shmem_mib, "MiB"),
+            ("arenas", "arenas", hp.malloc_arenas, "arenas"),
+            ("arena_mib", "arena_mib", hp.malloc_arena_reserved_mib, "MiB"),
+            (
+                "arena_wmib",
+                "arena_wmib",
+                getattr(hp, "malloc_arena_writable_mib", None),
+                "MiB",
+            ),
+        ):
+            if value is not None and _ok(value):
+                s = _series_of(out, f"{prefix}/pid{hp.pid}", HOST, kind, unit, **ids)
+                s.name, s.role = s.name or hp.name, s.role or hp.role
+                _scope(s, hp)
+                s.points.append((r.t, float(value)))
+    if _ok(r.dev_shm_used_mib):
+        _series_of(out, "dev_shm", HOST, "dev_shm", "MiB").points.append(
+            (r.t, float(r.dev_shm_used_mib))  # type: ignore[arg-type]
+        )
+
+
+def _add_idle_point(s: Series, t: float, v: float, idle: bool | None) -> None:
+    """Adds a KV sample `(t, v)` to the points a settled level may use unless the server said
+    requests ran or waited (`idle` False); `idle` None (not said) marks the series as not
+    checked for idleness. Returns nothing."""
+    if s.settle_points is None:
+        s.settle_points = []
+    if idle is None:
+        s.idle_verified = False
+    if idle is not False:
+        s.settle_points.append((t, v))
+
+
+def _add_metrics_sample(out: dict[str, Series], r: MetricsSample) -> None:
+    """Adds one /metrics sample to `out` (nothing returned): each KV pool's used tokens
+    (`kv/full`, ...) with what the server says of the pool, else the bare usage ratio
+    (`kv_usage`)."""
+    pools = _kv_pools(r)
+    for pool in pools:
+        if not _ok(pool.used_tokens):
+            continue
+        s = _series_of(out, f"kv/{pool.pool}", KV, "kv", "tokens", pool=pool.pool)
+        used = float(pool.used_tokens)  # type: ignore[arg-type]
+        s.points.append((r.t, used))
+        _add_idle_point(s, r.t, used, _idle(pool.running_requests, pool.queued_requests))
+        if _ok(pool.total_tokens) and pool.total_tokens:
+            s.total_tokens = float(pool.total_tokens)
+        if pool.page_size_tokens and pool.page_size_tokens > 0:
+            s.page_size_tokens = int(pool.page_size_tokens)
+        if _ok(pool.bytes_per_token) and pool.bytes_per_token:
+            s.bytes_per_token = float(pool.bytes_per_token)
+        s.source = pool.source or s.source
+    if not pools:
+        ratio = kv_usage(r)
+        if ratio is not None:
+            s = _series_of(out, "kv_usage", KV, "kv", "ratio", pool="kv")
+            s.points.append((r.t, ratio))
+            idle = _idle(r.values.get("running_requests"), r.values.get("queued_requests"))
+            _add_idle_point(s, r.t, ratio, idle)
+            s.source = "kv_usage_ratio"
+
+
 def extract_series(records: list[Any]) -> dict[str, Series]:
     """Every memory series in the run (records in time order), keyed as the module says."""
     out: dict[str, Series] = {}
-
-    def get(key: str, layer: str, kind: str, unit: str, **ids: Any) -> Series:
-        s = out.get(key)
-        if s is None:
-            s = out[key] = Series(key, layer, kind, unit, **ids)
-        return s
-
     for r in records:
         if isinstance(r, GpuSample):
-            per_gpu: dict[str, dict[int, float]] = defaultdict(dict)
-            for p in r.processes:
-                if not _ok(p.used_mib):
-                    continue
-                used = float(p.used_mib)  # type: ignore[arg-type]
-                gi = getattr(p, "gpu_instance_id", None)
-                dev = gpu_key(p.gpu, gi)
-                per_gpu[dev][p.pid] = per_gpu[dev].get(p.pid, 0.0) + used
-                s = get(f"{dev}/pid{p.pid}", VRAM, "gpu_process", "MiB", pid=p.pid, gpu=p.gpu)
-                s.name = s.name or p.name
-                s.gpu_instance = gi
-                s.compute_instance = getattr(p, "compute_instance_id", None)
-                s.device = s.device or getattr(p, "label", None)
-                _scope(s, p)
-                s.points.append((r.t, used))
-            for g in r.gpus:
-                if not _ok(g.used_mib):
-                    continue
-                gi = getattr(g, "gpu_instance_id", None)
-                dev = gpu_key(g.index, gi)
-                s = get(dev, VRAM, "gpu", "MiB", gpu=g.index, name=g.name)
-                s.gpu_instance = gi
-                s.device = getattr(g, "label", None) or f"GPU {g.index}"
-                s.points.append((r.t, float(g.used_mib)))
-                if s.parts is None:
-                    s.parts = []
-                s.parts.append(per_gpu.get(dev, {}))
+            _add_gpu_sample(out, r)
         elif isinstance(r, HostSample):
-            for hp in r.processes:
-                ids = {"pid": hp.pid, "name": hp.name, "role": hp.role}
-                for prefix, kind, value, unit in (
-                    ("rss", "rss", hp.rss_mib, "MiB"),
-                    ("rss_anon", "rss_anon", hp.rss_anon_mib, "MiB"),
-                    ("rss_file", "rss_file", hp.rss_file_mib, "MiB"),
-                    ("rss_shmem", "rss_shmem", hp.rss_shmem_mib, "MiB"),
-                    ("arenas", "arenas", hp.malloc_arenas, "arenas"),
-                    ("arena_mib", "arena_mib", hp.malloc_arena_reserved_mib, "MiB"),
-                    (
-                        "arena_wmib",
-                        "arena_wmib",
-                        getattr(hp, "malloc_arena_writable_mib", None),
-                        "MiB",
-                    ),
-                ):
-                    if value is not None and _ok(value):
-                        s = get(f"{prefix}/pid{hp.pid}", HOST, kind, unit, **ids)
-                        s.name, s.role = s.name or hp.name, s.role or hp.role
-                        _scope(s, hp)
-                        s.points.append((r.t, float(value)))
-            if _ok(r.dev_shm_used_mib):
-                get("dev_shm", HOST, "dev_shm", "MiB").points.append(
-                    (r.t, float(r.dev_shm_used_mib))  # type: ignore[arg-type]
-                )
+            _add_host_sample(out, r)
         elif isinstance(r, MetricsSample):
-            pools = _kv_pools(r)
-            for pool in pools:
-                if not _ok(pool.used_tokens):
-                    continue
-                s = get(f"kv/{pool.pool}", KV, "kv", "tokens", pool=pool.pool)
-                used = float(pool.used_tokens)  # type: ignore[arg-type]
-                s.points.append((r.t, used))
-                idle = _idle(pool.running_requests, pool.queued_requests)
-                if s.settle_points is None:
-                    s.settle_points = []
-                if idle is None:
-                    s.idle_verified = False
-                if idle is not False:
-                    s.settle_points.append((r.t, used))
-                if _ok(pool.total_tokens) and pool.total_tokens:
-                    s.total_tokens = float(pool.total_tokens)
-                if pool.page_size_tokens and pool.page_size_tokens > 0:
-                    s.page_size_tokens = int(pool.page_size_tokens)
-                if _ok(pool.bytes_per_token) and pool.bytes_per_token:
-                    s.bytes_per_token = float(pool.bytes_per_token)
-                s.source = pool.source or s.source
-            if not pools:
-                ratio = kv_usage(r)
-                if ratio is not None:
-                    s = get("kv_usage", KV, "kv", "ratio", pool="kv")
-                    s.points.append((r.t, ratio))
-                    idle = _idle(r.values.get("running_requests"), r.values.get("queued_requests"))
-                    if s.settle_points is None:
-                        s.settle_points = []
-                    if idle is None:
-                        s.idle_verified = False
-                    if idle is not False:
-                        s.settle_points.append((r.t, ratio))
-                    s.source = "kv_usage_ratio"
+            _add_metrics_sample(out, r)
     # A run where the same pool shows up both in tokens and as a bare ratio keeps the tokens.
     if "kv_usage" in out and any(k.startswith("kv/") for k in out):
         del out["kv_usage"]

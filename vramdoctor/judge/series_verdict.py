@@ -101,6 +101,60 @@ def _presence(
     return present, presence
 
 
+def _time_rate(
+    s: Series,
+    windows: list[Window],
+    lr: LifeRounds,
+    th: Thresholds,
+    levels: list[float | None],
+    ref: float | None,
+) -> float | None:
+    """The rate (the series' unit per second) at which the level grows inside the life's
+    idle windows where that explains the settled levels' growth over the elapsed time
+    (`time_driven`), else None."""
+    frac = th.settle_fraction
+    # Growth while idle (no request in flight) at the rate that explains the rounds' growth:
+    # a leak driven by time, not by requests (a log buffer, a timer's allocations).
+    idle = [w for w in windows if w.kind == "idle" and w.round in lr.rounds and w.end is not None]
+    mids = {w.round: w.end - (w.end - w.start) * frac / 2 for w in idle if w.end is not None}
+    times = [mids.get(r) for r in lr.rounds]
+    return time_driven(s.levels_from, idle, levels, times, floor=floor_for(s, th, ref))
+
+
+def _run_settled(
+    levels_all: list[float | None], idx: list[int], levels: list[float | None]
+) -> list[float | None]:
+    """The settled level of every round of the run (the series' unit), this life's rounds
+    (at `idx`) as judged (`levels`), the others as measured (`levels_all`)."""
+    settled: list[float | None] = list(levels_all)
+    for i, v in zip(idx, levels, strict=True):
+        settled[i] = v
+    return settled
+
+
+def _reason_and_decides(
+    s: Series, windows: list[Window], lr: LifeRounds, frac: float, reason: str, present: int
+) -> tuple[str, bool]:
+    """(the reason reported, whether the series decides its layer): a KV pool sampled at idle
+    only with requests running or queued never was idle; a process present for fewer than
+    two settled rounds is transient; another tenant's process never decides."""
+    decides = True
+    if (
+        s.layer == KV
+        and reason == R_NO_LEVEL
+        and any(
+            late(s.points, w, frac) for w in windows if w.kind == "idle" and w.round in lr.rounds
+        )
+    ):
+        reason = R_NEVER_IDLE  # samples at idle, but every one with requests running or queued
+    if s.kind in PROCESS_KINDS and present < 2:
+        decides = False
+        reason = R_TRANSIENT
+    if s.scope == "tenant":
+        decides = False  # another tenant's process: listed with its growth, never decides
+    return reason, decides
+
+
 def judge(s: Series, windows: list[Window], lr: LifeRounds, th: Thresholds) -> SeriesResult:
     """The series' settled levels over the whole run, its verdict over the life's rounds."""
     frac = th.settle_fraction
@@ -124,33 +178,12 @@ def judge(s: Series, windows: list[Window], lr: LifeRounds, th: Thresholds) -> S
         noise_k=th.noise_k,
         resolution=resolution_of(s, th, ref),
     )
-    # Growth while idle (no request in flight) at the rate that explains the rounds' growth:
-    # a leak driven by time, not by requests (a log buffer, a timer's allocations).
-    idle = [w for w in windows if w.kind == "idle" and w.round in lr.rounds and w.end is not None]
-    mids = {w.round: w.end - (w.end - w.start) * frac / 2 for w in idle if w.end is not None}
-    times = [mids.get(r) for r in lr.rounds]
-    time_rate = time_driven(vals, idle, levels, times, floor=floor_for(s, th, ref))
+    time_rate = _time_rate(s, windows, lr, th, levels, ref)
     if time_rate is not None:
         fit.verdict, fit.reason = LEAK, R_GREW_WITH_TIME
         fit.creep_floor_per_request = None
-    settled: list[float | None] = list(levels_all)
-    for i, v in zip(idx, levels, strict=True):
-        settled[i] = v
-    decides = True
-    reason = fit.reason
-    if (
-        s.layer == KV
-        and reason == R_NO_LEVEL
-        and any(
-            late(s.points, w, frac) for w in windows if w.kind == "idle" and w.round in lr.rounds
-        )
-    ):
-        reason = R_NEVER_IDLE  # samples at idle, but every one with requests running or queued
-    if s.kind in PROCESS_KINDS and present < 2:
-        decides = False
-        reason = R_TRANSIENT
-    if s.scope == "tenant":
-        decides = False  # another tenant's process: listed with its growth, never decides
+    settled = _run_settled(levels_all, idx, levels)
+    reason, decides = _reason_and_decides(s, windows, lr, frac, fit.reason, present)
     last = next((v for v in reversed(levels) if v is not None), None)
     return SeriesResult(
         key=s.key,

@@ -75,7 +75,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -445,15 +445,50 @@ def _not_shrinking(incs: Sequence[float], noise: float, floor: float) -> bool:
     return incs[-1] >= incs[-2] - 2.0 * math.sqrt(2.0) * noise and incs[-1] < max(incs[:-2])
 
 
-def _select(
-    out: GrowthFit,
-    xs: np.ndarray,
-    ys: np.ndarray,
-    noise: float,
-    floor: float,
-    step: float,
-    fill_search: bool = True,
-) -> GrowthFit:
+class _RatioFit(NamedTuple):
+    """The grid fit of r (`_profile`) and r's intervals: `a`, `c` the fitted (a, c) at every
+    r of `_R_GRID` (arrays, the series' unit and unit per x), `best` the grid index of the
+    least squares, `r_hat` its r, `r_lo` r's lower end at CONF_STEADY and `r_hi` its upper
+    end at CONF_CONVERGING; `s` the pooled level noise (the series' unit), `dof` its degrees
+    of freedom, `nu0` the pseudo degrees of freedom given the caller's noise."""
+
+    a: np.ndarray
+    c: np.ndarray
+    best: int
+    r_hat: float
+    r_lo: float
+    r_hi: float
+    s: float
+    dof: float
+    nu0: float
+
+
+class _SteadyLine(NamedTuple):
+    """The steady model (r = 1) fitted as a straight line: `b` its rate (the series' unit per
+    unit of x), `half` the half-width of the rate's CONF_RATE interval, `sse` its residual
+    sum of squares (the series' unit squared)."""
+
+    b: float
+    half: float
+    sse: float
+
+
+def _ratio_interval(
+    sse: np.ndarray, sse_min: float, dof: float, s2: float, conf: float
+) -> tuple[float, float]:
+    """(lowest r, highest r) of the grid whose profile SSE lies within the F bound at `conf`
+    of the minimum; the whole grid when nothing does."""
+    inside = _R_GRID[sse - sse_min <= _f_quantile(conf, dof) * s2 * (1 + 1e-9) + 1e-300]
+    if not inside.size:  # non-finite sums (levels near the float limit): nothing known
+        return float(_R_GRID[0]), float(_R_GRID[-1])
+    return float(inside.min()), float(inside.max())
+
+
+def _fit_ratio(
+    out: GrowthFit, xs: np.ndarray, ys: np.ndarray, noise: float, step: float
+) -> _RatioFit:
+    """The profile over r's grid, the pooled level noise and r's intervals (a `_RatioFit`);
+    sets `out.noise`, `out.ratio` and `out.ratio_ci`."""
     m = len(xs)
     sse, a_r, c_r = _profile(xs, ys, step)
     best = int(np.argmin(sse))
@@ -466,18 +501,19 @@ def _select(
     s2 = max(noise**2, (nu0 * noise**2 + sse_min) / dof)
     s = math.sqrt(s2)
     out.noise = s
-
-    def interval(conf: float) -> tuple[float, float]:
-        inside = _R_GRID[sse - sse_min <= _f_quantile(conf, dof) * s2 * (1 + 1e-9) + 1e-300]
-        if not inside.size:  # non-finite sums (levels near the float limit): nothing known
-            return float(_R_GRID[0]), float(_R_GRID[-1])
-        return float(inside.min()), float(inside.max())
-
-    r_lo, _ = interval(CONF_STEADY)
-    _, r_hi = interval(CONF_CONVERGING)
+    r_lo, _ = _ratio_interval(sse, sse_min, dof, s2, CONF_STEADY)
+    _, r_hi = _ratio_interval(sse, sse_min, dof, s2, CONF_CONVERGING)
     r_hat = float(_R_GRID[best])
     out.ratio, out.ratio_ci = r_hat, (r_lo, r_hi)
+    return _RatioFit(a_r, c_r, best, r_hat, r_lo, r_hi, s, dof, nu0)
 
+
+def _fit_steady_line(
+    out: GrowthFit, xs: np.ndarray, ys: np.ndarray, noise: float, nu0: float
+) -> _SteadyLine:
+    """The steady model's line (a `_SteadyLine`); sets `out.rate`, `out.rate_ci` and
+    `out.fitted_growth` (the rate x the points' x span)."""
+    m = len(xs)
     # The steady model (r = 1): its rate and 90 % interval, the residuals pooled like s2.
     xm = float(xs.mean())
     sxx = float(((xs - xm) ** 2).sum())
@@ -490,70 +526,92 @@ def _select(
     out.rate, out.rate_ci = b, (b - half, b + half)
     span = float(xs[-1])
     out.fitted_growth = b * span
-    n_steps = m - 1
-    rising = float(c_r[best]) > 0 and out.growth is not None and out.growth > floor
+    return _SteadyLine(b, half, float(res @ res))
 
-    def done(model: Model, verdict: Verdict, reason: Reason) -> GrowthFit:
-        out.model, out.verdict, out.reason = model, verdict, reason
-        return out
 
-    # A change inside the points: growth that levelled off (a cache that filled at its cap, a
-    # few steps up and then flat) or growth that started late (a leak that began mid-way).
-    change = _change_point(xs, ys, noise, nu0, float(res @ res))
-    fill_leak = _leak_after_fill(xs, ys, noise, floor, step, out.x_unit) if fill_search else None
+def _done(out: GrowthFit, model: Model, verdict: Verdict, reason: Reason) -> GrowthFit:
+    """`out` with its model, verdict and reason set."""
+    out.model, out.verdict, out.reason = model, verdict, reason
+    return out
 
-    def leak_after_fill() -> GrowthFit:
-        assert fill_leak is not None
-        i, after = fill_leak
-        out.rate, out.rate_ci = after.rate, after.rate_ci
-        out.ratio, out.ratio_ci = after.ratio, after.ratio_ci
-        out.fitted_growth = after.fitted_growth
-        out.change_at = float(xs[i]) + float(pts_x0(out))
-        out.tail_from = i
-        return done(Model.STEADY, Verdict.LEAK, Reason.GREW_EVERY_ROUND)
 
+def _steady_from_tail(out: GrowthFit, xs: np.ndarray, i: int, after: GrowthFit) -> GrowthFit:
+    """`out` STEADY (LEAK, `grew_every_round`) at the rate of the tail from point `i` on
+    (`after`, its own fit): rate, ratio and fitted growth the tail's, `change_at` the x
+    where the tail starts (in the caller's x), `tail_from` = `i`."""
+    out.rate, out.rate_ci = after.rate, after.rate_ci
+    out.ratio, out.ratio_ci = after.ratio, after.ratio_ci
+    out.fitted_growth = after.fitted_growth
+    out.change_at = float(xs[i]) + float(pts_x0(out))
+    out.tail_from = i
+    return _done(out, Model.STEADY, Verdict.LEAK, Reason.GREW_EVERY_ROUND)
+
+
+def _change_verdict(
+    out: GrowthFit,
+    xs: np.ndarray,
+    ys: np.ndarray,
+    change: tuple[str, int, float, float] | None,
+    fill_leak: tuple[int, GrowthFit] | None,
+    noise: float,
+    floor: float,
+    step: float,
+) -> GrowthFit | None:
+    """`out` decided by a change point inside the points (`_change_point`): STEP where the
+    growth levelled off to flat, STEADY where it levelled off to a leak under a filled cache
+    (`fill_leak`) or started late and the tail is steady; None when no change decides."""
     if change is not None and change[0] == "levelled":
         _, i, a_h, b_h = change
         top = a_h + b_h * float(xs[i])
         if fill_leak is not None:  # it levelled off to a steady leak, not to flat
-            return leak_after_fill()
+            return _steady_from_tail(out, xs, *fill_leak)
         if b_h > 0 and top - float(ys[0]) > floor:
             out.bound = out.bound_hi = top
             out.change_at = float(xs[i]) + float(pts_x0(out))
-            return done(Model.STEP, Verdict.CACHING, Reason.ROSE_THEN_FLAT)
+            return _done(out, Model.STEP, Verdict.CACHING, Reason.ROSE_THEN_FLAT)
     if change is not None and change[0] == "started":
         _, i, _, b_h = change
         if b_h > 0 and b_h * float(xs[-1] - xs[i]) > floor:
             after = _tail_fit(xs, ys, i, noise, floor, step, out.x_unit)
             if after.model is Model.STEADY:
-                out.rate, out.rate_ci = after.rate, after.rate_ci
-                out.ratio, out.ratio_ci = after.ratio, after.ratio_ci
-                out.fitted_growth = after.fitted_growth
-                out.change_at = float(xs[i]) + float(pts_x0(out))
-                out.tail_from = i
-                return done(Model.STEADY, Verdict.LEAK, Reason.GREW_EVERY_ROUND)
+                return _steady_from_tail(out, xs, i, after)
+    return None
 
-    steady_r = 1.0 - STEADY_DECAY
-    if r_hi >= steady_r and r_lo >= halving_ratio(n_steps) and b - half > 0 and b * span > floor:
-        return done(Model.STEADY, Verdict.LEAK, Reason.GREW_EVERY_ROUND)
+
+def _converging_verdict(
+    out: GrowthFit,
+    xs: np.ndarray,
+    ratio: _RatioFit,
+    fill_leak: tuple[int, GrowthFit] | None,
+    noise: float,
+    floor: float,
+    step: float,
+) -> GrowthFit:
+    """`out` for growth whose r lies below the steady band: STEADY for a leak under a filled
+    cache, UNDECIDED while the last increments stop shrinking, else CONVERGING with its
+    projected `bound` and `bound_hi` (the level at the slowest convergence allowed)."""
+    if fill_leak is not None:
+        return _steady_from_tail(out, xs, *fill_leak)
+    if _not_shrinking(out.increments, noise, floor):
+        # The last steps add the same again, not less: a cache that filled with a leak
+        # under it, or one still converging; one more step tells (a tail of four).
+        out.steps_to_decide = FILL_TAIL_POINTS - 3
+        return _done(out, Model.UNDECIDED, Verdict.INCONCLUSIVE, Reason.STEADY_OR_CONVERGING)
+    a_r, c_r, best, r_hi = ratio.a, ratio.c, ratio.best, ratio.r_hi
+    out.bound = _bound(float(a_r[best]), float(c_r[best]), ratio.r_hat, step)
+    i_hi = int(np.searchsorted(_R_GRID, r_hi))
+    i_hi = min(i_hi, len(_R_GRID) - 1)
+    out.bound_hi = _bound(float(a_r[i_hi]), float(c_r[i_hi]), float(_R_GRID[i_hi]), step)
+    if out.bound is not None and out.bound_hi is not None:
+        out.bound_hi = max(out.bound_hi, out.bound)
     last = out.increments[-1] if out.increments else 0.0
-    if r_hi < steady_r and rising:
-        if fill_leak is not None:
-            return leak_after_fill()
-        if _not_shrinking(out.increments, noise, floor):
-            # The last steps add the same again, not less: a cache that filled with a leak
-            # under it, or one still converging; one more step tells (a tail of four).
-            out.steps_to_decide = FILL_TAIL_POINTS - 3
-            return done(Model.UNDECIDED, Verdict.INCONCLUSIVE, Reason.STEADY_OR_CONVERGING)
-        out.bound = _bound(float(a_r[best]), float(c_r[best]), r_hat, step)
-        i_hi = int(np.searchsorted(_R_GRID, r_hi))
-        i_hi = min(i_hi, len(_R_GRID) - 1)
-        out.bound_hi = _bound(float(a_r[i_hi]), float(c_r[i_hi]), float(_R_GRID[i_hi]), step)
-        if out.bound is not None and out.bound_hi is not None:
-            out.bound_hi = max(out.bound_hi, out.bound)
-        reason = Reason.ROSE_THEN_FLAT if abs(last) <= floor else Reason.CONVERGING
-        return done(Model.CONVERGING, Verdict.CACHING, reason)
-    incs = out.increments
+    reason = Reason.ROSE_THEN_FLAT if abs(last) <= floor else Reason.CONVERGING
+    return _done(out, Model.CONVERGING, Verdict.CACHING, reason)
+
+
+def _increment_noise(incs: Sequence[float], noise: float) -> tuple[bool, float]:
+    """(whether the increments take both signs, the level noise they show, at least
+    `noise`; the series' unit)."""
     # Noise the increments show, robustly (a clean step has none: one jump is not noise):
     # their MAD, and where they take both signs their spread; a level with noise s gives
     # increments with spread s x sqrt(2).
@@ -564,7 +622,29 @@ def _select(
         inc_noise = 1.4826 * float(np.median([abs(d - mid) for d in incs])) / math.sqrt(2.0)
         if mixed and len(incs) >= 2:
             inc_noise = max(inc_noise, float(np.std(incs, ddof=1)) / math.sqrt(2.0))
-    inc_noise = max(inc_noise, noise)
+    return mixed, max(inc_noise, noise)
+
+
+def _shape_verdict(
+    out: GrowthFit,
+    xs: np.ndarray,
+    ys: np.ndarray,
+    ratio: _RatioFit,
+    line: _SteadyLine,
+    fill_leak: tuple[int, GrowthFit] | None,
+    rising: bool,
+    noise: float,
+    floor: float,
+    step: float,
+) -> GrowthFit:
+    """`out` for growth neither steady nor converging (rules 5 to 9): NOISY, STEP, FALLING,
+    BOUNDED, STEADY for a leak under a filled cache, else UNDECIDED."""
+    m = len(xs)
+    b, half = line.b, line.half
+    span = float(xs[-1])
+    incs = out.increments
+    last = incs[-1] if incs else 0.0
+    mixed, inc_noise = _increment_noise(incs, noise)
     # Noisy: the increments move more than the floor, a rate above the floor per step is not
     # ruled out, and the growth per step does not stand clear of that noise (increments of
     # both signs, or a step's growth under NOISE_K x the noise): clear growth whose shape is
@@ -572,22 +652,62 @@ def _select(
     clear = not mixed and b * step > NOISE_K * inc_noise
     if NOISE_K * inc_noise > floor and (b + half) * step > floor and b > 0 and not clear:
         out.noise = max(out.noise, inc_noise)
-        return done(Model.NOISY, Verdict.INCONCLUSIVE, Reason.NOISY)
+        return _done(out, Model.NOISY, Verdict.INCONCLUSIVE, Reason.NOISY)
     rise = float(np.max(ys[:-1]) - ys[0])
     if abs(last) <= floor and (len(incs) < 2 or max(incs[-2:]) <= floor) and rise > floor:
-        return done(Model.STEP, Verdict.CACHING, Reason.ROSE_THEN_FLAT)
+        return _done(out, Model.STEP, Verdict.CACHING, Reason.ROSE_THEN_FLAT)
     if ys[-1] < float(np.max(ys[:-1])) - floor and (b - half) <= 0:
-        return done(Model.FALLING, Verdict.CACHING, Reason.FELL_BACK)
+        return _done(out, Model.FALLING, Verdict.CACHING, Reason.FELL_BACK)
     if (
         m >= 5
         and b - half <= 0
         and ys[-1] <= float(np.max(ys[:-1])) + floor
         and float(np.max(ys[-2:])) <= float(np.max(ys[:-2])) + floor
     ):
-        return done(Model.BOUNDED, Verdict.CACHING, Reason.BOUNDED)
+        return _done(out, Model.BOUNDED, Verdict.CACHING, Reason.BOUNDED)
     if fill_leak is not None and rising:
-        return leak_after_fill()
+        return _steady_from_tail(out, xs, *fill_leak)
     if b - half > 0 and b * span > floor:
-        out.steps_to_decide = _steps_to_decide(m, b * step, s, dof)
-        return done(Model.UNDECIDED, Verdict.INCONCLUSIVE, Reason.STEADY_OR_CONVERGING)
-    return done(Model.UNDECIDED, Verdict.INCONCLUSIVE, Reason.STILL_CHANGING)
+        out.steps_to_decide = _steps_to_decide(m, b * step, ratio.s, ratio.dof)
+        return _done(out, Model.UNDECIDED, Verdict.INCONCLUSIVE, Reason.STEADY_OR_CONVERGING)
+    return _done(out, Model.UNDECIDED, Verdict.INCONCLUSIVE, Reason.STILL_CHANGING)
+
+
+def _select(
+    out: GrowthFit,
+    xs: np.ndarray,
+    ys: np.ndarray,
+    noise: float,
+    floor: float,
+    step: float,
+    fill_search: bool = True,
+) -> GrowthFit:
+    """`out` with its model selected by the rule of the module docstring (the points `xs`
+    relative to the first one, `ys` in the series' unit, at least three; `step` one normal
+    step of x), and the numbers behind it filled in."""
+    ratio = _fit_ratio(out, xs, ys, noise, step)
+    line = _fit_steady_line(out, xs, ys, noise, ratio.nu0)
+    span = float(xs[-1])
+    n_steps = len(xs) - 1
+    rising = float(ratio.c[ratio.best]) > 0 and out.growth is not None and out.growth > floor
+
+    # A change inside the points: growth that levelled off (a cache that filled at its cap, a
+    # few steps up and then flat) or growth that started late (a leak that began mid-way).
+    change = _change_point(xs, ys, noise, ratio.nu0, line.sse)
+    fill_leak = _leak_after_fill(xs, ys, noise, floor, step, out.x_unit) if fill_search else None
+    changed = _change_verdict(out, xs, ys, change, fill_leak, noise, floor, step)
+    if changed is not None:
+        return changed
+
+    steady_r = 1.0 - STEADY_DECAY
+    b, half = line.b, line.half
+    if (
+        ratio.r_hi >= steady_r
+        and ratio.r_lo >= halving_ratio(n_steps)
+        and b - half > 0
+        and b * span > floor
+    ):
+        return _done(out, Model.STEADY, Verdict.LEAK, Reason.GREW_EVERY_ROUND)
+    if ratio.r_hi < steady_r and rising:
+        return _converging_verdict(out, xs, ratio, fill_leak, noise, floor, step)
+    return _shape_verdict(out, xs, ys, ratio, line, fill_leak, rising, noise, floor, step)

@@ -132,6 +132,92 @@ def classify_series(
         )
 
 
+def _reached_rounds(
+    levels: Sequence[float | None],
+    cum_requests: Sequence[float],
+    samples: Sequence[Sequence[float]],
+) -> list[tuple[float, float, Sequence[float]]]:
+    """(cumulative requests, settled level, its samples) of each round with a finite level
+    that requests reached (the first such round always counts), in round order."""
+    pts: list[tuple[float, float, Sequence[float]]] = []
+    prev_c = 0.0
+    for c, v, smp in zip(cum_requests, levels, samples, strict=False):
+        if v is not None and math.isfinite(v) and (c > prev_c or not pts):
+            pts.append((float(c), float(v), smp))
+        prev_c = c
+    return pts
+
+
+def _typical_round(pts: list[tuple[float, float, Sequence[float]]]) -> float:
+    """The planned round size in requests: the median of the rounds' sizes (the first one
+    counted from zero requests)."""
+    all_sizes = [b[0] - a[0] for a, b in itertools.pairwise([(0.0, 0.0, []), *pts])]
+    return float(np.median(all_sizes))  # the planned round size, robust to one short round
+
+
+def _take_fit(out: SeriesFit, fit: GrowthFit, typical: float) -> None:
+    """Fills `out` from the growth fit, in place (returns nothing): model, increments, rate
+    per request and its interval, ratio, bounds, steps to decide, and the growth a full
+    round of `typical` requests gives at the fitted rate (the series' unit)."""
+    out.growth_fit = fit
+    out.model = fit.model
+    out.increments = list(fit.increments)
+    out.slope, out.ratio, out.ratio_ci = fit.rate, fit.ratio, fit.ratio_ci
+    out.bound, out.bound_hi, out.steps_to_decide = fit.bound, fit.bound_hi, fit.steps_to_decide
+    out.ci = _rate_interval(fit, typical)
+    out.round_growth = (fit.rate or 0.0) * typical
+
+
+def _settled_verdict(
+    out: SeriesFit,
+    fit: GrowthFit,
+    vals: list[float],
+    peak: float,
+    h: float,
+    floor: float,
+    noise_k: float,
+) -> tuple[str, str]:
+    """(verdict, reason) of the settled levels `vals` from the growth fit, where a FLAT fit is
+    read against the rise in round 1 (`peak`, the largest distance from the reference) and the
+    threshold `h`; a NOISY fit widens `out`'s noise and threshold to the increments'."""
+    verdict, reason = fit.verdict, fit.reason
+    spread = max(vals) - min(vals)
+    if fit.model is Model.FLAT and h > floor and spread > floor and spread >= 0.5 * abs(peak):
+        # "Flat" only within a threshold the idle windows' own noise set, with the levels
+        # swinging by half the rise or more: no settled level was seen (a reviewer's server
+        # holding 50-200 MiB buffers for seconds read 279, 166, 181, 387 MiB, "rose, then
+        # flat", over a 256 KiB/request leak a longer --idle found).
+        verdict, reason = Verdict.INCONCLUSIVE, Reason.NOISY
+    elif fit.model is Model.FLAT:
+        # Flat from round 1 on after the rise in round 1: warm-up, then flat.
+        verdict, reason = Verdict.CACHING, Reason.ROSE_THEN_FLAT
+    elif fit.model is Model.NOISY:
+        out.noise = max(out.noise, fit.noise)
+        out.threshold = max(h, noise_k * fit.noise)
+    return verdict, reason
+
+
+def _creep_floor(out: SeriesFit, h: float, typical: float) -> float | None:
+    """The per-request creep a CACHING verdict (`rose_then_flat`, `converging`) whose rate's
+    interval reaches above zero cannot rule out (the series' unit per request), else None:
+    the larger of the threshold `h` and twice the spread of the increments after round 1,
+    over a round of `typical` requests."""
+    if (
+        out.verdict == Verdict.CACHING
+        and out.reason in (Reason.ROSE_THEN_FLAT, Reason.CONVERGING)
+        and out.ci is not None
+        and out.ci[1] > 0
+        and typical > 0
+    ):
+        # A creep under the floor, or under the rounds' own scatter, cannot be ruled out: say
+        # how large it could be (a 3 MiB/round host leak under increments that swung by
+        # tens of MiB read as converging on an H200; the floor alone bounded it too low).
+        later = out.increments[1:]
+        spread = 2.0 * float(np.std(later, ddof=1)) if len(later) >= 3 else 0.0
+        return max(h, spread) / typical
+    return None
+
+
 def _classify(
     baseline: float | None,
     levels: Sequence[float | None],
@@ -142,15 +228,11 @@ def _classify(
     resolution: float,
     min_steady_steps: int = 0,
 ) -> SeriesFit:
+    """The `SeriesFit` of one series' settled levels (the rule of `classify_series`)."""
     noise = noise_of(samples)
     h = max(floor, noise_k * noise)
     out = SeriesFit(Verdict.INCONCLUSIVE, Reason.NO_LEVEL, noise=noise, threshold=h)
-    pts: list[tuple[float, float, Sequence[float]]] = []
-    prev_c = 0.0
-    for c, v, smp in zip(cum_requests, levels, samples, strict=False):
-        if v is not None and math.isfinite(v) and (c > prev_c or not pts):
-            pts.append((float(c), float(v), smp))
-        prev_c = c
+    pts = _reached_rounds(levels, cum_requests, samples)
     if not pts:
         return out
     if baseline is None and len(pts) < 2:  # one level and nothing to compare it with
@@ -171,8 +253,7 @@ def _classify(
     if len(pts) < 3:
         out.reason = Reason.TOO_FEW_ROUNDS
         return out
-    all_sizes = [b[0] - a[0] for a, b in itertools.pairwise([(0.0, 0.0, []), *pts])]
-    typical = float(np.median(all_sizes))  # the planned round size, robust to one short round
+    typical = _typical_round(pts)
     fit = fit_growth(
         [c for c, _, _ in pts],
         vals,
@@ -181,41 +262,9 @@ def _classify(
         step=typical if typical > 0 else None,
         min_steady_steps=min_steady_steps,
     )
-    out.growth_fit = fit
-    out.model = fit.model
-    out.increments = list(fit.increments)
-    out.slope, out.ratio, out.ratio_ci = fit.rate, fit.ratio, fit.ratio_ci
-    out.bound, out.bound_hi, out.steps_to_decide = fit.bound, fit.bound_hi, fit.steps_to_decide
-    out.ci = _rate_interval(fit, typical)
-    out.round_growth = (fit.rate or 0.0) * typical
-    verdict, reason = fit.verdict, fit.reason
-    spread = max(vals) - min(vals)
-    if fit.model is Model.FLAT and h > floor and spread > floor and spread >= 0.5 * abs(peak):
-        # "Flat" only within a threshold the idle windows' own noise set, with the levels
-        # swinging by half the rise or more: no settled level was seen (a reviewer's server
-        # holding 50-200 MiB buffers for seconds read 279, 166, 181, 387 MiB, "rose, then
-        # flat", over a 256 KiB/request leak a longer --idle found).
-        verdict, reason = Verdict.INCONCLUSIVE, Reason.NOISY
-    elif fit.model is Model.FLAT:
-        # Flat from round 1 on after the rise in round 1: warm-up, then flat.
-        verdict, reason = Verdict.CACHING, Reason.ROSE_THEN_FLAT
-    elif fit.model is Model.NOISY:
-        out.noise = max(out.noise, fit.noise)
-        out.threshold = max(h, noise_k * fit.noise)
-    out.verdict, out.reason = verdict, reason
-    if (
-        verdict == Verdict.CACHING
-        and reason in (Reason.ROSE_THEN_FLAT, Reason.CONVERGING)
-        and out.ci is not None
-        and out.ci[1] > 0
-        and typical > 0
-    ):
-        # A creep under the floor, or under the rounds' own scatter, cannot be ruled out: say
-        # how large it could be (a 3 MiB/round host leak under increments that swung by
-        # tens of MiB read as converging on an H200; the floor alone bounded it too low).
-        later = out.increments[1:]
-        spread = 2.0 * float(np.std(later, ddof=1)) if len(later) >= 3 else 0.0
-        out.creep_floor_per_request = max(h, spread) / typical
+    _take_fit(out, fit, typical)
+    out.verdict, out.reason = _settled_verdict(out, fit, vals, peak, h, floor, noise_k)
+    out.creep_floor_per_request = _creep_floor(out, h, typical)
     return out
 
 

@@ -23,7 +23,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from scipy.stats import kendalltau, theilslopes
@@ -112,6 +112,83 @@ def _jitter(y: np.ndarray) -> float:
     return float(1.4826 * np.median(np.abs(d - np.median(d))))
 
 
+class _LateHalf(NamedTuple):
+    """The second half of the x span on its own: `n` its points, `slope` its Theil-Sen
+    slope (the series' unit per unit of x) with its 95 % interval `lo`..`hi`, `growth` that
+    slope x the half's x span (the series' unit), `p` its Kendall tau p-value (1.0 with
+    fewer than three points or none finite)."""
+
+    n: int
+    slope: float
+    lo: float
+    hi: float
+    growth: float
+    p: float
+
+
+def _kendall(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(Kendall tau, its p-value) over the points; 0.0 and 1.0 where not finite."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        tau_res = kendalltau(x, y)
+    # indexed, not .statistic: scipy 1.9 (the floor) names it .correlation
+    tau = float(tau_res[0]) if np.isfinite(tau_res[0]) else 0.0
+    p = float(tau_res[1]) if np.isfinite(tau_res[1]) else 1.0
+    return tau, p
+
+
+def _late_half(x: np.ndarray, y: np.ndarray, span: float) -> _LateHalf:
+    """The points from the middle of the x span on, fitted on their own (a `_LateHalf`)."""
+    mid = x[0] + span / 2
+    late = x >= mid
+    late_slope, late_lo, late_hi = _theil(x[late], y[late])
+    late_span = float(x[late][-1] - x[late][0]) if late.sum() > 1 else 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        late_tau = kendalltau(x[late], y[late]) if late.sum() >= 3 else None
+    late_p = float(late_tau[1]) if late_tau is not None and np.isfinite(late_tau[1]) else 1.0
+    late_growth = late_slope * late_span
+    return _LateHalf(int(late.sum()), late_slope, late_lo, late_hi, late_growth, late_p)
+
+
+def _trend_verdict(
+    th: TrendThresholds,
+    base: dict[str, object],
+    whole: bool,
+    started: bool,
+    slope: float,
+    growth: float,
+    rise: float,
+    floor: float,
+    late: _LateHalf,
+) -> Trend:
+    """The `Trend` of the points from the whole window's numbers (`base`, the `Trend`'s
+    fields but verdict and reason; `slope`, `growth`, `rise` and `floor` among them, as
+    fitted), whether the whole window shows a leak (`whole`) or the late half alone does
+    (`started`), and the late half's fit."""
+    if started and (not whole or late.slope > slope):
+        # the rate now is the late half's: a leak that began late, or one that speeds up
+        base["slope"], base["slope_ci"] = late.slope, (late.lo, late.hi)
+        base["growth"] = late.growth
+        reason = (
+            "grows in proportion to the work done, faster in the second half of the window"
+            if whole
+            else "started growing in the second half of the window and keeps growing"
+        )
+        return Trend(LEAK, reason, **base)  # type: ignore[arg-type]
+    if whole:
+        return Trend(LEAK, "grows in proportion to the work done, to the last point", **base)  # type: ignore[arg-type]
+    if rise > floor or growth > floor:
+        if late.growth <= floor / 2 or late.slope < th.decay_ratio * slope:
+            return Trend(
+                CACHING,
+                "rose, then levelled off (an allocator or cache filling up)",
+                **base,  # type: ignore[arg-type]
+            )
+        return Trend(INCONCLUSIVE, "rising, but not a significant, sustained trend yet", **base)  # type: ignore[arg-type]
+    return Trend(STABLE, "no growth beyond the noise", **base)  # type: ignore[arg-type]
+
+
 def classify(
     points: Sequence[tuple[float, float]],
     *,
@@ -134,33 +211,20 @@ def classify(
     if span <= 0:
         return Trend(INCONCLUSIVE, "no served work between the comparable points", n, x_unit, level)
     slope, lo, hi = _theil(x, y)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        tau_res = kendalltau(x, y)
-    # indexed, not .statistic: scipy 1.9 (the floor) names it .correlation
-    tau = float(tau_res[0]) if np.isfinite(tau_res[0]) else 0.0
-    p = float(tau_res[1]) if np.isfinite(tau_res[1]) else 1.0
-    mid = x[0] + span / 2
-    late = x >= mid
-    late_slope, late_lo, late_hi = _theil(x[late], y[late])
-    late_span = float(x[late][-1] - x[late][0]) if late.sum() > 1 else 0.0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        late_tau = kendalltau(x[late], y[late]) if late.sum() >= 3 else None
-    late_p = float(late_tau[1]) if late_tau is not None and np.isfinite(late_tau[1]) else 1.0
+    tau, p = _kendall(x, y)
+    late = _late_half(x, y, span)
     q = max(n // 4, 2)
     rise = float(np.median(y[-q:]) - np.median(y[:q]))
     noise = _jitter(y)
     floor = max(th.min_growth, th.noise_k * noise)
     growth = slope * span
-    late_growth = late_slope * late_span
     base = dict(
         n=n,
         x_unit=x_unit,
         level=level,
         slope=slope,
         slope_ci=(lo, hi),
-        late_slope=late_slope,
+        late_slope=late.slope,
         tau=tau,
         p_value=p,
         growth=growth,
@@ -174,32 +238,12 @@ def classify(
         and tau > 0
         and lo > 0
         and growth > floor
-        and late_slope >= th.decay_ratio * slope
+        and late.slope >= th.decay_ratio * slope
     )
     started = (
-        late.sum() >= th.min_points and late_p < th.trend_p and late_lo > 0 and late_growth > floor
+        late.n >= th.min_points and late.p < th.trend_p and late.lo > 0 and late.growth > floor
     )
-    if started and (not whole or late_slope > slope):
-        # the rate now is the late half's: a leak that began late, or one that speeds up
-        base["slope"], base["slope_ci"] = late_slope, (late_lo, late_hi)
-        base["growth"] = late_growth
-        reason = (
-            "grows in proportion to the work done, faster in the second half of the window"
-            if whole
-            else "started growing in the second half of the window and keeps growing"
-        )
-        return Trend(LEAK, reason, **base)  # type: ignore[arg-type]
-    if whole:
-        return Trend(LEAK, "grows in proportion to the work done, to the last point", **base)  # type: ignore[arg-type]
-    if rise > floor or growth > floor:
-        if late_growth <= floor / 2 or late_slope < th.decay_ratio * slope:
-            return Trend(
-                CACHING,
-                "rose, then levelled off (an allocator or cache filling up)",
-                **base,  # type: ignore[arg-type]
-            )
-        return Trend(INCONCLUSIVE, "rising, but not a significant, sustained trend yet", **base)  # type: ignore[arg-type]
-    return Trend(STABLE, "no growth beyond the noise", **base)  # type: ignore[arg-type]
+    return _trend_verdict(th, base, whole, started, slope, growth, rise, floor, late)
 
 
 def low_envelope(points: Sequence[tuple[float, float]], block: float) -> list[tuple[float, float]]:
