@@ -598,6 +598,133 @@ STOP_LOOKBACK = 64 << 10
 AUTOTUNE_SKIP = ("select_algorithm", "during autotuning", "Ignoring this choice")
 
 
+def _failed_procs(text: str, after: list[str]) -> dict[str, int]:
+    """The failed processes a death line names: name -> exit code ({} when it names none)."""
+    procs: dict[str, int] = {}
+    if m := P.VLLM_FAILED_PROCS.search(text):
+        procs = {k: int(v) for k, v in P.VLLM_FAILED_PROC.findall(m.group(1))}
+    elif "scheduler is dead" in text:  # SGLang: "Exit code: C" on one of the next lines
+        rank = text.split(" scheduler is dead")[0].split()[-1]
+        for raw in after[:3]:
+            if code := P.SGL_EXIT_CODE.match(clean(raw).text):
+                procs = {f"Scheduler rank {rank}": int(code.group(1))}
+                break
+    return procs
+
+
+def _crash_error(
+    hit: Hit, after: list[str], see_above: bool, data: dict[str, Any]
+) -> dict[str, Any]:
+    """The crash's exception line as event fields ("error", "error_above"), or {} when none."""
+    for raw in () if see_above else after:
+        # the exception's own last line ("ValueError: ..."), when the text has it
+        s = clean(raw).text
+        if P.EXCEPTION_LINE.match(s):
+            return {"error": s[:300]}
+    if see_above and -9 not in data.get("failed_procs", {}).values():
+        # "See root cause above": the last exception line in the 200 lines above it (a
+        # process killed by SIGKILL printed none: an older one would not be its cause)
+        for raw in reversed(hit.before(32 << 10).split("\n")[-200:]):
+            s = clean(raw).text
+            if P.EXCEPTION_LINE.match(s) and not P.VLLM_CRASH.search(s):
+                return {"error": s[:300], "error_above": True}
+    return {}
+
+
+def _oom_line(hit: Hit, text: str) -> str:
+    """The OOM line's own text: a wrapped start joined back on, squashed-on records cut off."""
+    if text.startswith("ream->") or (text[:1].islower() and "): out of memory (" in text):
+        # a terminal wrapped TensorRT-LLM's "CUDA runtime error in ::cudaMallocAsync(...): out of
+        # memory" before its tail: the row above carries the start of the message
+        above = hit.before(4096).rstrip("\n").rsplit("\n", 1)[-1]
+        if "CUDA runtime error" in above:
+            text = clean(above).text + text
+    if "        " in text and (sq := P.SQUASHED_RECORD.search(text)):
+        text = text[: sq.start()]  # the next records squashed onto the error's line (R2 review)
+    return text
+
+
+def _leak_body(hit: Hit, text: str, wording: str) -> str:
+    """The leak self-check's text: its line, its field lines, and (KV pool) the row above."""
+    body = text
+    for nxt in hit.following(6):
+        s = strip_noise(nxt).strip()
+        if P.LEAK_FIELD.search(s) and not P.LEAK.search(s) and not s.startswith("self."):
+            body += " " + s
+        else:
+            break
+    if wording.startswith("KV cache pool leak"):
+        prev = hit.before(4096).rstrip("\n").rsplit("\n", 1)[-1]
+        if P.request_echo(prev) >= 0:
+            prev = ""  # a request echo above is user text (review 12b)
+        body = prev + " " + body
+    return body
+
+
+def _leak_tagged_pools(body: str) -> dict[str, dict[str, int]]:
+    """Pool name -> its counts from 0.5.12+'s "[pool] total=..." parts ({} when there are none)."""
+    # 0.5.12+: one "[pool] total=..., available=..., ..." part per pool; each pool's deficit is
+    # total minus every count the checker adds (available, evictable, protected, session_held,
+    # uncached and any other held count a fork prints).
+    tagged: dict[str, dict[str, int]] = {}
+    if "] total=" in body:
+        tagged = {
+            name: {k: int(v) for k, v in P.LEAK_POOL_FIELD.findall(part)}
+            for name, part in P.LEAK_POOL.findall(body)
+        }
+        tagged = {name: f for name, f in tagged.items() if "total" in f and "available" in f}
+    return tagged
+
+
+def _leak_pool(wording: str, body: str) -> str:
+    """Which pool the self-check's wording is about: "req", "busy", "swa" or "token"."""
+    pool = "token"
+    if wording.startswith("req_to_token"):
+        pool = "req"
+    elif "Mem Leak Detected" in wording:
+        pool = "busy"
+    elif "[swa]" in body and "[full]" not in body:
+        pool = "swa"
+    return pool
+
+
+def _leak_counts(fields: dict[str, int]) -> tuple[int | None, int | None, int, int, int]:
+    """(total, available, evictable, protected, held) from the fields, any version's names."""
+    total = (
+        fields.get("total")
+        or fields.get("max_total_num_tokens")
+        or fields.get("max_total_num_token")
+        or fields.get("total_size")
+    )
+    avail = fields.get("available", fields.get("available_size", fields.get("full_available_size")))
+    evict = fields.get("evictable", fields.get("evictable_size", 0))
+    prot = fields.get("protected", fields.get("protected_size", 0))
+    held = fields.get("session_held", 0) + fields.get("uncached", 0)
+    return total, avail, evict, prot, held
+
+
+def _leak_hybrid_pools(hybrid: dict[str, list[int]]) -> dict[str, dict[str, int]]:
+    """Pool name -> its counts and deficit ("leaked"), from a hybrid model's per-pool figures."""
+    pools = {}
+    for name, (av, ev_, tot, pr) in hybrid.items():
+        pools[name] = {
+            "total": tot,
+            "available": av,
+            "evictable": ev_,
+            "protected": pr,
+            "leaked": tot - av - ev_ - pr,
+        }
+    return pools
+
+
+def _leak_worst_pool(pools: dict[str, dict[str, Any]], body: str) -> str:
+    """The name of the pool with the largest deficit (after adding each pool's leaked pages)."""
+    for name, pages in P.LEAK_PAGES.findall(body):
+        if name in pools:
+            pools[name]["leaked_pages"] = pages
+    return max(pools, key=lambda k: abs(pools[k]["leaked"]))
+
+
 def autotune_choice(hit: Hit) -> bool:
     """Whether a Triton out-of-resource line is inside the autotuner's 'Runtime error during
     autotuning: ... Ignoring this choice.' message (it spans lines: the error text is multi-line)."""
@@ -672,60 +799,8 @@ class EventsMixin:
             }
             see_above = False
             if vllm is not None:
-                proc = next(g for g in vllm.groups() if g)
-                data["process"] = {
-                    "Engine core": "EngineCore",
-                    "scheduler": "Scheduler",
-                    "Error executing method": "worker",
-                }.get(proc, proc)
-                # "initialization failed. See root cause above" / "died unexpectedly" / "scheduler is
-                # dead": the cause is above (or nowhere: a process killed by a signal prints nothing)
-                see_above = (
-                    "initialization failed" in text
-                    or "died unexpectedly" in text
-                    or "Engine process" in text
-                    or "scheduler is dead" in text
-                )
-                if see_above:
-                    data["report"] = True  # another process's death reported, not an exception here
-                procs: dict[str, int] = {}
-                if m := P.VLLM_FAILED_PROCS.search(text):
-                    procs = {k: int(v) for k, v in P.VLLM_FAILED_PROC.findall(m.group(1))}
-                elif "scheduler is dead" in text:  # SGLang: "Exit code: C" on one of the next lines
-                    rank = text.split(" scheduler is dead")[0].split()[-1]
-                    for raw in after[:3]:
-                        if code := P.SGL_EXIT_CODE.match(clean(raw).text):
-                            procs = {f"Scheduler rank {rank}": int(code.group(1))}
-                            break
-                if procs:
-                    data["failed_procs"] = procs  # name -> exit code (-9: killed by SIGKILL)
-                    killed = sorted(k for k, v in procs.items() if v == -9)
-                    if killed and self.event_counts.get("sigkill", 0) < MAX_EVENTS_PER_KIND:
-                        self.add_event(
-                            LogEvent(
-                                "sigkill",
-                                self.name,
-                                hit.lineno,
-                                self.cut(text),
-                                None,
-                                {"killer": "sigkill", "process": ", ".join(killed)},
-                            )
-                        )
-            for raw in () if see_above else after:
-                # the exception's own last line ("ValueError: ..."), when the text has it
-                s = clean(raw).text
-                if P.EXCEPTION_LINE.match(s):
-                    data["error"] = s[:300]
-                    break
-            if see_above and -9 not in data.get("failed_procs", {}).values():
-                # "See root cause above": the last exception line in the 200 lines above it (a
-                # process killed by SIGKILL printed none: an older one would not be its cause)
-                for raw in reversed(hit.before(32 << 10).split("\n")[-200:]):
-                    s = clean(raw).text
-                    if P.EXCEPTION_LINE.match(s) and not P.VLLM_CRASH.search(s):
-                        data["error"] = s[:300]
-                        data["error_above"] = True
-                        break
+                see_above = self._vllm_death(hit, vllm, text, after, data)
+            data.update(_crash_error(hit, after, see_above, data))
             self.add_event(
                 LogEvent("server_crash", self.name, hit.lineno, self.cut(text), None, data)
             )
@@ -734,6 +809,43 @@ class EventsMixin:
         if self.tracebacks_read < MAX_TRACEBACKS:
             self.tracebacks_read += 1
             self._frames("\n".join(after))
+
+    def _vllm_death(
+        self, hit: Hit, vllm: re.Match[str], text: str, after: list[str], data: dict[str, Any]
+    ) -> bool:
+        """Whether a death line's cause is above it (fills data, adds any sigkill event)."""
+        proc = next(g for g in vllm.groups() if g)
+        data["process"] = {
+            "Engine core": "EngineCore",
+            "scheduler": "Scheduler",
+            "Error executing method": "worker",
+        }.get(proc, proc)
+        # "initialization failed. See root cause above" / "died unexpectedly" / "scheduler is
+        # dead": the cause is above (or nowhere: a process killed by a signal prints nothing)
+        see_above = (
+            "initialization failed" in text
+            or "died unexpectedly" in text
+            or "Engine process" in text
+            or "scheduler is dead" in text
+        )
+        if see_above:
+            data["report"] = True  # another process's death reported, not an exception here
+        procs = _failed_procs(text, after)
+        if procs:
+            data["failed_procs"] = procs  # name -> exit code (-9: killed by SIGKILL)
+            killed = sorted(k for k, v in procs.items() if v == -9)
+            if killed and self.event_counts.get("sigkill", 0) < MAX_EVENTS_PER_KIND:
+                self.add_event(
+                    LogEvent(
+                        "sigkill",
+                        self.name,
+                        hit.lineno,
+                        self.cut(text),
+                        None,
+                        {"killer": "sigkill", "process": ", ".join(killed)},
+                    )
+                )
+        return see_above
 
     def _frames(self, text: str) -> None:
         """Model files and attention backend read off traceback paths (lowest priority)."""
@@ -1084,14 +1196,7 @@ class EventsMixin:
         if self.event_counts.get("cuda_oom", 0) >= MAX_EVENTS_PER_KIND:
             self.event_counts["cuda_oom"] += 1  # counted; the first ones carry the detail
             return
-        if text.startswith("ream->") or (text[:1].islower() and "): out of memory (" in text):
-            # a terminal wrapped TensorRT-LLM's "CUDA runtime error in ::cudaMallocAsync(...): out of
-            # memory" before its tail: the row above carries the start of the message
-            above = hit.before(4096).rstrip("\n").rsplit("\n", 1)[-1]
-            if "CUDA runtime error" in above:
-                text = clean(above).text + text
-        if "        " in text and (sq := P.SQUASHED_RECORD.search(text)):
-            text = text[: sq.start()]  # the next records squashed onto the error's line (R2 review)
+        text = _oom_line(hit, text)
         msg = self._message(hit, text)
         alt = ""  # the same rows joined with spaces: a soft wrap as wide as a terminal looks hard
         if ("Tried to allocate" in msg or "out of memory." in msg) and (
@@ -1105,10 +1210,25 @@ class EventsMixin:
             region = _nccl_traceback_below(hit.after(60))
         self._frames(region)
         data: dict[str, Any] = {}
+        msg = self._oom_async(hit, msg, data)
+        self._oom_figures(hit, msg, alt, data)
+        marks = self._markers(region + "\n" + msg)
+        phase = self._phase(marks)
+        if phase is None:
+            phase = _phase_from_lines(
+                hit, msg
+            )  # llama.cpp, TGI, TensorRT-LLM say it in their lines
+        if "cudaMalloc failed" in msg and phase == "compute_buffer" and (r := _lcpp_retry(hit)):
+            data.update(r)  # llama.cpp retried without pipeline parallelism (and went on, or not)
+        if "torchair" in region:
+            data["torchair"] = True  # vllm-ascend's torchair graph mode ran the failing step
+        if P.VLLM_NOT_ENOUGH_LOAD.search(text):
+            phase = "weight_load"
+        self._oom_step(hit, msg, region, marks, phase, data)
+        self.add_event(LogEvent("cuda_oom", self.name, hit.lineno, self.cut(msg), phase, data))
 
-        def find(rx: Any) -> Any:
-            return rx.search(msg) or (rx.search(alt) if alt else None)
-
+    def _oom_async(self, hit: Hit, msg: str, data: dict[str, Any]) -> str:
+        """The OOM message, with cudaMallocAsync's figures read into data (and its rows joined)."""
         if "would exceed allowed memory" in msg and "\\n" in msg:
             # TGI's router quotes the shard's message with its newlines escaped, on one line
             _async_fields(msg.split("\\n")[1:], data)
@@ -1119,6 +1239,14 @@ class EventsMixin:
             msg = _async_figures(hit, msg, data)
             if data.get("total_mib") is not None:
                 self.put("total_gpu_mib", data["total_mib"], INFERRED, self.ev(hit))
+        return msg
+
+    def _oom_figures(self, hit: Hit, msg: str, alt: str, data: dict[str, Any]) -> None:
+        """None; the OOM message's figures (and the failing pid) are read into data."""
+
+        def find(rx: Any) -> Any:
+            return rx.search(msg) or (rx.search(alt) if alt else None)
+
         if "allowed;" in msg + alt and (m := find(P.OOM_ALLOWED)):
             data["allowed_mib"] = size_mib(m.group(1))  # a per-process memory fraction was set
         shown: dict[
@@ -1164,18 +1292,17 @@ class EventsMixin:
             data["allocated_mib"] = size_mib(m.group(1))
         if shown:
             data["shown"] = shown
-        marks = self._markers(region + "\n" + msg)
-        phase = self._phase(marks)
-        if phase is None:
-            phase = _phase_from_lines(
-                hit, msg
-            )  # llama.cpp, TGI, TensorRT-LLM say it in their lines
-        if "cudaMalloc failed" in msg and phase == "compute_buffer" and (r := _lcpp_retry(hit)):
-            data.update(r)  # llama.cpp retried without pipeline parallelism (and went on, or not)
-        if "torchair" in region:
-            data["torchair"] = True  # vllm-ascend's torchair graph mode ran the failing step
-        if P.VLLM_NOT_ENOUGH_LOAD.search(text):
-            phase = "weight_load"
+
+    def _oom_step(
+        self,
+        hit: Hit,
+        msg: str,
+        region: str,
+        marks: dict[str, int],
+        phase: str | None,
+        data: dict[str, Any],
+    ) -> None:
+        """None; what the frames say ran (sampler, preprocessing process, vision model) goes in data."""
         if "warming up sampler" in msg:
             self.votes["vllm"] += (
                 3  # (R2 review) vLLM's own message (gpu_model_runner _dummy_sampler_run)
@@ -1200,7 +1327,6 @@ class EventsMixin:
             self.mm_evidence = self.mm_evidence or Evidence(
                 self.name, hit.lineno, "traceback frame: " + m.group(0).strip()[:120]
             )
-        self.add_event(LogEvent("cuda_oom", self.name, hit.lineno, self.cut(msg), phase, data))
 
     def _leak(self, hit: Hit, t: str) -> None:
         text = clean(t).text
@@ -1214,66 +1340,18 @@ class EventsMixin:
             return
         self.votes["sglang"] += 5
         wording = m.group(1)
-        body = text
-        for nxt in hit.following(6):
-            s = strip_noise(nxt).strip()
-            if P.LEAK_FIELD.search(s) and not P.LEAK.search(s) and not s.startswith("self."):
-                body += " " + s
-            else:
-                break
-        if wording.startswith("KV cache pool leak"):
-            prev = hit.before(4096).rstrip("\n").rsplit("\n", 1)[-1]
-            if P.request_echo(prev) >= 0:
-                prev = ""  # a request echo above is user text (review 12b)
-            body = prev + " " + body
+        body = _leak_body(hit, text, wording)
         fields: dict[str, int] = {}
-        pool = "token"
         for key, val in P.LEAK_FIELD.findall(body):
             fields.setdefault(key, int(val))
-        # 0.5.12+: one "[pool] total=..., available=..., ..." part per pool; each pool's deficit is
-        # total minus every count the checker adds (available, evictable, protected, session_held,
-        # uncached and any other held count a fork prints).
-        tagged: dict[str, dict[str, int]] = {}
-        if "] total=" in body:
-            tagged = {
-                name: {k: int(v) for k, v in P.LEAK_POOL_FIELD.findall(part)}
-                for name, part in P.LEAK_POOL.findall(body)
-            }
-            tagged = {name: f for name, f in tagged.items() if "total" in f and "available" in f}
-        if wording.startswith("req_to_token"):
-            pool = "req"
-        elif "Mem Leak Detected" in wording:
-            pool = "busy"
-        elif "[swa]" in body and "[full]" not in body:
-            pool = "swa"
-        total = (
-            fields.get("total")
-            or fields.get("max_total_num_tokens")
-            or fields.get("max_total_num_token")
-            or fields.get("total_size")
-        )
-        avail = fields.get(
-            "available", fields.get("available_size", fields.get("full_available_size"))
-        )
-        evict = fields.get("evictable", fields.get("evictable_size", 0))
-        prot = fields.get("protected", fields.get("protected_size", 0))
-        held = fields.get("session_held", 0) + fields.get("uncached", 0)
+        tagged = _leak_tagged_pools(body)
+        pool = _leak_pool(wording, body)
+        total, avail, evict, prot, held = _leak_counts(fields)
         data: dict[str, Any] = {"pool": pool, "wording": wording, "fields": fields}
         hybrid = {m[0]: [int(x) for x in m[1:]] for m in P.LEAK_HYBRID.findall(body)}
         if hybrid:
-            pools = {}
-            for name, (av, ev_, tot, pr) in hybrid.items():
-                pools[name] = {
-                    "total": tot,
-                    "available": av,
-                    "evictable": ev_,
-                    "protected": pr,
-                    "leaked": tot - av - ev_ - pr,
-                }
-            for name, pages in P.LEAK_PAGES.findall(body):
-                if name in pools:
-                    pools[name]["leaked_pages"] = pages
-            worst = max(pools, key=lambda k: abs(pools[k]["leaked"]))
+            pools = _leak_hybrid_pools(hybrid)
+            worst = _leak_worst_pool(pools, body)
             data.update(pools=pools, pool=worst)
             total, avail = pools[worst]["total"], pools[worst]["available"]
             evict, prot, held = pools[worst]["evictable"], pools[worst]["protected"], 0
@@ -1284,10 +1362,7 @@ class EventsMixin:
                     v for k, v in f.items() if k != "total" and not k.startswith("leaked")
                 )
                 pools[name] = {**f, "leaked": f["total"] - counted}
-            for name, pages in P.LEAK_PAGES.findall(body):
-                if name in pools:
-                    pools[name]["leaked_pages"] = pages
-            worst = max(pools, key=lambda k: abs(pools[k]["leaked"]))
+            worst = _leak_worst_pool(pools, body)
             w = pools[worst]
             data.update(pools=pools, pool=worst)
             total, avail = w["total"], w["available"]
