@@ -435,6 +435,23 @@ def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
     reason in its notes while the others are diagnosed; InputError is raised only when no input can be
     read. The same file given twice is read once (a note says so).
     """
+    exs, summaries, errors = _read_inputs(paths)
+    if errors and len(errors) == len(summaries):
+        raise errors[0]  # nothing could be read: the first reason, exit 2
+    servers = _split_servers(exs, summaries)
+    secrets = set().union(*(ex.secrets for ex in exs)) if exs else set()
+    if len(servers) > 1:
+        return _diagnose_by_server(exs, summaries, servers, secrets)
+    used = [ex for ex, fs in zip(exs, summaries, strict=True) if fs.recognised]
+    d = _diagnose_group(used, summaries, None)
+    _redact(d, secrets)
+    return d
+
+
+def _read_inputs(
+    paths: Sequence[str | Path],
+) -> tuple[list[FileExtractor], list[FileSummary], list[InputError]]:
+    """(extractors, summaries, errors) of the inputs: one extractor and summary per distinct file."""
     exs: list[FileExtractor] = []
     summaries: list[FileSummary] = []
     errors: list[InputError] = []
@@ -458,83 +475,91 @@ def diagnose(paths: Sequence[str | Path]) -> Diagnosis:
             seen[key] = fs
             continue
         exs.append(ex)
-        recognised = bool(
-            ex.facts
-            or ex.events
-            or ex.version
-            or ex.slow_processor
-            or ex.prefix_lines >= PREFIX_LINES_RECOGNISED
-            or ex.own_marks
-        )
-        server = _server(ex.votes) if recognised else None
-        notes = list(st.notes)
-        # what the excerpt lacks, said only where it is so (R2 review: the note claimed a missing error
-        # message on logs that had one, and on a healthy log): the error message only when a crash or a
-        # cut traceback shows one was due; the settings only when no setting was read (nor a command)
-        failure_lines = any(e.kind not in ("server_crash", "traceback_cut") for e in ex.events)
-        crashed = [e for e in ex.events if e.kind in ("server_crash", "traceback_cut")]
-        lacks = []
-        if (
-            recognised
-            and not failure_lines
-            and crashed
-            and not any(e.data.get("error") for e in crashed)
-        ):
-            lacks.append("the error message after the traceback")
-        if (
-            recognised
-            and not failure_lines
-            and not (any(k not in CONTEXT_FACTS for k in ex.facts) or ex.version or ex.cmd_args)
-        ):
-            lacks.append("the start-up lines with settings and memory figures")
-        if lacks:
-            notes.append(
-                "an excerpt recognised by the server's own marks (traceback paths, crash lines, argument "
-                "names, rank prefixes); it lacks the lines a diagnosis needs: " + ", ".join(lacks)
-            )
-        summaries.append(FileSummary(st.name, st.bytes_read, st.lines, server, recognised, notes))
+        summaries.append(_file_summary(ex, st))
         seen[key] = summaries[-1]
-    if errors and len(errors) == len(summaries):
-        raise errors[0]  # nothing could be read: the first reason, exit 2
+    return exs, summaries, errors
+
+
+def _file_summary(ex: FileExtractor, st: ReadStats) -> FileSummary:
+    """The summary of one file read: whether it is a server's log, whose, and its notes."""
+    recognised = bool(
+        ex.facts
+        or ex.events
+        or ex.version
+        or ex.slow_processor
+        or ex.prefix_lines >= PREFIX_LINES_RECOGNISED
+        or ex.own_marks
+    )
+    server = _server(ex.votes) if recognised else None
+    notes = list(st.notes)
+    # what the excerpt lacks, said only where it is so (R2 review: the note claimed a missing error
+    # message on logs that had one, and on a healthy log): the error message only when a crash or a
+    # cut traceback shows one was due; the settings only when no setting was read (nor a command)
+    failure_lines = any(e.kind not in ("server_crash", "traceback_cut") for e in ex.events)
+    crashed = [e for e in ex.events if e.kind in ("server_crash", "traceback_cut")]
+    lacks = []
+    if (
+        recognised
+        and not failure_lines
+        and crashed
+        and not any(e.data.get("error") for e in crashed)
+    ):
+        lacks.append("the error message after the traceback")
+    if (
+        recognised
+        and not failure_lines
+        and not (any(k not in CONTEXT_FACTS for k in ex.facts) or ex.version or ex.cmd_args)
+    ):
+        lacks.append("the start-up lines with settings and memory figures")
+    if lacks:
+        notes.append(
+            "an excerpt recognised by the server's own marks (traceback paths, crash lines, argument "
+            "names, rank prefixes); it lacks the lines a diagnosis needs: " + ", ".join(lacks)
+        )
+    return FileSummary(st.name, st.bytes_read, st.lines, server, recognised, notes)
+
+
+def _split_servers(exs: list[FileExtractor], summaries: list[FileSummary]) -> set[str]:
+    """The servers whose files are diagnosed apart (more than one: the inputs are split by server)."""
     # Files are split by server only when each side has a file that is its server's: clearly (many
     # votes, twice the other's), or with votes for that server alone (a vLLM traceback excerpt with
     # vLLM package paths and no SGLang mark, given with an SGLang log). A file with mixed weak votes,
     # or none (a bare torch traceback), joins the others as before.
-    servers = {
+    return {
         fs.server
         for ex, fs in zip(exs, summaries, strict=True)
         if fs.recognised
         and fs.server
         and (_clearly(ex.votes, fs.server) or _only(ex.votes, fs.server))
     }
-    secrets = set().union(*(ex.secrets for ex in exs)) if exs else set()
-    if len(servers) > 1:
-        groups = []
-        # files with no server mark at all (a bare torch traceback) cannot be given to either server:
-        # they are diagnosed as a group of their own (server None) rather than dropped
-        unmarked = any(fs.recognised and fs.server is None for fs in summaries)
-        for srv in [*sorted(servers), *([None] if unmarked else [])]:
-            pairs = [
-                (ex, fs)
-                for ex, fs in zip(exs, summaries, strict=True)
-                if fs.recognised and fs.server == srv
-            ]
-            g = _diagnose_group([p[0] for p in pairs], [p[1] for p in pairs], srv)
-            _redact(g, secrets)
-            groups.append(g)
-        events = [e for g in groups for e in g.events]
-        counts: dict[str, int] = {}
-        for g in groups:
-            for k, n in g.event_counts.items():
-                counts[k] = counts.get(k, 0) + n
-        findings = sorted(
-            (f for g in groups for f in g.findings), key=lambda f: (SEVERITY_RANK[f.severity], f.id)
-        )
-        return Diagnosis(summaries, None, None, Facts(), events, counts, findings, groups=groups)
-    used = [ex for ex, fs in zip(exs, summaries, strict=True) if fs.recognised]
-    d = _diagnose_group(used, summaries, None)
-    _redact(d, secrets)
-    return d
+
+
+def _diagnose_by_server(
+    exs: list[FileExtractor], summaries: list[FileSummary], servers: set[str], secrets: set[str]
+) -> Diagnosis:
+    """The diagnosis of inputs from several servers: one redacted group per server, gathered."""
+    groups = []
+    # files with no server mark at all (a bare torch traceback) cannot be given to either server:
+    # they are diagnosed as a group of their own (server None) rather than dropped
+    unmarked = any(fs.recognised and fs.server is None for fs in summaries)
+    for srv in [*sorted(servers), *([None] if unmarked else [])]:
+        pairs = [
+            (ex, fs)
+            for ex, fs in zip(exs, summaries, strict=True)
+            if fs.recognised and fs.server == srv
+        ]
+        g = _diagnose_group([p[0] for p in pairs], [p[1] for p in pairs], srv)
+        _redact(g, secrets)
+        groups.append(g)
+    events = [e for g in groups for e in g.events]
+    counts: dict[str, int] = {}
+    for g in groups:
+        for k, n in g.event_counts.items():
+            counts[k] = counts.get(k, 0) + n
+    findings = sorted(
+        (f for g in groups for f in g.findings), key=lambda f: (SEVERITY_RANK[f.severity], f.id)
+    )
+    return Diagnosis(summaries, None, None, Facts(), events, counts, findings, groups=groups)
 
 
 def _diagnose_group(
@@ -542,48 +567,12 @@ def _diagnose_group(
 ) -> Diagnosis:
     """One server's files: merged facts, their events, the rules' findings (not yet redacted)."""
     if server is None and used:
-        votes: dict[str, int] = {}
-        for ex in used:
-            for k, n in ex.votes.items():
-                votes[k] = votes.get(k, 0) + n
-        server = _server(votes)
+        server = _group_server(used)
     facts, extra = _merge_facts(used)
-    if facts.tp_size is not None:
-        facts.tp_size_is_lower_bound = False
-    else:
-        tp: int | None = None
-        note = ""
-        world = extra.get("world_size")
-        if world:
-            # vLLM's world size is TP x PP: it gives TP only when it is 1 or PP is known.
-            if int(world) == 1:
-                tp = 1
-            elif facts.pp_size:
-                tp = int(world) // facts.pp_size
-            note = f"world size {world}" + (
-                f" / pp_size {facts.pp_size}" if tp and int(world) > 1 else ""
-            )
-            facts.tp_size_is_lower_bound = False if tp is not None else None
-        bound = _tp_from_ranks(used, facts.pp_size) if tp is None else None
-        if bound is not None:
-            facts.tp_size_at_least = bound[0]
-            facts.evidence["tp_size_at_least"] = Evidence(used[0].name, 0, bound[2])
-            if bound[
-                1
-            ]:  # every rank below the highest one printed: the size itself, as a lower bound
-                tp, note = bound[0], bound[2]
-                facts.tp_size_is_lower_bound = True
-        if tp is not None:
-            facts.tp_size = tp
-            facts.evidence["tp_size"] = Evidence(used[0].name, 0, note)
-    variants: dict[str, int] = {}
-    for ex in used:
-        for name, n in ex.variants.items():
-            variants[name] = variants.get(name, 0) + n
-    for name, _n in sorted(variants.items(), key=lambda kv: -kv[1]):
-        if marks.variant_kind(name) == server:
-            facts.variant = name
-            break
+    _tp_size(facts, extra, used)
+    variant = _group_variant(used, server)
+    if variant is not None:
+        facts.variant = variant
     if facts.platform is None:
         # an OOM message that names HIP or the NPU says the platform too
         oom = next(
@@ -608,6 +597,67 @@ def _diagnose_group(
         if ex.version is not None:
             version, version_ev = ex.version
             break
+    events, counts = _group_events(used, facts)
+    d = Diagnosis(summaries, server, version, facts, events, counts, version_evidence=version_ev)
+    from vramdoctor.diagnose.rules import evaluate
+
+    d.findings = evaluate(d)
+    return d
+
+
+def _group_server(used: list[FileExtractor]) -> str | None:
+    """The server the group's files vote for, all their votes added up."""
+    votes: dict[str, int] = {}
+    for ex in used:
+        for k, n in ex.votes.items():
+            votes[k] = votes.get(k, 0) + n
+    return _server(votes)
+
+
+def _tp_size(facts: Facts, extra: dict[str, Any], used: list[FileExtractor]) -> None:
+    """None; sets the TP size (or its lower bound) from the world size or the ranks the logs show."""
+    if facts.tp_size is not None:
+        facts.tp_size_is_lower_bound = False
+        return
+    tp: int | None = None
+    note = ""
+    world = extra.get("world_size")
+    if world:
+        # vLLM's world size is TP x PP: it gives TP only when it is 1 or PP is known.
+        if int(world) == 1:
+            tp = 1
+        elif facts.pp_size:
+            tp = int(world) // facts.pp_size
+        note = f"world size {world}" + (
+            f" / pp_size {facts.pp_size}" if tp and int(world) > 1 else ""
+        )
+        facts.tp_size_is_lower_bound = False if tp is not None else None
+    bound = _tp_from_ranks(used, facts.pp_size) if tp is None else None
+    if bound is not None:
+        facts.tp_size_at_least = bound[0]
+        facts.evidence["tp_size_at_least"] = Evidence(used[0].name, 0, bound[2])
+        if bound[1]:  # every rank below the highest one printed: the size itself, as a lower bound
+            tp, note = bound[0], bound[2]
+            facts.tp_size_is_lower_bound = True
+    if tp is not None:
+        facts.tp_size = tp
+        facts.evidence["tp_size"] = Evidence(used[0].name, 0, note)
+
+
+def _group_variant(used: list[FileExtractor], server: str | None) -> str | None:
+    """The server variant (a fork) seen most often in the group's files, or None."""
+    variants: dict[str, int] = {}
+    for ex in used:
+        for name, n in ex.variants.items():
+            variants[name] = variants.get(name, 0) + n
+    for name, _n in sorted(variants.items(), key=lambda kv: -kv[1]):
+        if marks.variant_kind(name) == server:
+            return name
+    return None
+
+
+def _group_events(used: list[FileExtractor], facts: Facts) -> tuple[list[LogEvent], dict[str, int]]:
+    """(events, counts) of the group's files, each OOM's listed processes tagged with their rank."""
     pids: dict[int, str] = {}
     for ex in used:
         pids.update(ex.pids)
@@ -631,11 +681,7 @@ def _diagnose_group(
             events.append(e)
         for k, n in ex.event_counts.items():
             counts[k] = counts.get(k, 0) + n
-    d = Diagnosis(summaries, server, version, facts, events, counts, version_evidence=version_ev)
-    from vramdoctor.diagnose.rules import evaluate
-
-    d.findings = evaluate(d)
-    return d
+    return events, counts
 
 
 def _oom_owners(ooms: Sequence[Any]) -> dict[int, tuple[int, str]]:
