@@ -476,7 +476,9 @@ def _budget(f: Facts, server: str | None) -> str:
                 v = f"{v} (at least; from rank tags)"
             parts.append(f"{label}={v}")
     if not parts:
-        return "The log prints no budget setting (memory share, token or batch caps, context length)."
+        return (
+            "The log prints no budget setting (memory share, token or batch caps, context length)."
+        )
     return f"Budget settings in the log: {', '.join(parts)}."
 
 
@@ -891,14 +893,48 @@ def _finding(d: Diagnosis, phase: str | None, group: list[LogEvent], total: int)
         f"{device} out of memory {where} ({len(group)} of {total} OOM line(s)); "
         f"{_figures(first)}. {_budget(d.facts, d.server)}"
     )
-    derived: list[str] = []
-    fd = first.data
-    reserved = fd.get("reserved_unallocated_mib")
-    requested = fd.get("requested_mib")
     trt = _trt_executor(first, d)
     crowded = None if phase in ("distributed_init", "preprocessing") else _crowded(first, d, group)
     cause = crowded or _above_share(first, d, phase) if trt is None else None
     below = None if cause or trt else _below_free(first, d, phase)
+    figures, derived, whole, outsized = _figure_causes(d, phase, first, trt, cause, below)
+    expl += figures
+    expl += _ranks(group)
+    context, limit_fix, limit_alone = _process_context(d, phase, first, cause)
+    expl += context
+    fix, title = _fix_and_title(
+        d, phase, first, where, device, below, outsized, whole, limit_fix, limit_alone
+    )
+    if trt is not None:
+        fix, title = trt[1], f"{device} out of memory: {trt[2]}"
+    elif cause is not None and not limit_alone:
+        fix, title = cause[1], f"{device} out of memory {where}: {cause[2]}"
+    return Finding(
+        id=RULE.id,
+        severity="critical",
+        title=title,
+        evidence=first_evidence(group),
+        explanation=expl,
+        fix=fix + _CENSUS,
+        basis="derived" if (below or outsized or whole or cause) else None,
+        derived=derived,
+    )
+
+
+def _figure_causes(
+    d: Diagnosis,
+    phase: str | None,
+    first: LogEvent,
+    trt: tuple[str, str, str] | None,
+    cause: tuple[str, str, str, str] | None,
+    below: tuple[str, str, str] | None,
+) -> tuple[str, list[str], bool, tuple[str, str] | None]:
+    """(explanation, arithmetic, request larger than the device, outsized note) from the figures."""
+    expl = ""
+    derived: list[str] = []
+    fd = first.data
+    reserved = fd.get("reserved_unallocated_mib")
+    requested = fd.get("requested_mib")
     # fragmentation only when the reserved-but-unallocated blocks plus the free memory would have
     # held the request: then only their split into pieces kept it from fitting
     if (
@@ -935,7 +971,14 @@ def _finding(d: Diagnosis, phase: str | None, group: list[LogEvent], total: int)
     if outsized is not None:
         expl += outsized[0]
         derived.append(outsized[1])
-    expl += _ranks(group)
+    return expl, derived, whole, outsized
+
+
+def _process_context(
+    d: Diagnosis, phase: str | None, first: LogEvent, cause: tuple[str, str, str, str] | None
+) -> tuple[str, str, bool]:
+    """(explanation, limit fix, the limit alone explains it) from what held memory around the OOM."""
+    expl = ""
     skipped = d.events_of("kv_profiling_skipped")
     if skipped and phase not in ("weight_load", "distributed_init", "preprocessing"):
         # vLLM sized the KV cache from --kv-cache-memory-bytes and skipped its memory profile: nothing
@@ -961,23 +1004,7 @@ def _finding(d: Diagnosis, phase: str | None, group: list[LogEvent], total: int)
             "ranks, or the same one twice). If nothing else holds the GPU, NCCL's own buffers are the "
             "suspect (NCCL_NVLS_ENABLE=0, a smaller NCCL_BUFFSIZE)."
         )
-    fix, title = _fix_and_title(
-        d, phase, first, where, device, below, outsized, whole, limit_fix, limit_alone
-    )
-    if trt is not None:
-        fix, title = trt[1], f"{device} out of memory: {trt[2]}"
-    elif cause is not None and not limit_alone:
-        fix, title = cause[1], f"{device} out of memory {where}: {cause[2]}"
-    return Finding(
-        id=RULE.id,
-        severity="critical",
-        title=title,
-        evidence=first_evidence(group),
-        explanation=expl,
-        fix=fix + _CENSUS,
-        basis="derived" if (below or outsized or whole or cause) else None,
-        derived=derived,
-    )
+    return expl, limit_fix, limit_alone
 
 
 def _process_notes(d: Diagnosis, phase: str | None, first: LogEvent, other: str | None) -> str:

@@ -84,16 +84,7 @@ def _free_below(d: Diagnosis, evs: list[LogEvent]) -> tuple[str, str, str]:
     must pass the check on its own GPU.
     """
     flag = words(d)("memory_share") or "the memory share"
-    seen: dict[tuple[object, ...], LogEvent] = {}
-    for e in evs:
-        if e.data.get("reason") != "free_memory_below_utilization":
-            continue
-        # the same line in a launcher log and a worker log is one GPU's figures, read once
-        key = (e.data.get("device"), e.data.get("free_mib"), e.data.get("total_mib"))
-        seen.setdefault(key, e)
-    gpus = [
-        e for e in seen.values() if e.data.get("free_mib") is not None and e.data.get("total_mib")
-    ]
+    gpus = _failed_gpus(evs)
     first = evs[0]
     util = first.data.get("gpu_memory_utilization") or d.facts.gpu_memory_utilization
     if not gpus:
@@ -104,19 +95,61 @@ def _free_below(d: Diagnosis, evs: list[LogEvent]) -> tuple[str, str, str]:
             f"or lower {flag}.",
         )
     ranks = _ranks(d, len(gpus))
+    worst = min(gpus, key=_free_ratio)
+    parts, foreign = _gpu_parts(gpus, ranks)
+    asks = (
+        f"gpu_memory_utilization={util:g} asks for {mib(float(worst.data['total_mib']) * util)} of each GPU"
+        if util
+        else "the configured gpu_memory_utilization asks for a share of each GPU's total"
+    )
+    expl = (
+        f"The server refused to start: {asks}, and vLLM requires that much to be free at start-up. "
+        + ("; ".join(parts))
+        + f". An own CUDA context takes up to about {mib(OWN_CONTEXT_MIB)} (518-612 MiB measured on an H200)."
+    )
+    r = _free_ratio(worst)
+    share = (
+        f"set {flag} below free/total = {r:.3f} (e.g. {_suggest(r)})"
+        if len(gpus) == 1
+        else f"set {flag} below the lowest free/total = {r:.3f} ({_gpu_name(worst)}; e.g. {_suggest(r)}): every rank "
+        "must pass the check on its own GPU"
+    )
+    if not foreign:
+        return _own_contexts_only(expl, share, util)
+    return _another_process(d, expl, share, foreign, len(gpus))
 
-    def name(e: LogEvent) -> str:
-        return str(e.data.get("device") or f"GPU (line {e.line})")
 
-    def ratio(e: LogEvent) -> float:
-        return float(e.data["free_mib"]) / float(e.data["total_mib"])
+def _failed_gpus(evs: list[LogEvent]) -> list[LogEvent]:
+    """The failed start-up checks that have figures, one per GPU (a line in two logs: once)."""
+    seen: dict[tuple[object, ...], LogEvent] = {}
+    for e in evs:
+        if e.data.get("reason") != "free_memory_below_utilization":
+            continue
+        # the same line in a launcher log and a worker log is one GPU's figures, read once
+        key = (e.data.get("device"), e.data.get("free_mib"), e.data.get("total_mib"))
+        seen.setdefault(key, e)
+    return [
+        e for e in seen.values() if e.data.get("free_mib") is not None and e.data.get("total_mib")
+    ]
 
-    worst = min(gpus, key=ratio)
+
+def _gpu_name(e: LogEvent) -> str:
+    """The GPU a start-up check line is about, as the line names it (or by its line)."""
+    return str(e.data.get("device") or f"GPU (line {e.line})")
+
+
+def _free_ratio(e: LogEvent) -> float:
+    """The GPU's free memory at start-up over its total."""
+    return float(e.data["free_mib"]) / float(e.data["total_mib"])
+
+
+def _gpu_parts(gpus: list[LogEvent], ranks: int) -> tuple[list[str], list[tuple[LogEvent, float]]]:
+    """(a sentence part per GPU, worst first; (GPU, MiB another process holds there) pairs)."""
     parts, foreign = [], []
-    for e in sorted(gpus, key=ratio):
+    for e in sorted(gpus, key=_free_ratio):
         free, total = float(e.data["free_mib"]), float(e.data["total_mib"])
         held = total - free
-        part = f"{name(e)}: {mib(free)} of {mib(total)} free, {mib(held)} in use"
+        part = f"{_gpu_name(e)}: {mib(free)} of {mib(total)} free, {mib(held)} in use"
         if held <= OWN_CONTEXT_MIB:
             part += " (within this process's own CUDA context)"
         elif held <= ranks * OWN_CONTEXT_MIB:
@@ -129,45 +162,38 @@ def _free_below(d: Diagnosis, evs: list[LogEvent]) -> tuple[str, str, str]:
             part += f" (about {mib(extra)} beyond this process's own CUDA context: another process)"
             foreign.append((e, extra))
         parts.append(part)
-    asks = (
-        f"gpu_memory_utilization={util:g} asks for {mib(float(worst.data['total_mib']) * util)} of each GPU"
-        if util
-        else "the configured gpu_memory_utilization asks for a share of each GPU's total"
+    return parts, foreign
+
+
+def _own_contexts_only(expl: str, share: str, util: float | None) -> tuple[str, str, str]:
+    """(title, explanation, fix) when the server's own CUDA contexts explain the memory in use."""
+    title = "gpu_memory_utilization is too high for the free GPU memory at start-up"
+    expl += (
+        " No other process is needed to explain it: the memory in use fits in what the server's own CUDA "
+        "context(s) take, and "
+        + (f"{util:g} of the total " if util else "the share ")
+        + "leaves no room for it (a small process such as a desktop session may still hold part of it: "
+        "`vramdoctor census` lists each one). gpu_memory_utilization is a share of the GPU's total memory, "
+        "not of what is free."
     )
-    expl = (
-        f"The server refused to start: {asks}, and vLLM requires that much to be free at start-up. "
-        + ("; ".join(parts))
-        + f". An own CUDA context takes up to about {mib(OWN_CONTEXT_MIB)} (518-612 MiB measured on an H200)."
-    )
-    r = ratio(worst)
-    share = (
-        f"set {flag} below free/total = {r:.3f} (e.g. {_suggest(r)})"
-        if len(gpus) == 1
-        else f"set {flag} below the lowest free/total = {r:.3f} ({name(worst)}; e.g. {_suggest(r)}): every rank "
-        "must pass the check on its own GPU"
-    )
-    if not foreign:
-        title = "gpu_memory_utilization is too high for the free GPU memory at start-up"
-        expl += (
-            " No other process is needed to explain it: the memory in use fits in what the server's own CUDA "
-            "context(s) take, and "
-            + (f"{util:g} of the total " if util else "the share ")
-            + "leaves no room for it (a small process such as a desktop session may still hold part of it: "
-            "`vramdoctor census` lists each one). gpu_memory_utilization is a share of the GPU's total memory, "
-            "not of what is free."
-        )
-        fix = f"Lower the share: {share}."
-        return title, expl, fix
+    fix = f"Lower the share: {share}."
+    return title, expl, fix
+
+
+def _another_process(
+    d: Diagnosis, expl: str, share: str, foreign: list[tuple[LogEvent, float]], n_gpus: int
+) -> tuple[str, str, str]:
+    """(title, explanation, fix) when another process holds memory beyond the server's contexts."""
     expl += (
         " Another process holds memory there: a leftover or second server (a zombie EngineCore from an earlier "
         "run) or another tenant. gpu_memory_utilization is a share of the GPU's total memory, not of what is free."
     )
-    holders = ", ".join(f"~{mib(extra)} on {name(e)}" for e, extra in foreign[:8])
+    holders = ", ".join(f"~{mib(extra)} on {_gpu_name(e)}" for e, extra in foreign[:8])
     fix = (
         f"Find the process{'es' if len(foreign) > 1 else ''} holding {holders} (`vramdoctor census`, "
         f"{platform_tool(d.facts.platform, 'smi')}) "
         f"and stop {'them' if len(foreign) > 1 else 'it'}; or, to share the "
-        f"GPU{'s' if len(gpus) > 1 else ''} on purpose, {share}."
+        f"GPU{'s' if n_gpus > 1 else ''} on purpose, {share}."
     )
     return "Another process holds GPU memory the server's share needs", expl, fix
 
@@ -250,115 +276,19 @@ def check(d: Diagnosis) -> list[Finding]:
     if reason == "tgi_prefill_tokens":
         return [_tgi_prefill(d, evs)]
     if reason == "free_memory_below_utilization":
-        title, expl, fix = _free_below(d, evs)
-        expl += " This is a budget check, not a CUDA allocation failure."
-        # the worst GPU's line first (lowest free/total), whatever rank printed it first
-        worst_first = sorted(
-            evs,
-            key=lambda x: (
-                (x.data.get("free_mib") or 0.0) / (x.data.get("total_mib") or 1.0)
-                if x.data.get("total_mib")
-                else 2.0
-            ),
-        )
-        return [
-            Finding(
-                RULE.id,
-                "critical",
-                title,
-                fix=fix,
-                explanation=expl,
-                evidence=first_evidence(worst_first),
-            )
-        ]
-    expl = f"The server refused to start: {REASONS.get(reason, 'the KV cache does not fit')}."
-    if reason == "max_seq_len_exceeds_kv_cache" and "kv_cache_tokens" in e.data:
-        expl += f" Max model length {e.data['max_seq_len']} tokens, the KV cache holds {e.data['kv_cache_tokens']}."
-    elif reason == "max_seq_len_exceeds_kv_cache":
-        expl += f" Needed {mib(e.data.get('needed_mib'))}, available {mib(e.data.get('available_mib'))}."
-    if d.facts.weights_mib:
-        expl += f" Weights take {mib(d.facts.weights_mib)}."
-    expl += " This is a budget check, not a CUDA allocation failure."
+        return [_free_below_finding(d, evs)]
+    expl = _budget_explanation(d, e, reason)
     fits = _fitting_len(e)
     high = high_fraction_multimodal(d)
     graph = _graph_cause(d) if reason == "no_memory_for_cache_blocks" else None
     if graph is not None:
-        return [
-            Finding(
-                RULE.id,
-                "critical",
-                "KV cache does not fit the memory budget: the CUDA-graph estimate took it",
-                fix=graph[1],
-                explanation=expl.replace(REASONS[reason], "nothing is left for KV blocks")
-                + graph[0],
-                evidence=[
-                    *first_evidence(evs),
-                    *(
-                        [d.facts.evidence["cuda_graph_estimate_mib"]]
-                        if "cuda_graph_estimate_mib" in d.facts.evidence
-                        else []
-                    ),
-                ],
-                derived=[graph[2]],
-            )
-        ]
+        return [_graph_finding(d, evs, expl, reason, graph)]
     if reason == "max_seq_len_exceeds_kv_cache" and d.server != "sglang" and fits is not None:
-        # vLLM names the length that fits: the lever that needs no other change (review 12b)
-        fix = (
-            f"Set --max-model-len {fits} or lower (vLLM's own figure for what the available KV cache holds; "
-            f"the log asks for {e.data.get('max_seq_len', '?')}); "
-        )
-        if high:
-            fix += (
-                f"do not raise {high[0]} ({high[1]:g}): it already leaves a multimodal model little room for "
-                f"its encoder (see mem-fraction-high-multimodal), so lowering it to {high[2]:g} or less trades "
-                "KV cache for encoder headroom and needs a still shorter --max-model-len"
-                + _len_at(d, e, high[1], high[2])
-                + ". For longer contexts: --kv-cache-dtype fp8, more GPUs (--tensor-parallel-size) or a "
-                "quantized model."
-            )
-        else:
-            fix += (
-                "for longer contexts raise --gpu-memory-utilization if nothing else uses the GPU, or use "
-                "--kv-cache-dtype fp8, more GPUs (--tensor-parallel-size) or a quantized model; "
-                "--cpu-offload-gb moves weights but costs speed."
-            )
+        fix = _fitting_len_fix(d, e, fits, high)
     elif high:
-        # another finding advises lowering the share: never advise raising it here (review 12b)
-        lever = (
-            "Lower --max-model-len"
-            if reason == "max_seq_len_exceeds_kv_cache"
-            else "Lower what the profiling run takes outside the KV cache (--max-num-batched-tokens, "
-            "--max-num-seqs)"
-        )
-        v = words(d)
-        fix = (
-            v.say(
-                f"Use more GPUs ({{tensor_parallel}}) or a quantized model; do not raise {{memory_share}} "
-                f"({high[1]:g}, already high for a multimodal model: see mem-fraction-high-multimodal)."
-            )
-            if d.server == "sglang"
-            else v.say(
-                f"{lever}; do not raise {{memory_share}} ({high[1]:g}, already high for a multimodal model: "
-                "see mem-fraction-high-multimodal); use {kv_dtype}, more GPUs ({tensor_parallel}) or a "
-                "quantized model."
-            )
-        ) or _MORE_GPUS
+        fix = _high_share_fix(d, reason, high)
     else:
-        v = words(d)
-        fix = (
-            v.first(
-                "Raise {memory_share}, lower {context_length}, use {kv_dtype}, more GPUs ({tensor_parallel}) or a "
-                "quantized model; {cpu_offload} moves weights but costs speed.",
-            )
-            if d.server == "vllm"
-            else v.first(
-                "Raise {memory_share} (if nothing else uses the GPU), use more GPUs ({tensor_parallel}) or a "
-                "quantized model.",
-                "Raise {kv_share} if nothing else uses the GPU, lower {context_length}, or use more GPUs "
-                "({tensor_parallel}) or quantized weights.",
-            )
-        ) or _MORE_GPUS
+        fix = _budget_fix(d)
     return [
         Finding(
             RULE.id,
@@ -369,6 +299,133 @@ def check(d: Diagnosis) -> list[Finding]:
             evidence=first_evidence(evs),
         )
     ]
+
+
+def _free_below_finding(d: Diagnosis, evs: list[LogEvent]) -> Finding:
+    """The finding for vLLM's start-up check (free memory below its share), worst GPU first."""
+    title, expl, fix = _free_below(d, evs)
+    expl += " This is a budget check, not a CUDA allocation failure."
+    # the worst GPU's line first (lowest free/total), whatever rank printed it first
+    worst_first = sorted(
+        evs,
+        key=lambda x: (
+            (x.data.get("free_mib") or 0.0) / (x.data.get("total_mib") or 1.0)
+            if x.data.get("total_mib")
+            else 2.0
+        ),
+    )
+    return Finding(
+        RULE.id,
+        "critical",
+        title,
+        fix=fix,
+        explanation=expl,
+        evidence=first_evidence(worst_first),
+    )
+
+
+def _budget_explanation(d: Diagnosis, e: LogEvent, reason: str) -> str:
+    """The explanation of a budget error: why the server refused to start, with the figures."""
+    expl = f"The server refused to start: {REASONS.get(reason, 'the KV cache does not fit')}."
+    if reason == "max_seq_len_exceeds_kv_cache" and "kv_cache_tokens" in e.data:
+        expl += f" Max model length {e.data['max_seq_len']} tokens, the KV cache holds {e.data['kv_cache_tokens']}."
+    elif reason == "max_seq_len_exceeds_kv_cache":
+        expl += f" Needed {mib(e.data.get('needed_mib'))}, available {mib(e.data.get('available_mib'))}."
+    if d.facts.weights_mib:
+        expl += f" Weights take {mib(d.facts.weights_mib)}."
+    expl += " This is a budget check, not a CUDA allocation failure."
+    return expl
+
+
+def _graph_finding(
+    d: Diagnosis, evs: list[LogEvent], expl: str, reason: str, graph: tuple[str, str, str]
+) -> Finding:
+    """The finding when vLLM's CUDA-graph estimate is what left no memory for the KV cache."""
+    return Finding(
+        RULE.id,
+        "critical",
+        "KV cache does not fit the memory budget: the CUDA-graph estimate took it",
+        fix=graph[1],
+        explanation=expl.replace(REASONS[reason], "nothing is left for KV blocks") + graph[0],
+        evidence=[
+            *first_evidence(evs),
+            *(
+                [d.facts.evidence["cuda_graph_estimate_mib"]]
+                if "cuda_graph_estimate_mib" in d.facts.evidence
+                else []
+            ),
+        ],
+        derived=[graph[2]],
+    )
+
+
+def _fitting_len_fix(
+    d: Diagnosis, e: LogEvent, fits: int, high: tuple[str, float, float] | None
+) -> str:
+    """The fix that sets vLLM's own figure for the max-model-len the KV cache holds."""
+    # vLLM names the length that fits: the lever that needs no other change (review 12b)
+    fix = (
+        f"Set --max-model-len {fits} or lower (vLLM's own figure for what the available KV cache holds; "
+        f"the log asks for {e.data.get('max_seq_len', '?')}); "
+    )
+    if high:
+        fix += (
+            f"do not raise {high[0]} ({high[1]:g}): it already leaves a multimodal model little room for "
+            f"its encoder (see mem-fraction-high-multimodal), so lowering it to {high[2]:g} or less trades "
+            "KV cache for encoder headroom and needs a still shorter --max-model-len"
+            + _len_at(d, e, high[1], high[2])
+            + ". For longer contexts: --kv-cache-dtype fp8, more GPUs (--tensor-parallel-size) or a "
+            "quantized model."
+        )
+    else:
+        fix += (
+            "for longer contexts raise --gpu-memory-utilization if nothing else uses the GPU, or use "
+            "--kv-cache-dtype fp8, more GPUs (--tensor-parallel-size) or a quantized model; "
+            "--cpu-offload-gb moves weights but costs speed."
+        )
+    return fix
+
+
+def _high_share_fix(d: Diagnosis, reason: str, high: tuple[str, float, float]) -> str:
+    """The fix when the memory share is already high for a multimodal model (never raise it)."""
+    # another finding advises lowering the share: never advise raising it here (review 12b)
+    lever = (
+        "Lower --max-model-len"
+        if reason == "max_seq_len_exceeds_kv_cache"
+        else "Lower what the profiling run takes outside the KV cache (--max-num-batched-tokens, "
+        "--max-num-seqs)"
+    )
+    v = words(d)
+    return (
+        v.say(
+            f"Use more GPUs ({{tensor_parallel}}) or a quantized model; do not raise {{memory_share}} "
+            f"({high[1]:g}, already high for a multimodal model: see mem-fraction-high-multimodal)."
+        )
+        if d.server == "sglang"
+        else v.say(
+            f"{lever}; do not raise {{memory_share}} ({high[1]:g}, already high for a multimodal model: "
+            "see mem-fraction-high-multimodal); use {kv_dtype}, more GPUs ({tensor_parallel}) or a "
+            "quantized model."
+        )
+    ) or _MORE_GPUS
+
+
+def _budget_fix(d: Diagnosis) -> str:
+    """The usual fix for a KV cache that does not fit (a larger share, fewer tokens, more GPUs)."""
+    v = words(d)
+    return (
+        v.first(
+            "Raise {memory_share}, lower {context_length}, use {kv_dtype}, more GPUs ({tensor_parallel}) or a "
+            "quantized model; {cpu_offload} moves weights but costs speed.",
+        )
+        if d.server == "vllm"
+        else v.first(
+            "Raise {memory_share} (if nothing else uses the GPU), use more GPUs ({tensor_parallel}) or a "
+            "quantized model.",
+            "Raise {kv_share} if nothing else uses the GPU, lower {context_length}, or use more GPUs "
+            "({tensor_parallel}) or quantized weights.",
+        )
+    ) or _MORE_GPUS
 
 
 RULE = Rule(

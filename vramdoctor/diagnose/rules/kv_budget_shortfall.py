@@ -13,7 +13,8 @@ Two servers' lines (format strings in vramdoctor/diagnose/patterns.py):
 
 from __future__ import annotations
 
-from vramdoctor.diagnose.findings import Diagnosis, Finding
+from vramdoctor.diagnose.findings import Diagnosis, Finding, LogEvent
+from vramdoctor.diagnose.levers import Vocab
 from vramdoctor.diagnose.rules import Rule
 from vramdoctor.diagnose.rules._common import (
     first_evidence,
@@ -88,119 +89,126 @@ def check(d: Diagnosis) -> list[Finding]:
         if e.data.get("reason") in ("vllm_kv_cache_memory_negative", "vllm_available_kv_negative")
     ]
     if sgl:
-        e = sgl[0]
-        frac = d.facts.mem_fraction_static
-        weights = f" The weights take {mib(d.facts.weights_mib)}." if d.facts.weights_mib else ""
-        out.append(
-            Finding(
-                RULE.id,
-                "critical",
-                "The weights leave no memory for the KV cache (negative profiled budget)",
-                explanation=(
-                    f"SGLang profiled room for {e.data['profiled_tokens']} KV tokens (asked for "
-                    f"max_total_tokens={e.data['max_total_tokens']}): a negative budget means the weights and the "
-                    f"activation reserve already exceed the static share"
-                    + (f" mem_fraction_static={frac:g}" if frac is not None else "")
-                    + " of this GPU, so there is no KV cache at all; the server fails with 'Not enough memory' "
-                    "(a speculative draft model's pool may be sized separately)." + weights
-                ),
-                fix=_share_fix(
-                    d,
-                    v.say(
-                        "Raise {memory_share} if nothing else uses the GPU, spread the weights over more GPUs "
-                        "(a larger {tensor_parallel}), or serve a quantized checkpoint (e.g. {quantize} fp8)."
-                    )
-                    or _MORE_GPUS,
-                    v.say(
-                        "Spread the weights over more GPUs (a larger {tensor_parallel}) or serve a quantized "
-                        "checkpoint (e.g. {quantize} fp8)."
-                    )
-                    or _MORE_GPUS,
-                ),
-                evidence=first_evidence(sgl),
-            )
-        )
+        out.append(_sglang_negative(d, v, sgl))
     if vll:
-        e = vll[0]
-        kv = e.data.get("kv_cache_memory_mib")
-        util = e.data.get("gpu_memory_utilization") or d.facts.gpu_memory_utilization
-        share = (
-            f"gpu_memory_utilization={util:g}" if util else "the configured gpu_memory_utilization"
-        )
-        if e.data.get("reason") == "vllm_available_kv_negative":
-            expl = (
-                f"vLLM profiled the memory left for the KV cache at {share}: {mib(kv)} (negative). Weights + peak "
-                "activation + CUDA graphs already take more than the share asked for, so no KV cache fits."
-            )
-        else:
-            expl = (
-                f"vLLM measured its real use after start-up: at {share} ({mib(e.data.get('requested_mib'))}) "
-                f"the KV cache that would fit is {mib(kv)} (negative), so weights + peak activation + CUDA "
-                "graphs already take more than the share asked for; the engine runs beyond its budget and "
-                "the headroom the share was meant to leave is gone."
-            )
-        out.append(
-            Finding(
-                RULE.id,
-                "warning",
-                "Weights, activations and CUDA graphs exceed the configured GPU share",
-                explanation=expl,
-                fix=_share_fix(
-                    d,
-                    v.first(
-                        "Raise {memory_share} if the GPU is not shared, or lower what sits outside the KV cache: "
-                        "{prefill_chunk} (activations), {graph_batch} (CUDA graphs), a quantized checkpoint or a "
-                        "larger {tensor_parallel} (weights).",
-                        "Raise {memory_share} if the GPU is not shared, or lower what sits outside the KV cache: "
-                        "{prefill_chunk} (activations), {max_running} or the capture sizes (CUDA graphs), a "
-                        "quantized checkpoint or a larger {tensor_parallel} (weights)"
-                        + (
-                            "; or size the cache directly with --kv-cache-memory."
-                            if d.server == "vllm"
-                            else "."
-                        ),
-                    )
-                    or _MORE_GPUS,
-                    v.first(
-                        "Lower what sits outside the KV cache: {prefill_chunk} (activations), {graph_batch} (CUDA "
-                        "graphs), a quantized checkpoint or a larger {tensor_parallel} (weights).",
-                        "Lower what sits outside the KV cache: {prefill_chunk} (activations), {max_running} or the "
-                        "capture sizes (CUDA graphs), a quantized checkpoint or a larger {tensor_parallel} (weights).",
-                    )
-                    or _MORE_GPUS,
-                ),
-                evidence=first_evidence(vll),
-            )
-        )
+        out.append(_vllm_negative(d, v, vll))
     trt = _trtllm_small_kv(d)
     if trt is not None:
         out.append(trt)
     capped = d.events_of("kv_budget_capped")
     if capped and not sgl:
-        e = capped[0]
-        out.append(
-            Finding(
-                RULE.id,
-                "info",
-                f"max_total_tokens capped to the profiled {e.data['profiled_tokens']} tokens",
-                explanation=(
-                    f"--max-total-tokens={e.data['max_total_tokens']} asked for more KV tokens than the memory "
-                    f"share holds; SGLang uses the profiled {e.data['profiled_tokens']} instead."
-                ),
-                fix=_share_fix(
-                    d,
-                    v.first(
-                        "Lower {kv_size} to the profiled value, or raise {memory_share} if there is headroom.",
-                        "Raise {memory_share} if there is headroom, or lower {context_length}.",
-                    )
-                    or _MORE_GPUS,
-                    v.first("Lower {kv_size} to the profiled value.", "Lower {context_length}.")
-                    or _MORE_GPUS,
-                ),
-                evidence=first_evidence(capped, 1),
-            )
-        )
+        out.append(_capped(d, v, capped))
     return out
+
+
+def _sglang_negative(d: Diagnosis, v: Vocab, sgl: list[LogEvent]) -> Finding:
+    """The finding for SGLang's negative profiled KV budget (the weights leave no KV cache)."""
+    e = sgl[0]
+    frac = d.facts.mem_fraction_static
+    weights = f" The weights take {mib(d.facts.weights_mib)}." if d.facts.weights_mib else ""
+    return Finding(
+        RULE.id,
+        "critical",
+        "The weights leave no memory for the KV cache (negative profiled budget)",
+        explanation=(
+            f"SGLang profiled room for {e.data['profiled_tokens']} KV tokens (asked for "
+            f"max_total_tokens={e.data['max_total_tokens']}): a negative budget means the weights and the "
+            f"activation reserve already exceed the static share"
+            + (f" mem_fraction_static={frac:g}" if frac is not None else "")
+            + " of this GPU, so there is no KV cache at all; the server fails with 'Not enough memory' "
+            "(a speculative draft model's pool may be sized separately)." + weights
+        ),
+        fix=_share_fix(
+            d,
+            v.say(
+                "Raise {memory_share} if nothing else uses the GPU, spread the weights over more GPUs "
+                "(a larger {tensor_parallel}), or serve a quantized checkpoint (e.g. {quantize} fp8)."
+            )
+            or _MORE_GPUS,
+            v.say(
+                "Spread the weights over more GPUs (a larger {tensor_parallel}) or serve a quantized "
+                "checkpoint (e.g. {quantize} fp8)."
+            )
+            or _MORE_GPUS,
+        ),
+        evidence=first_evidence(sgl),
+    )
+
+
+def _vllm_negative(d: Diagnosis, v: Vocab, vll: list[LogEvent]) -> Finding:
+    """The finding for vLLM's negative KV cache memory (the engine exceeds its configured share)."""
+    e = vll[0]
+    kv = e.data.get("kv_cache_memory_mib")
+    util = e.data.get("gpu_memory_utilization") or d.facts.gpu_memory_utilization
+    share = f"gpu_memory_utilization={util:g}" if util else "the configured gpu_memory_utilization"
+    if e.data.get("reason") == "vllm_available_kv_negative":
+        expl = (
+            f"vLLM profiled the memory left for the KV cache at {share}: {mib(kv)} (negative). Weights + peak "
+            "activation + CUDA graphs already take more than the share asked for, so no KV cache fits."
+        )
+    else:
+        expl = (
+            f"vLLM measured its real use after start-up: at {share} ({mib(e.data.get('requested_mib'))}) "
+            f"the KV cache that would fit is {mib(kv)} (negative), so weights + peak activation + CUDA "
+            "graphs already take more than the share asked for; the engine runs beyond its budget and "
+            "the headroom the share was meant to leave is gone."
+        )
+    return Finding(
+        RULE.id,
+        "warning",
+        "Weights, activations and CUDA graphs exceed the configured GPU share",
+        explanation=expl,
+        fix=_share_fix(
+            d,
+            v.first(
+                "Raise {memory_share} if the GPU is not shared, or lower what sits outside the KV cache: "
+                "{prefill_chunk} (activations), {graph_batch} (CUDA graphs), a quantized checkpoint or a "
+                "larger {tensor_parallel} (weights).",
+                "Raise {memory_share} if the GPU is not shared, or lower what sits outside the KV cache: "
+                "{prefill_chunk} (activations), {max_running} or the capture sizes (CUDA graphs), a "
+                "quantized checkpoint or a larger {tensor_parallel} (weights)"
+                + (
+                    "; or size the cache directly with --kv-cache-memory."
+                    if d.server == "vllm"
+                    else "."
+                ),
+            )
+            or _MORE_GPUS,
+            v.first(
+                "Lower what sits outside the KV cache: {prefill_chunk} (activations), {graph_batch} (CUDA "
+                "graphs), a quantized checkpoint or a larger {tensor_parallel} (weights).",
+                "Lower what sits outside the KV cache: {prefill_chunk} (activations), {max_running} or the "
+                "capture sizes (CUDA graphs), a quantized checkpoint or a larger {tensor_parallel} (weights).",
+            )
+            or _MORE_GPUS,
+        ),
+        evidence=first_evidence(vll),
+    )
+
+
+def _capped(d: Diagnosis, v: Vocab, capped: list[LogEvent]) -> Finding:
+    """The finding for SGLang capping --max-total-tokens to the profiled value (info)."""
+    e = capped[0]
+    return Finding(
+        RULE.id,
+        "info",
+        f"max_total_tokens capped to the profiled {e.data['profiled_tokens']} tokens",
+        explanation=(
+            f"--max-total-tokens={e.data['max_total_tokens']} asked for more KV tokens than the memory "
+            f"share holds; SGLang uses the profiled {e.data['profiled_tokens']} instead."
+        ),
+        fix=_share_fix(
+            d,
+            v.first(
+                "Lower {kv_size} to the profiled value, or raise {memory_share} if there is headroom.",
+                "Raise {memory_share} if there is headroom, or lower {context_length}.",
+            )
+            or _MORE_GPUS,
+            v.first("Lower {kv_size} to the profiled value.", "Lower {context_length}.")
+            or _MORE_GPUS,
+        ),
+        evidence=first_evidence(capped, 1),
+    )
 
 
 RULE = Rule(
