@@ -535,92 +535,127 @@ def read_run(path: str | Path) -> Run:
     """
     path = Path(path)
     with _open_binary(path) as fh:
-        try:
-            first = fh.readline(HEADER_LIMIT_BYTES)
-        except OSError as exc:
-            raise InputError(f"cannot read {path}: {exc.strerror}") from None
-        if not first:
-            raise InputError(f"{path} is empty: not a vramdoctor run file")
-        if not first.endswith(b"\n") and len(first) >= HEADER_LIMIT_BYTES:
-            raise InputError(
-                f"{path} is not a vramdoctor run file (no header line in its first "
-                f"{HEADER_LIMIT_BYTES // 1024} KiB)"
-            )
-        try:
-            header = _json_line(first.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError):
-            header = None
-        if not isinstance(header, dict) or header.get("kind") != "header":
-            raise InputError(f"{path} is not a vramdoctor run file (no header line)")
-        schema = str(header.get("schema", ""))
-        if not schema.startswith("vramdoctor.run/"):
-            raise InputError(f"{path} is not a vramdoctor run file (schema {schema!r})")
-        major = schema.rsplit("/", 1)[1]
-        legacy = major in _OLDER_MAJORS
-        if major != _SUPPORTED_MAJOR and not legacy:
-            raise InputError(
-                f"{path} has run-file schema {schema}; this vramdoctor reads {SCHEMA}: upgrade vramdoctor"
-            )
+        header, legacy = _read_header(fh, path)
         run = Run(path=path, header=header)
-        first_bad: str | None = None
-        number = 1
-        previous_t = -math.inf
-        out_of_order = 0
-        disordered = False
-        while True:
-            try:
+        first_bad, out_of_order, disordered = _read_records(fh, run, legacy)
+    _note_damage(run, path, first_bad, out_of_order, disordered)
+    return run
+
+
+def _read_header(fh: IO[bytes], path: Path) -> tuple[dict[str, Any], bool]:
+    """The run file's header (its first line) and whether the file is of an older schema
+    whose records are upgraded on the way in. Raises InputError for anything else."""
+    try:
+        first = fh.readline(HEADER_LIMIT_BYTES)
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror}") from None
+    if not first:
+        raise InputError(f"{path} is empty: not a vramdoctor run file")
+    if not first.endswith(b"\n") and len(first) >= HEADER_LIMIT_BYTES:
+        raise InputError(
+            f"{path} is not a vramdoctor run file (no header line in its first "
+            f"{HEADER_LIMIT_BYTES // 1024} KiB)"
+        )
+    try:
+        header = _json_line(first.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        header = None
+    if not isinstance(header, dict) or header.get("kind") != "header":
+        raise InputError(f"{path} is not a vramdoctor run file (no header line)")
+    schema = str(header.get("schema", ""))
+    if not schema.startswith("vramdoctor.run/"):
+        raise InputError(f"{path} is not a vramdoctor run file (schema {schema!r})")
+    major = schema.rsplit("/", 1)[1]
+    legacy = major in _OLDER_MAJORS
+    if major != _SUPPORTED_MAJOR and not legacy:
+        raise InputError(
+            f"{path} has run-file schema {schema}; this vramdoctor reads {SCHEMA}: upgrade vramdoctor"
+        )
+    return header, legacy
+
+
+def _read_records(fh: IO[bytes], run: Run, legacy: bool) -> tuple[str | None, int, bool]:
+    """Reads every line after the header into `run` (records, end, torn tail, bad lines, a
+    read error's problem); returns the first damaged line's description (None: none), how
+    many records were out of time order beyond OUT_OF_ORDER_NOTE_S, and whether any record
+    came before an earlier one at all."""
+    first_bad: str | None = None
+    number = 1
+    previous_t = -math.inf
+    out_of_order = 0
+    disordered = False
+    while True:
+        try:
+            raw = fh.readline(LINE_LIMIT_BYTES)
+        except OSError as exc:
+            run.problems.append(f"reading stopped at line {number + 1}: {exc.strerror}")
+            break
+        if not raw:
+            break
+        number += 1
+        complete = raw.endswith(b"\n")
+        if not complete and len(raw) >= LINE_LIMIT_BYTES:
+            while raw and not raw.endswith(b"\n"):  # skip the rest of an endless line
                 raw = fh.readline(LINE_LIMIT_BYTES)
-            except OSError as exc:
-                run.problems.append(f"reading stopped at line {number + 1}: {exc.strerror}")
-                break
-            if not raw:
-                break
-            number += 1
-            complete = raw.endswith(b"\n")
-            if not complete and len(raw) >= LINE_LIMIT_BYTES:
-                while raw and not raw.endswith(b"\n"):  # skip the rest of an endless line
-                    raw = fh.readline(LINE_LIMIT_BYTES)
-                run.bad_lines.append(number)
-                first_bad = (
-                    first_bad or f"line {number} is longer than {LINE_LIMIT_BYTES // 2**20} MiB"
-                )
-                continue
-            text = raw.decode("utf-8", errors="replace").strip()
-            if not text:
-                continue
-            try:
-                data = _json_line(text)
-            except (ValueError, RecursionError):
-                if not complete:  # only the last line can lack its newline: torn by a kill
-                    run.torn_tail = True
-                else:
-                    run.bad_lines.append(number)
-                    first_bad = first_bad or f"line {number} is not JSON"
-                continue
-            if not isinstance(data, dict):
-                run.bad_lines.append(number)
-                first_bad = first_bad or f"line {number} is {_type_name(data)}, not a record"
-                continue
-            if data.get("kind") == "end":
-                run.end = data
-                continue
-            if legacy:
-                data = upgrade_v1(data)
-            try:
-                record = _typed(data)
-            except BadRecord as exc:
-                run.bad_lines.append(number)
-                first_bad = first_bad or f"line {number}: {exc}"
-                continue
-            t = _time_of(record)
-            if t < previous_t:
-                disordered = True
-                # Samplers run in parallel and a slow scrape is written after a fast one that
-                # started later: small steps back are normal; only real disorder is noted.
-                if t < previous_t - OUT_OF_ORDER_NOTE_S:
-                    out_of_order += 1
-            previous_t = max(previous_t, t)
-            run.records.append(record)
+            run.bad_lines.append(number)
+            first_bad = first_bad or f"line {number} is longer than {LINE_LIMIT_BYTES // 2**20} MiB"
+            continue
+        text = raw.decode("utf-8", errors="replace").strip()
+        if not text:
+            continue
+        record, bad = _line_record(run, text, number, complete, legacy)
+        if bad is not None:
+            run.bad_lines.append(number)
+            first_bad = first_bad or bad
+            continue
+        if record is _NO_RECORD:
+            continue
+        t = _time_of(record)
+        if t < previous_t:
+            disordered = True
+            # Samplers run in parallel and a slow scrape is written after a fast one that
+            # started later: small steps back are normal; only real disorder is noted.
+            if t < previous_t - OUT_OF_ORDER_NOTE_S:
+                out_of_order += 1
+        previous_t = max(previous_t, t)
+        run.records.append(record)
+    return first_bad, out_of_order, disordered
+
+
+# What `_line_record` gives for a line that holds no record (a torn last line, the end record).
+_NO_RECORD: Any = object()
+
+
+def _line_record(
+    run: Run, text: str, number: int, complete: bool, legacy: bool
+) -> tuple[Any, str | None]:
+    """A line's typed record and None; or `_NO_RECORD` and why the line is damaged; or
+    `_NO_RECORD` and None for a torn last line or the end record (noted in `run`)."""
+    try:
+        data = _json_line(text)
+    except (ValueError, RecursionError):
+        if not complete:  # only the last line can lack its newline: torn by a kill
+            run.torn_tail = True
+            return _NO_RECORD, None
+        return _NO_RECORD, f"line {number} is not JSON"
+    if not isinstance(data, dict):
+        return _NO_RECORD, f"line {number} is {_type_name(data)}, not a record"
+    if data.get("kind") == "end":
+        run.end = data
+        return _NO_RECORD, None
+    if legacy:
+        data = upgrade_v1(data)
+    try:
+        return _typed(data), None
+    except BadRecord as exc:
+        return _NO_RECORD, f"line {number}: {exc}"
+
+
+def _note_damage(
+    run: Run, path: Path, first_bad: str | None, out_of_order: int, disordered: bool
+) -> None:
+    """Adds to `run.problems` the first damaged line (with how many more) and the records
+    out of time order, and sorts the records back into time order; returns nothing."""
     if first_bad:
         more = len(run.bad_lines) - 1
         run.problems.append(
@@ -634,4 +669,3 @@ def read_run(path: str | Path) -> Run:
             f"{path}: {out_of_order} record{'s were' if out_of_order != 1 else ' was'} "
             "out of time order; sorted by time before the analysis"
         )
-    return run

@@ -33,6 +33,7 @@ from vramdoctor.judge.results import (
     SeriesResult,
     SoakAnalysis,
     Thresholds,
+    Undecided,
     Window,
 )
 from vramdoctor.judge.run_verdict import baseline_request_rate, overall_verdict, undecided
@@ -120,102 +121,25 @@ def _analyse(
     lives = lives_from_events(events, windows, rounds, -math.inf)
     changes = process_changes_from_events(events, windows)
     raw = extract_series(recs)
-    run_rounds = [r.round for r in rounds]
 
-    facts = RunFacts(
-        available_mib=_host_available(raw_host or []),
-        cpu_count=cpu_count or _cpu_count(header),
-        arena_max=_arena_max(header),
-        pool_mib=kv_pool_mib(recs, header),
-    )
+    facts = _run_facts(recs, header, raw_host, cpu_count)
     cpus = facts.cpu_count
-    for layer in judge_layers.all_layers():  # series a layer added from outside
-        for key, series in layer.extract(recs).items():
-            raw.setdefault(key, series)
-    points = inside_points(recs)
-    all_series: list[SeriesResult] = []
-    per_life: list[dict[str, LayerResult]] = []
-    for life in lives:
-        life_rounds = [r for r in rounds if r.life == life.index]
-        if not life_rounds and life.index > 0:
-            continue
-        layers_of_life, judged = _judge_life(
-            life,
-            life_rounds,
-            lives,
-            run_rounds,
-            raw,
-            points,
-            windows,
-            recs,
-            header,
-            facts,
-            th,
-            held_by or {},
-        )
-        per_life.append(layers_of_life)
-        all_series += judged
+    _add_layer_series(raw, recs)
+    per_life, all_series = _judge_lives(
+        lives, rounds, raw, inside_points(recs), windows, recs, header, facts, th, held_by or {}
+    )
     layers = _merge(per_life)
 
-    ok = sum(r.ok for r in rounds)
-    no_success = bool(rounds) and ok == 0
-    died = any(life.ended_by == SERVER_DIED for life in lives)
-    if no_success:
-        for lay in layers.values():
-            # Growth the rounds did measure (requests that timed out reached the server) keeps
-            # its reading; only layers with nothing to show say that no request succeeded.
-            if lay.verdict not in (LEAK, NOT_MEASURED) and lay.reason != R_RETENTION_OR_LEAK:
-                lay.verdict, lay.reason = INCONCLUSIVE, R_NO_TRAFFIC
-    if died:
-        for lay in layers.values():
-            if lay.verdict == INCONCLUSIVE and not any(r.life >= 0 and r.complete for r in rounds):
-                lay.reason = R_SERVER_DIED
-    verdict = overall_verdict(layers, no_request_succeeded=no_success)
-    # Nothing more rounds could decide once the server is dead or the traffic never worked.
-    open_layers = [] if died or no_success else undecided(layers, th)
-    if died or no_success:
-        for lay in layers.values():
-            if lay.verdict == INCONCLUSIVE:
-                lay.undecided_reason = lay.reason
+    no_success, died = _no_request_succeeded(rounds), _server_died(lives)
+    verdict, open_layers = _run_outcome(layers, rounds, th, no_success=no_success, died=died)
 
     load_s = sum(r.load_s or 0.0 for r in rounds)
     reached = sum(r.reached for r in rounds)
-    rate_src = None
-    rate = production_rate_rps if production_rate_rps and production_rate_rps > 0 else None
-    if rate is not None:
-        rate_src = "argument"
-    else:
-        rate = baseline_request_rate(recs, windows)
-        rate_src = "server_counter" if rate is not None else None
-    # Rounds that all abandoned streams: the leak rate per aborted request, should only the
-    # aborted ones leak (the rounds record streamed/aborted counts; the report says how to tell).
-    done = [r for r in rounds if r.life >= 0 and r.reached]
-    aborted = sum(r.aborted or 0 for r in done)
-    if done and aborted and all(r.aborted for r in done):
-        for lay in layers.values():
-            if (
-                (lay.verdict == LEAK or lay.reason == R_RETENTION_OR_LEAK)
-                and lay.rate_per_request is not None
-                and lay.rate_per_hour is None
-            ):
-                lay.rate_per_aborted_request = (
-                    lay.rate_per_request * sum(r.reached for r in done) / aborted
-                )
-    for lay in layers.values():
-        if lay.projection is not None and rate is not None:
-            lay.projection.production_rate_rps = rate
-            lay.projection.production_rate_source = rate_src
-            if lay.projection.requests is not None:
-                lay.projection.hours = lay.projection.requests / (rate * 3600.0)
+    rate, rate_src = _production_rate(production_rate_rps, recs, windows)
+    _rate_per_aborted_request(layers, rounds)
+    _project_at_rate(layers, rate, rate_src)
 
-    collector_failed = next(
-        (
-            str(e.data.get("error") or "collector failed")
-            for e in events
-            if e.name == COLLECTOR_FAILED
-        ),
-        None,
-    )
+    collector_failed = _collector_failed(events)
     first_error = next((m for r in rounds for m in r.messages), None)
     changes += _series_changes(all_series, changes, windows)
     return SoakAnalysis(
@@ -242,6 +166,169 @@ def _analyse(
         stopped_by=next(
             (str(e.data.get("by")) for e in reversed(events) if e.name == "stopped"), None
         ),
+    )
+
+
+def _run_facts(
+    recs: list[Any],
+    header: dict[str, Any] | None,
+    raw_host: list[dict[str, Any]] | None,
+    cpu_count: int | None,
+) -> RunFacts:
+    """The run's facts the layers read: available host RAM, CPU count, arena cap, KV pool."""
+    return RunFacts(
+        available_mib=_host_available(raw_host or []),
+        cpu_count=cpu_count or _cpu_count(header),
+        arena_max=_arena_max(header),
+        pool_mib=kv_pool_mib(recs, header),
+    )
+
+
+def _add_layer_series(raw: dict[str, Series], recs: list[Any]) -> None:
+    """Adds to `raw` the series a layer added from outside extracts (never replacing one);
+    returns nothing."""
+    for layer in judge_layers.all_layers():  # series a layer added from outside
+        for key, series in layer.extract(recs).items():
+            raw.setdefault(key, series)
+
+
+def _judge_lives(
+    lives: list[Life],
+    rounds: list[RoundInfo],
+    raw: dict[str, Series],
+    points: dict[str, InsidePoints],
+    windows: list[Window],
+    recs: list[Any],
+    header: dict[str, Any] | None,
+    facts: RunFacts,
+    th: Thresholds,
+    held_by: Mapping[int, Sequence[HeldBy]],
+) -> tuple[list[dict[str, LayerResult]], list[SeriesResult]]:
+    """Every server life with rounds (the first life always) judged on its own: the layer
+    results of each life, and every judged series of all lives, in life order."""
+    run_rounds = [r.round for r in rounds]
+    all_series: list[SeriesResult] = []
+    per_life: list[dict[str, LayerResult]] = []
+    for life in lives:
+        life_rounds = [r for r in rounds if r.life == life.index]
+        if not life_rounds and life.index > 0:
+            continue
+        layers_of_life, judged = _judge_life(
+            life,
+            life_rounds,
+            lives,
+            run_rounds,
+            raw,
+            points,
+            windows,
+            recs,
+            header,
+            facts,
+            th,
+            held_by,
+        )
+        per_life.append(layers_of_life)
+        all_series += judged
+    return per_life, all_series
+
+
+def _no_request_succeeded(rounds: list[RoundInfo]) -> bool:
+    """True when the run had rounds and not one request of them succeeded."""
+    ok = sum(r.ok for r in rounds)
+    return bool(rounds) and ok == 0
+
+
+def _server_died(lives: list[Life]) -> bool:
+    """True when a server life ended by the server's death."""
+    return any(life.ended_by == SERVER_DIED for life in lives)
+
+
+def _run_outcome(
+    layers: dict[str, LayerResult],
+    rounds: list[RoundInfo],
+    th: Thresholds,
+    *,
+    no_success: bool,
+    died: bool,
+) -> tuple[str, list[Undecided]]:
+    """The run's verdict and the layers more rounds could still decide, after the layers'
+    reasons are set for a run whose requests all failed or whose server died."""
+    if no_success:
+        for lay in layers.values():
+            # Growth the rounds did measure (requests that timed out reached the server) keeps
+            # its reading; only layers with nothing to show say that no request succeeded.
+            if lay.verdict not in (LEAK, NOT_MEASURED) and lay.reason != R_RETENTION_OR_LEAK:
+                lay.verdict, lay.reason = INCONCLUSIVE, R_NO_TRAFFIC
+    if died:
+        for lay in layers.values():
+            if lay.verdict == INCONCLUSIVE and not any(r.life >= 0 and r.complete for r in rounds):
+                lay.reason = R_SERVER_DIED
+    verdict = overall_verdict(layers, no_request_succeeded=no_success)
+    # Nothing more rounds could decide once the server is dead or the traffic never worked.
+    open_layers = [] if died or no_success else undecided(layers, th)
+    if died or no_success:
+        for lay in layers.values():
+            if lay.verdict == INCONCLUSIVE:
+                lay.undecided_reason = lay.reason
+    return verdict, open_layers
+
+
+def _production_rate(
+    production_rate_rps: float | None, recs: list[Any], windows: list[Window]
+) -> tuple[float | None, str | None]:
+    """The production request rate and where it came from ("argument", "server_counter"),
+    or (None, None) when neither gives one."""
+    rate_src = None
+    rate = production_rate_rps if production_rate_rps and production_rate_rps > 0 else None
+    if rate is not None:
+        rate_src = "argument"
+    else:
+        rate = baseline_request_rate(recs, windows)
+        rate_src = "server_counter" if rate is not None else None
+    return rate, rate_src
+
+
+def _rate_per_aborted_request(layers: dict[str, LayerResult], rounds: list[RoundInfo]) -> None:
+    """Sets each growing layer's rate per aborted request when every round that reached the
+    server abandoned streams; returns nothing."""
+    # Rounds that all abandoned streams: the leak rate per aborted request, should only the
+    # aborted ones leak (the rounds record streamed/aborted counts; the report says how to tell).
+    done = [r for r in rounds if r.life >= 0 and r.reached]
+    aborted = sum(r.aborted or 0 for r in done)
+    if done and aborted and all(r.aborted for r in done):
+        for lay in layers.values():
+            if (
+                (lay.verdict == LEAK or lay.reason == R_RETENTION_OR_LEAK)
+                and lay.rate_per_request is not None
+                and lay.rate_per_hour is None
+            ):
+                lay.rate_per_aborted_request = (
+                    lay.rate_per_request * sum(r.reached for r in done) / aborted
+                )
+
+
+def _project_at_rate(
+    layers: dict[str, LayerResult], rate: float | None, rate_src: str | None
+) -> None:
+    """Puts the production rate into each layer's projection and turns its requests to out
+    of memory into hours; returns nothing (no rate: the projections stay in requests)."""
+    for lay in layers.values():
+        if lay.projection is not None and rate is not None:
+            lay.projection.production_rate_rps = rate
+            lay.projection.production_rate_source = rate_src
+            if lay.projection.requests is not None:
+                lay.projection.hours = lay.projection.requests / (rate * 3600.0)
+
+
+def _collector_failed(events: list[Event]) -> str | None:
+    """The first collector failure's error text, None when the collector never failed."""
+    return next(
+        (
+            str(e.data.get("error") or "collector failed")
+            for e in events
+            if e.name == COLLECTOR_FAILED
+        ),
+        None,
     )
 
 

@@ -28,13 +28,14 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from vramdoctor.errors import InputError
 from vramdoctor.soak.contrast import (
     Estimate,
+    LayerRounds,
     Observation,
     decide,
     fit_blocks,
@@ -447,7 +448,6 @@ def _plan_from_header(header: Mapping[str, Any]) -> tuple[CyclePlan, str] | None
 def analyse_cycle(run: Run, *, min_growth_mib: float | None = None) -> CycleResult | None:
     """The --cycle analysis of a run (None when the run did not cycle)."""
     from vramdoctor.judge.series import extract_series
-    from vramdoctor.samples import Event
 
     got = _plan_from_header(run.header)
     if got is None:
@@ -457,12 +457,46 @@ def analyse_cycle(run: Run, *, min_growth_mib: float | None = None) -> CycleResu
     floor_mib = float(
         min_growth_mib if min_growth_mib is not None else cfg.get("min_growth_mib", 2.0)
     )
+    marks, done, began, failed = _cycle_events(run.records)
+    levels, rounds = layer_rounds(run.records)
+    complete = {ri.round: ri.complete and ri.reached > 0 for ri in rounds}
+    judged = [r for r in sorted(complete) if r >= 2 and complete[r]]
+
+    def shape(r: int) -> tuple[str, int]:
+        s, b = marks.get(r, plan.shape_of(r))
+        if s == "cycle" and r not in done:
+            return "failed", b
+        return s, b
+
+    full = _full_blocks(judged, shape)
+    use = full[1:] if len(full) >= 3 else full
+    result = CycleResult(plan.spec, display, len(full), len(done), failed=failed)
+    if len(full) >= 3:
+        result.notes.append(f"{len(full)} blocks: the first is left out as the operation's warm-up")
+    series = extract_series(list(run.records)) if done else {}
+    for layer, lr in levels.items():
+        judged_layer = _cycle_layer(layer, lr, judged, shape, use, floor_mib, series, done, began)
+        if judged_layer is not None:
+            result.layers[layer] = judged_layer
+    return result
+
+
+def _cycle_events(
+    records: Sequence[Any],
+) -> tuple[
+    dict[int, tuple[str, int]], dict[int, tuple[float, float]], dict[int, float], str | None
+]:
+    """What the run's cycle events say: each round's mark (round -> (shape, block)), each
+    completed cycle (round -> (do end, undo start)), when each do began (round -> time), and
+    the failed call's error (None when no call failed)."""
+    from vramdoctor.samples import Event
+
     marks: dict[int, tuple[str, int]] = {}
     done: dict[int, tuple[float, float]] = {}  # round -> (do end, undo start)
     began: dict[int, float] = {}  # round -> do start
     failed: str | None = None
     do_t: dict[int, float] = {}
-    for r in run.records:
+    for r in records:
         if not isinstance(r, Event):
             continue
         d = r.data
@@ -481,74 +515,89 @@ def analyse_cycle(run: Run, *, min_growth_mib: float | None = None) -> CycleResu
                 failed = str(d.get("error"))
         except (KeyError, TypeError, ValueError):
             continue
-    levels, rounds = layer_rounds(run.records)
-    complete = {ri.round: ri.complete and ri.reached > 0 for ri in rounds}
-    judged = [r for r in sorted(complete) if r >= 2 and complete[r]]
+    return marks, done, began, failed
 
-    def shape(r: int) -> tuple[str, int]:
-        s, b = marks.get(r, plan.shape_of(r))
-        if s == "cycle" and r not in done:
-            return "failed", b
-        return s, b
 
+def _full_blocks(judged: list[int], shape: Callable[[int], tuple[str, int]]) -> list[int]:
+    """The blocks whose judged rounds are exactly one cycled round and one plain round."""
     blocks = sorted({shape(r)[1] for r in judged})
-    full = [
+    return [
         b
         for b in blocks
         if sorted(shape(r)[0] for r in judged if shape(r)[1] == b) == ["cycle", "none"]
     ]
-    use = full[1:] if len(full) >= 3 else full
-    result = CycleResult(plan.spec, display, len(full), len(done), failed=failed)
-    if len(full) >= 3:
-        result.notes.append(f"{len(full)} blocks: the first is left out as the operation's warm-up")
-    series = extract_series(list(run.records)) if done else {}
-    for layer, lr in levels.items():
-        obs = []
-        for r in judged:
-            s, b = shape(r)
-            if b not in use or s == "failed":
-                continue
-            dlt = lr.delta(r)
-            if dlt is not None:
-                obs.append(Observation(r, b, s, dlt))
-        fit = fit_blocks(obs)
-        if fit is None or set(fit.shapes) != {"cycle", "none"}:
+
+
+def _cycle_layer(
+    layer: str,
+    lr: LayerRounds,
+    judged: list[int],
+    shape: Callable[[int], tuple[str, int]],
+    use: list[int],
+    floor_mib: float,
+    series: Mapping[str, Any],
+    done: Mapping[int, tuple[float, float]],
+    began: Mapping[int, float],
+) -> CycleLayer | None:
+    """One layer's residue per cycle (cycled rounds against plain ones, blocks in `use`), its
+    level after each cycle, what the operation held, and its verdict; None when the layer's
+    rounds do not give both shapes."""
+    obs = []
+    for r in judged:
+        s, b = shape(r)
+        if b not in use or s == "failed":
             continue
-        floor = KV_FLOOR_TOKENS if lr.unit == "tokens" else floor_mib
-        est = fit.contrast({"cycle": 1.0, "none": -1.0})
-        block_sd = math.sqrt(2.0) * fit.sigma if fit.sigma is not None else None
-        trend = None
-        if len(est.per_block) >= 3:  # the residue's own trend, cycle after cycle
-            cum = [0.0]
-            for dv in est.per_block:
-                cum.append(cum[-1] + dv)
-            trend = growth_estimate(
-                list(range(len(cum))), cum, floor=floor, step=1.0, noise=block_sd or 0.0
-            )[1]
-        residue = decide(est, floor, sigma=block_sd, trend=trend)
-        plain = fit.contrast({"none": 1.0}, absolute=True)
-        base = lr.baseline
-        after = [
-            round(lr.levels[r] - base, 3)  # type: ignore[operator]
-            for r in sorted(done)
-            if lr.levels.get(r) is not None and base is not None
-        ]
-        freed = _freed(series, lr.series, done, layer, began)
-        if residue.decision == "leak":
-            verdict = "LEAK"
-            head = (
-                f"+{_fmt(residue.value, lr.unit)} per cycle ({_interval(residue, lr.unit)}), "
-                "beyond what the same rounds leave without it"
-            )
-        elif residue.decision == "undecided":
-            verdict, head = "INCONCLUSIVE", residue.why
-        else:
-            verdict = "STABLE"
-            head = f"{_fmt(residue.value, lr.unit)} per cycle ({_interval(residue, lr.unit)}): nothing left behind"
-        result.layers[layer] = CycleLayer(
-            layer, lr.unit, residue, plain, after, freed, verdict, head, floor
+        dlt = lr.delta(r)
+        if dlt is not None:
+            obs.append(Observation(r, b, s, dlt))
+    fit = fit_blocks(obs)
+    if fit is None or set(fit.shapes) != {"cycle", "none"}:
+        return None
+    floor = KV_FLOOR_TOKENS if lr.unit == "tokens" else floor_mib
+    est = fit.contrast({"cycle": 1.0, "none": -1.0})
+    block_sd = math.sqrt(2.0) * fit.sigma if fit.sigma is not None else None
+    trend = _residue_trend(est, floor, block_sd)
+    residue = decide(est, floor, sigma=block_sd, trend=trend)
+    plain = fit.contrast({"none": 1.0}, absolute=True)
+    base = lr.baseline
+    after = [
+        round(lr.levels[r] - base, 3)  # type: ignore[operator]
+        for r in sorted(done)
+        if lr.levels.get(r) is not None and base is not None
+    ]
+    freed = _freed(series, lr.series, done, layer, began)
+    verdict, head = _cycle_verdict(residue, lr.unit)
+    return CycleLayer(layer, lr.unit, residue, plain, after, freed, verdict, head, floor)
+
+
+def _residue_trend(est: Estimate, floor: float, block_sd: float | None) -> Any:
+    """The residue's own trend, cycle after cycle (the growth model's fit over its running
+    sum); None with fewer than three blocks."""
+    trend = None
+    if len(est.per_block) >= 3:  # the residue's own trend, cycle after cycle
+        cum = [0.0]
+        for dv in est.per_block:
+            cum.append(cum[-1] + dv)
+        trend = growth_estimate(
+            list(range(len(cum))), cum, floor=floor, step=1.0, noise=block_sd or 0.0
+        )[1]
+    return trend
+
+
+def _cycle_verdict(residue: Estimate, unit: str) -> tuple[str, str]:
+    """A layer's verdict (LEAK, INCONCLUSIVE, STABLE) and its headline, from its residue."""
+    if residue.decision == "leak":
+        verdict = "LEAK"
+        head = (
+            f"+{_fmt(residue.value, unit)} per cycle ({_interval(residue, unit)}), "
+            "beyond what the same rounds leave without it"
         )
-    return result
+    elif residue.decision == "undecided":
+        verdict, head = "INCONCLUSIVE", residue.why
+    else:
+        verdict = "STABLE"
+        head = f"{_fmt(residue.value, unit)} per cycle ({_interval(residue, unit)}): nothing left behind"
+    return verdict, head
 
 
 def _freed(

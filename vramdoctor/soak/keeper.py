@@ -156,7 +156,8 @@ def _returncode(status: int) -> int:
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else status
 
 
-def main(argv: list[str]) -> int:
+def _parse_args(argv: list[str]) -> tuple[str | None, float, list[str]]:
+    """The command line's log path (None when missing), grace seconds and server command."""
     log, grace, cmd = None, 10.0, []
     args = list(argv)
     while args:
@@ -168,26 +169,21 @@ def main(argv: list[str]) -> int:
         elif a == "--":
             cmd = args
             break
-    if not cmd or log is None:
-        _say(event="error", error="usage: keeper.py --log FILE [--grace S] -- CMD ARGS...")
-        return 2
-    stop_asked = [False]
+    return log, grace, cmd
 
-    def on_signal(_signum: int, _frame: object) -> None:
-        stop_asked[0] = True
 
-    # Ctrl-C is vramdoctor's to handle (it stops its traffic first, then asks us): ignored here.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
-    subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1)
+def _in_child() -> None:
+    """In the server's process before it runs: dies with the keeper, default signal
+    dispositions; returns nothing."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
-    def in_child() -> None:
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
+def _start_server(cmd: list[str], log: str) -> subprocess.Popen[bytes] | None:
+    """The server's process, started in its own session with its output appended to `log`;
+    None (the error said) when it cannot be started."""
     try:
         out = open(log, "ab", buffering=0)  # noqa: SIM115 - the server writes to it until it ends
         proc = subprocess.Popen(
@@ -196,19 +192,24 @@ def main(argv: list[str]) -> int:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=in_child,  # only prctl and signal dispositions: safe without threads
+            preexec_fn=_in_child,  # only prctl and signal dispositions: safe without threads
             close_fds=True,
         )
     except OSError as exc:
         _say(event="error", error=f"cannot start {cmd[0]}: {exc.strerror or exc}")
-        return 127
+        return None
     out.close()
-    pgid = proc.pid  # start_new_session: the server leads its own session and group
-    _say(event="started", pid=proc.pid, pgid=pgid, subreaper=subreaper)
+    return proc
+
+
+def _watch(
+    proc: subprocess.Popen[bytes], seen: dict[int, str], stop_asked: list[bool]
+) -> int | None:
+    """Watches the server until a stop is asked (a signal, "stop" or end of file on the
+    lifeline), remembering the tree once a second; returns the server's return code when its
+    main process ended by itself meanwhile, else None."""
     returncode: int | None = None
     lifeline = sys.stdin.fileno()
-    seen: dict[int, str] = {}  # every process ever seen below the keeper: pid -> start time
-    _remember(seen, [proc.pid])
     scanned = 0.0
     while not stop_asked[0]:
         if time.monotonic() - scanned >= 1.0:  # the tree, once a second
@@ -229,6 +230,18 @@ def main(argv: list[str]) -> int:
                 line = b""
             if not line or b"stop" in line:
                 break
+    return returncode
+
+
+def _stop(
+    proc: subprocess.Popen[bytes],
+    pgid: int,
+    grace: float,
+    seen: dict[int, str],
+    returncode: int | None,
+) -> None:
+    """Stops the whole tree (SIGTERM, then SIGKILL once the grace ran out), reaps it and says
+    "stopped"; returns nothing."""
     start = time.monotonic()
     how = "exited" if returncode is not None else "sigterm"
     _remember(seen, _descendants(os.getpid()))
@@ -270,6 +283,32 @@ def main(argv: list[str]) -> int:
         killed=sorted(set(killed)),
         seconds=round(time.monotonic() - start, 3),
     )
+
+
+def main(argv: list[str]) -> int:
+    log, grace, cmd = _parse_args(argv)
+    if not cmd or log is None:
+        _say(event="error", error="usage: keeper.py --log FILE [--grace S] -- CMD ARGS...")
+        return 2
+    stop_asked = [False]
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        stop_asked[0] = True
+
+    # Ctrl-C is vramdoctor's to handle (it stops its traffic first, then asks us): ignored here.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+    subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    proc = _start_server(cmd, log)
+    if proc is None:
+        return 127
+    pgid = proc.pid  # start_new_session: the server leads its own session and group
+    _say(event="started", pid=proc.pid, pgid=pgid, subreaper=subreaper)
+    seen: dict[int, str] = {}  # every process ever seen below the keeper: pid -> start time
+    _remember(seen, [proc.pid])
+    returncode = _watch(proc, seen, stop_asked)
+    _stop(proc, pgid, grace, seen, returncode)
     return 0
 
 

@@ -445,30 +445,76 @@ def launch(
     except OSError as exc:
         raise InputError(f"cannot create {run_dir}: {exc.strerror}") from None
     log_path = run_dir / f"{stem}.server.log"
+    agent_dir = _agent_dir(spec, run_dir, stem)
+    changes = _env_changes(spec, agent_dir, extra_env)
+    env = _server_env(changes)
+    try:
+        log_path.touch()
+    except OSError as exc:
+        raise InputError(f"cannot write the server's log {log_path}: {exc.strerror}") from None
+    keeper = subprocess.Popen(
+        _keeper_command(spec, log_path),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=str(spec.cwd) if spec.cwd else None,
+        start_new_session=True,  # a Ctrl-C at the terminal is ours to handle, not the keeper's
+        close_fds=True,
+    )
+    event = _keeper_started(keeper, log_path)
+    return LaunchedServer(
+        spec,
+        keeper=keeper,
+        pid=int(event["pid"]),
+        log_path=log_path,
+        agent_dir=agent_dir,
+        env_changes=changes,
+    )
+
+
+def _agent_dir(spec: LaunchSpec, run_dir: Path, stem: str) -> Path | None:
+    """The agent folder `run_dir/<stem>.agent/`, created private (None without the agent).
+    Raises InputError when it cannot be created."""
     agent_dir: Path | None = None
-    env = dict(os.environ)
-    changes: dict[str, str | None] = {}
     if spec.agent:
         agent_dir = (run_dir / f"{stem}.agent").resolve()
         try:
             agent_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # the agent refuses others
         except OSError as exc:
             raise InputError(f"cannot create {agent_dir}: {exc.strerror}") from None
+    return agent_dir
+
+
+def _env_changes(
+    spec: LaunchSpec, agent_dir: Path | None, extra_env: Mapping[str, str] | None
+) -> dict[str, str | None]:
+    """What the server's environment changes from ours: name -> value (None: unset); the
+    agent's variables, then `extra_env`, then the spec's own, then the spec's unsets."""
+    changes: dict[str, str | None] = {}
+    if agent_dir is not None:
         changes.update(agent_env(agent_dir))
     changes.update(extra_env or {})
     changes.update(spec.env)
     for k in spec.unset_env:
         changes[k] = None
+    return changes
+
+
+def _server_env(changes: Mapping[str, str | None]) -> dict[str, str]:
+    """Our environment with `changes` applied: the server's environment."""
+    env = dict(os.environ)
     for k, v in changes.items():
         if v is None:
             env.pop(k, None)
         else:
             env[k] = v
-    try:
-        log_path.touch()
-    except OSError as exc:
-        raise InputError(f"cannot write the server's log {log_path}: {exc.strerror}") from None
-    cmd = [
+    return env
+
+
+def _keeper_command(spec: LaunchSpec, log_path: Path) -> list[str]:
+    """The keeper's command line that runs `spec.argv` with its output in `log_path`."""
+    return [
         sys.executable,
         "-I",  # the keeper never imports from the server's PYTHONPATH or cwd
         str(KEEPER),
@@ -479,16 +525,11 @@ def launch(
         "--",
         *spec.argv,
     ]
-    keeper = subprocess.Popen(
-        cmd,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=env,
-        cwd=str(spec.cwd) if spec.cwd else None,
-        start_new_session=True,  # a Ctrl-C at the terminal is ours to handle, not the keeper's
-        close_fds=True,
-    )
+
+
+def _keeper_started(keeper: subprocess.Popen[bytes], log_path: Path) -> dict[str, Any]:
+    """The keeper's "started" event (the server's pid in it). When the keeper's first line is
+    anything else, kills and waits for the keeper, then raises LaunchFailed."""
     assert keeper.stdout is not None
     first = keeper.stdout.readline()
     try:
@@ -506,14 +547,7 @@ def launch(
             log_tail=log_tail(log_path, TAIL_LINES),
             returncode=keeper.returncode,
         )
-    return LaunchedServer(
-        spec,
-        keeper=keeper,
-        pid=int(event["pid"]),
-        log_path=log_path,
-        agent_dir=agent_dir,
-        env_changes=changes,
-    )
+    return event
 
 
 def log_tail(path: Path, n: int = TAIL_LINES) -> list[str]:

@@ -37,7 +37,9 @@ from typing import TYPE_CHECKING, Any, overload
 
 from vramdoctor.errors import InputError
 from vramdoctor.soak.contrast import (
+    BlockFit,
     Estimate,
+    LayerRounds,
     Observation,
     decide,
     fit_blocks,
@@ -376,8 +378,6 @@ def _plan_from_header(header: Mapping[str, Any]) -> VaryPlan | None:
 def analyse_vary(run: Run, *, min_growth_mib: float | None = None) -> VaryResult | None:
     """The --vary analysis of a run (None when the run did not vary). Shapes come from the
     run's `vary_round` events (the plan in the header where an event is missing)."""
-    from vramdoctor.samples import Event
-
     plan = _plan_from_header(run.header)
     if plan is None:
         return None
@@ -385,13 +385,7 @@ def analyse_vary(run: Run, *, min_growth_mib: float | None = None) -> VaryResult
     floor_mib = float(
         min_growth_mib if min_growth_mib is not None else cfg.get("min_growth_mib", 2.0)
     )
-    marks: dict[int, tuple[str, int]] = {}
-    for r in run.records:
-        if isinstance(r, Event) and r.name == VARY_ROUND:
-            try:
-                marks[int(r.data["round"])] = (str(r.data["shape"]), int(r.data["block"]))
-            except (KeyError, TypeError, ValueError):
-                continue
+    marks = _vary_marks(run.records)
     levels, rounds = layer_rounds(run.records)
     reached = {ri.round: ri.reached for ri in rounds}
     complete = {ri.round: ri.complete for ri in rounds}
@@ -413,60 +407,136 @@ def analyse_vary(run: Run, *, min_growth_mib: float | None = None) -> VaryResult
             f"{len(full_blocks)} blocks: the first is left out as every shape's warm-up"
         )
     for layer, lr in levels.items():
-        obs: list[Observation] = []
-        for r in judged:
-            shape, block = marks.get(r, plan.shape_of(r))
-            if block not in use_blocks:
-                continue
-            d = lr.delta(r)
-            if d is None:
-                continue
-            obs.append(Observation(r, block, shape, d / max(1, reached[r])))
+        obs = _vary_observations(lr, judged, marks, plan, use_blocks, reached)
         result.rounds_judged = max(result.rounds_judged, len(obs))
         fit = fit_blocks(obs)
         if fit is None or set(fit.shapes) != set(plan.shapes):
             continue
-        floor = KV_FLOOR_TOKENS if lr.unit == "tokens" else floor_mib / max(1, per_round)
-        control = fit.contrast({"control": 1.0}, absolute=True)
-        block_sd = math.sqrt(2.0) * fit.sigma if fit.sigma is not None else None
-        feats: dict[str, Estimate] = {}
-        for f in plan.features:
-            feat = FEATURES[f]
-            weights = (
-                {f: 1.0, feat.reference: -1.0} if feat.sign > 0 else {feat.reference: 1.0, f: -1.0}
-            )
-            est = fit.contrast(weights)
-            trend = None
-            if len(est.per_block) >= 3:  # the excess's own trend, block by block (MiB/tokens)
-                cum = [0.0]
-                for d in est.per_block:
-                    cum.append(cum[-1] + d * per_round)
-                trend = growth_estimate(
-                    [k * per_round for k in range(len(cum))],
-                    cum,
-                    floor=floor * per_round,
-                    step=per_round,
-                    noise=(block_sd or 0.0) * per_round,
-                )[1]
-            feats[f] = decide(est, floor, sigma=block_sd, trend=trend)
-        # What requests WITHOUT the named culprits leave: the control, unless the control has a
-        # culprit itself (images: then the variant without it)
-        off = [f for f, e in feats.items() if e.decision == "leak" and FEATURES[f].sign < 0]
-        besides = decide(fit.contrast({off[0] if off else "control": 1.0}, absolute=True), floor)
-        # Every request alike: the growth model over every judged round's level (a cache that
-        # converges over these rounds is caching, however steady two blocks look)
-        xs, ys = [0.0], [0.0]
-        for r in judged:
-            d = lr.delta(r)
-            if d is None or marks.get(r, plan.shape_of(r))[1] == 0:
-                continue
-            xs.append(xs[-1] + reached[r])
-            ys.append(ys[-1] + d)
-        overall, gfit = growth_estimate(xs, ys, floor=floor * per_round, step=per_round)
-        layer_result = _layer_verdict(layer, lr.unit, control, feats, floor, besides, overall)
-        layer_result.overall_fit = gfit.to_dict() if hasattr(gfit, "to_dict") else None
-        result.layers[layer] = layer_result
+        result.layers[layer] = _vary_layer(
+            layer, lr, fit, plan, judged, marks, reached, floor_mib, per_round
+        )
     return result
+
+
+def _vary_marks(records: Sequence[Any]) -> dict[int, tuple[str, int]]:
+    """Each round's (shape, block) as its `vary_round` event recorded it (round -> mark)."""
+    from vramdoctor.samples import Event
+
+    marks: dict[int, tuple[str, int]] = {}
+    for r in records:
+        if isinstance(r, Event) and r.name == VARY_ROUND:
+            try:
+                marks[int(r.data["round"])] = (str(r.data["shape"]), int(r.data["block"]))
+            except (KeyError, TypeError, ValueError):
+                continue
+    return marks
+
+
+def _vary_observations(
+    lr: LayerRounds,
+    judged: list[int],
+    marks: Mapping[int, tuple[str, int]],
+    plan: VaryPlan,
+    use_blocks: list[int],
+    reached: Mapping[int, int],
+) -> list[Observation]:
+    """What each judged round of the blocks in `use_blocks` left behind on the layer, per
+    request that reached the server (one Observation a round with a measured change)."""
+    obs: list[Observation] = []
+    for r in judged:
+        shape, block = marks.get(r, plan.shape_of(r))
+        if block not in use_blocks:
+            continue
+        d = lr.delta(r)
+        if d is None:
+            continue
+        obs.append(Observation(r, block, shape, d / max(1, reached[r])))
+    return obs
+
+
+def _vary_layer(
+    layer: str,
+    lr: LayerRounds,
+    fit: BlockFit,
+    plan: VaryPlan,
+    judged: list[int],
+    marks: Mapping[int, tuple[str, int]],
+    reached: Mapping[int, int],
+    floor_mib: float,
+    per_round: int,
+) -> VaryLayer:
+    """The layer's result: the control's rate, each feature's excess over its reference,
+    what requests without the culprits leave, and the growth model over every round."""
+    floor = KV_FLOOR_TOKENS if lr.unit == "tokens" else floor_mib / max(1, per_round)
+    control = fit.contrast({"control": 1.0}, absolute=True)
+    block_sd = math.sqrt(2.0) * fit.sigma if fit.sigma is not None else None
+    feats = _feature_estimates(fit, plan, floor, block_sd, per_round)
+    # What requests WITHOUT the named culprits leave: the control, unless the control has a
+    # culprit itself (images: then the variant without it)
+    off = [f for f, e in feats.items() if e.decision == "leak" and FEATURES[f].sign < 0]
+    besides = decide(fit.contrast({off[0] if off else "control": 1.0}, absolute=True), floor)
+    overall, gfit = _overall_growth(lr, judged, marks, plan, reached, floor, per_round)
+    layer_result = _layer_verdict(layer, lr.unit, control, feats, floor, besides, overall)
+    layer_result.overall_fit = gfit.to_dict() if hasattr(gfit, "to_dict") else None
+    return layer_result
+
+
+def _feature_estimates(
+    fit: BlockFit, plan: VaryPlan, floor: float, block_sd: float | None, per_round: int
+) -> dict[str, Estimate]:
+    """Each planned feature's excess per request over its reference shape, decided (feature
+    name -> Estimate)."""
+    feats: dict[str, Estimate] = {}
+    for f in plan.features:
+        feat = FEATURES[f]
+        weights = (
+            {f: 1.0, feat.reference: -1.0} if feat.sign > 0 else {feat.reference: 1.0, f: -1.0}
+        )
+        est = fit.contrast(weights)
+        trend = _excess_trend(est, floor, block_sd, per_round)
+        feats[f] = decide(est, floor, sigma=block_sd, trend=trend)
+    return feats
+
+
+def _excess_trend(est: Estimate, floor: float, block_sd: float | None, per_round: int) -> Any:
+    """The excess's own trend, block by block (the growth model's fit over its running sum,
+    MiB/tokens per round); None with fewer than three blocks."""
+    trend = None
+    if len(est.per_block) >= 3:  # the excess's own trend, block by block (MiB/tokens)
+        cum = [0.0]
+        for d in est.per_block:
+            cum.append(cum[-1] + d * per_round)
+        trend = growth_estimate(
+            [k * per_round for k in range(len(cum))],
+            cum,
+            floor=floor * per_round,
+            step=per_round,
+            noise=(block_sd or 0.0) * per_round,
+        )[1]
+    return trend
+
+
+def _overall_growth(
+    lr: LayerRounds,
+    judged: list[int],
+    marks: Mapping[int, tuple[str, int]],
+    plan: VaryPlan,
+    reached: Mapping[int, int],
+    floor: float,
+    per_round: int,
+) -> tuple[Estimate, Any]:
+    """Every request alike: the growth model's Estimate over every judged round's level after
+    the warm-up (by requests reached), and the fit itself."""
+    # Every request alike: the growth model over every judged round's level (a cache that
+    # converges over these rounds is caching, however steady two blocks look)
+    xs, ys = [0.0], [0.0]
+    for r in judged:
+        d = lr.delta(r)
+        if d is None or marks.get(r, plan.shape_of(r))[1] == 0:
+            continue
+        xs.append(xs[-1] + reached[r])
+        ys.append(ys[-1] + d)
+    return growth_estimate(xs, ys, floor=floor * per_round, step=per_round)
 
 
 def _fmt(value: float, unit: str) -> str:

@@ -357,6 +357,22 @@ def notes(a: SoakAnalysis) -> list[str]:
     out: list[str] = []
     if not a.rounds:
         out.append("no round was started")
+    out += _traffic_notes(a)
+    out += _life_notes(a)
+    out += _process_change_notes(a)
+    for name in layer_order(a):
+        lay = a.layers[name]
+        out += block(name).notes(lay)
+        out += [f"{display_name(name)}: {caveat_text(name, code)}" for code in lay.caveats]
+    out += _run_notes(a)
+    out += a.notes
+    return out
+
+
+def _traffic_notes(a: SoakAnalysis) -> list[str]:
+    """The notes on the rounds' requests: failures (by kind), rounds no request reached,
+    requests the client abandoned."""
+    out: list[str] = []
     sent = sum(r.sent for r in a.rounds)
     errors = sum(r.errors for r in a.rounds)
     if errors:
@@ -385,6 +401,13 @@ def notes(a: SoakAnalysis) -> list[str]:
     aborted = sum(r.aborted or 0 for r in a.rounds)
     if aborted:
         out.append(f"{format_count(aborted, 'requests')} were abandoned by the client mid-stream")
+    return out
+
+
+def _life_notes(a: SoakAnalysis) -> list[str]:
+    """The notes on the server's lives: each replacement, and the rounds cut without a
+    verdict (by a death or replacement, or by damaged lines)."""
+    out: list[str] = []
     for life in a.lives:
         if life.ended_by == "server_replaced":
             out.append(
@@ -400,6 +423,13 @@ def notes(a: SoakAnalysis) -> list[str]:
             else "the run file does not say where they start or end: damaged or missing lines"
         )
         out.append(f"rounds without a verdict ({why}): " + ", ".join(str(c) for c in cut))
+    return out
+
+
+def _process_change_notes(a: SoakAnalysis) -> list[str]:
+    """One note per process that appeared or exited during the run (by pid, in the order
+    first seen), with its rounds and GPU."""
+    out: list[str] = []
     changes: dict[int, list[Any]] = {}
     for c in a.process_changes:
         changes.setdefault(c.pid, []).append(c)
@@ -421,10 +451,13 @@ def notes(a: SoakAnalysis) -> list[str]:
             f"pid {pid} ({name or '?'}){gpu} {what}{when}: reported, judged only if it "
             "stayed for 2 settled rounds"
         )
-    for name in layer_order(a):
-        lay = a.layers[name]
-        out += block(name).notes(lay)
-        out += [f"{display_name(name)}: {caveat_text(name, code)}" for code in lay.caveats]
+    return out
+
+
+def _run_notes(a: SoakAnalysis) -> list[str]:
+    """The notes on the run as a whole: no production rate for a projection, source errors,
+    a sampling stop, a run that did not complete."""
+    out: list[str] = []
     leak_proj = any(lay.projection is not None for lay in a.layers.values())
     if leak_proj and a.production_rate_rps is None:
         out.append(
@@ -441,7 +474,6 @@ def notes(a: SoakAnalysis) -> list[str]:
         )
     if a.status not in ("complete",):
         out.append(f"run {a.status}: the report covers what was measured")
-    out += a.notes
     return out
 
 
