@@ -165,64 +165,21 @@ def _ipc_summary(record: dict[str, Any]) -> dict[str, Any]:
     consumers = record.get("consumers") or []
     opened = record.get("census_opened") or {}
     before = record.get("census_before") or {}
-
-    def used(census: dict[str, Any], pid: int, gpu: int) -> float:
-        return sum(
-            float(p.get("used_mib") or 0.0)
-            for p in census.get("processes", [])
-            if p.get("pid") == pid and p.get("gpu") == gpu
-        )
-
     producer = record.get("producer") or {}
     # The census counts GPUs by NVML index; the children by CUDA ordinal ("census_gpu" maps one
     # to the other by UUID where the arm recorded it).
     producer_census_gpu = producer.get("census_gpu", producer_gpu)
     measured = "census_opened" in record  # no census while holding: no figures, not zeros
-    rows = []
-    for c in consumers:
-        own = c.get("census_gpu", c.get("gpu"))
-        pid = c.get("pid")
-        rows.append(
-            {
-                "gpu": c.get("gpu"),
-                "pid": pid,
-                "peer_access": c.get("peer_access"),
-                "redirect_applied": c.get("redirect_applied"),
-                "correct": bool(c.get("slice_correct") and c.get("tensor_correct")),
-                "error": c.get("error"),
-                "held_during_census": c.get("held_during_census"),
-                "on_producer_gpu_mib": used(opened, pid, producer_census_gpu)
-                if measured and pid is not None and own != producer_census_gpu
-                else None,
-                "on_own_gpu_mib": used(opened, pid, own) if measured and pid is not None else None,
-                "on_own_gpu_before_mib": used(before, pid, own)
-                if pid is not None and "census_before" in record
-                else None,
-            }
-        )
+    rows = [
+        _ipc_consumer_row(c, record, opened, before, producer_census_gpu, measured)
+        for c in consumers
+    ]
     cross = [r["on_producer_gpu_mib"] for r in rows if r["on_producer_gpu_mib"] is not None]
     # A consumer's own CUDA context before it opened anything: the unit of "extra contexts".
     contexts = sorted(r["on_own_gpu_before_mib"] for r in rows if r["on_own_gpu_before_mib"])
     context_mib = contexts[len(contexts) // 2] if contexts else None
     total_mib = sum(cross) if cross else None
-    roles = {c.get("pid"): "consumer" for c in consumers}
-    roles[producer.get("pid")] = "producer"
-    census = [
-        {
-            "gpu": g.get("index"),
-            "used_mib": g.get("used_mib"),
-            "processes": [
-                {
-                    "pid": p.get("pid"),
-                    "role": roles.get(p.get("pid"), "other"),
-                    "used_mib": p.get("used_mib"),
-                }
-                for p in opened.get("processes", [])
-                if p.get("gpu") == g.get("index")
-            ],
-        }
-        for g in opened.get("gpus", [])
-    ]
+    census = _ipc_census(opened, consumers, producer)
     return {
         "mode": record.get("mode"),
         "error": record.get("error"),
@@ -245,6 +202,72 @@ def _ipc_summary(record: dict[str, Any]) -> dict[str, Any]:
         "census": census,
         "census_opened": opened,
     }
+
+
+def _census_used(census: dict[str, Any], pid: int, gpu: Any) -> float:
+    """MiB the census shows process `pid` using on GPU `gpu` (NVML index, as the record has
+    it); 0 when absent."""
+    return sum(
+        float(p.get("used_mib") or 0.0)
+        for p in census.get("processes", [])
+        if p.get("pid") == pid and p.get("gpu") == gpu
+    )
+
+
+def _ipc_consumer_row(
+    c: dict[str, Any],
+    record: dict[str, Any],
+    opened: dict[str, Any],
+    before: dict[str, Any],
+    producer_census_gpu: Any,
+    measured: bool,
+) -> dict[str, Any]:
+    """One consumer's summary: what it reported, whether its data read back correct, and what
+    it used on the producer's GPU and on its own while holding (None: not measured) and on
+    its own before it opened anything."""
+    own = c.get("census_gpu", c.get("gpu"))
+    pid = c.get("pid")
+    return {
+        "gpu": c.get("gpu"),
+        "pid": pid,
+        "peer_access": c.get("peer_access"),
+        "redirect_applied": c.get("redirect_applied"),
+        "correct": bool(c.get("slice_correct") and c.get("tensor_correct")),
+        "error": c.get("error"),
+        "held_during_census": c.get("held_during_census"),
+        "on_producer_gpu_mib": _census_used(opened, pid, producer_census_gpu)
+        if measured and pid is not None and own != producer_census_gpu
+        else None,
+        "on_own_gpu_mib": _census_used(opened, pid, own) if measured and pid is not None else None,
+        "on_own_gpu_before_mib": _census_used(before, pid, own)
+        if pid is not None and "census_before" in record
+        else None,
+    }
+
+
+def _ipc_census(
+    opened: dict[str, Any], consumers: list[dict[str, Any]], producer: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Every GPU of the census taken while the consumers held, with its used MiB and each
+    process on it (pid, role: producer, consumer or other, used MiB)."""
+    roles = {c.get("pid"): "consumer" for c in consumers}
+    roles[producer.get("pid")] = "producer"
+    return [
+        {
+            "gpu": g.get("index"),
+            "used_mib": g.get("used_mib"),
+            "processes": [
+                {
+                    "pid": p.get("pid"),
+                    "role": roles.get(p.get("pid"), "other"),
+                    "used_mib": p.get("used_mib"),
+                }
+                for p in opened.get("processes", [])
+                if p.get("gpu") == g.get("index")
+            ],
+        }
+        for g in opened.get("gpus", [])
+    ]
 
 
 def analyse(records: Iterable[dict[str, Any]]) -> dict[str, Any]:

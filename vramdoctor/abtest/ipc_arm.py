@@ -366,7 +366,52 @@ def run_mode(
             daemon=True,
         ),
     )
-    consumers = [
+    consumers = _consumer_members(
+        ctx,
+        payload,
+        redirect,
+        producer_gpu,
+        consumer_gpus,
+        inboxes,
+        status_q,
+        stop,
+        timeout_s,
+        hold,
+    )
+    status = _Status(status_q, [producer, *consumers])
+    result: dict[str, Any] = {
+        "redirect": redirect,
+        "producer_gpu": producer_gpu,
+        "consumer_gpus": list(consumer_gpus),
+    }
+    try:
+        _share_and_census(status, census, result, producer, consumers, timeout_s)
+    finally:
+        _end_mode(status, stop, producer_stop, status_q, inboxes, producer, consumers, timeout_s)
+    opened_census = result.get("census_opened") or {}
+    producer_row = _producer_row(producer, producer_gpu, opened_census)
+    if producer_row is not None:
+        result["producer"] = producer_row
+    result["consumers"] = _consumer_rows(consumers, "census_opened" in result, opened_census)
+    result["error"] = _mode_error(producer, consumers, result)
+    return result
+
+
+def _consumer_members(
+    ctx: Any,
+    payload: IpcPayload,
+    redirect: bool,
+    producer_gpu: int,
+    consumer_gpus: Sequence[int],
+    inboxes: list[Any],
+    status_q: Any,
+    stop: Any,
+    timeout_s: float,
+    hold: float,
+) -> list[_Member]:
+    """One consumer member (not started) per GPU in `consumer_gpus`, members 1..N, each with
+    its own inbox."""
+    return [
         _Member(
             i + 1,
             g,
@@ -389,52 +434,86 @@ def run_mode(
         )
         for i, g in enumerate(consumer_gpus)
     ]
-    status = _Status(status_q, [producer, *consumers])
-    result: dict[str, Any] = {
-        "redirect": redirect,
-        "producer_gpu": producer_gpu,
-        "consumer_gpus": list(consumer_gpus),
-    }
-    try:
-        for m in consumers:
-            m.proc.start()
-        failed = status.wait("ready", consumers, timeout_s)
-        # consumers have their own contexts, nothing is shared yet
-        if not failed and _take_census(census, result, "census_before"):
-            producer.proc.start()
-            failed = status.wait("ready", [producer], timeout_s)
-            if not failed:
-                failed = status.wait("opened", consumers, timeout_s)
-            if not failed:
-                time.sleep(SETTLE_S)
-                if _take_census(census, result, "census_opened"):
-                    status.drain()
-                    for m in consumers:  # each must still hold what it opened when the census ended
-                        if "released" in m.events or m.proc.exitcode is not None:
-                            m.error = "stopped holding the shared memory before the census ended"
-    finally:
-        stop.set()
-        for q in inboxes:
-            q.put(None)  # wakes consumers still waiting for a message that will not come
-        opened = [m for m in consumers if "opened" in m.events]
-        status.wait("released", opened, min(timeout_s, 30.0))
-        for m in opened:  # a consumer whose hold ran out let go before stop was set
-            if not m.events.get("released", {}).get("on_stop", True) and m.error is None:
-                m.error = "stopped holding the shared memory before the census ended"
-        _end(consumers)
-        producer_stop.set()  # only now: the consumers mapped the producer's memory
-        _end([producer])
-        for q in [status_q, *inboxes]:
-            q.cancel_join_thread()
-    opened_census = result.get("census_opened") or {}
+
+
+def _share_and_census(
+    status: _Status,
+    census: Census,
+    result: dict[str, Any],
+    producer: _Member,
+    consumers: list[_Member],
+    timeout_s: float,
+) -> None:
+    """Starts the consumers, takes the census before anything is shared, starts the producer,
+    waits until every consumer opened the shared memory and takes the census while they hold
+    it (into `result`); a consumer that let go before the census ended gets an error.
+    Returns nothing; stops at the first failure."""
+    for m in consumers:
+        m.proc.start()
+    failed = status.wait("ready", consumers, timeout_s)
+    # consumers have their own contexts, nothing is shared yet
+    if not failed and _take_census(census, result, "census_before"):
+        producer.proc.start()
+        failed = status.wait("ready", [producer], timeout_s)
+        if not failed:
+            failed = status.wait("opened", consumers, timeout_s)
+        if not failed:
+            time.sleep(SETTLE_S)
+            if _take_census(census, result, "census_opened"):
+                status.drain()
+                for m in consumers:  # each must still hold what it opened when the census ended
+                    if "released" in m.events or m.proc.exitcode is not None:
+                        m.error = "stopped holding the shared memory before the census ended"
+
+
+def _end_mode(
+    status: _Status,
+    stop: Any,
+    producer_stop: Any,
+    status_q: Any,
+    inboxes: list[Any],
+    producer: _Member,
+    consumers: list[_Member],
+    timeout_s: float,
+) -> None:
+    """Lets every consumer go (stop set, inboxes woken), waits for their release, ends them,
+    then the producer (only after: they mapped its memory); returns nothing."""
+    stop.set()
+    for q in inboxes:
+        q.put(None)  # wakes consumers still waiting for a message that will not come
+    opened = [m for m in consumers if "opened" in m.events]
+    status.wait("released", opened, min(timeout_s, 30.0))
+    for m in opened:  # a consumer whose hold ran out let go before stop was set
+        if not m.events.get("released", {}).get("on_stop", True) and m.error is None:
+            m.error = "stopped holding the shared memory before the census ended"
+    _end(consumers)
+    producer_stop.set()  # only now: the consumers mapped the producer's memory
+    _end([producer])
+    for q in [status_q, *inboxes]:
+        q.cancel_join_thread()
+
+
+def _producer_row(
+    producer: _Member, producer_gpu: int, opened_census: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """The record's "producer": what it reported when ready (with its census GPU), or its GPU
+    and error; None when it neither got ready nor failed (never started)."""
     prod = producer.events.get("ready")
     if prod is not None:
-        result["producer"] = {k: v for k, v in prod.items() if k not in ("member", "event")}
-        result["producer"]["census_gpu"] = _census_gpu(
-            prod.get("uuid"), producer_gpu, opened_census
-        )
-    elif producer.error:
-        result["producer"] = {"gpu": producer_gpu, "error": producer.error}
+        row = {k: v for k, v in prod.items() if k not in ("member", "event")}
+        row["census_gpu"] = _census_gpu(prod.get("uuid"), producer_gpu, opened_census)
+        return row
+    if producer.error:
+        return {"gpu": producer_gpu, "error": producer.error}
+    return None
+
+
+def _consumer_rows(
+    consumers: list[_Member], measured: bool, opened_census: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """The record's "consumers": per consumer its GPU, what it reported when ready and when
+    it opened, its census GPU, whether it held during the census (`measured`: the census
+    while holding was taken), and its error."""
     rows = []
     for m in consumers:
         row: dict[str, Any] = {"gpu": m.gpu}
@@ -443,15 +522,21 @@ def run_mode(
                 {k: v for k, v in m.events.get(event, {}).items() if k not in ("member", "event")}
             )
         row["census_gpu"] = _census_gpu(row.get("uuid"), m.gpu, opened_census)
-        row["held_during_census"] = "census_opened" in result and m.error is None
+        row["held_during_census"] = measured and m.error is None
         row["error"] = m.error
         rows.append(row)
-    result["consumers"] = rows
+    return rows
+
+
+def _mode_error(
+    producer: _Member, consumers: list[_Member], result: Mapping[str, Any]
+) -> str | None:
+    """The record's "error": which members failed and why, and a failed census; None when
+    nothing failed."""
     problems = [f"{m.name}: {m.error}" for m in [producer, *consumers] if m.error]
     if "census_error" in result:
         problems.append(f"census {result['census_error']}")
-    result["error"] = "; ".join(problems) or None
-    return result
+    return "; ".join(problems) or None
 
 
 def _end(members: list[_Member], grace_s: float = 10.0) -> None:

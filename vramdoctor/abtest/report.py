@@ -142,19 +142,53 @@ def ipc_extra_line(arm: dict[str, Any]) -> str | None:
 def render(result: dict[str, Any], header: dict[str, Any] | None = None) -> None:
     out = console.stdout()
     if header:
-        cfg = header.get("config", {})
-        if cfg.get("workload_text"):
-            out.print(f"Workload: {cfg['workload_text']}", markup=False)
-        if cfg.get("model_note"):
-            out.print(f"Model: {cfg['model_note']}", markup=False)
-        gpus = header.get("gpus") or []
-        if gpus:
-            g = gpus[int(cfg.get("gpu", 0))] if int(cfg.get("gpu", 0)) < len(gpus) else gpus[0]
-            out.print(
-                f"GPU: {g.get('name')} ({len(gpus)} visible), driver {g.get('driver')}",
-                markup=False,
-            )
+        _print_setup(out, header)
     out.print(variants_table(result))
+    _print_memory_basis(out, result)
+    noise = result.get("latency_noise_pct")
+    if noise is not None:
+        out.print(
+            f"Latency drift in this run: the baseline's p50 moved {noise:.1f}% between the first and the last "
+            "process; overheads smaller than that are not measured differences "
+            "(benchmarks/fixes_scope_overhead.py compares ways side by side in one process).",
+            markup=False,
+        )
+    rec = result["recommendation"]
+    if rec.get("variant"):
+        out.print(
+            f"Recommended for this model on this GPU: [bold]{rec['variant']}[/bold] ({rec['title']}): {rec['reason']}"
+        )
+    else:
+        out.print(f"No recommendation: {rec['reason']}", markup=False)
+    _print_targets(out, result)
+    table = ipc_table(result)
+    if table is not None:
+        out.print(table)
+        for arm in result["ipc"]:
+            _print_ipc_arm(out, arm)
+    for note in result.get("ipc_notes", []):
+        out.print(f"  {note}", markup=False)
+
+
+def _print_setup(out: console.SafeConsole, header: dict[str, Any]) -> None:
+    """Prints the run's workload, model note and GPU from its header; returns nothing."""
+    cfg = header.get("config", {})
+    if cfg.get("workload_text"):
+        out.print(f"Workload: {cfg['workload_text']}", markup=False)
+    if cfg.get("model_note"):
+        out.print(f"Model: {cfg['model_note']}", markup=False)
+    gpus = header.get("gpus") or []
+    if gpus:
+        g = gpus[int(cfg.get("gpu", 0))] if int(cfg.get("gpu", 0)) < len(gpus) else gpus[0]
+        out.print(
+            f"GPU: {g.get('name')} ({len(gpus)} visible), driver {g.get('driver')}",
+            markup=False,
+        )
+
+
+def _print_memory_basis(out: console.SafeConsole, result: dict[str, Any]) -> None:
+    """Prints which variants fell back to PyTorch's reserved memory and the CUDA context the
+    'NVML' columns are above; returns nothing."""
     ctx = [v for v in result["variants"] if v.get("context_mib")]
     fallback = [
         v["variant"]
@@ -176,21 +210,11 @@ def render(result: dict[str, Any], header: dict[str, Any] | None = None) -> None
             else f"CUDA context: {format_mib(ctx[0]['context_mib'], 0)}.",
             markup=False,
         )
-    noise = result.get("latency_noise_pct")
-    if noise is not None:
-        out.print(
-            f"Latency drift in this run: the baseline's p50 moved {noise:.1f}% between the first and the last "
-            "process; overheads smaller than that are not measured differences "
-            "(benchmarks/fixes_scope_overhead.py compares ways side by side in one process).",
-            markup=False,
-        )
-    rec = result["recommendation"]
-    if rec.get("variant"):
-        out.print(
-            f"Recommended for this model on this GPU: [bold]{rec['variant']}[/bold] ({rec['title']}): {rec['reason']}"
-        )
-    else:
-        out.print(f"No recommendation: {rec['reason']}", markup=False)
+
+
+def _print_targets(out: console.SafeConsole, result: dict[str, Any]) -> None:
+    """Prints each target met or missed and whether it decides the exit code; returns
+    nothing."""
     from vramdoctor.abtest.model_run import EXIT_TARGETS
 
     for key, ok in result.get("targets", {}).items():
@@ -199,40 +223,38 @@ def render(result: dict[str, Any], header: dict[str, Any] | None = None) -> None
             f"  target {key.replace('_', ' ')}: {'met' if ok else 'MISSED'} ({decides})",
             markup=False,
         )
-    table = ipc_table(result)
-    if table is not None:
-        out.print(table)
-        for arm in result["ipc"]:
-            extra = ipc_extra_line(arm)
-            if extra is not None:
-                good = sum(1 for c in arm["consumers"] if c["correct"])
-                out.print(f"  {extra}", markup=False)
-                out.print(
-                    f"  {arm['mode']}: data read back {'correct' if arm['all_correct'] else 'WRONG'} on {good} "
-                    f"of {format_count(len(arm['consumers']), 'consumer(s)')}",
-                    markup=False,
-                )
-            if arm.get("error") and arm["consumers"]:
-                out.print(f"  {arm['mode']}: error: {arm['error']}", markup=False)
-            for g in arm.get("census", []):
-                procs = (
-                    ", ".join(
-                        f"{p['role']} {p['pid']} {format_mib(p['used_mib'], 0)}"
-                        for p in g["processes"]
-                    )
-                    or "no process"
-                )
-                out.print(
-                    f"    census GPU {g['gpu']}: {format_mib(g['used_mib'], 0)} used; {procs}",
-                    markup=False,
-                )
-            if arm.get("mode") == "same-gpu" and not arm.get("error"):
-                out.print(
-                    f"  same-GPU round trip: data read back {'correct' if arm['all_correct'] else 'WRONG'}",
-                    markup=False,
-                )
-    for note in result.get("ipc_notes", []):
-        out.print(f"  {note}", markup=False)
+
+
+def _print_ipc_arm(out: console.SafeConsole, arm: dict[str, Any]) -> None:
+    """Prints one IPC mode's lines under the IPC table (extra memory, data read back, error,
+    census per GPU, the same-GPU round trip); returns nothing."""
+    extra = ipc_extra_line(arm)
+    if extra is not None:
+        good = sum(1 for c in arm["consumers"] if c["correct"])
+        out.print(f"  {extra}", markup=False)
+        out.print(
+            f"  {arm['mode']}: data read back {'correct' if arm['all_correct'] else 'WRONG'} on {good} "
+            f"of {format_count(len(arm['consumers']), 'consumer(s)')}",
+            markup=False,
+        )
+    if arm.get("error") and arm["consumers"]:
+        out.print(f"  {arm['mode']}: error: {arm['error']}", markup=False)
+    for g in arm.get("census", []):
+        procs = (
+            ", ".join(
+                f"{p['role']} {p['pid']} {format_mib(p['used_mib'], 0)}" for p in g["processes"]
+            )
+            or "no process"
+        )
+        out.print(
+            f"    census GPU {g['gpu']}: {format_mib(g['used_mib'], 0)} used; {procs}",
+            markup=False,
+        )
+    if arm.get("mode") == "same-gpu" and not arm.get("error"):
+        out.print(
+            f"  same-GPU round trip: data read back {'correct' if arm['all_correct'] else 'WRONG'}",
+            markup=False,
+        )
 
 
 def write_chart(
