@@ -453,6 +453,16 @@ def bench(case: Case, kinds: list[str], work: Path, repeat: int) -> None:
                     f"{found:>3}/{len(truth.leaks) + len(truth.kv_leaks):<2} {false:>6}",
                     flush=True,
                 )
+                missed = sorted(truth.leaks - leaks) + sorted(truth.kv_leaks - kv)
+                if missed:
+                    # which planted leaks the run did not call LEAK, and what it said of each
+                    said = {r.key: r for r in res.rows} | {
+                        r.host: r for r in res.rows if r.layer == "kv"
+                    }
+                    for key in missed[:10]:
+                        row = said.get(key)
+                        what = f"{row.verdict} ({row.reason})" if row is not None else "no row"
+                        print(f"    missed {key}: {what}", flush=True)
 
 
 def startup() -> None:

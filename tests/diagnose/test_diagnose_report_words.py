@@ -53,7 +53,9 @@ def test_no_budget_setting_is_a_sentence_not_a_blank_field() -> None:
 
 
 def test_budget_settings_that_are_printed_are_listed() -> None:
-    _, text = diagnose(EXAMPLES / "sglang_qwen2.5-vl-7b-tp2_fast-image-processor_gpu0-oom.log", columns=200)
+    _, text = diagnose(
+        EXAMPLES / "sglang_qwen2.5-vl-7b-tp2_fast-image-processor_gpu0-oom.log", columns=200
+    )
     m = re.search(r"Budget settings in the log: ([^.]+(?:\.\d[^.]*)*)\.", text)
     assert m and "mem_fraction_static=" in m.group(1), text
 
@@ -61,7 +63,7 @@ def test_budget_settings_that_are_printed_are_listed() -> None:
 def test_a_derived_fact_does_not_repeat_its_value_where_it_says_what_it_rests_on() -> None:
     _, text = diagnose(EXAMPLES / "sglang_llama4-scout-vlm_tp8_prefill-oom.log")
     row = fact_row(text, "tensor parallel")
-    value, _, rests_on = row.partition("at least 7")
+    _, _, rests_on = row.partition("at least 7")
     assert "at least" not in rests_on and "TP ranks 5, 6" in rests_on and ">= 7" in rests_on, row
     # it fits 80 columns on one line, so the facts table has no blank lines between its rows
     table = text.split("Facts read from the log\n", 1)[1].split("Events:", 1)[0]

@@ -122,6 +122,33 @@ def test_an_emptied_gpu_ends_a_life_but_only_device_memory_empties() -> None:
     assert len(lives(kv, kv.t, kv.v, cfg)) == 1  # an empty KV pool at idle is health, not a restart
 
 
+@pytest.mark.parametrize("before", ["leak", "cache"])
+def test_a_restart_hides_a_leak_but_does_not_fix_it(before: str) -> None:
+    # a GPU leaking 40 MiB/h for six days, emptied by a restart 5 hours before the end: the new
+    # life is too young to judge, so its last whole life decides (benchmarks/fleet_scale.py's
+    # 10k case missed such a GPU as "warming up"); a cache that filled before is no such thing
+    cfg = FleetConfig()
+    end_h = 150.0
+
+    def level(h: float) -> float:
+        if 145 <= h < 145.2:
+            return 300.0
+        if h >= 145.2:
+            return 40_000.0 + 100 * (h - 145.2)
+        return 40_000.0 + (40 * h if before == "leak" else 2_000 * min(h / 10, 1.0))
+
+    s = _series(end_h, level)
+    (row,) = analyse([s], start=0.0, end=end_h * H, step_s=300.0, config=cfg).rows
+    assert row.restarts == 1
+    if before == "cache":
+        assert row.verdict == "INCONCLUSIVE" and row.reason == "warming_up", row.why
+        return
+    assert row.verdict == "LEAK" and row.reason == "grew_last_life", row.why
+    assert row.growth_per_hour_ci[0] <= 40 <= row.growth_per_hour_ci[1]  # the last life's rate
+    assert row.analysed_to is not None and row.analysed_to < 145 * H  # judged on that life only
+    assert "life before" in row.why and "warm-up" in row.why
+
+
 def test_a_late_leak_is_a_change_point_and_its_interval_covers_the_truth() -> None:
     # 40 histories of one late leak (flat for 5 days, then 191 MiB/h; busy hours raise some
     # floors): the change point is found every time, and the 95 % interval of the rate from

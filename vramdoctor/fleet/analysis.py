@@ -82,6 +82,7 @@ REASONS: dict[str, str] = {
     "grew_with_time": "grows steadily in time, to the last point",
     "grew_since_change": "flat, then growing steadily from a change point to the last point",
     "grew_late": "growing in the second half of its life, to the last point",
+    "grew_last_life": "its current life is too young to judge; the life before it leaked",
     # INCONCLUSIVE
     "too_few_points": "too few comparable points to judge",
     "warming_up": "still in its warm-up after a start",
@@ -491,7 +492,27 @@ def analyse_series(
     )
     if len(at) < config.min_points:
         reason, why = _too_few(life, len(at), started_inside, range_end, config)
-        return FleetRow(**base, verdict=INCONCLUSIVE, reason=reason, why=why, level=level, **common)
+        before = _life_before(ls, t, v, s.unit, range_start, config)
+        if before is None:
+            return FleetRow(
+                **base, verdict=INCONCLUSIVE, reason=reason, why=why, level=level, **common
+            )
+        # a restart hides a leak, it does not fix it: the last whole life decides until the
+        # new one can (a weekly restart of a GPU leaking since mid-month read "warming up")
+        judged, (b_at, _b_av) = before
+        rate = judged.get("growth_per_hour")
+        grew = f" by {_fmt(s.unit, rate, signed=True)} per hour" if rate is not None else ""
+        judged["why"] = (
+            f"{REASONS['grew_last_life']}: it grew steadily{grew} for "
+            f"{_hours(float(b_at[-1] - b_at[0]))} until the restart; the current one: {why}"
+        )
+        common.update(points=len(b_at), analysed_from=float(b_at[0]), analysed_to=float(b_at[-1]))
+        row = FleetRow(**base, level=level, **{**judged, "reason": "grew_last_life"}, **common)
+        if row.growth_per_hour and row.growth_per_hour > 0 and not stale:
+            _time_to_oom(row, s, free)
+        if stale:
+            _say_stale(row, s, range_end)
+        return row
     judged = _judge(at, av, s.unit, config)
     if started_inside and judged.get("rise") is not None:
         judged["why"] = judged["why"].replace("rose by", "after its warm-up, rose by", 1)
@@ -552,6 +573,27 @@ def _past_warmup(
     else:
         at, av = lt, lv
     return lt, lv, at, av, bool(started_inside)
+
+
+def _life_before(
+    ls: list[Life],
+    t: np.ndarray,
+    v: np.ndarray,
+    unit: str,
+    range_start: float,
+    config: FleetConfig,
+) -> tuple[dict[str, Any], tuple[np.ndarray, np.ndarray]] | None:
+    """The judgement of the life before the current one, and its analysed floors (t, v), when
+    that life is long enough to judge and was a LEAK; None otherwise (also with one life)."""
+    if len(ls) < 2:
+        return None
+    _lt, _lv, at, av, _inside = _past_warmup(ls[-2], t, v, range_start, config)
+    if len(at) < config.min_points:
+        return None
+    judged = _judge(at, av, unit, config)
+    if judged["verdict"] != LEAK:
+        return None
+    return judged, (at, av)
 
 
 def _too_few(
