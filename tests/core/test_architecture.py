@@ -95,3 +95,23 @@ def test_the_core_and_the_agent_import_no_command() -> None:
     for path in agent_files:  # runs inside the user's server: the standard library only
         text = path.read_text(encoding="utf-8")
         assert not re.search(r"^\s*(from|import) vramdoctor\b", text, re.M), path
+
+
+# A function longer than this is split into named steps (docs/architecture.md). The one exception
+# is the diagnose reader's per-candidate loop: a helper call per line costs more than the split
+# is worth on a 256 MiB log (issue 23's throughput targets).
+MAX_FUNCTION_LINES = 80
+LONG_ON_PURPOSE = {"vramdoctor.diagnose.reader._emit"}
+
+
+def test_no_function_is_longer_than_the_house_allows() -> None:
+    long: list[str] = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                name = f"{_module_name(path)}.{node.name}"
+                if lines > MAX_FUNCTION_LINES and name not in LONG_ON_PURPOSE:
+                    long.append(f"{name}: {lines} lines")
+    assert not long, "split into named steps: " + "; ".join(long)
