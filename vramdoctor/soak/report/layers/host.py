@@ -83,6 +83,10 @@ def _process(lay: LayerResult) -> HostProcessResult | None:
     return next((p for p in lay.host_processes if p.series == lay.main_series), None)
 
 
+FEW_ROUNDS = 8
+"""Up to this many rounds, a LEAK read from live bytes says a filling cache looks the same."""
+
+
 class HostBlock(LayerBlock):
     """RSS by kind per process; /dev/shm; malloc arenas as the host allocator's cache."""
 
@@ -103,10 +107,20 @@ class HostBlock(LayerBlock):
         s = main_series(lay)
         if s is not None and s.reason == "live_grew":
             what = _LIVE.get(s.evidence_kind or "", "live bytes")
+            rounds = sum(1 for r in a.rounds if r.reached and r.life >= 0)
+            filling = ""
+            if rounds <= FEW_ROUNDS:
+                # live bytes cannot tell a leak from a cache of live objects that has not reached
+                # its cap yet (a reviewer's 60 x 512 KiB cache, filling over six rounds, read
+                # LEAK after five): said while the rounds are few
+                filling = (
+                    f"; in {rounds} rounds a cache of live objects still filling at this rate "
+                    f"looks the same until it is full (more --rounds tell)"
+                )
             return (
                 f"{name}: LEAK: {what} of {who(lay)} grow {rate(lay.rate_per_request, 'MiB')} per "
                 f"request{ci} in every round of identical traffic, read inside the process by "
-                f"vramdoctor's agent: memory held, not kept for reuse{held_text(lay)}{proj}."
+                f"vramdoctor's agent: memory held, not kept for reuse{held_text(lay)}{filling}{proj}."
             )
         proc = _process(lay)
         kind = ""
