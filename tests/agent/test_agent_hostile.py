@@ -1,4 +1,4 @@
-"""The agent inside a production server, attacked through its directory (issue #27 items 1-4).
+"""The agent inside a production server, attacked through its directory.
 
 Whoever can write the agent directory could, before, make the server read /dev/zero until it ran
 out of memory, create files in any directory, write as many snapshots as it liked, or silence
@@ -70,7 +70,7 @@ def answers(agent_dir: Path, seq: int = 50, timeout_s: float = 10) -> int:
     return len(replies)
 
 
-# --- item 1: no size cap, links followed --------------------------------------------------------
+# --- no size cap, links followed ----------------------------------------------------------------
 def test_a_trigger_linked_to_dev_zero_is_never_read(tmp_path: Path) -> None:
     """Old code: json.load on /dev/zero read until MemoryError (here capped by RLIMIT_AS) and the
     agent stood down. Now: refused without reading, the agent answers the next real trigger."""
@@ -165,7 +165,7 @@ def test_a_directory_that_is_a_link_is_refused(tmp_path: Path) -> None:
         srv.stop()
 
 
-# --- item 2: planted directory links, any token, unbounded files ---------------------------------
+# --- planted directory links, any token, unbounded files -----------------------------------------
 @pytest.mark.parametrize("planted", ["agents", "replies"])
 def test_planted_directory_links_never_get_files_written_through(
     tmp_path: Path, planted: str
@@ -261,7 +261,7 @@ def test_answers_nobody_collects_are_bounded(tmp_path: Path) -> None:
         srv.stop()
 
 
-# --- item 3: one malformed trigger silenced the agent for good ----------------------------------
+# --- one malformed trigger silenced the agent for good ------------------------------------------
 MALFORMED = [
     b'{"token": "t", "seq": 1e300, "expires_wall": 1e300}',
     b'{"token": "t", "seq": 99999999999999999999999, "expires_wall": 1e300}',
@@ -323,7 +323,7 @@ def test_the_soak_side_never_follows_planted_answers(tmp_path: Path) -> None:
         srv.stop()
 
 
-# --- item 4: a small hostile snapshot cost minutes -----------------------------------------------
+# --- a small hostile snapshot cost minutes -------------------------------------------------------
 def hostile_snapshot(blocks: int = 40_000, frames: int = 40_000) -> bytes:
     """~0.4 MB: `blocks` live blocks sharing ONE `frames`-deep stack through the pickle memo."""
     frame = {"filename": "/srv/app/handler.py", "line": 7, "name": "handle"}

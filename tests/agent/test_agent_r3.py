@@ -1,14 +1,14 @@
-"""Review R3's agent findings (2026-12-01): stale status files, and links above the directory.
+"""The agent's status files and directory: stale status files, and links above the directory.
 
-Finding 7: processes that die without a normal exit (`os._exit`, SIGKILL, a crash) left their
-status file behind for good, and soak's reader looked only at the first 10,000 names in sorted
-order, so enough stale files hid a live agent. Now the agent removes, at start, the status files
+Stale status files: processes that die without a normal exit (`os._exit`, SIGKILL, a crash)
+left their status file behind for good, and soak's reader looked only at the first 10,000 names
+in sorted order, so enough stale files hid a live agent. Now the agent removes, at start, the status files
 of its own host and PID namespace whose process is gone (only files of its own shape, uid and
 namespace; never a link, never another namespace's), and the reader looks at live processes'
 files first.
 
-Finding 6: a link another user planted above the agent directory (in a shared `/tmp/x`) made a
-root server create directories and files where that user chose. Now the agent refuses a path
+Links above the directory: a link another user planted above the agent directory (in a shared
+`/tmp/x`) made a root server create directories and files where that user chose. Now the agent refuses a path
 with a link of another user on the way, or an ancestor writable by others without the sticky
 bit; a private directory in sticky `/tmp` (the docs' example) still works.
 Real server processes (tests/fixtures/attribute/agent_server.py), real files and links.
@@ -122,7 +122,7 @@ def test_a_live_agent_is_seen_past_thousands_of_stale_files(tmp_path: Path) -> N
         srv.stop()
 
 
-# --- finding 6: what lies above the directory ------------------------------------------------
+# --- what lies above the directory -----------------------------------------------------------
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="planting another user's link needs root")

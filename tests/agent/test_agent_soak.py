@@ -1,5 +1,5 @@
 """`vramdoctor soak` collects the agent's inside evidence by itself whenever the agent is in the
-server (#21 deliverable 1): no option needed, the directory found in the server processes' own
+server: no option needed, the directory found in the server processes' own
 environment; `--trace-python` adds tracemalloc's lines; `--attribute DIR` snapshots as well.
 Real servers (tests/fixtures/attribute/agent_server.py), the real CLI, real run files.
 """

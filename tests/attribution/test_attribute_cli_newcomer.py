@@ -1,4 +1,4 @@
-"""`vramdoctor attribute` as README.md's example runs it (R4's first-hour walk, docs/first-hour.md),
+"""`vramdoctor attribute` as README.md's example runs it (the first-hour walk, docs/first-hour.md),
 by the real CLI on the shipped GPU snapshots: its output starts with its title (no empty first
 line) and no size reads "0 Bytes" beside MiB figures."""
 

@@ -1,4 +1,4 @@
-"""The showcases of docs/attribute.md show what the page says they show (#28 item 5): one server,
+"""The showcases of docs/attribute.md show what the page says they show: one server,
 one leak, the report agreeing with the truth the server itself reports, and the page's text
 being the report's own output."""
 

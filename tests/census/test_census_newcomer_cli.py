@@ -1,7 +1,7 @@
-"""census as a newcomer meets it (R4's first-hour walk, docs/first-hour.md), by the real CLI.
+"""census as a newcomer meets it (the first-hour walk, docs/first-hour.md), by the real CLI.
 
 - docs/census.md's `census --json | jq ...` example: a census that could not look must not read
-  as "nothing flagged" (R4: `jq '.flags'` printed null and the pipe exited 0);
+  as "nothing flagged" (where `jq '.flags'` prints null and the pipe exits 0);
 - `--only-leftovers` looks at no GPU: its header and its OK line say what it looked at, never
   the GPU verdict ("no process shows a stray-context ...");
 - a leftover of a few KiB is said in KiB, not "0.0 MiB";

@@ -99,7 +99,7 @@ def test_the_core_and_the_agent_import_no_command() -> None:
 
 # A function longer than this is split into named steps (docs/architecture.md). The one exception
 # is the diagnose reader's per-candidate loop: a helper call per line costs more than the split
-# is worth on a 256 MiB log (issue 23's throughput targets).
+# is worth on a 256 MiB log (diagnose's throughput targets).
 MAX_FUNCTION_LINES = 80
 LONG_ON_PURPOSE = {"vramdoctor.diagnose.reader._emit"}
 

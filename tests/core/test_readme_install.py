@@ -1,4 +1,4 @@
-"""The README's install lines work on a fresh machine (R4's first-hour walk, docs/first-hour.md).
+"""The README's install lines work on a fresh machine (the first-hour walk, docs/first-hour.md).
 
 vramdoctor is not on the package index: `pip install vramdoctor` in a fresh venv fails ("No
 matching distribution"). Every install line of the README must install from the clone (`.`,

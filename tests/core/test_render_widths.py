@@ -248,7 +248,7 @@ def test_the_check_sees_a_folded_word_an_ellipsis_and_a_split_unit() -> None:
 
 
 def test_a_rich_table_at_80_columns_is_caught_cutting() -> None:
-    """The failure the issue saw (rich's folding table): the check must call it a cut."""
+    """A rich table folding its cells at 80 columns: the check must call it a cut."""
     from rich.table import Table as RichTable
 
     t = RichTable()

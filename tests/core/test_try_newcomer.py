@@ -1,10 +1,10 @@
-"""`vramdoctor try` says only true things (R4's first-hour walk, docs/first-hour.md), real runs.
+"""`vramdoctor try` says only true things (the first-hour walk, docs/first-hour.md), real runs.
 
 - try fleet prints a fleet command to paste, but stops its Prometheus when it ends: the line
   after the command must say so and name `--keep`, and that command must indeed fail after the
   trial (what the note says is what happens);
 - try watch's final table names its window as the most watch keeps (not as the run's length:
-  R4 read "10 minutes window" on a 45 s run) and counts rounds as the rows do (R4: "10 idle
+  never "10 minutes window" on a 45 s run) and counts rounds as the rows do (never "10 idle
   windows" above rows of "9 rounds").
 """
 

@@ -1,6 +1,6 @@
 """Crashes diagnose misread or missed.
 
-Cases 01, 02, 11, 14, 15, 16 are the reviewer's files (tests/fixtures/logs/review12/). The other lines
+Cases 01, 02, 11, 14, 15, 16 are the files in tests/fixtures/logs/review12/. The other lines
 follow the servers' own format strings: SGLang `alloc_token_slots` / `alloc_paged_token_slots_*`
 (schedule_batch.py, later mem_cache/common.py: logger.error(msg) then raise RuntimeError(msg), msg =
 "{Prefill|Decode|''} out of memory. Try to lower your batch size.\\nTry to allocate N tokens.\\n"

@@ -12,7 +12,7 @@ from vramdoctor.diagnose import Facts, diagnose
 
 
 def named(f: Facts) -> bool | None:
-    """What the model's name suggests about multimodality. Issue 23: nothing is asserted from a name, so
+    """What the model's name suggests about multimodality. Nothing is asserted from a name, so
     the fact stays unknown and the name is a hint (facts.hints), said as such."""
     assert f.multimodal is None, f.evidence.get("multimodal")
     hint = f.hints.get("multimodal")
@@ -62,7 +62,7 @@ def test_sglang_dump_wrapped_by_a_terminal(tmp_path: Path) -> None:
     )
     wrapped = "\n".join(dump[i : i + 80] for i in range(0, len(dump), 80))
     d = diagnose([write(tmp_path, wrapped + "\n")])
-    # issue 23: only the model's name (llava) says multimodal, so the processor fact stays unknown
+    # only the model's name (llava) says multimodal, so the processor fact stays unknown
     assert d.facts.chunked_prefill_size == 8192 and d.facts.fast_image_processor is None
     assert named(d.facts) is True
     assert d.facts.mem_fraction_static == 0.9

@@ -1,6 +1,6 @@
 """The 2025-2026 log formats of vLLM and SGLang, and no false claims.
 
-Each kind of the issue is tested with lines built from the servers' own format strings, one case
+Each kind is tested with lines built from the servers' own format strings, one case
 per format generation (the version that prints it is named); these are NOT captured logs. Real
 excerpts of the same kinds are in tests/fixtures/logs/extra (07-12) and checked by their labels in
 test_diagnose_labels.py. Sources of the format strings: vLLM v1/worker/gpu_worker.py,
@@ -37,7 +37,7 @@ def finding(d: Diagnosis, rule: str):
     return next(f for f in d.findings if f.id == rule)
 
 
-# --- kind 1: vLLM's start-up free-memory check ----------------------------------------------
+# --- vLLM's start-up free-memory check ------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -63,7 +63,7 @@ def test_free_memory_check_every_wording(tmp_path: Path, line: str) -> None:
     assert not d.events_of("cuda_oom")
 
 
-# --- kind 2: other runtimes' wordings of a CUDA OOM ------------------------------------------
+# --- other runtimes' wordings of a CUDA OOM --------------------------------------------------
 
 VLLM_TAG = "(Worker_DP1_EP1 pid=2210) ERROR 05-02 08:11:40 [multiproc_executor.py:971] "
 SGL_TAG = "[2026-03-01 10:00:00 TP1] "
@@ -99,7 +99,7 @@ def test_not_every_triton_cuda_error_is_an_oom(tmp_path: Path) -> None:
     assert not d.events_of("cuda_oom")
 
 
-# --- kind 3: vLLM's newer memory lines, and logs made only of vLLM's process tags ------------
+# --- vLLM's newer memory lines, and logs made only of vLLM's process tags --------------------
 
 DESIRED_022 = (  # 0.11-0.21: "... for weight, ... for non-torch memory, and ... for CUDAGraph memory", backticks
     "(Worker_TP0 pid=903) INFO 07-21 14:05:11 [gpu_worker.py:789] Free memory on device (78.52/79.19 GiB) on "
@@ -185,7 +185,7 @@ def test_log_of_vllm_process_tags_only_is_a_vllm_log(tmp_path: Path, tag: str) -
     assert not d.findings
 
 
-# --- kind 4: tp_size from rank sets ------------------------------------------------------------
+# --- tp_size from rank sets --------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -250,7 +250,7 @@ def test_tp_size_from_arguments_is_not_a_lower_bound(tmp_path: Path) -> None:
     assert (d.facts.tp_size, d.facts.tp_size_is_lower_bound) == (8, False)
 
 
-# --- kind 5: SGLang KV-budget failures -----------------------------------------------------------
+# --- SGLang KV-budget failures -------------------------------------------------------------------
 
 
 def test_sglang_negative_profiled_budget(tmp_path: Path) -> None:
@@ -285,7 +285,7 @@ def test_req_slots_line_alone_is_an_sglang_log(tmp_path: Path) -> None:
     assert d.server == "sglang" and "sglang-req-slots-exhausted" in {f.id for f in d.findings}
 
 
-# --- kind 6: SGLang's multi-pool leak check (0.5.12+ / 0.5.18+ invariant_checker) ---------------
+# --- SGLang's multi-pool leak check (0.5.12+ / 0.5.18+ invariant_checker) -----------------------
 
 
 def test_every_pool_of_the_leak_check_is_read(tmp_path: Path) -> None:
@@ -310,7 +310,7 @@ def test_every_pool_of_the_leak_check_is_read(tmp_path: Path) -> None:
     assert "3 slot(s) unaccounted for (leaked pages {7, 9})" in f.explanation
 
 
-# --- kind 7: OOM phase from the traceback's own frames ------------------------------------------
+# --- OOM phase from the traceback's own frames --------------------------------------------------
 
 TB = "(Worker_TP0 pid=5) ERROR 07-21 14:05:11 [multiproc_executor.py:671] "
 
@@ -449,7 +449,7 @@ def test_an_older_traceback_is_not_this_errors(tmp_path: Path) -> None:
     assert d.events_of("cuda_oom")[0].phase is None
 
 
-# --- kind 8: no false "another process holds memory" --------------------------------------------
+# --- no false "another process holds memory" ----------------------------------------------------
 
 
 def oom_line(gpu: int, procs: str, allocated: str = "22.50 GiB") -> str:
@@ -512,7 +512,7 @@ def test_shipped_vllm_example_makes_no_false_claim() -> None:
     assert "failing rank itself" in f.explanation
 
 
-# --- kind 9: no assertion from absence ----------------------------------------------------------
+# --- no assertion from absence ------------------------------------------------------------------
 
 
 def test_helper_model_file_says_nothing_about_multimodality(tmp_path: Path) -> None:
@@ -537,7 +537,7 @@ def test_helper_model_file_says_nothing_about_multimodality(tmp_path: Path) -> N
     assert text_only.facts.multimodal is None and text_only.facts.fast_image_processor is None
 
 
-# --- kind 10: every rule's fix in the server's own flags ----------------------------------------
+# --- every rule's fix in the server's own flags -------------------------------------------------
 
 FACTS = dict(
     model="Qwen/Qwen2.5-VL-7B-Instruct",
@@ -658,7 +658,7 @@ EVENTS: list[tuple[str, str | None, dict]] = [
     ("mm_preprocess_gpu_oom", "preprocessing", {}),
     ("server_crash", None, {"process": "Scheduler"}),
     ("kv_pool_exhausted", "prefill", {"fatal": True, "requested_tokens": 8192}),
-    # issue 23: the other servers' events and the new causes
+    # the other servers' events and the new causes
     *[
         ("cuda_oom", ph, {**OOM_DATA, "free_mib": 4096.0})  # a request smaller than the free memory
         for ph in ("weight_load", "prefill")
@@ -726,7 +726,7 @@ def _diagnosis(
             22722.6,
         )  # TensorRT-LLM's tiny-KV figures
     if server == "lmdeploy":
-        facts.kv_share = 0.99  # (R2 review) --cache-max-entry-count 0.99
+        facts.kv_share = 0.99  # LMDeploy's --cache-max-entry-count 0.99
     return Diagnosis([], server, None, facts, events, {kind: n})
 
 
@@ -739,7 +739,7 @@ PLATFORMS = ("cuda", "rocm", "npu", None)
 
 
 def test_every_rule_fixes_in_its_servers_flags_and_platforms_options() -> None:
-    """Rule x server x platform (issue 23): every fix names only the diagnosed server's own flags (for an
+    """Rule x server x platform: every fix names only the diagnosed server's own flags (for an
     unknown server: SGLang's and vLLM's, labelled, or neither) and no option another platform alone has."""
     fired: set[str] = set()
     for kind, phase, data in EVENTS:
@@ -780,7 +780,7 @@ def test_real_multi_pool_excerpts() -> None:
 
 def test_real_own_rank_and_sampler_excerpts() -> None:
     extra = ROOT / "tests" / "fixtures" / "logs" / "extra"
-    d = diagnose([next(extra.glob("13_*.log"))])  # vllm#15105: the issue's kind-8 example, GPU 1
+    d = diagnose([next(extra.glob("13_*.log"))])  # vllm#15105: the failing rank's own memory, GPU 1
     f = finding(d, "cuda-oom")
     assert "Another process" not in f.explanation and "failing rank itself" in f.explanation
     d = diagnose([next(extra.glob("14_*.log"))])  # vllm#17939: sampler warm-up, ranks 0-1

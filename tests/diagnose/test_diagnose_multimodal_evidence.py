@@ -1,6 +1,6 @@
 """Multimodal and fast-image-processor facts from evidence, never from absence.
 
-Cases 03, 04, 08 are the reviewer's files (tests/fixtures/logs/review12/); the others follow the servers'
+Cases 03, 04, 08 are the files in tests/fixtures/logs/review12/; the others follow the servers'
 own format strings: vLLM `non-default args: {...}` (0.9+), `args: Namespace(...)` (up to 0.8),
 `Resolved architecture: X`, the `limit_mm_per_prompt` refusal in vllm/config; SGLang
 `server_args=ServerArgs(...)` (up to 0.5.18) and `server_args={...}` (0.5.19+, engine.py
@@ -21,7 +21,7 @@ from vramdoctor.diagnose import Diagnosis, Facts, diagnose
 
 
 def named(f: Facts) -> bool | None:
-    """What the model's name suggests about multimodality. Issue 23: nothing is asserted from a name, so
+    """What the model's name suggests about multimodality. Nothing is asserted from a name, so
     the fact stays unknown and the name is a hint (facts.hints), said as such."""
     assert f.multimodal is None, f.evidence.get("multimodal")
     hint = f.hints.get("multimodal")
@@ -55,7 +55,7 @@ def finding_ids(d: Diagnosis) -> set[str]:
     return {f.id for f in d.findings}
 
 
-# --- problem 4: vision models called text-only from their name ------------------------------------
+# --- vision models called text-only from their name -----------------------------------------------
 
 
 def test_case_03_limit_mm_per_prompt_on_the_same_line_is_multimodal() -> None:
@@ -244,7 +244,7 @@ def test_mem_fraction_rule_fires_for_vlms_once_called_text_only(tmp_path: Path, 
     assert "mem-fraction-high-multimodal" in finding_ids(d)
 
 
-# --- problem 9: the 0.5.19+ dict dump and image_processor_backend='auto' ---------------------------
+# --- the 0.5.19+ dict dump and image_processor_backend='auto' --------------------------------------
 
 
 def test_case_08_dict_dump_dates_the_server_and_auto_proves_nothing() -> None:
@@ -252,7 +252,7 @@ def test_case_08_dict_dump_dates_the_server_and_auto_proves_nothing() -> None:
     f = d.facts
     assert d.version is None and f.version_at_least == "0.5.19"
     assert f.evidence["version_at_least"].line == 1
-    assert named(f) is True  # (the name only: issue 23)
+    assert named(f) is True  # (the name only)
     assert f.fast_image_processor is None  # 'auto': transformers picks the backend
     assert "sglang-fast-image-processor" not in finding_ids(d)
 
@@ -314,7 +314,7 @@ def test_dict_dump_with_torchvision_is_fast_but_has_the_pool(tmp_path: Path) -> 
         "[2026-03-02 22:23:32] INFO engine.py:157: server_args={'model_path': 'Qwen/Qwen2.5-VL-7B-Instruct', "
         "'tp_size': 1, 'image_processor_backend': 'torchvision', 'disable_fast_image_processor': False}\n",
     )
-    # issue 23: only the model's name says it is multimodal, so whether a fast image processor runs is
+    # only the model's name says it is multimodal, so whether a fast image processor runs is
     # unknown (the torchvision flag sets the processor's backend, if the model has one)
     assert d.facts.fast_image_processor is None and d.facts.version_at_least == "0.5.19"
     assert named(d.facts) is True

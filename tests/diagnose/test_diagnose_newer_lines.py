@@ -1,4 +1,4 @@
-"""The 2025-2026 lines of issue 23 that no real excerpt shows (tests/fixtures/logs/wild/SOURCES.md:
+"""The 2025-2026 lines diagnose reads that no real excerpt shows (tests/fixtures/logs/wild/SOURCES.md:
 "Gaps"): each line is built from the server's own format string, quoted in the comment with the
 file it is printed from (research notes servers/NOTES.md section 6, read in the released wheels),
 and says so. What the real excerpts cover is tested in test_diagnose_wild.py."""
@@ -138,8 +138,8 @@ def test_json_says_what_each_claim_rests_on() -> None:
 
 
 def test_a_model_path_alone_asserts_nothing(tmp_path: Path) -> None:
-    # issue 23: "multimodal: no and fast image processor: no were reported from a model path alone
-    # (/data/mistralhf-gptq) and cited to the argument dump" (an SGLang dump built from its format)
+    # never "multimodal: no" and "fast image processor: no" from a model path alone
+    # (/data/mistralhf-gptq), cited to the argument dump (an SGLang dump built from its format)
     d = run(
         tmp_path,
         "[2025-05-07 10:02:11] server_args=ServerArgs(model_path='/data/mistralhf-gptq', tp_size=1, "

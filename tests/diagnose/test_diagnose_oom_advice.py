@@ -1,6 +1,6 @@
-"""Review 12b, problems 8, 11 and 12: OOM phase and advice the second reviewer found wrong.
+"""OOM phase and advice: NCCL / distributed start-up, SGLang's fast image processor, the memory share.
 
-Cases 04, 07, 12, 12b are the reviewer's files (tests/fixtures/logs/review12b/). Variants follow the
+Cases 04, 07, 12, 12b are the files in tests/fixtures/logs/review12b/. Variants follow the
 servers' own frames and wordings: SGLang ModelRunner `init_torch_distributed` -> `initialize_model_parallel`
 -> `init_model_parallel_group` (torch's `NCCL error in: ...ProcessGroupNCCL.cpp ... unhandled cuda error`
 with "Last error:\\nCuda failure 'out of memory'"); vLLM Worker `init_device` ->
@@ -43,7 +43,7 @@ def write(tmp_path: Path, text: str) -> Diagnosis:
     return diagnose([p])
 
 
-# --- problem 8: an OOM during NCCL / distributed start-up ---------------------------------------
+# --- an OOM during NCCL / distributed start-up -------------------------------------------------
 
 
 def _assert_startup_full_gpu(f: Finding, fraction_flag: str) -> None:
@@ -142,7 +142,7 @@ def test_pynccl_all_reduce_while_serving_is_not_distributed_init(tmp_path: Path)
     assert oom_phase(write(tmp_path, text)) == "prefill"
 
 
-# --- problem 11: OOM in SGLang's fast image processor (tokenizer process) -----------------------
+# --- OOM in SGLang's fast image processor (tokenizer process) -----------------------------------
 
 
 def test_tokenizer_fast_image_processor_oom_is_preprocessing_in_the_tokenizer() -> None:
@@ -181,7 +181,7 @@ def test_scheduler_materialising_mm_inputs_is_preprocessing_in_the_scheduler(
     assert "scheduler materialising" in one(d, "cuda-oom").explanation
 
 
-# --- problem 12: one direction for the memory share ----------------------------------------------
+# --- one direction for the memory share ---------------------------------------------------------
 
 
 def test_kv_budget_leads_with_the_max_model_len_vllm_names_and_never_raises_the_share() -> None:

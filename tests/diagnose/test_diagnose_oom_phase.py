@@ -1,11 +1,11 @@
-"""Review 12, problems 5-8, 11, 12: the phase of an OOM from the frames' FUNCTION names (a CUDA graph
+"""The phase of an OOM from the frames' FUNCTION names (a CUDA graph
 replay while serving is not a capture; vLLM's execute_model is serving), the server's own CUDA contexts
 never called "another process" (vLLM's start-up free-memory check, a sibling TP rank in another GPU's
 OOM message), the worst GPU when several ranks fail the start-up check, and PyTorch's per-process
 memory-fraction OOM (the cudaMallocAsync message with its figures on the following lines, the caching
 allocator's "X allowed;").
 
-The cases in tests/fixtures/logs/review12/ are the reviewer's (/work/review12/cases); the other texts
+The cases are the files in tests/fixtures/logs/review12/; the other texts
 are built from the servers' and PyTorch's own format strings: SGLang model_executor/cuda_graph_runner.py
 (`capture`, `capture_one_batch_size`, `replay_prepare`, `replay`), cuda_graph_runner/decode_runner.py
 and prefill_runner.py, piecewise_cuda_graph_runner.py; vLLM v1/worker/gpu_model_runner.py
@@ -80,7 +80,7 @@ def vllm_frames(*frames: tuple[str, str]) -> str:
     return out + VLLM_TAG + OOM
 
 
-# --- problem 5: a CUDA graph replay while serving is decode (or prefill), not capture ------------
+# --- a CUDA graph replay while serving is decode (or prefill), not capture ----------------------
 
 
 def test_sglang_decode_oom_in_graph_replay_is_decode() -> None:
@@ -163,7 +163,7 @@ def test_vllm_capture_through_cuda_graph_wrapper_is_capture(tmp_path: Path) -> N
     assert "--enforce-eager" in finding(d, "cuda-oom").fix
 
 
-# --- problem 11: vLLM's execute_model (and SGLang's event loop) is serving a batch ---------------
+# --- vLLM's execute_model (and SGLang's event loop) is serving a batch --------------------------
 
 
 def test_vllm_execute_model_oom_is_serving() -> None:
@@ -211,7 +211,7 @@ def test_finer_frames_beat_serving(tmp_path: Path) -> None:
     assert oom(d).phase == "profiling"  # vLLM V0 profile_run calls execute_model: the context wins
 
 
-# --- problem 6: the start-up check's used memory within the server's own CUDA context ----------
+# --- the start-up check's used memory within the server's own CUDA context --------------------
 
 
 def test_free_memory_check_own_context_only_blames_the_utilization() -> None:
@@ -249,7 +249,7 @@ def test_free_memory_check_on_a_tp_host_allows_sibling_contexts(tmp_path: Path) 
     assert "other ranks' contexts" in f.explanation
 
 
-# --- problem 8: several ranks fail the check: the worst GPU sizes the fix ----------------------
+# --- several ranks fail the check: the worst GPU sizes the fix --------------------------------
 
 
 def test_free_memory_check_uses_the_worst_gpu() -> None:
@@ -277,7 +277,7 @@ def test_worst_gpu_among_many_ranks_leads_the_evidence(tmp_path: Path) -> None:
     assert all(f"cuda:{r}: " in f.explanation for r in free)
 
 
-# --- problem 7: a pid another GPU's OOM shows as its failing rank is the server's own ----------
+# --- a pid another GPU's OOM shows as its failing rank is the server's own --------------------
 
 
 def test_sibling_tp_rank_in_another_gpus_oom_is_the_servers_own() -> None:
@@ -330,7 +330,7 @@ def test_a_big_pid_next_to_this_process_is_not_a_rank(tmp_path: Path) -> None:
     assert "server_process" not in gpu0[7777]
 
 
-# --- problem 12: PyTorch's per-process memory fraction --------------------------------------
+# --- PyTorch's per-process memory fraction --------------------------------------------------
 
 
 def test_cuda_malloc_async_fraction_oom_reads_the_following_lines() -> None:
@@ -420,7 +420,7 @@ def test_zero_bytes_free_is_read(tmp_path: Path) -> None:
     e = oom(d)
     assert e.data["gpu"] == 3 and e.data["free_mib"] == 0.0 and e.data["total_mib"] == 24248.32
     assert e.data["reserved_unallocated_mib"] == round(512 / 1048576, 2)
-    # issue 23: the figures as the message prints them ("0 bytes", never re-rounded to "0 MiB")
+    # the figures as the message prints them ("0 bytes", never re-rounded to "0 MiB")
     assert "0 bytes free of 23.68 GiB on GPU 3" in finding(d, "cuda-oom").explanation
 
 
@@ -461,7 +461,7 @@ def test_a_wrapped_oom_message_keeps_every_figure(tmp_path: Path, width: int, ho
     )
     d = run(tmp_path, "\n".join(rows) + "\n[2025-01-01 00:00:00] next record\n")
     data = dict(oom(d).data)
-    data.pop("shown", None)  # (the figures' own text, for quoting them: issue 23)
+    data.pop("shown", None)  # (the figures' own text, for quoting them)
     assert data == FIGURES
 
 

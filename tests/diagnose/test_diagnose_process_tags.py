@@ -1,14 +1,14 @@
-"""Review 12b, problems 4, 5, 13 and 14 (cases 05, 13, 09/09b/09c and 11 of the second reviewer).
+"""Process tags, excerpts of two servers, vision names and secrets (cases 05, 13, 09/09b/09c, 11).
 
-4: vLLM 0.10.0-0.10.1 tags its workers `(VllmWorker TP1 pid=N)` (WorkerProc: "VllmWorker" plus
-   " PPn", " TPn" or " PPn_TPn", each only when that size is > 1), the engine relays them under its
-   own tag (`(EngineCore_0 pid=715) (VllmWorker TP0 pid=720) `), Ray prefixes `(RayWorkerWrapper
-   pid=N, ip=A)`. Every form's ranks, pids and prefix are read.
-5: a vLLM traceback excerpt (vLLM package paths, no SGLang mark) given with an SGLang log is
-   diagnosed as vLLM, apart; a bare torch excerpt (no mark) still joins the SGLang log.
-13: vision releases of text families (MedGemma, QVQ, Llama Guard 4, ...) are multimodal from the
-   name; medgemma-27b-text-it and gemma-3-270m are text-only.
-14: `curl -u user:password` and a quoted secret header with spaces are masked whole.
+- vLLM 0.10.0-0.10.1 tags its workers `(VllmWorker TP1 pid=N)` (WorkerProc: "VllmWorker" plus
+  " PPn", " TPn" or " PPn_TPn", each only when that size is > 1), the engine relays them under its
+  own tag (`(EngineCore_0 pid=715) (VllmWorker TP0 pid=720) `), Ray prefixes `(RayWorkerWrapper
+  pid=N, ip=A)`. Every form's ranks, pids and prefix are read.
+- a vLLM traceback excerpt (vLLM package paths, no SGLang mark) given with an SGLang log is
+  diagnosed as vLLM, apart; a bare torch excerpt (no mark) still joins the SGLang log.
+- vision releases of text families (MedGemma, QVQ, Llama Guard 4, ...) are multimodal from the
+  name; medgemma-27b-text-it and gemma-3-270m are text-only.
+- `curl -u user:password` and a quoted secret header with spaces are masked whole.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from vramdoctor.redact import REDACTED, forget_secrets, redact_text
 
 
 def named(f: Facts) -> bool | None:
-    """What the model's name suggests about multimodality. Issue 23: nothing is asserted from a name, so
+    """What the model's name suggests about multimodality. Nothing is asserted from a name, so
     the fact stays unknown and the name is a hint (facts.hints), said as such."""
     assert f.multimodal is None, f.evidence.get("multimodal")
     hint = f.hints.get("multimodal")

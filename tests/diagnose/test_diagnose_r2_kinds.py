@@ -1,10 +1,9 @@
-"""The R2 review's kinds that have no verified excerpt: lines built from the servers' format strings.
+"""Kinds that have no verified excerpt: lines built from the servers' format strings.
 
-The fresh reviewer of 2026-12-01 (/work/team/reviews/R2/REPORT.md) found these kinds on logs it
-could not find verbatim in a public thread, so they are not shipped as fixtures; each test below
-builds the lines from the format strings in the servers' released source (named at each), with
-figures of the reviewer's logs. The kinds with verified excerpts are checked in
-tests/fixtures/logs/wild/claims.json (files 62-76).
+These kinds were seen on logs that could not be found verbatim in a public thread, so they are
+not shipped as fixtures; each test below builds the lines from the format strings in the servers'
+released source (named at each), with figures of those logs. The kinds with verified excerpts
+are checked in tests/fixtures/logs/wild/claims.json (files 62-76).
 """
 
 from __future__ import annotations
@@ -67,7 +66,7 @@ def test_llamacpp_retry_that_failed_again_stays_critical(tmp_path: Path) -> None
     )
     d = diagnose([log])
     assert [f.severity for f in d.findings if f.id == "cuda-oom"] == ["critical"]
-    # the evidence is each line on its own, never run into the next (R2 review: "of size
+    # the evidence is each line on its own, never run into the next (never "of size
     # 54262464512" + the next line's timestamp read as one number)
     assert all("\n" not in e.text and "buffersggml" not in e.text for e in d.events)
 
@@ -92,7 +91,7 @@ def test_another_process_holding_the_gpu_is_the_cause(tmp_path: Path) -> None:
     (f,) = [f for f in d.findings if f.id == "cuda-oom"]
     assert "another process holds the GPU" in f.title, f.title
     assert "process 5403" in f.fix and "21.69 GiB" in f.explanation
-    # 20.00 MiB asked with 20.38 MiB free is a full device, not fragmentation (R2 review)
+    # 20.00 MiB asked with 20.38 MiB free is a full device, not fragmentation
     assert "smaller than the free memory" not in f.title + f.explanation
     assert "expandable_segments" not in f.fix and "Lower --" not in f.fix, f.fix
     assert f.basis == "derived" and f.derived
@@ -100,7 +99,7 @@ def test_another_process_holding_the_gpu_is_the_cause(tmp_path: Path) -> None:
 
 def test_a_memory_failure_line_is_never_refused_as_not_a_server_log(tmp_path: Path) -> None:
     # Python's own errno text (OSError: [Errno 12] Cannot allocate memory) in a log no reader
-    # knows: before the R2 review, exit 2 "not a server log"
+    # knows: never exit 2 "not a server log"
     log = _write(
         tmp_path,
         "worker.log",

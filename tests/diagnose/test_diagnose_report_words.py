@@ -1,4 +1,4 @@
-"""What the terminal report says, read as a newcomer reads it (docs/first-hour.md, R4 items 3 and 10).
+"""What the terminal report says, read as a newcomer reads it (docs/first-hour.md).
 
 Every check runs the real command on a shipped log: a number carries separators and its unit, a
 missing setting is said as a sentence (never "settings: not shown"), a derived fact does not repeat

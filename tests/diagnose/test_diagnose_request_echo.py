@@ -1,7 +1,7 @@
-"""Review 12b, problems 1, 2, 3, 6, 7 and 9: request echoes, vLLM V0's unquoted crash line, inductor's
+"""Request echoes, vLLM V0's unquoted crash line, inductor's
 autotune skips and a SIGKILL after a graceful stop.
 
-Cases 01, 02, 03, 03b, 08, 08b, 10 and 14 are the second reviewer's files (tests/fixtures/logs/review12b/).
+Cases 01, 02, 03, 03b, 08, 08b, 10 and 14 are the files in tests/fixtures/logs/review12b/.
 The other lines follow the servers' own format strings: vLLM entrypoints/logger.py RequestLogger
 ("Received request %s: prompt: %r, params: %s, ..." to 0.10, "Received request %s: params: %s, ..."
 from 0.11, "Generated response %s%s: output: %r, ..."), SGLang's request logger ("Receive: obj=%s",
@@ -93,7 +93,7 @@ def write(tmp_path: Path, text: str, name: str = "server.log") -> Path:
     return p
 
 
-# --- problems 1-3: echoed requests and responses ---------------------------------------------
+# --- echoed requests and responses --------------------------------------------------------
 
 
 @pytest.mark.parametrize("case", [CASE_01, CASE_02, CASE_08, CASE_08B])
@@ -162,7 +162,7 @@ def test_real_sglang_kv_pool_crash_after_an_echo_is_found(tmp_path: Path) -> Non
     assert d.events[0].line == 5 and d.events[0].data.get("requested_tokens") == 8192
 
 
-# --- problem 6: vLLM V0's unquoted "Error executing method X." ---------------------------------
+# --- vLLM V0's unquoted "Error executing method X." -------------------------------------------
 
 
 def test_v0_unquoted_error_executing_method_is_a_crash_line() -> None:
@@ -173,7 +173,7 @@ def test_v0_unquoted_error_executing_method_is_a_crash_line() -> None:
     assert [f.id for f in d.findings] == ["server-crash-unexplained"]
 
 
-# --- problem 7: inductor's autotuner skipping a config -----------------------------------------
+# --- inductor's autotuner skipping a config ---------------------------------------------------
 
 
 def test_autotune_ignored_choice_is_not_a_triton_finding() -> None:
@@ -209,7 +209,7 @@ def test_a_real_triton_shared_memory_crash_is_still_critical(tmp_path: Path) -> 
     assert [(f.id, f.severity) for f in d.findings] == [("triton-shared-memory", "critical")]
 
 
-# --- problem 9: SIGKILL after a graceful stop ---------------------------------------------------
+# --- SIGKILL after a graceful stop -------------------------------------------------------------
 
 
 @pytest.mark.parametrize("case", [CASE_03, CASE_03B])

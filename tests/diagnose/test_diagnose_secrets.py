@@ -1,6 +1,6 @@
 """A secret whose value has spaces is blanked whole, everywhere.
 
-The reviewer's cases 05, 05b, 05c, 05d (tests/fixtures/logs/review12/) printed
+Cases 05, 05b, 05c, 05d (tests/fixtures/logs/review12/) printed
 `api_key='*** horse battery staple'`: the free-text rule masked the first word, and the registered
 value no longer matched what was left. The forms below are the servers' own: vLLM's
 `args: Namespace(api_key=...)` (up to 0.8) and `non-default args: {'api_key': [...]}` (0.9+, where
@@ -95,7 +95,7 @@ def strings(obj: object) -> list[str]:
     return []
 
 
-# -- the reviewer's four cases, through the real CLI --------------------------------------------
+# -- the four cases, through the real CLI -----------------------------------------------------
 
 
 @pytest.mark.parametrize(

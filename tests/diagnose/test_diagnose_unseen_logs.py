@@ -22,7 +22,7 @@ from vramdoctor.diagnose.rules._common import SGLANG_ONLY_FLAGS, VLLM_ONLY_FLAGS
 
 
 def named(f: Facts) -> bool | None:
-    """What the model's name suggests about multimodality. Issue 23: nothing is asserted from a name, so
+    """What the model's name suggests about multimodality. Nothing is asserted from a name, so
     the fact stays unknown and the name is a hint (facts.hints), said as such."""
     assert f.multimodal is None, f.evidence.get("multimodal")
     hint = f.hints.get("multimodal")

@@ -112,7 +112,7 @@ def test_corpus_is_complete_and_sourced() -> None:
     assert named == {p.name for p in WILD.glob("*.log")}
     assert len(named) >= 25
     assert all(c["source"].startswith("https://github.com/") for c in CLAIMS)
-    # every kind of the issue is covered: other servers, ROCm, NPU, summarised pastes
+    # every kind diagnose reads is covered: other servers, ROCm, NPU, summarised pastes
     servers = {c.get("server") for c in CLAIMS}
     assert {"tgi", "trtllm", "llamacpp", "ollama", "lmdeploy", "sglang", "vllm"} <= servers
     assert {"rocm", "npu", "cuda"} <= {c.get("platform") for c in CLAIMS}

@@ -1,4 +1,4 @@
-"""A misbehaving reverse proxy in front of a real Prometheus or VictoriaMetrics (#27 10-15).
+"""A misbehaving reverse proxy in front of a real Prometheus or VictoriaMetrics.
 
 Real operators put Prometheus behind proxies (auth, tenancy, path prefixes); proxies and
 overloaded servers trickle, truncate, inflate and reshape answers, and careless ones echo the

@@ -1,5 +1,5 @@
 """fleet's pure parts without a database: chunking, URLs and credentials, lives, the change
-point, ranking, the labels of each exporter, matchers. Each test is a fault kind of #26/#27."""
+point, ranking, the labels of each exporter, matchers. Each test is one fault kind."""
 
 from __future__ import annotations
 

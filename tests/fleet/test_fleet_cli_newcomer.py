@@ -1,4 +1,4 @@
-"""fleet as a newcomer meets it (R4's first-hour walk, docs/first-hour.md), by the real CLI
+"""fleet as a newcomer meets it (the first-hour walk, docs/first-hour.md), by the real CLI
 against a real Prometheus holding the scenario fleet (conftest: 6 days of history).
 
 - a `--match` that matches nothing is not "healthy": exit 2 and one line naming the match;

@@ -1,4 +1,4 @@
-"""fleet against any database or proxy (#27 items 10-15, 16 and 21 for fleet).
+"""fleet against any database or proxy.
 
 A misbehaving reverse proxy (fleet_proxy.Proxy) sits in front of a real Prometheus and a real
 VictoriaMetrics holding the scenario fleet; each test gives it one fault and runs the real

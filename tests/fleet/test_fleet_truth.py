@@ -1,4 +1,4 @@
-"""fleet on the scenario fleet, against a real Prometheus AND a real VictoriaMetrics (#26).
+"""fleet on the scenario fleet, against a real Prometheus AND a real VictoriaMetrics.
 
 Every row is checked against the scenario's own parameters (tests/fixtures/fleet/scenario.py):
 verdict, the true rate inside the 95 % interval, the change point of a leak that starts late,

@@ -1,5 +1,5 @@
-"""#25's server side: a leak that only requests with one feature have, and a leak of one
-lifecycle operation, through the servers' real endpoints and request fields (vLLM 0.33 /
+"""The server side of soak --vary and --cycle: a leak that only requests with one feature have,
+and a leak of one lifecycle operation, through the servers' real endpoints and request fields (vLLM 0.33 /
 SGLang 0.5.23 shapes), checked from inside the process (what it kept, /proc/self/status)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Whose GPU memory it is (issue #21 kind 4): the reference server's virtual GPU on a CPU-only
+"""Whose GPU memory it is: the reference server's virtual GPU on a CPU-only
 machine, served as real exporter pages (tests/support/vgpu.py), with real processes: a second
 process of another owner, two servers on one GPU, two MIG slices, a SIGKILLed server."""
 

@@ -1,7 +1,7 @@
 """The reference server's host-memory modes keep their truth, checked from inside the process
 (glibc's own mallinfo2 counters and /proc/self/status in GET /reference/info) under real
 traffic: real threads, real PIL decoding, real malloc. These are the servers soak and watch are
-judged against (issue #21), so their physics must hold whatever the analysis says."""
+judged against, so their physics must hold whatever the analysis says."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A real restart (a new pid on the same port, #21 kind 5) and the faults #24's variant matrix
+"""A real restart (a new pid on the same port) and the faults the variant matrix
 needs (a start-up failure, a crash after N requests, an env knob that fixes the leak, a flag
 that makes it worse), on real processes; and every mode the split kept."""
 

@@ -1,4 +1,4 @@
-"""Hostile HTTP servers on loopback for the R3 review's findings (real sockets, raw bytes).
+"""Hostile HTTP servers on loopback for the clients' hostile-server tests (real sockets, raw bytes).
 
 `RawServer(handler)` listens on 127.0.0.1 (or `host`) on a free port and runs `handler(conn,
 request, server)` on a thread per connection; `request` is the raw request head (bytes up to

@@ -37,7 +37,7 @@ def one_line_error(r: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-# --- kind 6: report /dev/zero is refused at once ---------------------------------------------
+# --- report /dev/zero is refused at once -----------------------------------------------------
 
 
 @pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
@@ -55,7 +55,7 @@ def test_a_header_line_beyond_64_kib_is_not_a_run_file(tmp_path: Path) -> None:
         read_run(big)
 
 
-# --- kind 7: a run file with NaN values, out of order, wrong-typed ----------------------------
+# --- a run file with NaN values, out of order, wrong-typed ------------------------------------
 
 
 def _lines(path: Path) -> list[str]:

@@ -1,4 +1,4 @@
-"""Review R3 finding 8: watch's exporter served raw ESC/BEL from a watched process's name.
+"""watch's exporter never serves raw ESC/BEL from a watched process's name.
 
 A real server process sets its name (comm, `prctl(PR_SET_NAME)`) to `ESC[2J ESC]0;x BEL \\n
 LEAK`, which any local user can do for their own process; watch watches it with `--listen`,

@@ -1,4 +1,4 @@
-"""Review R3's HTTP findings (2026-12-01), each kind in every client it applies to.
+"""The HTTP clients against hostile servers, each kind in every client it applies to.
 
 Against real loopback servers that send raw bytes (tests/reliability/r3_servers.py):
 

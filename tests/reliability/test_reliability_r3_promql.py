@@ -1,4 +1,4 @@
-"""Review R3, "not tried": label names from the database were put into PromQL unquoted.
+"""Label names from the database are never put into PromQL unquoted.
 
 Prometheus 3.x stores UTF-8 label names; an exporter that names a label
 `a="b"} or vector(1) or {c` would have had fleet's per-series selector

@@ -1,4 +1,4 @@
-"""Review R3 finding 10: `watch --server 'http://[::1'` was "internal error: ValueError".
+"""A URL that cannot be right: `watch --server 'http://[::1'` is never "internal error: ValueError".
 
 Every URL option of every command, given a URL that cannot be right (an IPv6 literal never
 closed, a port out of range), is one line naming the URL and exit 2, never an internal error:

@@ -113,7 +113,7 @@ def events(run_path: Path, name: str) -> list[Event]:
     return [r for r in read_run(run_path).of(Event) if r.name == name]
 
 
-# --- kind 1: one bad value must not kill the sampler ----------------------------------------
+# --- one bad value must not kill the sampler ------------------------------------------------
 
 
 @pytest.mark.parametrize("label", ["nan", "1e999"])
@@ -151,7 +151,7 @@ def test_a_non_finite_label_is_skipped_once_and_sampling_goes_on(
     assert f"({len(samples)} times)" in r.stdout
 
 
-# --- kind 2: a slow source delays nobody but itself ------------------------------------------
+# --- a slow source delays nobody but itself --------------------------------------------------
 
 
 def test_a_trickling_metrics_page_does_not_starve_the_host_sampler(tmp_path: Path) -> None:
@@ -300,7 +300,7 @@ def test_soak_on_a_full_disk_analyses_what_is_in_memory_and_says_the_file_is_inc
     from support.agent import agent_env
     from support.procs import RefServer
 
-    # the agent inside decides the host leak (from outside alone: retention_or_leak, #21.1)
+    # the agent inside decides the host leak (from outside alone: retention_or_leak)
     srv = RefServer(
         "leaking", "--leak-kib", "1024", env=agent_env(tmp_path / "agent", fake_torch=False)
     )

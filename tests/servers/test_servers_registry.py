@@ -41,7 +41,7 @@ def test_builtin_kinds_in_identification_order_with_the_fallback_last() -> None:
     assert servers.display_name("sglang") == "SGLang"
     assert servers.display_name(None) == "an OpenAI-compatible server"
     with pytest.raises(KeyError, match="no-such-server"):
-        servers.get("no-such-server")  # (tgi is a kind now: H-I's diagnose kinds)
+        servers.get("no-such-server")  # (tgi is a kind: one of diagnose's kinds)
 
 
 def test_every_series_has_a_known_unit_and_every_name_its_kinds_prefix() -> None:

@@ -177,7 +177,7 @@ def synth(
 def with_agent(recs: list[object], in_use: Level, pid: int = 4242) -> list[object]:
     """`recs` plus the agent's glibc counters at each idle-window end (and the baseline's):
     bytes in use `in_use(k, 0)` MiB after k rounds. From outside alone a steady heap is
-    retention_or_leak (#21.1); what is live inside decides."""
+    retention_or_leak; what is live inside decides."""
     for e in [r for r in recs if isinstance(r, Event)]:
         if e.name in ("idle_end", "baseline_end"):
             k = int(e.data.get("round", 0))
@@ -463,8 +463,8 @@ def test_arena_growth_is_host_caching_with_its_bound_and_how_to_confirm() -> Non
 
 
 def test_growth_while_glibc_still_adds_arenas_is_undecided_and_asks_for_more_rounds() -> None:
-    # W2 of review R1 (s11: arenas 10, 11, 11, 12 and a real 64 KiB/request leak beside them
-    # was "allocator caching, not a leak" after 4 rounds, with no extra round). The arenas can
+    # Arenas 10, 11, 11, 12 and a real 64 KiB/request leak beside them are never "allocator
+    # caching, not a leak" after 4 rounds, with no extra round. The arenas can
     # hold the growth so far, and so can a leak: while both go on, it is undecided (never
     # LEAK, never "not a leak"), and the adaptive rounds are asked for more.
     for run in (_arena_run(4), _arena_run(10)):
@@ -488,7 +488,7 @@ def test_the_servers_own_malloc_arena_max_is_the_bound() -> None:
 
 
 def test_the_same_growth_with_a_flat_arena_count_is_never_called_a_leak_from_outside() -> None:
-    # #21.1: glibc retains inside the arenas it has, in the main heap and under a raised mmap
+    # glibc retains inside the arenas it has, in the main heap and under a raised mmap
     # threshold, steadily for many rounds; a flat arena count (a server warm before the run)
     # rules none of it out. From outside this is undecided, at the rate a leak would have,
     # with both ways to decide.
@@ -574,8 +574,8 @@ def test_host_growth_without_readable_kinds_or_arenas_is_undecided_with_a_caveat
 
 
 def test_steady_host_growth_with_a_flat_known_arena_is_undecided_outside_a_leak_inside() -> None:
-    # One arena, seen and flat: from outside, retention inside it and a leak look the same
-    # (#21.1); the agent's bytes in use growing with the requests decide LEAK.
+    # One arena, seen and flat: from outside, retention inside it and a leak look the same;
+    # the agent's bytes in use growing with the requests decide LEAK.
     def run(agent: bool) -> Any:
         recs = synth(
             caching(140.0),
@@ -1017,7 +1017,7 @@ def _with_arena_heaps(recs: list[object], writable: Callable[[int], float]) -> l
 
 
 def test_a_one_time_rise_beside_new_arenas_that_cannot_hold_it_does_not_name_them() -> None:
-    # R1 M1 (s6): a 60 MiB object loaded at the first request while glibc gave the handler
+    # A 60 MiB object loaded at the first request while glibc gave the handler
     # threads 3 more arenas whose heaps grew 3 MiB: CACHING, but not "glibc's arenas keep it".
     recs = synth(
         flat(),
@@ -1047,7 +1047,7 @@ def test_a_one_time_rise_beside_new_arenas_that_cannot_hold_it_does_not_name_the
 
 
 def test_levels_that_swing_are_never_said_to_have_stayed_flat() -> None:
-    # R1 M1 (s13): a buffer flushed every 70 requests: 32.9, 44.8, 29.3, 41.1, 25.4 MiB.
+    # A buffer flushed every 70 requests: 32.9, 44.8, 29.3, 41.1, 25.4 MiB.
     levels = [22.0, 32.9, 44.8, 29.3, 41.1, 25.4]
     recs = synth(
         flat(),
@@ -1065,7 +1065,7 @@ def test_levels_that_swing_are_never_said_to_have_stayed_flat() -> None:
 
 
 def test_an_undecided_port_owner_speaks_for_the_layer_over_a_recycled_worker() -> None:
-    # R1 W4 (s15): the front keeps 128 KiB/request for 8 rounds (threads come: retention or a
+    # The front keeps 128 KiB/request for 8 rounds (threads come: retention or a
     # leak from outside); a worker forked in round 6 is a step of +32 MiB judged on 2 rounds.
     # The layer names the port owner and its rate, not the two-round worker's growth.
     recs = synth(

@@ -45,8 +45,8 @@ FAST = [
 def test_leaking_server_is_leak_with_the_true_rate_and_report_reproduces_it(
     server_factory, tmp_path
 ) -> None:
-    # With the agent in the server: from outside alone a steady heap is retention_or_leak
-    # (#21.1); glibc's bytes in use, read inside, decide.
+    # With the agent in the server: from outside alone a steady heap is retention_or_leak;
+    # glibc's bytes in use, read inside, decide.
     srv = server_factory(
         "leaking", "--leak-kib", "1024", env=agent_env(tmp_path / "agent", fake_torch=False)
     )

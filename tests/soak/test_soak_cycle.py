@@ -1,5 +1,5 @@
 """soak --cycle: what one lifecycle operation leaves behind, per cycle, through the server's
-real endpoints (issue #25): vLLM's sleep/wake_up and LoRA load/unload, SGLang's release/resume
+real endpoints: vLLM's sleep/wake_up and LoRA load/unload, SGLang's release/resume
 memory occupation and LoRA load/unload, on real reference-server processes whose memory moves
 for real (examples/reference_server/refserver/lifecycle.py). The truth is the server's own
 count (GET /reference/info "lifecycle")."""

@@ -1,4 +1,4 @@
-"""`soak --fail-on-inconclusive`: a CI gate never passes an undecided run (review R1, M4/W1).
+"""`soak --fail-on-inconclusive`: a CI gate never passes an undecided run.
 
 INCONCLUSIVE exits 0 by the documented rule (README "Exit codes"): an undecided layer is not a
 problem found. From outside a threaded server, host growth that allocator retention or a leak

@@ -130,6 +130,6 @@ def test_recorded_uneven_heap_growth_with_two_arenas_is_not_called_a_leak(capsys
     host = result["layers"]["host"]
     assert host["verdict"] != "LEAK" and code == 0
     # +17.3, +3.5, +17.7 MiB after round 1: growing, its shape (steady or converging) not
-    # told by 4 rounds (H-B's growth model; was "still_changing").
+    # told by 4 rounds (the growth model).
     assert host["verdict"] == "INCONCLUSIVE" and host["undecided_reason"] == "steady_or_converging"
     assert result["layers"]["vram"]["verdict"] == "STABLE"

@@ -1,5 +1,5 @@
-"""Evidence from inside the server's processes decides (issue #21 deliverable 1, "What was seen"
-1 and 6): runs built the way soak records them (tests/soak/test_soak_analysis.synth), with the
+"""Evidence from inside the server's processes decides:
+runs built the way soak records them (tests/soak/test_soak_analysis.synth), with the
 agent's InsideSample at the end of the baseline and of every idle window, holding what each
 allocator counts as it does in a real process:
 
@@ -9,7 +9,7 @@ allocator counts as it does in a real process:
 - a leak of small Python objects (vLLM #44175: a list appended on every block): pymalloc's
   arenas are mmap'd outside glibc's counters, so bytes in use stay flat while Python's
   allocated blocks and RssAnon grow;
-- PyTorch's caching allocator settling (issue #21 "What was seen" 6): live tensors +224 KiB,
+- PyTorch's caching allocator settling: live tensors +224 KiB,
   reserved +74, +70, +28, +14 MiB; NVML follows the reserve;
 - a live tensor leak of 1 MiB per request; memory outside the allocator (NCCL-style) growing.
 """
@@ -300,7 +300,7 @@ HELPER = 5353  # a helper daemonised out of the port owner's tree (double fork +
 def _helper_run(helper_in_use: Callable[[int], float]) -> list[object]:
     """The port owner (PID) flat from outside and inside; a helper the host sampler never saw
     (outside the tree) reports through the run's agent directory: glibc's bytes in use as
-    `helper_in_use(round)` MiB (R1's s12: 128 KiB per request kept in the daemon)."""
+    `helper_in_use(round)` MiB (128 KiB per request kept in the daemon)."""
     recs = synth(
         flat(),
         rounds=5,
@@ -320,7 +320,7 @@ def _helper_run(helper_in_use: Callable[[int], float]) -> list[object]:
 
 
 def test_a_helper_outside_the_tree_that_reports_inside_evidence_decides_the_host_layer() -> None:
-    # W3 of review R1: the agent measured the daemon's leak and the verdict was STABLE.
+    # The daemon's leak, measured by the agent inside it, decides: LEAK, never STABLE.
     res = analyse_soak(_helper_run(lambda k: 3.2 + 0.125 * N * k))
     host = res.layers["host"]
     assert host.verdict == "LEAK" and host.reason == "live_grew"
@@ -364,7 +364,7 @@ def _vram_run(
 
 
 def test_allocator_slack_that_settles_with_live_tensors_flat_is_caching() -> None:
-    # Issue #21 "What was seen" 6: live +224 KiB, slack +74, +70, +28, +14 MiB; was LEAK.
+    # The caching allocator settling: live +224 KiB, slack +74, +70, +28, +14 MiB; never LEAK.
     recs = _vram_run(
         live=lambda k: 300.0 + (0.22 if k else 0.0),
         reserved=lambda k: 320.0 + SETTLING[k],

@@ -359,7 +359,7 @@ def test_the_library_launch_puts_the_agent_in_the_servers_environment(tmp_path: 
 def test_a_launched_servers_setsid_helper_out_of_its_tree_is_sampled_and_its_leak_found(
     tmp_path: Path,
 ) -> None:
-    """W3 of review R1 (s12): the server double-forks a helper daemon (setsid: its parent is no
+    """The server double-forks a helper daemon (setsid: its parent is no
     longer the server; the keeper, a child subreaper, still holds it) that keeps 256 KiB per
     request. Under --launch every process below the keeper is the server's: the helper's RSS
     is sampled as a server process and the agent's counters from inside it decide: LEAK in
@@ -411,7 +411,7 @@ def test_a_launched_server_that_hands_its_socket_to_a_successor_has_not_died(
     tmp_path: Path,
 ) -> None:
     """The reference server's handover restart: the launched process starts its successor on
-    the socket it holds and exits with status 0 (#24). The port still answers, so the soak goes
+    the socket it holds and exits with status 0. The port still answers, so the soak goes
     on with the successor: a new life, no death, every round judged, and the successor (out of
     the launched process's tree once its parent is gone) stopped with the launch's group."""
     port = free_port()

@@ -1,4 +1,4 @@
-"""The reference server launched by vramdoctor in each of its modes (#24 CI acceptance).
+"""The reference server launched by vramdoctor in each of its modes.
 
 Every mode the reference server registers (its own registry: a new mode joins this test by
 itself) is started by `SoakSession` with `launch`, soaked briefly, stopped. A hook reads the

@@ -1,6 +1,6 @@
 """Soak per memory layer, end to end against real servers on loopback (no GPU).
 
-Each test is one kind of fault from issues 10 and 11: the reference server is a real
+Each test is one kind of fault: the reference server is a real
 subprocess whose memory does what its mode says (real threads and malloc arenas, real KV
 token accounting under SGLang's metric names, a real helper process that comes and goes, a
 real kill), soak is a real subprocess, traffic is real HTTP. Short idle windows, few requests.

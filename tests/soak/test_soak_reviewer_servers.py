@@ -1,4 +1,4 @@
-"""Runs recorded against a reviewer's own servers (tests/fixtures/soak/qa-truth.md, bottom
+"""Runs recorded against independently written servers (tests/fixtures/soak/qa-truth.md, bottom
 table): each was judged wrongly once; the recorded evidence must keep its right answer."""
 
 from __future__ import annotations

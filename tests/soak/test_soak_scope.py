@@ -1,4 +1,4 @@
-"""Whose memory it is (issue #21 "What was seen" 4) and a layer added from outside (#20).
+"""Whose memory it is, and a layer added from outside.
 
 Runs built the way soak records them (tests/soak/test_soak_analysis.synth): another user's
 process on the server's GPU (parent pid 1, not in the port owner's tree) that grows; MIG

@@ -1,4 +1,4 @@
-"""A server kind and a memory layer added from a test file run through soak and report (#20).
+"""A server kind and a memory layer added from a test file run through soak and report.
 
 `toy_plugin.py` registers, through the public registries only, a server kind (ToyVLM), a memory
 layer (its adapter cache, read off its own /metrics gauge) and that layer's report block. A

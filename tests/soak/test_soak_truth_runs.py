@@ -26,7 +26,7 @@ def _analyse(name: str) -> tuple[Any, dict[str, Any]]:
 def test_a_steady_leak_under_the_per_round_floor_is_growth_not_caching() -> None:
     # Before: CACHING "rose +6.7 MiB, then flat" (1.7 MiB a round, under the 2 MiB floor).
     # The growth is found at its rate; recorded without the agent, steady heap growth is
-    # retention or a leak (#21.1: the same from outside), never "rose, then flat".
+    # retention or a leak (the same from outside), never "rose, then flat".
     _, j = _analyse("leak35-default")
     host = j["layers"]["host"]
     assert host["verdict"] == "INCONCLUSIVE" and host["reason"] == "retention_or_leak", host
@@ -52,7 +52,7 @@ def test_new_arenas_do_not_excuse_growth_they_cannot_hold() -> None:
     # Before (1): CACHING "grows with malloc arenas": 24 MiB of heap growth, arena heaps
     # +0.9 MiB. Before (2): LEAK 305 KiB/request. Truth: 300 KiB/request kept, arenas 2 -> 9.
     # The new arenas do not hold the growth, but glibc retains inside existing arenas and the
-    # main heap too while threads come (issue #21 "What was seen" 1): recorded without the
+    # main heap too while threads come: recorded without the
     # agent, the run cannot tell that from a leak. The rate is measured all the same, and the
     # report says how to decide.
     _, j = _analyse("arenaleak")
@@ -106,7 +106,7 @@ def test_growth_inside_idle_windows_is_a_leak_driven_by_time_given_per_hour(name
     assert "per hour" in j["headline"] and "per request" not in j["headline"]
     # A leak per request has flat idle windows: never read as driven by time.
     _, per_request = _analyse("leak35-default")
-    assert per_request["layers"]["host"]["reason"] == "retention_or_leak"  # (outside: #21.1)
+    assert per_request["layers"]["host"]["reason"] == "retention_or_leak"  # (from outside)
     assert per_request["layers"]["host"]["rate_per_hour"] is None
 
 

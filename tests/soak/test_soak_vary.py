@@ -1,4 +1,4 @@
-"""soak --vary: the feature that leaks is named, with its rate, on real servers (issue #25).
+"""soak --vary: the feature that leaks is named, with its rate, on real servers.
 
 Every test runs the real CLI against a real reference-server process whose leak depends on ONE
 request feature (examples/reference_server/refserver/modes/feature_leaks.py); the truth is the

@@ -30,7 +30,7 @@ def test_a_steady_leak_is_steady_with_its_exact_rate() -> None:
 
 
 def test_growth_that_halves_every_round_converges_to_its_bound() -> None:
-    # The GPU case: +320, +160, +80, ... bounded at +640 MiB.
+    # A GPU cache: +320, +160, +80, ... bounded at +640 MiB.
     levels = [640.0 * (1 - 0.5**k) for k in range(1, 7)]
     fit = fit_growth(X, levels, floor=2.0)
     assert fit.model is Model.CONVERGING and fit.verdict is Verdict.CACHING
@@ -39,7 +39,7 @@ def test_growth_that_halves_every_round_converges_to_its_bound() -> None:
 
 
 def test_a_multimodal_cache_filling_towards_its_cap_is_caching_with_a_bound() -> None:
-    # The host case: +254, +140, +77, +44, +25 MiB a round.
+    # A multimodal host cache: +254, +140, +77, +44, +25 MiB a round.
     levels = np.cumsum([254.0, 140.0, 77.0, 44.0, 25.0])
     fit = fit_growth(X[:5], levels, floor=2.0)
     assert fit.verdict is Verdict.CACHING and fit.reason is Reason.CONVERGING
@@ -136,7 +136,7 @@ def test_calibration_no_leak_called_caching_and_no_cache_called_a_leak() -> None
 
 
 def test_a_cache_that_steps_up_twice_and_stays_is_caching_with_its_level() -> None:
-    # Fleet's shape (H-F): hourly floors over 6 days, +1536 MiB at a third, +1024 MiB at 58 %,
+    # Fleet's shape: hourly floors over 6 days, +1536 MiB at a third, +1024 MiB at 58 %,
     # then flat for 60 hours. One nested family cannot hold two steps; the change point can.
     rng = np.random.default_rng(0)
     x = np.arange(144) * 3600.0
@@ -163,7 +163,7 @@ def test_a_leak_that_starts_late_is_a_leak_at_its_rate_since_then() -> None:
 
 
 def test_a_leak_under_a_cache_that_filled_is_found_at_the_leaks_own_rate() -> None:
-    # Written by a reviewer who never read the model (2026-12-02): a cache that filled in the
+    # Written independently of the model: a cache that filled in the
     # first rounds, then a 64 KiB/request leak, 40 requests a round; glibc's bytes in use as the
     # agent read them (MiB). The converging model alone said "cannot yet tell" after ten rounds.
     y = [26.27, 38.85, 41.35, 43.86, 46.36, 48.86, 51.36, 53.86, 56.36, 58.86]

@@ -1,4 +1,4 @@
-"""The figures docs/watch.md records for issue #21: watch against each reference-server mode.
+"""The figures docs/watch.md records: watch against each reference-server mode.
 
     python tests/watch/modes_figures.py            # all runs, 4 at a time (~90 s on 2 cores)
     python tests/watch/modes_figures.py mig plain  # some of them

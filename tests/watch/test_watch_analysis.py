@@ -6,8 +6,8 @@ idle moments, activations of the requests in flight, NVML's whole MiB) and tests
 (a server whose traffic comes in bursts with idle stretches between, the shape in which its
 own pauses are watch's rounds; memory as functions of time and requests served, arenas and
 the agent's counters where a test gives them). The truth is the scenario, never a recorded
-answer. Each kind of issue #21 "What was seen" has its test here, and each #27/#28 kind that
-the analysis owns.
+answer. Each kind of the servers' memory physics has its test here, and each robustness kind
+(bounded state, replay, no idle moment) that the analysis owns.
 """
 
 from __future__ import annotations
@@ -62,10 +62,10 @@ def _series(result, layer: str, pid: int | None = None):
     return next(s for s in result.series if s.layer == layer and (pid is None or s.pid == pid))
 
 
-# -- the physics of issue #21, one kind each -------------------------------------------------
+# -- the servers' memory physics, one kind each ---------------------------------------------
 def test_a_steady_host_leak_with_the_agent_is_a_leak_at_its_rate_and_one_rate() -> None:
     # From outside alone (arenas in view, their count flat) the same line is retention_or_leak
-    # (#21.1: glibc retains steadily inside the arenas it has): the agent's bytes in use decide.
+    # (glibc retains steadily inside the arenas it has): the agent's bytes in use decide.
     outside = _watch(Server([Proc(42, anon=leak(0.05))], noise_mib=0.3), 3600)
     assert outside.layers["host"].verdict == "INCONCLUSIVE", outside.layers["host"]
     assert outside.layers["host"].reason == "retention_or_leak" and outside.exit_code == 0

@@ -122,8 +122,8 @@ def _config() -> WatchConfig:
 def test_watch_calls_a_per_request_host_leak_and_not_a_plateau_and_exports_it_without_secrets(
     server, tmp_path
 ) -> None:
-    # the leak with the agent inside (from outside alone a steady heap is retention_or_leak,
-    # #21.1); the plateau without it (a plateau needs no inside evidence)
+    # the leak with the agent inside (from outside alone a steady heap is retention_or_leak);
+    # the plateau without it (a plateau needs no inside evidence)
     leak_proc, leak_url = server("leak", agent=True)
     cache_proc, cache_url = server("cache")
     watchers = [

@@ -1,4 +1,4 @@
-"""watch end to end against every reference-server mode of issue #21, on this machine's CPU.
+"""watch end to end against every reference-server mode, on this machine's CPU.
 
 Each mode is a real server process written to the physics (examples/reference_server: real
 threads, real PIL decoding, real malloc, a real background thread, a real process of another

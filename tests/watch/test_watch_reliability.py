@@ -79,7 +79,7 @@ def test_a_metrics_page_refused_on_every_scrape_is_said_once_and_in_the_result(
 
 
 def test_a_watch_whose_source_never_answers_says_why_in_its_change_line() -> None:
-    # R4's first hour: a wrong port repeated "INCONCLUSIVE: no comparable moment yet"; the line
+    # A wrong port repeated "INCONCLUSIVE: no comparable moment yet"; the line
     # now names the source that never answered and its error, said once (it does not change)
     r = vd(
         "watch", "--server", f"http://127.0.0.1:{free_port()}", "--interval", "0.3s",

@@ -429,7 +429,7 @@ def _live_first(files: dict[str, float]) -> list[str]:
        HEARTBEAT_S: another PID namespace's, a container's, another host's), newest first;
     3. the stale rest, newest first: read only while room is left, so that no number of
        files of processes that died without a normal exit (os._exit, SIGKILL), here or in a
-       container, can hide a live agent (review R3 #7). A stood-down agent stops its heartbeat
+       container, can hide a live agent. A stood-down agent stops its heartbeat
        and is in this group too, seen while there is room.
 
     A name is `HOST-PID.json`; what the file says is checked afterwards, this is only the order."""

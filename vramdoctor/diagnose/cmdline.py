@@ -61,7 +61,7 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--image-processor-backend": ("image_processor_backend", str),
     "--mm-feature-transport": ("mm_feature_transport", str),
     "--limit-mm-per-prompt": ("limit_mm_per_prompt", str),  # vLLM, 'image=4' or '{"image": 4}'
-    # LMDeploy (`lmdeploy serve api_server MODEL`) and TGI (`text-generation-launcher`), R2 review
+    # LMDeploy (`lmdeploy serve api_server MODEL`) and TGI (`text-generation-launcher`)
     "--cache-max-entry-count": ("kv_share", float),
     "--session-len": ("context_length", int),
     "--num-shard": ("tp_size", int),

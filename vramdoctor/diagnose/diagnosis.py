@@ -50,7 +50,7 @@ def extract_file(path: str | Path) -> tuple[FileExtractor, ReadStats]:
 
 
 def _unread_memory_line(ex: FileExtractor, head: bytes) -> None:
-    """The safety net (R2 review): a log whose lines gave no event but hold a memory failure in a
+    """The safety net: a log whose lines gave no event but hold a memory failure in a
     wording diagnose does not read ("out of memory", "insufficient memory", ...) gets one
     `memory_error_unread` event quoting that line, so it is never refused as "not a server log" nor
     reported healthy. The line must carry a log's mark (P.LOG_LINE_MARK: an exception name, a level,
@@ -294,9 +294,9 @@ def _multimodal(facts: Facts, exs: Sequence[FileExtractor]) -> tuple[bool | None
 
 
 def _name_hint(facts: Facts) -> tuple[bool, str] | None:
-    """What the model's name suggests about multimodality, when no line of the log says it (issue 23:
-    nothing is asserted from a name or a path: a hint, never the fact). MM_NAME names the vision releases
-    of text families first (Mistral-Small-3.1, gemma-3n, Qwen2.5-VL); TEXT_NAME text families."""
+    """What the model's name suggests about multimodality, when no line of the log says it
+    (nothing is asserted from a name or a path: a hint, never the fact). MM_NAME names the vision
+    releases of text families first (Mistral-Small-3.1, gemma-3n, Qwen2.5-VL); TEXT_NAME text families."""
     if not facts.model:
         return None
     if P.MM_NAME.search(facts.model):
@@ -492,8 +492,8 @@ def _file_summary(ex: FileExtractor, st: ReadStats) -> FileSummary:
     )
     server = _server(ex.votes) if recognised else None
     notes = list(st.notes)
-    # what the excerpt lacks, said only where it is so (R2 review: the note claimed a missing error
-    # message on logs that had one, and on a healthy log): the error message only when a crash or a
+    # what the excerpt lacks, said only where it is so (never a missing error message claimed
+    # on a log that has one, nor on a healthy log): the error message only when a crash or a
     # cut traceback shows one was due; the settings only when no setting was read (nor a command)
     failure_lines = any(e.kind not in ("server_crash", "traceback_cut") for e in ex.events)
     crashed = [e for e in ex.events if e.kind in ("server_crash", "traceback_cut")]

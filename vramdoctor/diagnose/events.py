@@ -40,11 +40,11 @@ MEMORY_KEYS = (
     "alloc_failed",
     "profiled value",
     "gpu-memory-utilization=",
-    # review 12 (crashes): SGLang's retraction line, host-RAM errors
+    # crashes: SGLang's retraction line, host-RAM errors
     "retract requests",
     "defaultcpuallocator",
     "memoryerror",
-    # R2 review: TensorRT-LLM's executor creation, Ray's memory monitor
+    # TensorRT-LLM's executor creation, Ray's memory monitor
     "insufficient gpu memory",
     "memory usage threshold",
     "ray killed this worker",
@@ -337,9 +337,7 @@ def _other_memory_event(text: str) -> Plan | None:
         return _event("req_slots_exhausted", None, {}, _SGLANG, text)
     if m := P.TRITON_SMEM.search(text):
         if any(k in text for k in AUTOTUNE_SKIP):
-            return (
-                NOTHING  # inductor's autotuner skipped one candidate config (review 12b): harmless
-            )
+            return NOTHING  # inductor's autotuner skipped one candidate config: harmless
         data: dict[str, Any] = {}
         if m.group(1):
             data = {"required_bytes": int(m.group(1)), "limit_bytes": int(m.group(2))}
@@ -505,7 +503,7 @@ def _frames_above(before: str) -> str:
 
     A frame is its 'File "..."' line, the code line right after it and Python 3.11+'s caret line."""
     lines = before.rstrip("\n").split("\n")[-200:]
-    # a request echo quoting a traceback (review 12b) is user text: it ends the run of frames
+    # a request echo quoting a traceback is user text: it ends the run of frames
     texts = ["" if P.request_echo(t) >= 0 else t for t in (clean(x).text for x in lines)]
     k = len(lines)
     while k > 0:
@@ -547,7 +545,7 @@ def _nccl_traceback_below(after: list[str]) -> str:
     """The traceback that follows an NCCL "Cuda failure 'out of memory'" WARN line (NCCL's C code prints
     its WARN when the failure happens, before Python raises): its frames, up to an exception line that is
     NCCL's own ("NCCL error", "unhandled cuda error", ncclUnhandledCudaError); "" when none follows
-    within 60 lines (review 12b)."""
+    within 60 lines."""
     out: list[str] = []
     started = False
     for raw in after[:60]:
@@ -565,7 +563,7 @@ def _nccl_traceback_below(after: list[str]) -> str:
     return ""
 
 
-# review 12b: a graceful stop that an operator or a supervisor began (Ctrl-C, docker stop / SIGTERM):
+# A graceful stop that an operator or a supervisor began (Ctrl-C, docker stop / SIGTERM):
 # uvicorn's shutdown lines (every SGLang and vLLM HTTP server), vLLM's launcher "Shutting down FastAPI
 # HTTP server.", Python's KeyboardInterrupt (Ctrl-C; vLLM turns SIGTERM into one), a terminal's "^C".
 # A SIGKILL after one of them, with no start-up line in between, is the stop timeout (docker stop's
@@ -594,7 +592,7 @@ STOP_LOOKBACK = 64 << 10
 # torch inductor's max-autotune (torch/_inductor/select_algorithm.py) benchmarks candidate kernels and
 # skips one that fails: log.error("Runtime error during autotuning: \n%s. \nIgnoring this choice.", msg),
 # and log.warning(e) for a triton OutOfResources; both from its own logger (torch's log format names
-# the file). "out of resource: shared memory" there is one rejected config, not a failure (review 12b).
+# the file). "out of resource: shared memory" there is one rejected config, not a failure.
 AUTOTUNE_SKIP = ("select_algorithm", "during autotuning", "Ignoring this choice")
 
 
@@ -640,7 +638,7 @@ def _oom_line(hit: Hit, text: str) -> str:
         if "CUDA runtime error" in above:
             text = clean(above).text + text
     if "        " in text and (sq := P.SQUASHED_RECORD.search(text)):
-        text = text[: sq.start()]  # the next records squashed onto the error's line (R2 review)
+        text = text[: sq.start()]  # the next records squashed onto the error's line
     return text
 
 
@@ -656,7 +654,7 @@ def _leak_body(hit: Hit, text: str, wording: str) -> str:
     if wording.startswith("KV cache pool leak"):
         prev = hit.before(4096).rstrip("\n").rsplit("\n", 1)[-1]
         if P.request_echo(prev) >= 0:
-            prev = ""  # a request echo above is user text (review 12b)
+            prev = ""  # a request echo above is user text
         body = prev + " " + body
     return body
 
@@ -873,7 +871,7 @@ class EventsMixin:
         ("During handling of the above exception, another exception occurred:"), that traceback's
         frames show where the server was (the chained one is raised while handling this one).
         """
-        # (a traceback header inside a request echo is user text: skipped, review 12b)
+        # (a traceback header inside a request echo is user text: skipped)
         region = hit.since_last_own(P.TRACEBACK_BYTES, 48 << 10, P.request_echo)
         if not region:
             region = _frames_above(hit.before(32 << 10))
@@ -1082,7 +1080,7 @@ class EventsMixin:
             ):  # rfind, decoded if found
                 data["cleanup"] = True
             if stop := _operator_stop(hit):
-                # review 12b: a graceful stop began before the kill (uvicorn's shutdown, Ctrl-C, SIGTERM)
+                # a graceful stop began before the kill (uvicorn's shutdown, Ctrl-C, SIGTERM)
                 # and the server did not start again: the supervisor's stop timeout, not the OOM killer
                 data["after_shutdown"] = stop
             self.add_event(LogEvent("sigkill", self.name, hit.lineno, self.cut(text), None, data))
@@ -1122,11 +1120,11 @@ class EventsMixin:
             for name, value in facts:
                 self.put(name, value, RUNTIME, hit)
             if kind == "triton_shared_memory" and autotune_choice(hit):
-                return  # torch inductor's autotuner rejected one candidate and went on (review 12b)
+                return  # torch inductor's autotuner rejected one candidate and went on
             data = dict(data)
             if kind == "triton_shared_memory":
                 # which code launched the kernel: torch.compile's generated kernels (inductor) or a
-                # Triton kernel of the server (its attention backend): the lever differs (issue 23)
+                # Triton kernel of the server (its attention backend): the lever differs
                 region = self._region(hit)
                 data["inductor"] = bool(P.INDUCTOR_FRAME.search(region))
                 if m := P.TRACE_BACKEND.search(region):
@@ -1304,9 +1302,7 @@ class EventsMixin:
     ) -> None:
         """None; what the frames say ran (sampler, preprocessing process, vision model) goes in data."""
         if "warming up sampler" in msg:
-            self.votes["vllm"] += (
-                3  # (R2 review) vLLM's own message (gpu_model_runner _dummy_sampler_run)
-            )
+            self.votes["vllm"] += 3  # vLLM's own message (gpu_model_runner _dummy_sampler_run)
         if "sampler" in marks:
             data["sampler"] = True  # vLLM's sampler warm-up: its own message names --max-num-seqs
         if phase == "preprocessing":

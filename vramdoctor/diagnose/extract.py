@@ -939,7 +939,7 @@ def dispatch(t: str) -> tuple[Step, ...]:
     Every gate is a pure function of the text, so the choice is memoised."""
     echo = P.request_echo(t)
     if echo >= 0:
-        # review 12b: a logged request/response (vLLM RequestLogger, SGLang --log-requests) echoes user
+        # a logged request/response (vLLM RequestLogger, SGLang --log-requests) echoes user
         # text: nothing in it is an event or a fact; only the line's own prefix (rank/process tags)
         return (FileExtractor._echo_rank_tags,) if _rank_tagged(t[:echo]) else ()
     steps: list[Step] = [FileExtractor._rank_tags] if _rank_tagged(t[:80]) else []

@@ -147,7 +147,7 @@ class Facts:
         None  # SGLang 0.5.18+ "Reserving X GB of the KV budget for ... multimodal"
     )
     torch_compile: bool | None = None  # SGLang enable_torch_compile / vLLM compilation in the log
-    # R2 review: llama.cpp's "pipeline parallelism enabled (n_copies=N)"; the devices an
+    # llama.cpp's "pipeline parallelism enabled (n_copies=N)"; the devices an
     # `export X_VISIBLE_DEVICES=a,b` line lists; vLLM's `export VLLM_DP_SIZE=N`
     pipeline_copies: int | None = None
     visible_devices: int | None = None

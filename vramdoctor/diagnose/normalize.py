@@ -113,5 +113,5 @@ def is_continuation(raw: str) -> bool:
     if not s.strip():
         return False
     # a logged request (SGLang's request logger prints "Receive: obj=..." with no prefix) starts its own
-    # record: its user text is never an error message's tail (review 12b)
+    # record: its user text is never an error message's tail
     return P.RECORD_START.match(s) is None and P.request_echo(s) < 0

@@ -5,7 +5,8 @@ events. Servers: llama.cpp's server (and Ollama's runner, which prints the same 
 fork LoRAX, TensorRT-LLM (C++ runtime, Triton backend), LMDeploy, Ollama. Also: vLLM 0.18+'s
 CUDA-graph estimate and utilization hints, its start-up without memory profiling, its detected
 platform and argparse errors; SGLang 0.5.18+'s multimodal KV-budget reservation; SGLang's CUDA IPC
-transport failing to open a handle; ROCm's GPU page fault. Formats: patterns.py (issue 23 block).
+transport failing to open a handle; ROCm's GPU page fault. Formats: patterns.py (the block of
+the other servers' lines).
 """
 
 from __future__ import annotations
@@ -245,7 +246,7 @@ class OthersMixin:
             self.add_event(LogEvent("go_crash", self.name, hit.lineno, self.ev(hit).text, None, {}))
 
     def _ollama_memory(self, hit: Hit, t: str) -> None:
-        """Ollama's scheduler refusing a model for system memory (R2 review): "model request too
+        """Ollama's scheduler refusing a model for system memory: "model request too
         large for system" requested= available= (a WARN) and the load error "model requires more
         system memory (X) than is available (Y)": host RAM, one event per figure asked."""
         s = clean(t).text

@@ -63,7 +63,7 @@ QUOTE = re.compile(r"^(?:\s*>)+ ?")  # markdown quote markers
 COMPOSE = re.compile(  # docker-compose "name-1  | ", log shippers "2026-05-01 21:55:54.036 | "
     r"^(?:\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?Z? |[\w.-]*\s*)\| "
 )
-# Log shippers' and CI's wrappers (issue 23): Buildkite "[2025-07-04T05:34:37Z] ", kubectl --timestamps and
+# Log shippers' and CI's wrappers: Buildkite "[2025-07-04T05:34:37Z] ", kubectl --timestamps and
 # GitHub Actions "2026-07-08T22:40:03.166647879Z ", Lemonade's "2026-05-08 11:47:02.257 [Error] (Process) ",
 # a TUI log viewer's border "│ ... │".
 WRAPPER = re.compile(
@@ -140,7 +140,7 @@ OLD_SGL = re.compile(r"^(?:\[gpu=\d+\] |Rank \d+: )")
 RECORD_START = re.compile(
     r"^(?:\[\d{4}-|\[rank\d|\(\w+ pid=|\((?:VllmWorker|EngineCore)|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b"
     r"|\d{4}-\d\d-\d\d[ T]|Traceback|\s+File \"|\s{2,}|[A-Z][a-z]{2} [ \d]\d \d\d:"
-    # the other servers' records (R2 review: an error's evidence ran into the next line): a C/C++
+    # the other servers' records (an error's evidence never runs into the next line): a C/C++
     # function's tag (llama.cpp/ggml "alloc_tensor_range: ...", "ggml_gallocr_reserve_n: ..."), the
     # llama.cpp server's "1.06.520.086 E " timestamps, Go's log "2024/01/05 10:38:07 ", ggml's
     # "current device: 0" and GGML_ASSERT, Rust's panic "note: run with `RUST_BACKTRACE=1`"
@@ -305,7 +305,7 @@ CUDA_OOM = re.compile(
     r"|HIP out of memory|NPU out of memory|hipErrorOutOfMemory"
     # torch's cudaMallocAsync backend: "Allocation on device 0 would exceed allowed memory. (out of memory)"
     r"|would exceed allowed memory"
-    # issue 23, the other servers: ggml (llama.cpp, Ollama's runner) "... allocating 4480.00 MiB on device 0:
+    # the other servers: ggml (llama.cpp, Ollama's runner) "... allocating 4480.00 MiB on device 0:
     # cudaMalloc failed: out of memory" (also under ROCm: ggml's HIP build keeps the name), the 2023 ggml
     # "CUDA error 2 at .../ggml-cuda.cu:9132: out of memory" (Ollama relays it as "llama.go:455: 2 at ...");
     # TensorRT-LLM "[TensorRT-LLM][ERROR] CUDA runtime error in ::cudaMallocAsync(...): out of memory
@@ -375,7 +375,7 @@ VLLM_MAX_SEQ = re.compile(
     r"max seq len \((\d+)\), \(([\d.]+) GiB KV cache is needed, which is larger than the available KV cache memory \(([\d.]+) GiB\)"
 )
 # V1 kv_cache_utils.check_enough_kv_cache_memory's `estimated_msg` in the same message: "Based on the available
-# memory, the estimated maximum model length is N." (review 12b: the --max-model-len that fits)
+# memory, the estimated maximum model length is N." (the --max-model-len that fits)
 VLLM_EST_MAX_LEN = re.compile(r"estimated maximum model length is (\d+)")
 # vLLM V0 worker.raise_if_cache_size_invalid: "The model's max seq len (%d) is larger than the
 # maximum number of tokens that can be stored in KV cache (%d). Try increasing ..."
@@ -418,7 +418,7 @@ RAY_OOM = re.compile(
     r"ray\.exceptions\.OutOfMemoryError: Task was killed due to the node running low on memory"
 )
 
-# --- review 12 (crashes): KV-pool allocation failures, host-RAM OOM, SIGKILL, vLLM death lines ----
+# --- crashes: KV-pool allocation failures, host-RAM OOM, SIGKILL, vLLM death lines ----------------
 # SGLang's KV token pool could not give a batch its slots: fatal in every version (the scheduler's
 # admission and retraction checks are meant to make it impossible). 0.1.x `print("Prefill out of
 # memory. This should never happen.")` + exit(); 2024 (0.2-0.3) logger.error("{Prefill|Decode} out of
@@ -499,7 +499,7 @@ VLLM_CRASH = re.compile(
     # worker_base `execute_method` "Error executing method %r. This might cause deadlock in distributed
     # execution." (Ray workers)
     r"|\bException in worker (\S+) while processing method"
-    # (0.4-0.6 print the method unquoted, f"Error executing method {method}. ...": review 12b)
+    # (0.4-0.6 print the method unquoted, f"Error executing method {method}. ...")
     r"|\b(Error executing method) '?\w+'?\. This might cause deadlock"
 )
 SGL_EXIT_CODE = re.compile(r"^Exit code: (-?\d+)$")
@@ -587,7 +587,7 @@ PHASE_MARKERS: tuple[tuple[str, Any], ...] = (
         ),
     ),
     ("warmup", _fast(r"compile_or_warm_up_model|_warmup|warm_up|kernel_warmup")),
-    # Distributed / NCCL start-up, before any weight or KV allocation (review 12b): SGLang ModelRunner
+    # Distributed / NCCL start-up, before any weight or KV allocation: SGLang ModelRunner
     # `init_torch_distributed` -> `init_distributed_environment` / `initialize_model_parallel` ->
     # `init_model_parallel_group`; vLLM Worker `init_device` -> `init_worker_distributed_environment` ->
     # `ensure_model_parallel_initialized` -> GroupCoordinator -> `PyNcclCommunicator(` (pynccl.py __init__:
@@ -601,7 +601,7 @@ PHASE_MARKERS: tuple[tuple[str, Any], ...] = (
             r'|init_process_group|pynccl\.py", line \d+, in __init__|, in init_device\b'
         ),
     ),
-    # Multimodal preprocessing (review 12b): SGLang's tokenizer process (`tokenizer_manager` ->
+    # Multimodal preprocessing: SGLang's tokenizer process (`tokenizer_manager` ->
     # `process_mm_data(_async)` of a multimodal processor, then a transformers fast image processor
     # `image_processing_*_fast.py` running torchvision on the GPU), or the scheduler materialising a
     # request's inputs (`_process_and_broadcast_mm_inputs`); a torchvision transform frame (the fast
@@ -710,7 +710,7 @@ MM_NAME = re.compile(
     r"|molmo|qwen\d(?:\.\d)?-?vl|gemma-?3-(?!1b|270m)\d|llama-?4|phi-\d(?:\.\d)?-vision|multimodal|kimi-vl"
     r"|qwen3\.5|qwen3_5|glm-?4\.?\d?v|deepseek-vl|olmocr|ui-tars|cogvlm|smolvlm|florence|-omni|nvlm|ovis|dots\.ocr"
     r"|gemma-?3n|mistral-small-3\.[12]\b|magistral-small-(?:2509|1\.2)|ministral-3-\d|ocr(?![a-z])"
-    # review 12b: vision releases of text families whose names say neither VL nor vision: MedGemma
+    # vision releases of text families whose names say neither VL nor vision: MedGemma
     # 4b/27b (Gemma 3 image+text; medgemma-27b-text-it is text-only), QVQ (Qwen2-VL), Llama Guard 4
     # (Llama 4, image+text), ShieldGemma 2 (Gemma 3 image classifier), Mistral Large 3, Kimi K2.5,
     # Cosmos-Reason (Qwen2.5-VL); and from vLLM's multimodal list (docs/models/supported_models.md),
@@ -749,7 +749,7 @@ TRACE_BACKEND = _fast(
 )
 
 
-# --- review 12b (echo): request/response logs echo user text -------------------------------
+# --- echo: request/response logs echo user text --------------------------------------------
 # Servers that log requests print the user's prompt and the model's answer inside one line (the text
 # is repr'd: its newlines are escaped). Nothing in such a line is a server event or fact. The marks,
 # each at the start of the line's message (after the process/rank/timestamp prefix):
@@ -813,7 +813,7 @@ def request_echo(t: str) -> int:
     return min(found) if found else -1
 
 
-# --- issue 23: the other servers' lines, the newer vLLM / SGLang lines, platform failures --------------
+# --- the other servers' lines, the newer vLLM / SGLang lines, platform failures ---------------------
 # llama.cpp (ggml-org/llama.cpp, builds 2023-2025). Load: "llama_model_load_from_file_impl: using device CUDA0
 # (Tesla M60) - 8040 MiB free"; "load_tensors:        CUDA0 model buffer size = 7317.01 MiB" (CPU_Mapped /
 # CPU buffers are host RAM); "llama_context: n_ctx         = 131072" (llama_new_context_with_model in 2023);
@@ -917,7 +917,7 @@ KERNEL_IMAGE_INVALID = re.compile(
 INDUCTOR_FRAME = re.compile(r"torch/_inductor/|torch/_dynamo/|InductorError|BackendCompilerFailed")
 TRITON_JIT_FRAME = re.compile(r"triton/runtime/(?:jit|autotuner)\.py")
 
-# --- R2 review (2026-12-01): lines a fresh reviewer found missed ---------------------------------
+# --- Ray, TensorRT-LLM, Ollama, llama.cpp's retry, TGI, environment lines, the safety net -------
 # Ray's memory monitor (ray/_private/memory_monitor, raylet): "Memory on the node (IP: ...) where the
 # task (actor ID: ..., name=RayWorkerVllm.__init__, pid=308, memory used=11.15GB) was running was
 # 12.49GB / 13.15GB (0.950003), which exceeds the memory usage threshold of 0.95. Ray killed this worker"

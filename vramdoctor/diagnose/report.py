@@ -126,7 +126,7 @@ def facts_table(
     for name, label in _SHOW_FACTS:
         v = getattr(f, name)
         if v is None and name in f.hints:
-            # a name suggests it, no line shows it (issue 23): said as such, never as the fact
+            # a name suggests it, no line shows it: said as such, never as the fact
             hint = f.hints[name]
             t.add_row(
                 label,
@@ -187,7 +187,7 @@ def finding_panel(f: Finding, single: bool = False, width: int | None = None) ->
         parts.extend(Text("    ") + _evidence_text(e, single) for e in f.evidence)
     basis = f.rests_on
     if basis == "derived":
-        # issue 23: a cause computed from read figures says so, and shows the arithmetic
+        # a cause computed from read figures says so, and shows the arithmetic
         shown = "; ".join(f.derived) if f.derived else "computed from the lines above"
         parts.append(Text.assemble(("  Rests on: ", "bold"), f"derived ({shown})"))
     elif basis == "unknown":

@@ -127,7 +127,7 @@ GATES: tuple[Gate, ...] = (
     ),
     Gate("_ready", ("fired up",), regex=P.SGL_READY),
     Gate("_leak", ("eak d", "eak D")),  # "... leak detected!", "Mem Leak Detected!"
-    # issue 23: the other servers, the newer lines, platform failures (others.py)
+    # the other servers, the newer lines, platform failures (others.py)
     Gate(
         "_llamacpp",
         ("buffer size =", "MiB free", "n_ctx ", "VRAM ", "build: ", "exiting due to", '"build":'),
@@ -181,7 +181,7 @@ GATES: tuple[Gate, ...] = (
         ),  # ("(version X)" holds the "ersion" anchor)
     ),
     Gate("_vllm_graphs", ("CUDA graph memory",)),
-    # R2 review: Ollama refusing a model for system memory, llama.cpp's retry without pipeline
+    # Ollama refusing a model for system memory, llama.cpp's retry without pipeline
     # parallelism, environment assignments on their own lines (device lists, vLLM's DP size)
     Gate(
         "_ollama_memory",

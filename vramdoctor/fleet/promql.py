@@ -100,7 +100,7 @@ def label_name(name: str) -> str:
     exporter chose (`a="b"} or vector(1) or {c`); put into a selector bare, it would be PromQL
     of the exporter's choosing. Quoted (Prometheus 3.0+ syntax) it is one name; a server that
     cannot parse a quoted name refuses that one query (one line), never runs the exporter's
-    PromQL (review R3, "not tried")."""
+    PromQL."""
     return name if _LABEL_NAME.fullmatch(name) else quote(name)
 
 

@@ -382,5 +382,5 @@ def chart(row: FleetRow, directory: Path) -> Path:
             plt.close(fig)
     from vramdoctor.render.files import write_report
 
-    # a temp file and a rename: never through a link planted at the chart's name (#27.17)
+    # a temp file and a rename: never through a link planted at the chart's name
     return write_report(directory / f"{_safe(row.key)}.png", png.getvalue())

@@ -520,7 +520,7 @@ class InsideEvidence:
         held = [s for s in live if _held_back(s, th)]
         if held:
             # Live bytes grew every round, for too few rounds to tell a leak from a cache
-            # still filling at a fixed rate: not caching, whatever the RSS says (a reviewer's
+            # still filling at a fixed rate: not caching, whatever the RSS says (a
             # server leaking 256 KiB/request under glibc's retention read +5.0 MiB a round
             # in use for four rounds, and was called allocator caching, exit 0).
             self._hold(rss, held[0], _EVIDENCE.get(held[0].kind, Evidence.INSIDE_GLIBC))

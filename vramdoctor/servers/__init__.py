@@ -58,7 +58,7 @@ __all__ = [
 _BUILTIN: tuple[ServerKind, ...] = (
     sglang.KIND,
     vllm.KIND,
-    # identified from their logs by diagnose (no probe or /metrics vote yet): H-I
+    # identified from their logs by diagnose (no probe or /metrics vote yet)
     tgi.KIND,
     trtllm.KIND,
     llamacpp.KIND,

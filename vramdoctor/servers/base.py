@@ -447,12 +447,12 @@ class ServerKind:
     identity: Identity = field(default_factory=Identity)
     metrics: Metrics = field(default_factory=Metrics)
     # Sections of other owners go here, each a field with a default (None / empty).
-    # diagnose (H-I): the server's fix levers and the marks its logs carry (diagnose_sections.py)
+    # diagnose: the server's fix levers and the marks its logs carry (diagnose_sections.py)
     levers: Levers = field(default_factory=no_levers)
     log_marks: LogMarks = field(default_factory=LogMarks)
-    # ab-test (H-D): named `ab-test --server` variants with the server's real flags (presets.py)
+    # ab-test: named `ab-test --server` variants with the server's real flags (presets.py)
     presets: tuple[Preset, ...] = ()
-    # soak --cycle / --vary (H-E): lifecycle endpoints and request fields (lifecycle_sections.py)
+    # soak --cycle / --vary: lifecycle endpoints and request fields (lifecycle_sections.py)
     lifecycle: Lifecycle = field(default_factory=lifecycle_field)
     request_features: RequestFeatures = field(default_factory=features_field)
 

@@ -402,7 +402,7 @@ BOUNDED_CACHES = (
     ),
 )
 
-# --- diagnose (H-I): this server's fix levers and the marks its logs carry ----------------------------
+# --- diagnose: this server's fix levers and the marks its logs carry ----------------------------------
 # Flag names: SGLang's argument parser as released (0.5.9-0.5.23, parse-checked: research notes
 # servers/NOTES.md section 5). Versioned spellings: the per-phase CUDA-graph flags from 0.5.14 (0.5.20
 # rejects the old --cuda-graph-max-bs as ambiguous), --image-processor-backend from 0.5.18,

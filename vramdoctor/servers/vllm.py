@@ -195,7 +195,7 @@ BOUNDED_CACHES = (
     ),
 )
 
-# --- diagnose (H-I): this server's fix levers and the marks its logs carry ----------------------------
+# --- diagnose: this server's fix levers and the marks its logs carry ----------------------------------
 # Flag names: vLLM's argument parser as released (0.11-0.33, parse-checked: research notes
 # servers/NOTES.md section 5). --cuda-graph-sizes is gone by 0.13 (--cudagraph-capture-sizes /
 # --max-cudagraph-capture-size), --swap-space by 0.18; VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is "1" by

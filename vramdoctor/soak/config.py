@@ -26,7 +26,7 @@ DEFAULT_SIZES = ("448x448", "896x672")
 MIN_GROWTH_MIB = 2.0  # NVML/DCGM report whole MiB; the allocator rounds to 2 MiB blocks
 DEFAULT_MAX_ROUNDS = 12
 INTERRUPTED = 130  # exit code of a soak stopped by Ctrl-C or SIGTERM
-# Bounds that keep one option from asking for unbounded work (issue 11 kind 6).
+# Bounds that keep one option from asking for unbounded work.
 MAX_REQUESTS_PER_ROUND = 10**9
 MAX_ROUNDS = 10_000
 MAX_SECONDS = 30 * 24 * 3600.0  # a month: anything longer is a typo
@@ -346,7 +346,7 @@ class SoakConfig:
         self._check_launch()
         from vramdoctor.sources.http import metrics_url
 
-        for url in (self.url, self.gpu_metrics):  # `http://[::1`, port 99999: one line (R3 #10)
+        for url in (self.url, self.gpu_metrics):  # `http://[::1`, port 99999: one line
             if url:
                 metrics_url(url)
         _int_range("--rounds", self.rounds, 1, MAX_ROUNDS)

@@ -71,7 +71,7 @@ def _server_series(all_series: Mapping[str, Series], layer: str) -> list[Series]
     if layer == "vram":
         vram = [s for s in all_series.values() if s.layer == "vram"]
         # the server's processes: by their host role, or (NVML rows without one) by the scope the
-        # GPU source gave them; another tenant's process never counts (#21.3)
+        # GPU source gave them; another tenant's process never counts
         mine = [
             s
             for s in vram

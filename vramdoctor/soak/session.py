@@ -631,7 +631,7 @@ class SoakSession:
         )
         gpu_src, gpu_note = _gpu_source(cfg, found.remote)
         if gpu_src is not None and hasattr(gpu_src, "server_pids") and found.found:
-            # Whose process each NVML row is (#21.3): the server's tree as watched now (and
+            # Whose process each NVML row is: the server's tree as watched now (and
             # --pid); every other process on its GPUs is another tenant, never deciding.
             extra = {int(p) for p in cfg.pids or ()}
             gpu_src.server_pids = lambda: {*self.server_pids(), *extra}
@@ -672,7 +672,7 @@ class SoakSession:
             self.notes.append(note)
         self.sources = sources
         self._attribution_hook()
-        from vramdoctor.soak.variations import variation_hooks  # --vary / --cycle (H-E)
+        from vramdoctor.soak.variations import variation_hooks  # --vary / --cycle
 
         self.hooks.extend(variation_hooks(self))
 

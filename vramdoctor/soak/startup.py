@@ -18,7 +18,7 @@ from typing import Any
 
 __all__ = ["STARTUP_FACTS", "server_log_facts", "startup_lines"]
 
-# Fact name -> how the report names it. The first three are the ones #24 asks for.
+# Fact name -> how the report names it. The first three are always reported.
 STARTUP_FACTS: dict[str, str] = {
     "fast_image_processor": "fast image processor",
     "mem_fraction_static": "memory fraction (mem_fraction_static)",
@@ -93,7 +93,7 @@ def _value_text(name: str, value: Any) -> str:
 
 def startup_lines(data: Mapping[str, Any]) -> list[str]:
     """The `server_log` event's data in lines for the report: one per fact with the line it
-    rests on, then the findings; the three #24 facts are always named (unknown when the log
+    rests on, then the findings; the first three facts are always named (unknown when the log
     does not say them)."""
     facts = data.get("facts") or {}
     log = data.get("log") or "the server's log"

@@ -39,7 +39,7 @@ class ServerProcesses:
 
 def _split(url: str) -> SplitResult:
     """urlsplit with the port checked; InputError (one line) for a URL that cannot be right
-    (`http://[::1`, port 99999) instead of ValueError (review R3 finding 10)."""
+    (`http://[::1`, port 99999) instead of ValueError."""
     try:
         parts = urlsplit(url if "://" in url else "http://" + url)
         parts.port  # noqa: B018  (raises ValueError on a bad port)

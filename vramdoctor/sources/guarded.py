@@ -1,4 +1,4 @@
-"""HTTP sessions with a hard total deadline and no automatic redirects (review R3 findings 1-3, 5).
+"""HTTP sessions with a hard total deadline and no automatic redirects.
 
 `requests` bounds each socket read, not an answer: a server that sends its status line and
 headers one byte a second holds `requests.get(timeout=5)` for as long as it likes, and it

@@ -14,7 +14,7 @@ VictoriaMetrics, Thanos Querier and Mimir (which serves it under `/prometheus`):
 - an error is `{"status": "error", "errorType": "bad_data", "error": "..."}`; `"warnings"`
   (Prometheus, Thanos partial responses) and VictoriaMetrics' `"isPartial": true` are notes.
 
-What this client guarantees (each one a fault seen in a review, issue #27 items 10-15):
+What this client guarantees (each one against a fault a real proxy or database can show):
 
 - **A total deadline per call** (`deadline_s`, name resolution + connect (a SOCKS proxy's
   handshake included) + wait + status line + headers + every byte of the answer;

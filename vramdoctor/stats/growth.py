@@ -342,8 +342,8 @@ def fit_growth(
     with np.errstate(all="ignore"):
         fit = _select(out, xs, ys, noise, floor, step, fill_search)
     # After a change point the tail alone carries the rate: it needs the increments too (a
-    # second cache filling at a fixed rate after the first one is full reads steady; seen: a
-    # reviewer's two caches, full after rounds 2 and 5, called a leak after round 5).
+    # second cache filling at a fixed rate after the first one is full reads steady; seen: two
+    # caches, full after rounds 2 and 5, called a leak after round 5).
     if fit.model is Model.STEADY and len(fit.increments[fit.tail_from or 0 :]) < min_steady_steps:
         fit.model, fit.verdict = Model.UNDECIDED, Verdict.INCONCLUSIVE
         fit.reason = Reason.STEADY_OR_CONVERGING

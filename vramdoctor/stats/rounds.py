@@ -184,7 +184,7 @@ def _settled_verdict(
     spread = max(vals) - min(vals)
     if fit.model is Model.FLAT and h > floor and spread > floor and spread >= 0.5 * abs(peak):
         # "Flat" only within a threshold the idle windows' own noise set, with the levels
-        # swinging by half the rise or more: no settled level was seen (a reviewer's server
+        # swinging by half the rise or more: no settled level was seen (a server
         # holding 50-200 MiB buffers for seconds read 279, 166, 181, 387 MiB, "rose, then
         # flat", over a 256 KiB/request leak a longer --idle found).
         verdict, reason = Verdict.INCONCLUSIVE, Reason.NOISY

@@ -94,7 +94,7 @@ def watch_trial(
     with tempfile.TemporaryDirectory(prefix="vramdoctor-try-") as tmp:
         folder = run_dir or Path(tmp)
         # The agent in the server, as --launch does: from outside alone its steady heap growth
-        # is retention or a leak (#21.1); glibc's bytes in use, read inside, decide.
+        # is retention or a leak; glibc's bytes in use, read inside, decide.
         spec = LaunchSpec(argv=tuple(argv), agent=True, startup_timeout_s=60.0, stop_grace_s=5.0)
         kind = (
             "its caching twin" if trial.healthy else f"keeping {LEAK_KIB // 1024} MiB per request"

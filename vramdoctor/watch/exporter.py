@@ -121,7 +121,7 @@ class WatchCollector(Collector):
         return GaugeMetricFamily(name, EXPORTED_METRICS[name], labels=labels)
 
     def collect(self) -> Iterator[Metric]:
-        """Every family, each label value cleaned (the one choke point, review R3 finding 8):
+        """Every family, each label value cleaned (the one choke point):
         a line break shown as `\\n`, other control characters (ESC, BEL, C1, bidi
         overrides) as `\\x1b`..., so a process name cannot drive the terminal of whoever
         curls this page."""

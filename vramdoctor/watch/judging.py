@@ -1,6 +1,6 @@
 """watch's comparable moments judged by soak's judge, and its verdicts as watch's rows. Pure.
 
-One analysis for soak and watch (issue #21.5): the idle windows a server makes by itself
+One analysis for soak and watch: the idle windows a server makes by itself
 (`watch.rounds`), or the quiet moments of one that is never idle, are written as the protocol
 soak's run files hold (a baseline window, then for each round its load and its idle window,
 with the requests the server's own counter served in between) and judged by

@@ -1,5 +1,5 @@
 """Start a helper daemon out of the server's process tree that keeps KIB KiB per request, then
-exec the server (R1's s12 shape: a tokenizer-like helper that double-forks and calls setsid).
+exec the server (the shape of a tokenizer-like helper that double-forks and calls setsid).
 
     helper_daemon.py KIB PIDFILE -- ARGV...
 

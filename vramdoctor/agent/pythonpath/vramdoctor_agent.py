@@ -253,7 +253,7 @@ def _check_dir_stat(st: os.stat_result, what: str) -> None:
 
 
 def check_parents(path: str) -> None:
-    """Refuse (raise _StandDown) a path whose ancestors another user could change (R3 #6).
+    """Refuse (raise _StandDown) a path whose ancestors another user could change.
 
     Every existing component of the absolute path is looked at with lstat: a link must belong
     to root or to this process's uid (a link another user planted in a shared directory, as in

@@ -154,7 +154,7 @@ def _fix_compute_buffer(v: Vocab, d: Diagnosis) -> str:
             or ""
         )
     if f.context_length is not None and f.context_length <= 4096:
-        # the context is already short (R2 review): the weights fill the GPU, the layers are the lever
+        # the context is already short: the weights fill the GPU, the layers are the lever
         return (
             v.first(
                 f"The context is already short ({f.context_length} tokens): the weights leave the compute "
@@ -618,7 +618,7 @@ def _below_free(e: LogEvent, d: Diagnosis, phase: str | None) -> tuple[str, str,
     if requested is None or free is None or e.data.get("allowed_mib"):
         return None
     if requested >= free - max(64.0, 0.05 * requested):
-        return None  # (R2 review) free only by a hair: the device is full, not fragmented
+        return None  # free only by a hair: the device is full, not fragmented
     asked = _shown(e, "requested")
     free_text = _shown(e, "free") if e.data.get("free_mib") is not None else mib(free)
     math = f"{asked} asked < {free_text} free ({source})"
@@ -680,7 +680,7 @@ def _neighbours(procs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _crowded(e: LogEvent, d: Diagnosis, group: list[LogEvent]) -> tuple[str, str, str, str] | None:
-    """The device was full of OTHER processes' memory (R2 review): the message lists this process
+    """The device was full of OTHER processes' memory: the message lists this process
     and others, and the others hold at least half the device and more than this one. Either several
     ranks of one job on one GPU (three or more others with neighbouring pids) or another program.
     (explanation, fix, title, arithmetic), or None."""
@@ -742,7 +742,7 @@ def _crowded(e: LogEvent, d: Diagnosis, group: list[LogEvent]) -> tuple[str, str
 
 
 def _unattributed(e: LogEvent) -> tuple[str, str] | None:
-    """(R2 review) The device's used memory (total - free) far above what PyTorch holds in the
+    """The device's used memory (total - free) far above what PyTorch holds in the
     failing process, while the message lists no other process: (explanation, arithmetic), or None."""
     fd = e.data
     total, free, alloc = fd.get("total_mib"), fd.get("free_mib"), fd.get("allocated_mib")
@@ -774,7 +774,7 @@ _VLLM_DEFAULT_UTILIZATION = 0.9
 
 
 def _above_share(e: LogEvent, d: Diagnosis, phase: str | None) -> tuple[str, str, str, str] | None:
-    """The failing process already held more than the memory share the log sets (R2 review: util
+    """The failing process already held more than the memory share the log sets (e.g. util
     0.6 but 58.92 of 60.97 GiB allocated; a 40 GB GPU full at the default 0.9): lowering the share
     cannot help. Then the weights (no tensor parallelism) or the parallel layout are the suspects."""
     fd, f = e.data, d.facts
@@ -1166,7 +1166,7 @@ def check(d: Diagnosis) -> list[Finding]:
         by_phase.setdefault(e.phase, []).append(e)
     if len(by_phase) > 1:
         # an unplaced copy of a placed error adds nothing but, when the placed one has no figures,
-        # its figures (R2 review: vLLM's "CUDA out of memory occurred when warming up sampler" then
+        # its figures (e.g. vLLM's "CUDA out of memory occurred when warming up sampler" then
         # the torch message it wraps, a few lines below)
         for e in by_phase.get(None, []):
             for group in by_phase.values():
@@ -1201,8 +1201,8 @@ def check(d: Diagnosis) -> list[Finding]:
 
 
 def _recovered(d: Diagnosis, group: list[LogEvent]) -> Finding:
-    """llama.cpp retried a compute buffer without pipeline parallelism and the start-up went on (R2
-    review): a warning that says so, not a failure."""
+    """llama.cpp retried a compute buffer without pipeline parallelism and the start-up went on:
+    a warning that says so, not a failure."""
     e = group[0]
     v = words(d)
     return Finding(

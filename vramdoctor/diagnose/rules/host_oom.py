@@ -160,7 +160,7 @@ def _sigkill(d: Diagnosis, evs: list[LogEvent]) -> Finding:
 
 
 def _stopped(d: Diagnosis, evs: list[LogEvent]) -> Finding:
-    """Every SIGKILL came after a graceful stop had begun (review 12b): the stop timeout, an info note."""
+    """Every SIGKILL came after a graceful stop had begun: the stop timeout, an info note."""
     e = evs[0]
     return Finding(
         RULE.id,
@@ -196,7 +196,7 @@ def check(d: Diagnosis) -> list[Finding]:
     if any(e.data.get("error") or not e.data.get("report") for e in d.events_of("server_crash")):
         return []  # a process died of an exception: the SIGKILL is the server's cleanup after it
     if all(e.data.get("after_shutdown") for e in evs):
-        return [_stopped(d, evs)]  # a graceful stop, then the supervisor's kill (review 12b)
+        return [_stopped(d, evs)]  # a graceful stop, then the supervisor's kill
     return [_sigkill(d, [e for e in evs if not e.data.get("after_shutdown")])]
 
 

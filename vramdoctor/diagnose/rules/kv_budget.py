@@ -363,7 +363,7 @@ def _fitting_len_fix(
     d: Diagnosis, e: LogEvent, fits: int, high: tuple[str, float, float] | None
 ) -> str:
     """The fix that sets vLLM's own figure for the max-model-len the KV cache holds."""
-    # vLLM names the length that fits: the lever that needs no other change (review 12b)
+    # vLLM names the length that fits: the lever that needs no other change
     fix = (
         f"Set --max-model-len {fits} or lower (vLLM's own figure for what the available KV cache holds; "
         f"the log asks for {e.data.get('max_seq_len', '?')}); "
@@ -388,7 +388,7 @@ def _fitting_len_fix(
 
 def _high_share_fix(d: Diagnosis, reason: str, high: tuple[str, float, float]) -> str:
     """The fix when the memory share is already high for a multimodal model (never raise it)."""
-    # another finding advises lowering the share: never advise raising it here (review 12b)
+    # another finding advises lowering the share: never advise raising it here
     lever = (
         "Lower --max-model-len"
         if reason == "max_seq_len_exceeds_kv_cache"

@@ -1,7 +1,7 @@
 """A memory fraction that leaves too little room for a multimodal model's encoder and images.
 
 Fires on a model the log shows to be multimodal (a line: an architecture class, a multimodal line or
-frame) as a warning; on one only its name suggests is multimodal (facts.hints, issue 23: a name is
+frame) as a warning; on one only its name suggests is multimodal (facts.hints: a name is
 not proof) as an info note that says so and what would confirm it.
 """
 
@@ -59,7 +59,7 @@ def check(d: Diagnosis) -> list[Finding]:
     ]
     fix = f"Lower {flag} to {limit - 0.1:.2f}-{limit:.2f} and measure the headroom under image load with `vramdoctor soak`."
     if d.events_of("kv_budget_error") or d.events_of("kv_budget_negative"):
-        # the KV-budget finding says the trade-off once (review 12b): one direction for the share
+        # the KV-budget finding says the trade-off once: one direction for the share
         fix += " (The KV-budget finding says how to fit the KV cache without a higher share.)"
     expl = (
         f"{flag}={value:g} gives the static pool (weights + KV cache) almost the whole GPU. A "

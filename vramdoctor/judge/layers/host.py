@@ -27,8 +27,8 @@ The rule, per server process (RSS decides; kinds, arenas and inside evidence exp
    retention goes away, a leak stays). Exit code 0. Every process's allocator could keep
    it: a flat count of arenas rules nothing out, since glibc retains inside the arenas it
    has, in the main heap and under the mmap threshold, and that retention can grow steadily
-   for many rounds (a server warm before a watch has a flat count; #21.1: a false LEAK on
-   a healthy server in about 1 of 8 watches here).
+   for many rounds (a server warm before a watch has a flat count; calling that
+   growth a leak gave a false LEAK on a healthy server in about 1 of 8 watches here).
 5. Where the agent ran in the process (`vramdoctor.judge.inside`), what is live decides
    instead: glibc's bytes in use, Python's allocated blocks and (with --trace-python)
    tracemalloc's bytes that grow steadily are a LEAK; growth with all of them flat is CACHING

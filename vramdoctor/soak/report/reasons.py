@@ -1,4 +1,4 @@
-"""The growth model's and the inside evidence's reason codes in words (H-B's codes).
+"""The growth model's and the inside evidence's reason codes in words.
 
 `series_words(s)` words a `SeriesResult` whose reason comes from the growth model
 (`vramdoctor.stats.growth`: converging, steady_or_converging, noisy), from the host layer's

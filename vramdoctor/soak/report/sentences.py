@@ -336,7 +336,7 @@ def suggestion(a: SoakAnalysis) -> str | None:
     n = len(a.rounds)
     per = max((r.sent for r in a.rounds), default=0)
     reasons = {u.reason for u in a.undecided}
-    decide = suggestion_for(reasons)  # evidence more rounds cannot give (H-B's reasons)
+    decide = suggestion_for(reasons)  # evidence more rounds cannot give
     if decide is not None:
         return decide
     if "noisy" in reasons:

@@ -102,7 +102,7 @@ def series_reason(s: SeriesResult) -> str:
         return "no request succeeded, so memory was never exercised"
     if r == "server_died":
         return "the server died before a round settled"
-    from vramdoctor.soak.report.reasons import series_words  # the growth model's codes (H-B)
+    from vramdoctor.soak.report.reasons import series_words  # the growth model's codes
 
     words = series_words(s)
     return words if words is not None else r

@@ -111,7 +111,7 @@ class HostBlock(LayerBlock):
             filling = ""
             if rounds <= FEW_ROUNDS:
                 # live bytes cannot tell a leak from a cache of live objects that has not reached
-                # its cap yet (a reviewer's 60 x 512 KiB cache, filling over six rounds, read
+                # its cap yet (a 60 x 512 KiB cache, filling over six rounds, read
                 # LEAK after five): said while the rounds are few
                 filling = (
                     f"; in {rounds} rounds a cache of live objects still filling at this rate "
