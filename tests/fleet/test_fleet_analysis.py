@@ -147,6 +147,10 @@ def test_a_restart_hides_a_leak_but_does_not_fix_it(before: str) -> None:
     assert row.growth_per_hour_ci[0] <= 40 <= row.growth_per_hour_ci[1]  # the last life's rate
     assert row.analysed_to is not None and row.analysed_to < 145 * H  # judged on that life only
     assert "life before" in row.why and "warm-up" in row.why
+    (with_free,) = analyse(
+        [s], start=0.0, end=end_h * H, step_s=300.0, config=cfg, free={("h", "0", ""): 20_000.0}
+    ).rows
+    assert with_free.hours_to_oom is not None and "assumes this life grows" in with_free.why
 
 
 def test_a_late_leak_is_a_change_point_and_its_interval_covers_the_truth() -> None:

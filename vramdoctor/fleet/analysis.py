@@ -510,6 +510,8 @@ def analyse_series(
         row = FleetRow(**base, level=level, **{**judged, "reason": "grew_last_life"}, **common)
         if row.growth_per_hour and row.growth_per_hour > 0 and not stale:
             _time_to_oom(row, s, free)
+            if row.hours_to_oom is not None:
+                row.why += "; the time to OOM assumes this life grows as the last one did"
         if stale:
             _say_stale(row, s, range_end)
         return row
