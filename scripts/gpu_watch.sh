@@ -3,6 +3,8 @@
 # traffic from a soak in the background (watch itself sends none), watch sampling NVML per process
 # with short windows, and its exporter scraped mid-run. Results in $OUT (default ./.gpuout).
 #   OUT=/tmp/out bash scripts/gpu_watch.sh
+# The traffic's idle windows (IDLE s) must outlast watch's --min-idle (MIN_IDLE): they are its
+# rounds, and a verdict needs about four of them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-./.gpuout}; mkdir -p "$OUT"
@@ -14,11 +16,12 @@ for mode in ${MODES:-leaking plain}; do
   spid=$!
   for _ in $(seq 1 120); do $PY -c "import socket; socket.create_connection(('127.0.0.1', $port), 0.5)" 2>/dev/null && break; sleep 0.5; done
   $PY -m vramdoctor watch --server http://127.0.0.1:$port --interval 1s --window 10m --bucket 2s \
-      --warmup 5s --analyse-every 5s --listen 127.0.0.1:9841 --duration 50s --json \
+      --warmup 5s --analyse-every 5s --min-idle ${MIN_IDLE:-4s} --listen 127.0.0.1:9841 \
+      --duration ${DURATION:-95s} --json \
       --out "$OUT/watch-$mode" >"$OUT/watch-$mode.json" 2>"$OUT/watch-$mode.stderr" &
   wpid=$!
   sleep 3
-  $PY -m vramdoctor soak --url http://127.0.0.1:$port --rounds 5 --requests 30 --concurrency 4 --idle 3 \
+  $PY -m vramdoctor soak --url http://127.0.0.1:$port --rounds ${ROUNDS:-6} --requests 30 --concurrency 4 --idle ${IDLE:-6} \
       --no-adapt --image-size 448x448 --out "$OUT/watch-$mode-traffic.jsonl" >/dev/null 2>&1
   $PY -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9841/metrics', timeout=5).read().decode())" \
       | grep -E '^vramdoctor_(process|verdict|growth|hours|sampler)' | head -30 | tee "$OUT/watch-$mode.metrics.txt"
