@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -125,9 +126,19 @@ def _analyse(
     facts = _run_facts(recs, header, raw_host, cpu_count)
     cpus = facts.cpu_count
     _add_layer_series(raw, recs)
-    per_life, all_series = _judge_lives(
-        lives, rounds, raw, inside_points(recs), windows, recs, header, facts, th, held_by or {}
+    run = _RunEvidence(
+        lives,
+        [r.round for r in rounds],
+        raw,
+        inside_points(recs),
+        windows,
+        recs,
+        header,
+        facts,
+        th,
+        held_by or {},
     )
+    per_life, all_series = _judge_lives(run, rounds)
     layers = _merge(per_life)
 
     no_success, died = _no_request_succeeded(rounds), _server_died(lives)
@@ -192,41 +203,36 @@ def _add_layer_series(raw: dict[str, Series], recs: list[Any]) -> None:
             raw.setdefault(key, series)
 
 
+@dataclass(frozen=True)
+class _RunEvidence:
+    """What every life of a run is judged from: its lives, the run's round numbers, the raw
+    series by key, the agent's inside points, the idle windows, the records, the header and
+    facts of the run, the thresholds and the held-by stacks by pid."""
+
+    lives: list[Life]
+    run_rounds: list[int]
+    raw: dict[str, Series]
+    points: dict[str, InsidePoints]
+    windows: list[Window]
+    recs: list[Any]
+    header: dict[str, Any] | None
+    facts: RunFacts
+    th: Thresholds
+    held_by: Mapping[int, Sequence[HeldBy]]
+
+
 def _judge_lives(
-    lives: list[Life],
-    rounds: list[RoundInfo],
-    raw: dict[str, Series],
-    points: dict[str, InsidePoints],
-    windows: list[Window],
-    recs: list[Any],
-    header: dict[str, Any] | None,
-    facts: RunFacts,
-    th: Thresholds,
-    held_by: Mapping[int, Sequence[HeldBy]],
+    run: _RunEvidence, rounds: list[RoundInfo]
 ) -> tuple[list[dict[str, LayerResult]], list[SeriesResult]]:
     """Every server life with rounds (the first life always) judged on its own: the layer
     results of each life, and every judged series of all lives, in life order."""
-    run_rounds = [r.round for r in rounds]
     all_series: list[SeriesResult] = []
     per_life: list[dict[str, LayerResult]] = []
-    for life in lives:
+    for life in run.lives:
         life_rounds = [r for r in rounds if r.life == life.index]
         if not life_rounds and life.index > 0:
             continue
-        layers_of_life, judged = _judge_life(
-            life,
-            life_rounds,
-            lives,
-            run_rounds,
-            raw,
-            points,
-            windows,
-            recs,
-            header,
-            facts,
-            th,
-            held_by,
-        )
+        layers_of_life, judged = _judge_life(run, life, life_rounds)
         per_life.append(layers_of_life)
         all_series += judged
     return per_life, all_series
@@ -333,20 +339,10 @@ def _collector_failed(events: list[Event]) -> str | None:
 
 
 def _judge_life(
-    life: Life,
-    life_rounds: list[RoundInfo],
-    lives: list[Life],
-    run_rounds: list[int],
-    raw: dict[str, Series],
-    points: dict[str, InsidePoints],
-    windows: list[Window],
-    recs: list[Any],
-    header: dict[str, Any] | None,
-    facts: RunFacts,
-    th: Thresholds,
-    held_by: Mapping[int, Sequence[HeldBy]],
+    run: _RunEvidence, life: Life, life_rounds: list[RoundInfo]
 ) -> tuple[dict[str, LayerResult], list[SeriesResult]]:
     """One server life: its series judged over its rounds, the inside evidence, each layer."""
+    raw, windows, th, lives, run_rounds = run.raw, run.windows, run.th, run.lives, run.run_rounds
     cum, total = [], 0.0
     for r in life_rounds:
         total += r.reached
@@ -357,7 +353,7 @@ def _judge_life(
     # context), not with this life's requests. Its series belong to its own life.
     successors = {lf.pid for lf in lives[life.index + 1 :] if lf.pid not in (None, life.pid)}
     keys = [k for k in _series_of_life(raw, life.index, lives) if raw[k].pid not in successors]
-    points = {k: p for k, p in points.items() if p.pid not in successors}
+    points = {k: p for k, p in run.points.items() if p.pid not in successors}
     judged = [judge(raw[k], windows, lr, th) for k in keys if raw[k].kind != "gpu"]
     # Devices are judged without the processes that exited (a worker that started and failed,
     # or one whose own series already carries its verdict) and without other tenants'
@@ -387,17 +383,17 @@ def _judge_life(
             run_rounds=run_rounds,
             life=life.index,
             th=th,
-            held_by=held_by,
+            held_by=run.held_by,
             nvml=[s for s in judged if s.kind == "gpu_process" and s.scope != "tenant"],
         )
     ctx = LayerContext(
         life=life.index,
         series=judged,
         raw=raw,
-        records=recs,
+        records=run.recs,
         th=th,
-        facts=facts,
-        header=header,
+        facts=run.facts,
+        header=run.header,
         inside=inside,
     )
     layers = {layer.name: layer.judge(ctx) for layer in judge_layers.all_layers()}
