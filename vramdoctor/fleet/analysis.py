@@ -490,7 +490,8 @@ def analyse_series(
         t=lt,
         v=lv,
     )
-    if len(at) < config.min_points:
+    from_life_before = len(at) < config.min_points
+    if from_life_before:
         reason, why = _too_few(life, len(at), started_inside, range_end, config)
         before = _life_before(ls, t, v, s.unit, range_start, config)
         if before is None:
@@ -499,28 +500,24 @@ def analyse_series(
             )
         # a restart hides a leak, it does not fix it: the last whole life decides until the
         # new one can (a weekly restart of a GPU leaking since mid-month read "warming up")
-        judged, (b_at, _b_av) = before
+        judged, b_at = before
         rate = judged.get("growth_per_hour")
         grew = f" by {_fmt(s.unit, rate, signed=True)} per hour" if rate is not None else ""
+        judged["reason"] = "grew_last_life"
         judged["why"] = (
             f"{REASONS['grew_last_life']}: it grew steadily{grew} for "
             f"{_hours(float(b_at[-1] - b_at[0]))} until the restart; the current one: {why}"
         )
         common.update(points=len(b_at), analysed_from=float(b_at[0]), analysed_to=float(b_at[-1]))
-        row = FleetRow(**base, level=level, **{**judged, "reason": "grew_last_life"}, **common)
-        if row.growth_per_hour and row.growth_per_hour > 0 and not stale:
-            _time_to_oom(row, s, free)
-            if row.hours_to_oom is not None:
-                row.why += "; the time to OOM assumes this life grows as the last one did"
-        if stale:
-            _say_stale(row, s, range_end)
-        return row
-    judged = _judge(at, av, s.unit, config)
-    if started_inside and judged.get("rise") is not None:
-        judged["why"] = judged["why"].replace("rose by", "after its warm-up, rose by", 1)
+    else:
+        judged = _judge(at, av, s.unit, config)
+        if started_inside and judged.get("rise") is not None:
+            judged["why"] = judged["why"].replace("rose by", "after its warm-up, rose by", 1)
     row = FleetRow(**base, level=level, **judged, **common)
     if row.verdict == LEAK and row.growth_per_hour and row.growth_per_hour > 0 and not stale:
         _time_to_oom(row, s, free)
+        if from_life_before and row.hours_to_oom is not None:
+            row.why += "; the time to OOM assumes this life grows as the last one did"
     if stale:
         _say_stale(row, s, range_end)
     return row
@@ -584,9 +581,10 @@ def _life_before(
     unit: str,
     range_start: float,
     config: FleetConfig,
-) -> tuple[dict[str, Any], tuple[np.ndarray, np.ndarray]] | None:
-    """The judgement of the life before the current one, and its analysed floors (t, v), when
-    that life is long enough to judge and was a LEAK; None otherwise (also with one life)."""
+) -> tuple[dict[str, Any], np.ndarray] | None:
+    """The judgement of the life before the current one, and the times (unix s) of the floors it
+    rests on, when that life is long enough to judge and was a LEAK; None otherwise (also with
+    one life)."""
     if len(ls) < 2:
         return None
     _lt, _lv, at, av, _inside = _past_warmup(ls[-2], t, v, range_start, config)
@@ -595,7 +593,7 @@ def _life_before(
     judged = _judge(at, av, unit, config)
     if judged["verdict"] != LEAK:
         return None
-    return judged, (at, av)
+    return judged, at
 
 
 def _too_few(
