@@ -18,6 +18,7 @@ from vramdoctor.diagnose.names import KNOWN_SERVERS as KNOWN_SERVERS  # (for the
 from vramdoctor.diagnose.names import display_name
 from vramdoctor.render.table import Table
 from vramdoctor.render.wrap import Paragraph
+from vramdoctor.units import format_count
 
 # characters of an evidence line in the terminal: all that is kept (JSON has the same), so an OOM
 # message's last figures are never cut off
@@ -100,7 +101,7 @@ def _fmt(name: str, v: object) -> str:
     if name.endswith("_mib") and isinstance(v, (int, float)):
         return f"{v / 1024:.2f} GiB" if v >= 1024 else f"{v:.0f} MiB"
     if name.endswith("_tokens") and isinstance(v, int):
-        return f"{v:,} tokens"
+        return format_count(v, "tokens")
     if isinstance(v, int) and abs(v) >= 10_000:
         return f"{v:,}"
     return str(v)
