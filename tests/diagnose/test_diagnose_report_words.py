@@ -9,11 +9,10 @@ into the next line.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
+
+from support.cli import vd
 
 ROOT = Path(__file__).parents[2]
 EXAMPLES = ROOT / "examples" / "logs"
@@ -21,14 +20,8 @@ EXTRA = ROOT / "tests" / "fixtures" / "logs" / "extra"
 
 
 def diagnose(*args: str | Path, columns: int = 80) -> tuple[int, str]:
-    out = subprocess.run(
-        [sys.executable, "-m", "vramdoctor", "diagnose", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "NO_COLOR": "1", "COLUMNS": str(columns)},
-    )
-    assert not out.stderr.strip() or "Traceback" not in out.stderr, out.stderr
+    out = vd("diagnose", *map(str, args), env={"COLUMNS": str(columns)})
+    assert "Traceback" not in out.stderr, out.stderr
     return out.returncode, out.stdout
 
 
